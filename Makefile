@@ -1,0 +1,71 @@
+# reft build. `make` needs no root; `make deps` and `make test` (which starts
+# the local Slurm test cluster) run as root.
+
+PREFIX      ?= /usr/local
+SYSCONFDIR  ?= /etc
+GO          ?= go
+BUILD       := build
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 0.1.0-dev)
+LDFLAGS     := -X github.com/reft-hpc/reft/launcher/version.Version=$(VERSION)
+GOFLAGS_B   := -trimpath -ldflags "$(LDFLAGS)"
+CLUSTER     := tests/cluster/cluster
+
+# Debian 12 packages the project builds, tests and runs with.
+DEB_PKGS := slurm-wlm slurmctld slurmd slurmdbd slurm-client munge mariadb-server \
+	libslurm-dev libpmix-dev openmpi-bin libopenmpi-dev pkg-config gcc make \
+	python3-torch python3-numpy iproute2 util-linux procps
+
+BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke
+
+.PHONY: all deps test unit e2e demo bench install clean
+all: $(BINARIES)
+
+$(BUILD):
+	mkdir -p $@
+
+$(BUILD)/reft: FORCE | $(BUILD)
+	$(GO) build $(GOFLAGS_B) -o $@ ./cmd/reft
+
+$(BUILD)/reft-agent: FORCE | $(BUILD)
+	$(GO) build $(GOFLAGS_B) -o $@ ./cmd/reft-agent
+
+$(BUILD)/reft-mpi-smoke: FORCE | $(BUILD)
+	$(GO) build $(GOFLAGS_B) -tags mpi -o $@ ./tests/mpismoke
+
+FORCE:
+
+# Idempotent: installs only what dpkg does not already report as installed.
+deps:
+	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "make deps: installing:" $$missing; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	else echo "make deps: all $(words $(DEB_PKGS)) packages present"; fi
+
+unit:
+	$(GO) vet ./...
+	$(GO) test -count=1 ./...
+
+# End-to-end tests on the local cluster. The cluster is brought up here and
+# always taken down again, pass or fail.
+e2e: all
+	$(CLUSTER) up
+	@rc=0; $(GO) test -count=1 -tags e2e -timeout 30m -v ./tests/e2e/ || rc=$$?; \
+		$(CLUSTER) down; exit $$rc
+
+test: unit e2e
+
+demo: all
+	$(CLUSTER) up
+	tests/demo.sh
+
+bench: all
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./...
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSCONFDIR)/reft
+	install -m 0755 $(BUILD)/reft $(BUILD)/reft-agent $(DESTDIR)$(PREFIX)/bin/
+	test -e $(DESTDIR)$(SYSCONFDIR)/reft/reft.toml || install -m 0644 etc/reft.toml $(DESTDIR)$(SYSCONFDIR)/reft/reft.toml
+
+clean:
+	rm -rf $(BUILD)
