@@ -6,35 +6,63 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
+	"strings"
 
 	"github.com/reft-hpc/reft/launcher/version"
 )
 
-const usage = `usage: reft COMMAND [ARGS]
+// command is one `reft` subcommand. run gets the arguments after the
+// subcommand name and returns the process exit code.
+type command struct {
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) int
+}
 
-commands:
-  version    print the reft version
-  help       print this help
-`
+// commands is the subcommand table. Each subcommand lives in its own package
+// and is wired in with one line here.
+var commands = map[string]command{
+	"version": {"print the reft version", func(_ []string, stdout, _ io.Writer) int {
+		fmt.Fprintln(stdout, "reft", version.Version)
+		return 0
+	}},
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+func usage() string {
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	b.WriteString("usage: reft COMMAND [ARGS]\n\ncommands:\n")
+	for _, n := range names {
+		fmt.Fprintf(&b, "  %-10s %s\n", n, commands[n].summary)
+	}
+	b.WriteString("\nRun 'reft COMMAND --help' for a command's options.\n")
+	return b.String()
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return 2
 	}
 	switch args[0] {
-	case "version", "--version":
-		fmt.Fprintln(stdout, "reft", version.Version)
-		return 0
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, usage())
 		return 0
-	default:
+	case "--version":
+		args[0] = "version"
+	}
+	c, ok := commands[args[0]]
+	if !ok {
 		fmt.Fprintf(stderr, "reft: unknown command %q; run 'reft help' for the list\n", args[0])
 		return 2
 	}
+	return c.run(args[1:], stdout, stderr)
 }

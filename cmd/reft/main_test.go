@@ -1,0 +1,38 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func TestRun(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantOut  string
+		wantErr  string
+	}{
+		{"no args", nil, 2, "", "usage: reft"},
+		{"help", []string{"help"}, 0, "commands:", ""},
+		{"version", []string{"version"}, 0, "reft ", ""},
+		{"--version", []string{"--version"}, 0, "reft ", ""},
+		{"unknown", []string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := run(tt.args, &out, &errb)
+			if code != tt.wantCode {
+				t.Errorf("exit code %d, want %d (stderr %q)", code, tt.wantCode, errb.String())
+			}
+			if !strings.Contains(out.String(), tt.wantOut) {
+				t.Errorf("stdout %q does not contain %q", out.String(), tt.wantOut)
+			}
+			if !strings.Contains(errb.String(), tt.wantErr) {
+				t.Errorf("stderr %q does not contain %q", errb.String(), tt.wantErr)
+			}
+		})
+	}
+}
