@@ -3,7 +3,7 @@
 
 PREFIX      ?= /usr/local
 SYSCONFDIR  ?= /etc
-GO          ?= go
+GO          ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 BUILD       := build
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 0.1.0-dev)
 LDFLAGS     := -X github.com/reft-hpc/reft/launcher/version.Version=$(VERSION)
@@ -47,16 +47,20 @@ unit:
 	$(GO) test -count=1 ./...
 
 # End-to-end tests on the local cluster. The cluster is brought up here and
-# always taken down again, pass or fail.
+# always taken down again, pass or fail. The cluster tool's own lifecycle test
+# runs last: it calls `up` a second time, then `down`, and checks that nothing
+# of the cluster is left.
 e2e: all
 	$(CLUSTER) up
-	@rc=0; $(GO) test -count=1 -tags e2e -timeout 30m -v ./tests/e2e/ || rc=$$?; \
-		$(CLUSTER) down; exit $$rc
+	@rc=0; \
+	$(GO) test -count=1 -tags e2e -timeout 30m -v ./tests/e2e/ || rc=$$?; \
+	( cd tests/cluster && $(GO) test -count=1 -tags e2e -timeout 10m -v . ) || rc=$$?; \
+	$(CLUSTER) down || rc=$$?; \
+	exit $$rc
 
 test: unit e2e
 
 demo: all
-	$(CLUSTER) up
 	tests/demo.sh
 
 bench: all
