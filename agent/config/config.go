@@ -1,0 +1,387 @@
+// Package config loads /etc/reft/reft.toml, the site configuration shared by
+// the SPANK plugin, the agent and the launcher.
+//
+// Decoding is strict: a key that reft does not know is an error that names
+// the file, the key and its line. The TOML decoder matches field names case
+// insensitively, so every key is also checked for its exact spelling.
+// Every key has a default (see [Default] and etc/reft.toml); an absent file is
+// an error only where the caller says so (see [Load]).
+package config
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// DefaultPath is where the plugin and the agent look when nothing else is given.
+const DefaultPath = "/etc/reft/reft.toml"
+
+// Config is the whole file. Sections and keys are documented in etc/reft.toml.
+type Config struct {
+	Store     Store     `toml:"store"`
+	Persist   Persist   `toml:"persist"`
+	Agent     Agent     `toml:"agent"`
+	Heartbeat Heartbeat `toml:"heartbeat"`
+	Log       Log       `toml:"log"`
+}
+
+// Store is the node-local snapshot store.
+type Store struct {
+	// TmpfsRoot is the directory (on tmpfs) under which each job gets <jobid>/.
+	TmpfsRoot string `toml:"tmpfs_root"`
+	// MemoryBudget caps the snapshot memory of one job on one node.
+	MemoryBudget MemoryBudget `toml:"memory_budget"`
+}
+
+// Persist is the persistent (shared filesystem) checkpoint.
+type Persist struct {
+	// Dir is the persistent checkpoint directory; empty disables persistent
+	// checkpoints unless the job's SPEC names persist_dir.
+	Dir string `toml:"dir"`
+}
+
+// Agent is the per-node, per-job daemon.
+type Agent struct {
+	// Binary is the absolute path of reft-agent.
+	Binary string `toml:"binary"`
+	// RunDir is a node-local directory for agent sockets and plugin state.
+	RunDir string `toml:"run_dir"`
+	// PortRange is the inclusive TCP port range the agents listen on.
+	PortRange [2]int `toml:"port_range"`
+	// StartTimeout is how long a step waits for its node's agent to answer.
+	StartTimeout Duration `toml:"start_timeout"`
+}
+
+// Heartbeat is the failure detector between agents.
+type Heartbeat struct {
+	Interval Duration `toml:"interval"`
+	Timeout  Duration `toml:"timeout"`
+}
+
+// Log is the agent's logging.
+type Log struct {
+	// Dir receives <jobid>/<node>.jsonl.
+	Dir string `toml:"dir"`
+	// Level is one of trace, debug, info, warn, error.
+	Level string `toml:"level"`
+}
+
+// Default returns the configuration used for every key the file leaves out.
+func Default() Config {
+	return Config{
+		Store: Store{
+			TmpfsRoot:    "/dev/shm/reft",
+			MemoryBudget: MemoryBudget{Fraction: 0.5},
+		},
+		Agent: Agent{
+			Binary:       "/usr/local/bin/reft-agent",
+			RunDir:       "/run/reft",
+			PortRange:    [2]int{47000, 47999},
+			StartTimeout: Duration(10 * time.Second),
+		},
+		Heartbeat: Heartbeat{
+			Interval: Duration(500 * time.Millisecond),
+			Timeout:  Duration(2 * time.Second),
+		},
+		Log: Log{Dir: "/var/log/reft", Level: "info"},
+	}
+}
+
+// Load reads path on top of [Default]. A missing file gives the defaults when
+// missingOK is true and an error otherwise.
+func Load(path string, missingOK bool) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if missingOK && errors.Is(err, fs.ErrNotExist) {
+			return Default(), nil
+		}
+		return Config{}, fmt.Errorf("reft config %s: %w (install it with `make install` or point config= in plugstack.conf at it)", path, err)
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes data (named path in errors) on top of [Default] and validates it.
+func Parse(path string, data []byte) (Config, error) {
+	c := Default()
+	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&c)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return Config{}, fmt.Errorf("reft config %s:%d: %s", path, pe.Position.Line, pe.Message)
+		}
+		return Config{}, fmt.Errorf("reft config %s: %w", path, err)
+	}
+	allowed := allowedKeys(reflect.TypeOf(c), "")
+	var bad []string
+	for _, k := range md.Keys() {
+		if !allowed[k.String()] {
+			bad = append(bad, k.String())
+		}
+	}
+	for _, k := range md.Undecoded() {
+		if allowed[k.String()] {
+			continue // a table we know, decoded field by field
+		}
+		bad = append(bad, k.String())
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		k := bad[0]
+		return Config{}, fmt.Errorf("reft config %s:%d: unknown key %q (keys are lower case; valid keys: %s)",
+			path, keyLine(data, k), k, strings.Join(validLeafKeys(allowed), ", "))
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, fmt.Errorf("reft config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Validate checks value ranges and the relations between keys.
+func (c Config) Validate() error {
+	abs := func(key, v string, emptyOK bool) error {
+		if v == "" && emptyOK {
+			return nil
+		}
+		if !strings.HasPrefix(v, "/") {
+			return fmt.Errorf("%s = %q: must be an absolute path", key, v)
+		}
+		return nil
+	}
+	for _, e := range []error{
+		abs("store.tmpfs_root", c.Store.TmpfsRoot, false),
+		abs("persist.dir", c.Persist.Dir, true),
+		abs("agent.binary", c.Agent.Binary, false),
+		abs("agent.run_dir", c.Agent.RunDir, false),
+		abs("log.dir", c.Log.Dir, false),
+	} {
+		if e != nil {
+			return e
+		}
+	}
+	if lo, hi := c.Agent.PortRange[0], c.Agent.PortRange[1]; lo < 1 || hi > 65535 || lo > hi {
+		return fmt.Errorf("agent.port_range = [%d, %d]: want [low, high] with 1 <= low <= high <= 65535", lo, hi)
+	}
+	if c.Agent.StartTimeout <= 0 {
+		return fmt.Errorf("agent.start_timeout must be positive")
+	}
+	if c.Heartbeat.Interval <= 0 || c.Heartbeat.Timeout <= c.Heartbeat.Interval {
+		return fmt.Errorf("heartbeat: want 0 < interval (%s) < timeout (%s)", c.Heartbeat.Interval, c.Heartbeat.Timeout)
+	}
+	switch c.Log.Level {
+	case "trace", "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log.level = %q: valid levels: trace, debug, info, warn, error", c.Log.Level)
+	}
+	return nil
+}
+
+// allowedKeys lists every table and key path the Config type accepts.
+func allowedKeys(t reflect.Type, prefix string) map[string]bool {
+	out := map[string]bool{}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		full := name
+		if prefix != "" {
+			full = prefix + "." + name
+		}
+		out[full] = true
+		if f.Type.Kind() == reflect.Struct && f.Type.NumField() > 0 && !isLeaf(f.Type) {
+			for k := range allowedKeys(f.Type, full) {
+				out[k] = true
+			}
+		}
+	}
+	return out
+}
+
+func isLeaf(t reflect.Type) bool {
+	return t == reflect.TypeOf(MemoryBudget{})
+}
+
+func validLeafKeys(allowed map[string]bool) []string {
+	var out []string
+	for k := range allowed {
+		if strings.Contains(k, ".") {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// keyLine finds the line of a dotted key ("agent.run_dir") in TOML text by
+// following [table] headers. It returns 0 when it cannot tell.
+func keyLine(data []byte, key string) int {
+	table, leaf := "", key
+	if i := strings.LastIndex(key, "."); i >= 0 {
+		table, leaf = key[:i], key[i+1:]
+	}
+	cur := ""
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if strings.HasPrefix(line, "[") {
+			h := strings.Trim(line, "[] \t")
+			if i := strings.Index(h, "#"); i >= 0 {
+				h = strings.TrimSpace(strings.Trim(h[:i], "[] \t"))
+			}
+			cur = h
+			if cur == key {
+				return n
+			}
+			continue
+		}
+		k, _, ok := strings.Cut(line, "=")
+		if !ok {
+			continue
+		}
+		k = strings.Trim(strings.TrimSpace(k), `"'`)
+		if cur == table && k == leaf {
+			return n
+		}
+		if cur == "" && k == key { // dotted key at top level
+			return n
+		}
+	}
+	return 0
+}
+
+// Duration is a time.Duration written as a string ("500ms", "2s").
+type Duration time.Duration
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (examples: 500ms, 2s, 1m)", string(b))
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MemoryBudget is either an absolute size in bytes or a fraction of the
+// node's MemTotal. In TOML: an integer (bytes), a float in (0, 1] (fraction),
+// or a string: "64GiB", "512MiB", "100G", "50%".
+type MemoryBudget struct {
+	Bytes    uint64  // > 0 for an absolute budget
+	Fraction float64 // in (0, 1] for a relative budget
+}
+
+// UnmarshalTOML implements toml.Unmarshaler.
+func (m *MemoryBudget) UnmarshalTOML(v any) error {
+	bad := func(v any) error {
+		return fmt.Errorf("memory_budget = %v: want bytes (68719476736, \"64GiB\", \"512MiB\") or a fraction of MemTotal (0.5, \"50%%\")", v)
+	}
+	switch x := v.(type) {
+	case int64:
+		if x <= 0 {
+			return bad(v)
+		}
+		*m = MemoryBudget{Bytes: uint64(x)}
+	case float64:
+		if !(x > 0 && x <= 1) {
+			return bad(v)
+		}
+		*m = MemoryBudget{Fraction: x}
+	case string:
+		mb, err := ParseMemoryBudget(x)
+		if err != nil {
+			return bad(strconv.Quote(x))
+		}
+		*m = mb
+	default:
+		return bad(v)
+	}
+	return nil
+}
+
+// ParseMemoryBudget parses the string forms of a memory budget.
+func ParseMemoryBudget(s string) (MemoryBudget, error) {
+	s = strings.TrimSpace(s)
+	if p, ok := strings.CutSuffix(s, "%"); ok {
+		f, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		if err != nil || !(f > 0 && f <= 100) {
+			return MemoryBudget{}, fmt.Errorf("bad percentage %q", s)
+		}
+		return MemoryBudget{Fraction: f / 100}, nil
+	}
+	units := []struct {
+		suf  string
+		mult uint64
+	}{
+		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1},
+	}
+	mult := uint64(1)
+	num := s
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(s, u.suf); ok {
+			num, mult = strings.TrimSpace(n), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseUint(num, 10, 64)
+	if err != nil || n == 0 || n > (1<<62)/mult {
+		return MemoryBudget{}, fmt.Errorf("bad size %q", s)
+	}
+	return MemoryBudget{Bytes: n * mult}, nil
+}
+
+// Resolve returns the budget in bytes for a node with memTotal bytes.
+func (m MemoryBudget) Resolve(memTotal uint64) uint64 {
+	if m.Bytes > 0 {
+		return m.Bytes
+	}
+	return uint64(float64(memTotal) * m.Fraction)
+}
+
+// String renders the budget as it would be written in reft.toml.
+func (m MemoryBudget) String() string {
+	if m.Bytes > 0 {
+		return strconv.FormatUint(m.Bytes, 10)
+	}
+	return strconv.FormatFloat(m.Fraction, 'g', -1, 64)
+}
+
+// MemTotal reads MemTotal from /proc/meminfo, in bytes.
+func MemTotal() (uint64, error) {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, fmt.Errorf("reading /proc/meminfo for the memory budget: %w", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			f := strings.Fields(rest)
+			if len(f) >= 1 {
+				kb, err := strconv.ParseUint(f[0], 10, 64)
+				if err == nil {
+					return kb * 1024, nil
+				}
+			}
+		}
+	}
+	return 0, errors.New("no MemTotal line in /proc/meminfo")
+}

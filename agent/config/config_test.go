@@ -1,0 +1,124 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestShippedFileIsTheDefault(t *testing.T) {
+	c, err := Load("../../etc/reft.toml", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != Default() {
+		t.Fatalf("etc/reft.toml decodes to %+v, Default() is %+v", c, Default())
+	}
+	// Uncommenting every "# key = value" line must also give the defaults,
+	// so the documented defaults are the real ones.
+	data, err := os.ReadFile("../../etc/reft.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, "# ") && strings.Contains(l, " = ") {
+			l = strings.TrimPrefix(l, "# ")
+		}
+		lines = append(lines, l)
+	}
+	c, err = Parse("uncommented", []byte(strings.Join(lines, "\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != Default() {
+		t.Fatalf("uncommented etc/reft.toml gives %+v, Default() is %+v", c, Default())
+	}
+}
+
+func TestParseValid(t *testing.T) {
+	tests := []struct {
+		name, text string
+		check      func(Config) bool
+	}{
+		{"empty", "", func(c Config) bool { return c == Default() }},
+		{"bytes int", "[store]\nmemory_budget = 1073741824", func(c Config) bool { return c.Store.MemoryBudget.Bytes == 1<<30 }},
+		{"bytes unit", "[store]\nmemory_budget = \"64GiB\"", func(c Config) bool { return c.Store.MemoryBudget.Bytes == 64<<30 }},
+		{"fraction", "[store]\nmemory_budget = 0.25", func(c Config) bool { return c.Store.MemoryBudget.Fraction == 0.25 }},
+		{"percent", "[store]\nmemory_budget = \"25%\"", func(c Config) bool { return c.Store.MemoryBudget.Fraction == 0.25 }},
+		{"durations", "[heartbeat]\ninterval = \"100ms\"\ntimeout = \"1s\"", func(c Config) bool {
+			return c.Heartbeat.Interval.D() == 100*time.Millisecond && c.Heartbeat.Timeout.D() == time.Second
+		}},
+		{"ports", "[agent]\nport_range = [5000, 5010]", func(c Config) bool { return c.Agent.PortRange == [2]int{5000, 5010} }},
+		{"dotted", "agent.run_dir = \"/x\"", func(c Config) bool { return c.Agent.RunDir == "/x" }},
+		{"log", "[log]\nlevel = \"debug\"\ndir = \"/l\"", func(c Config) bool { return c.Log.Level == "debug" && c.Log.Dir == "/l" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse("t.toml", []byte(tt.text))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(c) {
+				t.Fatalf("got %+v", c)
+			}
+		})
+	}
+}
+
+func TestParseInvalid(t *testing.T) {
+	tests := []struct{ name, text, want string }{
+		{"unknown top key", "a = 1\nbogus = 2", `t.toml:1: unknown key "a"`},
+		{"unknown section", "[stor]\ntmpfs_root = \"/x\"", `t.toml:1: unknown key "stor"`},
+		{"unknown key in section", "[store]\n\ntmpfs_rot = \"/x\"", `t.toml:3: unknown key "store.tmpfs_rot"`},
+		{"wrong case key", "[store]\nTmpfs_Root = \"/x\"", `t.toml:2: unknown key "store.Tmpfs_Root" (keys are lower case`},
+		{"wrong case section", "[Store]\ntmpfs_root = \"/x\"", `t.toml:1: unknown key "Store"`},
+		{"inline table in budget", "[store]\nmemory_budget = {a = 1}", "memory_budget"},
+		{"syntax", "[store\n", "t.toml:2: expected"},
+		{"bad duration", "[heartbeat]\ninterval = \"soon\"", "not a duration"},
+		{"interval >= timeout", "[heartbeat]\ninterval = \"3s\"", "want 0 < interval (3s) < timeout (2s)"},
+		{"bad level", "[log]\nlevel = \"loud\"", "valid levels: trace, debug, info, warn, error"},
+		{"relative dir", "[store]\ntmpfs_root = \"shm\"", "store.tmpfs_root = \"shm\": must be an absolute path"},
+		{"bad ports", "[agent]\nport_range = [9, 1]", "agent.port_range = [9, 1]"},
+		{"zero budget", "[store]\nmemory_budget = 0", "memory_budget = 0: want bytes"},
+		{"fraction above one", "[store]\nmemory_budget = 1.5", "fraction of MemTotal"},
+		{"bad size", "[store]\nmemory_budget = \"lots\"", "memory_budget"},
+		{"budget bool", "[store]\nmemory_budget = true", "memory_budget"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("t.toml", []byte(tt.text))
+			if err == nil {
+				t.Fatalf("no error, want %q", tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q does not contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestLoadMissing(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "none.toml")
+	if c, err := Load(p, true); err != nil || c != Default() {
+		t.Fatalf("Load(missing, true) = %+v, %v", c, err)
+	}
+	if _, err := Load(p, false); err == nil || !strings.Contains(err.Error(), p) {
+		t.Fatalf("Load(missing, false) = %v, want an error naming %s", err, p)
+	}
+}
+
+func TestMemoryBudget(t *testing.T) {
+	if got := (MemoryBudget{Fraction: 0.5}).Resolve(1000); got != 500 {
+		t.Fatalf("Resolve fraction = %d", got)
+	}
+	if got := (MemoryBudget{Bytes: 7}).Resolve(1000); got != 7 {
+		t.Fatalf("Resolve bytes = %d", got)
+	}
+	mt, err := MemTotal()
+	if err != nil || mt == 0 {
+		t.Fatalf("MemTotal = %d, %v", mt, err)
+	}
+}
