@@ -15,7 +15,7 @@ DEB_PKGS := slurm-wlm slurmctld slurmd slurmdbd slurm-client munge mariadb-serve
 	libslurm-dev libpmix-dev openmpi-bin libopenmpi-dev pkg-config gcc make \
 	python3-torch python3-numpy iproute2 util-linux procps
 
-BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke
+BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/reft-pmix-probe
 
 .PHONY: all deps test unit e2e demo bench install clean
 all: $(BINARIES)
@@ -31,6 +31,9 @@ $(BUILD)/reft-agent: FORCE | $(BUILD)
 
 $(BUILD)/reft-mpi-smoke: FORCE | $(BUILD)
 	$(GO) build $(GOFLAGS_B) -tags mpi -o $@ ./tests/mpismoke
+
+$(BUILD)/reft-pmix-probe: FORCE | $(BUILD)
+	$(GO) build $(GOFLAGS_B) -o $@ ./tests/pmixprobe
 
 FORCE:
 
