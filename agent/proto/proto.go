@@ -1,0 +1,255 @@
+// Package proto is the local protocol between a rank (client library) and
+// its node's reft-agent, over the agent's Unix socket. docs/PROTOCOL.md is
+// the specification; this package is its Go implementation.
+//
+// A frame is a 12-byte header followed by a JSON payload:
+//
+//	offset size  field
+//	0      4     length   uint32 big endian: bytes after this field (8 + payload)
+//	4      1     version  protocol version, 1
+//	5      1     type     message type (Type)
+//	6      2     flags    reserved, 0
+//	8      4     id       request id, echoed by the reply
+//	12     n     payload  UTF-8 JSON object (may be empty for requests)
+package proto
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Version is the protocol version this package speaks.
+const Version = 1
+
+// HeaderSize is the size of the fixed header, length field included.
+const HeaderSize = 12
+
+// MaxPayload bounds the payload. Bulk data never travels in frames (it goes
+// through shared memory), so frames are small.
+const MaxPayload = 1 << 20
+
+// Type is a message type. A reply has the request's type with bit 0x80 set.
+type Type uint8
+
+// Message types.
+const (
+	THello       Type = 0x01
+	TStatus      Type = 0x02
+	ReplyBit     Type = 0x80
+	THelloReply       = THello | ReplyBit
+	TStatusReply      = TStatus | ReplyBit
+	TError       Type = 0xFF
+)
+
+func (t Type) String() string {
+	switch t {
+	case THello:
+		return "hello"
+	case TStatus:
+		return "status"
+	case THelloReply:
+		return "hello-reply"
+	case TStatusReply:
+		return "status-reply"
+	case TError:
+		return "error"
+	}
+	return fmt.Sprintf("type-0x%02x", uint8(t))
+}
+
+// Frame is one decoded frame.
+type Frame struct {
+	Version uint8
+	Type    Type
+	ID      uint32
+	Payload []byte // JSON; empty means {}
+}
+
+// Decoding errors. Every error from Decode wraps one of these (or io.EOF /
+// io.ErrUnexpectedEOF from the reader).
+var (
+	ErrLength   = errors.New("bad frame length")
+	ErrVersion  = errors.New("unsupported protocol version")
+	ErrFlags    = errors.New("reserved flags are not zero")
+	ErrPayload  = errors.New("payload is not a JSON object")
+	ErrTooLarge = errors.New("frame too large")
+)
+
+// Fatal reports whether a decoding error leaves the stream unusable (the
+// frame boundary is lost), so that the connection must be closed after the
+// error reply.
+func Fatal(err error) bool {
+	return errors.Is(err, ErrLength) || errors.Is(err, ErrTooLarge) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}
+
+// Decode reads one frame. It reads exactly the frame's bytes whenever the
+// length field is valid, so that after a non-fatal error (see Fatal) the next
+// frame can be read. A returned Frame is filled in as far as the header was
+// valid (ID and Type are set for version, flags and payload errors), so the
+// error reply can echo the request id.
+func Decode(r io.Reader) (Frame, error) {
+	var h [HeaderSize]byte
+	if _, err := io.ReadFull(r, h[:4]); err != nil {
+		return Frame{}, err
+	}
+	n := binary.BigEndian.Uint32(h[:4])
+	if n < HeaderSize-4 {
+		return Frame{}, fmt.Errorf("%w: %d < %d", ErrLength, n, HeaderSize-4)
+	}
+	if n-(HeaderSize-4) > MaxPayload {
+		return Frame{}, fmt.Errorf("%w: payload of %d bytes > %d", ErrTooLarge, n-(HeaderSize-4), MaxPayload)
+	}
+	if _, err := io.ReadFull(r, h[4:]); err != nil {
+		return Frame{}, noEOF(err)
+	}
+	f := Frame{Version: h[4], Type: Type(h[5]), ID: binary.BigEndian.Uint32(h[8:12])}
+	payload := make([]byte, n-(HeaderSize-4))
+	if _, err := io.ReadFull(r, payload); err != nil {
+		return f, noEOF(err)
+	}
+	if f.Version != Version {
+		return f, fmt.Errorf("%w %d (this agent speaks %d)", ErrVersion, f.Version, Version)
+	}
+	if flags := binary.BigEndian.Uint16(h[6:8]); flags != 0 {
+		return f, fmt.Errorf("%w: 0x%04x", ErrFlags, flags)
+	}
+	if len(payload) > 0 {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(payload, &obj); err != nil || obj == nil {
+			return f, fmt.Errorf("%w: %v", ErrPayload, err)
+		}
+	}
+	f.Payload = payload
+	return f, nil
+}
+
+func noEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// Append encodes f (with Version forced to the package version) onto b.
+func Append(b []byte, f Frame) ([]byte, error) {
+	if len(f.Payload) > MaxPayload {
+		return b, fmt.Errorf("%w: payload of %d bytes > %d", ErrTooLarge, len(f.Payload), MaxPayload)
+	}
+	var h [HeaderSize]byte
+	binary.BigEndian.PutUint32(h[:4], uint32(HeaderSize-4+len(f.Payload)))
+	h[4] = Version
+	h[5] = byte(f.Type)
+	binary.BigEndian.PutUint32(h[8:12], f.ID)
+	b = append(b, h[:]...)
+	return append(b, f.Payload...), nil
+}
+
+// Write encodes f onto w in one write.
+func Write(w io.Writer, f Frame) error {
+	b, err := Append(nil, f)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// WriteMsg marshals v as the payload of a frame of type t.
+func WriteMsg(w io.Writer, t Type, id uint32, v any) error {
+	p, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encoding %s payload: %w", t, err)
+	}
+	return Write(w, Frame{Type: t, ID: id, Payload: p})
+}
+
+// Unmarshal decodes a frame's payload into v; an empty payload leaves v as is.
+func (f Frame) Unmarshal(v any) error {
+	if len(f.Payload) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(f.Payload, v); err != nil {
+		return fmt.Errorf("%s payload: %w", f.Type, err)
+	}
+	return nil
+}
+
+// Hello is the payload of a hello request. All fields are optional.
+type Hello struct {
+	Client string `json:"client,omitempty"` // "reft-py/0.1", "reft-go/0.1", ...
+	PID    int    `json:"pid,omitempty"`
+	Step   string `json:"step,omitempty"` // REFT_STEP_ID of the caller
+	Rank   int    `json:"rank,omitempty"`
+}
+
+// HelloReply is the payload of a hello reply.
+type HelloReply struct {
+	Protocol     int    `json:"protocol"`
+	Job          string `json:"job"`
+	Node         string `json:"node"`
+	Spec         string `json:"spec"`
+	AgentVersion string `json:"agent_version"`
+	Restart      int    `json:"restart"`
+}
+
+// Status is the payload of a status reply.
+type Status struct {
+	Job           string  `json:"job"`
+	Node          string  `json:"node"`
+	Spec          string  `json:"spec"`
+	AgentVersion  string  `json:"agent_version"`
+	PID           int     `json:"pid"`
+	UptimeSeconds float64 `json:"uptime_s"`
+	Clients       int     `json:"clients"`       // connections open now
+	Connections   uint64  `json:"connections"`   // connections accepted so far
+	BadFrames     uint64  `json:"bad_frames"`    // malformed frames received so far
+	MemoryBudget  uint64  `json:"memory_budget"` // bytes
+	StoreDir      string  `json:"store_dir"`
+}
+
+// Error codes of an error reply.
+const (
+	CodeMalformed   = "malformed"
+	CodeVersion     = "unsupported_version"
+	CodeUnknownType = "unknown_type"
+	CodeForbidden   = "forbidden"
+	CodeInternal    = "internal"
+)
+
+// Error is the payload of an error reply.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return "agent error " + e.Code + ": " + e.Message }
+
+// Call sends a request of type t with payload req on rw and decodes the reply
+// into resp. An error reply is returned as *Error.
+func Call(rw io.ReadWriter, t Type, id uint32, req, resp any) error {
+	if err := WriteMsg(rw, t, id, req); err != nil {
+		return fmt.Errorf("sending %s: %w", t, err)
+	}
+	f, err := Decode(rw)
+	if err != nil {
+		return fmt.Errorf("reading %s reply: %w", t, err)
+	}
+	if f.ID != id {
+		return fmt.Errorf("reply id %d does not match request id %d", f.ID, id)
+	}
+	switch f.Type {
+	case TError:
+		e := &Error{}
+		if err := f.Unmarshal(e); err != nil {
+			return err
+		}
+		return e
+	case t | ReplyBit:
+		return f.Unmarshal(resp)
+	}
+	return fmt.Errorf("reply of type %s to a %s request", f.Type, t)
+}
