@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/reft-hpc/reft/launcher/plan"
 	"github.com/reft-hpc/reft/launcher/version"
 )
 
@@ -22,6 +23,7 @@ type command struct {
 // commands is the subcommand table. Each subcommand lives in its own package
 // and is wired in with one line here.
 var commands = map[string]command{
+	"plan": {"reliability and cost planning (survival, placement, interval, memory, simulate)", plan.Main},
 	"version": {"print the reft version", func(_ []string, stdout, _ io.Writer) int {
 		fmt.Fprintln(stdout, "reft", version.Version)
 		return 0
