@@ -1,0 +1,25 @@
+//go:build !cgo
+
+package cuda
+
+// DefaultLibraries are tried in order by Load.
+var DefaultLibraries = []string{"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}
+
+// Runtime is the no-op stand-in: without cgo there is no dlopen, so no
+// CUDA runtime can be loaded.
+type Runtime struct{}
+
+// Load returns a Runtime whose calls do nothing (built without cgo).
+func Load(libs ...string) *Runtime { return &Runtime{} }
+
+// Available is always false without cgo.
+func (r *Runtime) Available() bool { return false }
+
+// Library is always "" without cgo.
+func (r *Runtime) Library() string { return "" }
+
+// Register does nothing.
+func (r *Runtime) Register(b []byte) error { return nil }
+
+// Unregister does nothing.
+func (r *Runtime) Unregister(b []byte) error { return nil }
