@@ -63,10 +63,22 @@ func recorded(t *testing.T) (pids map[string]int, namespaces []string) {
 }
 
 // clusterPrograms are the executables of the cluster and of reft's own
-// per-node processes; none may outlive `down`.
+// per-node processes; none of this cluster's may outlive `down`.
 var clusterPrograms = map[string]bool{
 	"slurmctld": true, "slurmd": true, "slurmstepd": true, "slurmdbd": true,
 	"mariadbd": true, "munged": true, "reft-agent": true,
+}
+
+// ofThisCluster tells whether a process names this cluster's state directory
+// in its command line or environment (every daemon does: -f/--datadir/
+// --socket/SLURM_CONF), so a second cluster on the machine is left alone.
+func ofThisCluster(proc string) bool {
+	for _, f := range []string{"/cmdline", "/environ"} {
+		if b, err := os.ReadFile(proc + f); err == nil && strings.Contains(string(b), stateDir()+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // TestUpTwiceThenDown: a second `up` changes nothing, and `down` leaves no
@@ -105,8 +117,8 @@ func TestUpTwiceThenDown(t *testing.T) {
 				}
 			}
 		}
-		if exe, err := os.Readlink(p + "/exe"); err == nil && clusterPrograms[filepath.Base(strings.TrimSuffix(exe, " (deleted)"))] {
-			t.Errorf("process %s (%s) still runs after down", filepath.Base(p), exe)
+		if exe, err := os.Readlink(p + "/exe"); err == nil && clusterPrograms[filepath.Base(strings.TrimSuffix(exe, " (deleted)"))] && ofThisCluster(p) {
+			t.Errorf("process %s (%s) of this cluster still runs after down", filepath.Base(p), exe)
 		}
 	}
 	if _, err := exec.Command("./cluster", "status").CombinedOutput(); err == nil {
