@@ -71,7 +71,7 @@ func With(l zerolog.Logger, f Fields) zerolog.Logger {
 // ConsoleWriter is the human-readable form for terminals.
 func ConsoleWriter(w io.Writer) io.Writer {
 	return zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly,
-		PartsOrder: []string{"time", "level", "node", "message"},
+		PartsOrder:    []string{"time", "level", "node", "message"},
 		FieldsExclude: []string{"node"}}
 }
 

@@ -158,8 +158,12 @@ func Write(w io.Writer, f Frame) error {
 	return err
 }
 
-// WriteMsg marshals v as the payload of a frame of type t.
+// WriteMsg marshals v as the payload of a frame of type t; nil gives an
+// empty payload.
 func WriteMsg(w io.Writer, t Type, id uint32, v any) error {
+	if v == nil {
+		return Write(w, Frame{Type: t, ID: id})
+	}
 	p, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encoding %s payload: %w", t, err)
@@ -238,11 +242,11 @@ func Call(rw io.ReadWriter, t Type, id uint32, req, resp any) error {
 	if err != nil {
 		return fmt.Errorf("reading %s reply: %w", t, err)
 	}
-	if f.ID != id {
+	if f.ID != id && !(f.Type == TError && f.ID == 0) {
 		return fmt.Errorf("reply id %d does not match request id %d", f.ID, id)
 	}
 	switch f.Type {
-	case TError:
+	case TError: // id 0: an error about the connection or an unreadable frame
 		e := &Error{}
 		if err := f.Unmarshal(e); err != nil {
 			return err

@@ -1,0 +1,237 @@
+// Package agent is the per-node, per-job reft daemon: its local Unix socket
+// server now, its snapshot store and peer protocol later.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/reft-hpc/reft/agent/proto"
+)
+
+// Info is what the agent says about itself in hello and status replies.
+type Info struct {
+	Job          string
+	Node         string
+	Spec         string // normalized SPEC
+	Version      string
+	Restart      int
+	UID          int // the job's uid; every other peer is refused
+	MemoryBudget uint64
+	StoreDir     string
+}
+
+// Server serves the local protocol (docs/PROTOCOL.md) on a Unix socket.
+type Server struct {
+	info  Info
+	log   zerolog.Logger
+	ln    *net.UnixListener
+	path  string
+	start time.Time
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+
+	clients     atomic.Int64
+	accepted    atomic.Uint64
+	badFrames   atomic.Uint64
+	closed      atomic.Bool
+	connTimeout time.Duration
+}
+
+// Listen creates the socket at path with mode 0600. A stale socket at path
+// (nobody answers) is replaced; a live one is an error.
+func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("socket %s: another agent is already listening there", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
+	}
+	old := unix.Umask(0o177) // the socket is born 0600: no window with a wider mode
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w (is agent.run_dir in reft.toml on a local filesystem the user can write?)", path, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("chmod 0600 %s: %w", path, err)
+	}
+	return &Server{info: info, log: log, ln: ln, path: path, start: time.Now(),
+		conns: map[net.Conn]struct{}{}, connTimeout: 0}, nil
+}
+
+// Path returns the socket path.
+func (s *Server) Path() string { return s.path }
+
+// Serve accepts connections until ctx is done or Close is called.
+func (s *Server) Serve(ctx context.Context) error {
+	go func() {
+		<-ctx.Done()
+		s.Close()
+	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			if s.closed.Load() || ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			s.log.Error().Err(err).Msg("accept failed; stopping the socket server")
+			return fmt.Errorf("accept on %s: %w", s.path, err)
+		}
+		s.accepted.Add(1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveConn(c)
+		}()
+	}
+}
+
+// Close stops accepting, closes every connection and removes the socket.
+func (s *Server) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	err := s.ln.Close()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	return err
+}
+
+// PeerCred returns the credentials of the process at the other end of c.
+func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, serr
+}
+
+func (s *Server) serveConn(c *net.UnixConn) {
+	defer c.Close()
+	cred, err := PeerCred(c)
+	if err != nil {
+		s.log.Error().Err(err).Msg("SO_PEERCRED failed; closing the connection")
+		return
+	}
+	log := s.log.With().Int32("peer_pid", cred.Pid).Uint32("peer_uid", cred.Uid).Logger()
+	if int(cred.Uid) != s.info.UID {
+		log.Warn().Int("job_uid", s.info.UID).Msg("refused a connection from another uid")
+		_ = proto.WriteMsg(c, proto.TError, 0, proto.Error{Code: proto.CodeForbidden,
+			Message: fmt.Sprintf("uid %d may not use the agent of job %s (owned by uid %d)", cred.Uid, s.info.Job, s.info.UID)})
+		return
+	}
+	s.mu.Lock()
+	if s.closed.Load() {
+		s.mu.Unlock()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.mu.Unlock()
+	s.clients.Add(1)
+	defer func() {
+		s.clients.Add(-1)
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+	log.Debug().Msg("client connected")
+	for {
+		f, err := proto.Decode(c)
+		if err != nil {
+			if errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if f.ID == 0 && errors.Is(err, io.EOF) {
+				log.Debug().Msg("client disconnected")
+				return
+			}
+			s.badFrames.Add(1)
+			code := proto.CodeMalformed
+			if errors.Is(err, proto.ErrVersion) {
+				code = proto.CodeVersion
+			}
+			log.Warn().Err(err).Uint32("id", f.ID).Msg("malformed frame")
+			_ = proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: code, Message: err.Error()})
+			if proto.Fatal(err) {
+				return
+			}
+			continue
+		}
+		if err := s.handle(c, f, log); err != nil {
+			log.Debug().Err(err).Msg("writing a reply failed; closing")
+			return
+		}
+	}
+}
+
+func (s *Server) handle(c net.Conn, f proto.Frame, log zerolog.Logger) error {
+	switch f.Type {
+	case proto.THello:
+		var h proto.Hello
+		if err := f.Unmarshal(&h); err != nil {
+			s.badFrames.Add(1)
+			log.Warn().Err(err).Msg("malformed hello")
+			return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeMalformed, Message: err.Error()})
+		}
+		log.Info().Str("client", h.Client).Int("pid", h.PID).Str("client_step", h.Step).Int("rank", h.Rank).Msg("hello")
+		return proto.WriteMsg(c, proto.THelloReply, f.ID, proto.HelloReply{
+			Protocol: proto.Version, Job: s.info.Job, Node: s.info.Node, Spec: s.info.Spec,
+			AgentVersion: s.info.Version, Restart: s.info.Restart})
+	case proto.TStatus:
+		return proto.WriteMsg(c, proto.TStatusReply, f.ID, s.Status())
+	}
+	s.badFrames.Add(1)
+	log.Warn().Stringer("type", f.Type).Msg("unknown message type")
+	return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeUnknownType,
+		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows hello (0x01) and status (0x02)", uint8(f.Type))})
+}
+
+// Status is the payload of a status reply.
+func (s *Server) Status() proto.Status {
+	return proto.Status{
+		Job: s.info.Job, Node: s.info.Node, Spec: s.info.Spec, AgentVersion: s.info.Version,
+		PID: os.Getpid(), UptimeSeconds: time.Since(s.start).Seconds(),
+		Clients: int(s.clients.Load()), Connections: s.accepted.Load(), BadFrames: s.badFrames.Load(),
+		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir,
+	}
+}
+
+// SocketPath is where the agent of a job listens: <runDir>/<job>/agent.sock.
+func SocketPath(runDir, job string) string {
+	return filepath.Join(JobRunDir(runDir, job), "agent.sock")
+}
+
+// JobRunDir is the per-job runtime directory (mode 0700, the job's user).
+func JobRunDir(runDir, job string) string { return filepath.Join(runDir, job) }
