@@ -15,7 +15,7 @@ DEB_PKGS := slurm-wlm slurmctld slurmd slurmdbd slurm-client munge mariadb-serve
 	libslurm-dev libpmix-dev openmpi-bin libopenmpi-dev pkg-config gcc make \
 	python3-torch python3-numpy iproute2 util-linux procps
 
-BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/reft-pmix-probe
+BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/reft-pmix-probe $(BUILD)/reft-train
 
 .PHONY: all deps test unit e2e demo bench install clean
 all: $(BINARIES)
@@ -34,6 +34,9 @@ $(BUILD)/reft-mpi-smoke: FORCE | $(BUILD)
 
 $(BUILD)/reft-pmix-probe: FORCE | $(BUILD)
 	$(GO) build $(GOFLAGS_B) -o $@ ./tests/pmixprobe
+
+$(BUILD)/reft-train: FORCE | $(BUILD)
+	$(GO) build $(GOFLAGS_B) -tags mpi -o $@ ./examples/trainer
 
 FORCE:
 

@@ -1,0 +1,87 @@
+//go:build mpi
+
+// Command reft-train is the reference MPI trainer: a deterministic MLP
+// (package train) over MPI. Run it under srun --mpi=pmix with dp*pp ranks;
+// rank 0 prints "step N loss X", "mean-step-ms: X" and
+// "final-params-sha256: <hex>".
+//
+// --fail-at STEP:RANK makes that rank SIGKILL itself at the start of STEP,
+// but only in a run that did not resume from a snapshot: a relaunch with the
+// same flags restores and must not die again.
+//
+// Snapshots: the reft client is not wired in yet, so this binary runs with
+// snapshots disabled and says so once.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"syscall"
+
+	"github.com/emer/empi/mpi"
+
+	"github.com/reft-hpc/reft/examples/trainer/train"
+)
+
+func main() {
+	// MPI calls must stay on one OS thread.
+	runtime.LockOSThread()
+	os.Exit(run())
+}
+
+func run() int {
+	mpi.Init()
+	world, err := newMPIComm()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "reft-train: MPI_COMM_WORLD:", err)
+		return 1
+	}
+	rank0 := world.Rank() == 0
+	cfg, err := train.ParseArgs(os.Args[1:], usageWriter(rank0))
+	if err == nil {
+		err = cfg.Validate(world.Size())
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		mpi.Finalize()
+		return 0
+	}
+	if err != nil {
+		// Every rank sees the same flags: one error line, from rank 0.
+		if rank0 {
+			fmt.Fprintln(os.Stderr, "reft-train:", err)
+		}
+		mpi.Finalize()
+		return 2
+	}
+	opts := train.Options{
+		Comm: world,
+		Log:  os.Stdout,
+		Kill: func() error {
+			fmt.Fprintf(os.Stderr, "reft-train: rank %d: --fail-at %d:%d: SIGKILL\n", world.Rank(), cfg.FailStep, cfg.FailRank)
+			if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
+				return fmt.Errorf("--fail-at: kill self: %w", err)
+			}
+			select {} // SIGKILL is not delivered synchronously
+		},
+	}
+	if _, err := train.Run(cfg, opts); err != nil {
+		fmt.Fprintf(os.Stderr, "reft-train: rank %d: %v\n", world.Rank(), err)
+		if world.Size() > 1 {
+			world.c.Abort() // the other ranks would block in collectives forever
+		}
+		return 1
+	}
+	mpi.Finalize()
+	return 0
+}
+
+func usageWriter(rank0 bool) io.Writer {
+	if rank0 {
+		return os.Stderr
+	}
+	return io.Discard
+}

@@ -1,0 +1,93 @@
+//go:build mpi
+
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/emer/empi/mpi"
+
+	"github.com/reft-hpc/reft/examples/trainer/train"
+)
+
+// mpiComm adapts empi to train.Comm.
+type mpiComm struct {
+	c     *mpi.Comm
+	world bool
+	tmp   []int64
+}
+
+func newMPIComm() (*mpiComm, error) {
+	c, err := mpi.NewComm(nil)
+	if err != nil {
+		return nil, err
+	}
+	return &mpiComm{c: c, world: true}, nil
+}
+
+func (m *mpiComm) Rank() int { return m.c.Rank() }
+func (m *mpiComm) Size() int { return m.c.Size() }
+
+func (m *mpiComm) Barrier() error { return m.c.Barrier() }
+
+// reduceChunk bounds the scratch buffer: MPI forbids aliasing send and
+// receive buffers, and a whole-model copy would double the gradient memory.
+const reduceChunk = 1 << 22
+
+func (m *mpiComm) AllReduceSumI64(buf []int64) error {
+	if m.tmp == nil {
+		m.tmp = make([]int64, min(len(buf), reduceChunk))
+	}
+	for off := 0; off < len(buf); off += reduceChunk {
+		end := min(off+reduceChunk, len(buf))
+		src := m.tmp[:end-off]
+		if cap(m.tmp) < end-off {
+			m.tmp = make([]int64, end-off)
+			src = m.tmp
+		}
+		copy(src, buf[off:end])
+		if err := m.c.AllReduceI64(mpi.OpSum, buf[off:end], src); err != nil {
+			return fmt.Errorf("MPI_Allreduce of %d int64 at %d: %w", end-off, off, err)
+		}
+	}
+	return nil
+}
+
+func (m *mpiComm) AllGatherF32(dst, src []float32) error {
+	if len(dst) != len(src)*m.Size() {
+		return fmt.Errorf("allgather: dst has %d elements, want %d x %d", len(dst), m.Size(), len(src))
+	}
+	if len(src) == 0 {
+		return nil
+	}
+	return m.c.AllGatherF32(dst, src)
+}
+
+func (m *mpiComm) SendF32(to, tag int, v []float32) error {
+	if len(v) == 0 {
+		return errors.New("send: empty message")
+	}
+	return m.c.SendF32(to, tag, v)
+}
+
+func (m *mpiComm) RecvF32(from, tag int, v []float32) error {
+	if len(v) == 0 {
+		return errors.New("recv: empty message")
+	}
+	return m.c.RecvF32(from, tag, v)
+}
+
+// Sub creates the caller's group communicator with MPI_Comm_create, which is
+// collective over MPI_COMM_WORLD (each rank passing its own, disjoint group),
+// so it is only offered on the world communicator.
+func (m *mpiComm) Sub(ranks []int) (train.Comm, error) {
+	if !m.world {
+		return nil, errors.New("sub-communicators of sub-communicators are not supported")
+	}
+	c, err := mpi.NewComm(ranks)
+	if err != nil {
+		return nil, fmt.Errorf("MPI_Comm_create %v: %w", ranks, err)
+	}
+	return &mpiComm{c: c}, nil
+}

@@ -1,0 +1,252 @@
+// Package train is the reference trainer behind reft-train: an MLP on
+// deterministic synthetic data, trained data parallel (optionally pipeline
+// parallel and with ZeRO-1 sharded optimizer state), bit-for-bit
+// reproducible. It talks to other ranks only through Comm, so it needs no
+// MPI: cmd reft-train supplies an MPI Comm, the tests an in-process one.
+package train
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// Optimizer names accepted by --optimizer.
+const (
+	SGD      = "sgd"
+	Momentum = "momentum"
+	Adam     = "adam"
+	AdamW    = "adamw"
+)
+
+// maxMicrobatches bounds the number of microbatches summed per step; the
+// fixed-point gradient scale is chosen so that this many clamped values cannot
+// overflow an int64 (see fixed.go).
+const maxMicrobatches = 1 << 10
+
+// Config is everything that decides what the trainer computes.
+type Config struct {
+	Steps       int64   // optimizer steps, numbered 1..Steps
+	SizeBytes   int64   // target parameter bytes; layers are shaped from it
+	Layers      int     // MLP layers (all width x width)
+	Optimizer   string  // sgd, momentum, adam, adamw
+	LR          float64 // learning rate
+	WeightDecay float64 // adamw only
+	Momentum    float64 // momentum only
+	Seed        uint64
+	Batch       int   // global batch, samples per step
+	Micro       int   // samples per microbatch; 0: Batch/DP
+	DP, PP      int   // DP 0: world size / PP
+	Zero1       bool  // shard optimizer state across the DP group
+	SaveEvery   int64 // snapshot every N steps; 0: never
+	FailStep    int64 // --fail-at STEP:RANK; 0: off
+	FailRank    int
+	LogEvery    int64
+	Threads     int // compute goroutines per rank; 0: GOMAXPROCS
+}
+
+// Defaults returns the configuration that ParseArgs starts from.
+func Defaults() Config {
+	return Config{
+		Steps: 100, SizeBytes: 4 << 20, Layers: 4, Optimizer: Adam, LR: 1e-3,
+		WeightDecay: 0.01, Momentum: 0.9, Seed: 1, Batch: 32, PP: 1, LogEvery: 10,
+	}
+}
+
+// ParseArgs parses reft-train's command line. It returns flag.ErrHelp for
+// -h/--help, after writing the usage to usage (which may be nil).
+func ParseArgs(args []string, usage io.Writer) (Config, error) {
+	c := Defaults()
+	fs := flag.NewFlagSet("reft-train", flag.ContinueOnError)
+	if usage == nil {
+		usage = io.Discard
+	}
+	fs.SetOutput(usage)
+	size := fs.String("size", "4MiB", "parameter bytes (e.g. 4MiB, 256MiB, 1GiB); layer width is derived from it")
+	fail := fs.String("fail-at", "", "STEP:RANK: that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
+	seed := fs.Uint64("seed", c.Seed, "seed for data, teacher and initial weights")
+	fs.Int64Var(&c.Steps, "steps", c.Steps, "optimizer steps")
+	fs.IntVar(&c.Layers, "layers", c.Layers, "MLP layers (>= --pp)")
+	fs.StringVar(&c.Optimizer, "optimizer", c.Optimizer, "sgd, momentum, adam or adamw")
+	fs.Float64Var(&c.LR, "lr", c.LR, "learning rate")
+	fs.Float64Var(&c.WeightDecay, "weight-decay", c.WeightDecay, "decoupled weight decay (adamw)")
+	fs.Float64Var(&c.Momentum, "momentum", c.Momentum, "momentum factor (momentum)")
+	fs.IntVar(&c.Batch, "batch", c.Batch, "global batch size in samples per step")
+	fs.IntVar(&c.Micro, "micro", c.Micro, "samples per microbatch (0: batch/dp); fix it to make results independent of --dp")
+	fs.IntVar(&c.DP, "dp", c.DP, "data-parallel degree (0: world size / pp)")
+	fs.IntVar(&c.PP, "pp", c.PP, "pipeline stages")
+	fs.BoolVar(&c.Zero1, "zero1", c.Zero1, "shard optimizer state across the DP group (ZeRO-1)")
+	fs.Int64Var(&c.SaveEvery, "save-every", c.SaveEvery, "snapshot every N steps (0: never)")
+	fs.Int64Var(&c.LogEvery, "log-every", c.LogEvery, "log the loss every N steps")
+	fs.IntVar(&c.Threads, "threads", c.Threads, "compute goroutines per rank (0: GOMAXPROCS)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, err
+		}
+		return c, fmt.Errorf("%w (see --help)", err)
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q: all options are flags (see --help)", fs.Arg(0))
+	}
+	c.Seed = *seed
+	n, err := ParseSize(*size)
+	if err != nil {
+		return c, fmt.Errorf("--size: %w", err)
+	}
+	c.SizeBytes = n
+	if *fail != "" {
+		if c.FailStep, c.FailRank, err = parseFailAt(*fail); err != nil {
+			return c, fmt.Errorf("--fail-at: %w", err)
+		}
+	}
+	return c, c.check()
+}
+
+func parseFailAt(s string) (int64, int, error) {
+	st, rk, ok := strings.Cut(s, ":")
+	step, err1 := strconv.ParseInt(st, 10, 64)
+	rank, err2 := strconv.Atoi(rk)
+	if !ok || err1 != nil || err2 != nil || step < 1 || rank < 0 {
+		return 0, 0, fmt.Errorf("%q is not STEP:RANK with STEP >= 1 and RANK >= 0 (e.g. --fail-at 50:3)", s)
+	}
+	return step, rank, nil
+}
+
+var sizeUnits = []struct {
+	suffix string
+	mult   int64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1},
+}
+
+// ParseSize reads a byte count such as 4MiB, 1.5GiB, 500MB or 65536.
+func ParseSize(s string) (int64, error) {
+	num, mult := strings.TrimSpace(s), int64(1)
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(strings.ToUpper(num), strings.ToUpper(u.suffix)) && len(num) > len(u.suffix) {
+			num, mult = strings.TrimSpace(num[:len(num)-len(u.suffix)]), u.mult
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(f) || f <= 0 {
+		return 0, fmt.Errorf("%q is not a size: use a positive number with an optional unit, e.g. 4MiB, 256MiB, 1GiB", s)
+	}
+	v := f * float64(mult)
+	if v > 1<<40 {
+		return 0, fmt.Errorf("%q is larger than 1TiB", s)
+	}
+	return int64(v), nil
+}
+
+// check validates what does not depend on the world size.
+func (c *Config) check() error {
+	switch {
+	case c.Steps < 1:
+		return fmt.Errorf("--steps %d: must be >= 1", c.Steps)
+	case c.Optimizer != SGD && c.Optimizer != Momentum && c.Optimizer != Adam && c.Optimizer != AdamW:
+		return fmt.Errorf("--optimizer %q: use sgd, momentum, adam or adamw", c.Optimizer)
+	case !(c.LR > 0) || math.IsInf(c.LR, 0):
+		return fmt.Errorf("--lr %v: must be a positive finite number, e.g. --lr 1e-3", c.LR)
+	case !(c.WeightDecay >= 0) || math.IsInf(c.WeightDecay, 0):
+		return fmt.Errorf("--weight-decay %v: must be >= 0", c.WeightDecay)
+	case !(c.Momentum >= 0 && c.Momentum < 1):
+		return fmt.Errorf("--momentum %v: must be in [0, 1)", c.Momentum)
+	case c.Layers < 1:
+		return fmt.Errorf("--layers %d: must be >= 1", c.Layers)
+	case c.PP < 1:
+		return fmt.Errorf("--pp %d: must be >= 1", c.PP)
+	case c.PP > c.Layers:
+		return fmt.Errorf("--pp %d exceeds --layers %d: every stage needs a layer; raise --layers or lower --pp", c.PP, c.Layers)
+	case c.DP < 0:
+		return fmt.Errorf("--dp %d: must be >= 1 (or 0 for world size / pp)", c.DP)
+	case c.Batch < 1:
+		return fmt.Errorf("--batch %d: must be >= 1", c.Batch)
+	case c.Micro < 0:
+		return fmt.Errorf("--micro %d: must be >= 1 (or 0 for batch/dp)", c.Micro)
+	case c.SaveEvery < 0:
+		return fmt.Errorf("--save-every %d: must be >= 0", c.SaveEvery)
+	case c.LogEvery < 1:
+		return fmt.Errorf("--log-every %d: must be >= 1", c.LogEvery)
+	case c.Threads < 0:
+		return fmt.Errorf("--threads %d: must be >= 0", c.Threads)
+	case c.FailStep < 0 || c.FailRank < 0:
+		return fmt.Errorf("--fail-at %d:%d: must be STEP:RANK with STEP >= 1", c.FailStep, c.FailRank)
+	}
+	if c.Width() < 2 {
+		return fmt.Errorf("--size %d bytes is too small for %d layers: use at least %d bytes", c.SizeBytes, c.Layers, 4*c.Layers*6)
+	}
+	return nil
+}
+
+// Validate checks c against the world size and fills in the defaults that
+// depend on it (DP, Micro).
+func (c *Config) Validate(world int) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	if c.DP == 0 {
+		if world%c.PP != 0 {
+			return fmt.Errorf("world size %d is not a multiple of --pp %d: launch dp*pp ranks", world, c.PP)
+		}
+		c.DP = world / c.PP
+	}
+	if c.DP*c.PP != world {
+		return fmt.Errorf("world size %d != --dp %d x --pp %d: launch %d ranks or change --dp/--pp", world, c.DP, c.PP, c.DP*c.PP)
+	}
+	if c.Micro == 0 {
+		if c.Batch%c.DP != 0 {
+			return fmt.Errorf("--batch %d is not divisible by --dp %d: pick a batch that is a multiple of dp", c.Batch, c.DP)
+		}
+		c.Micro = c.Batch / c.DP
+	}
+	if c.Batch%c.Micro != 0 {
+		return fmt.Errorf("--batch %d is not a multiple of --micro %d", c.Batch, c.Micro)
+	}
+	m := c.Batch / c.Micro
+	if m%c.DP != 0 {
+		return fmt.Errorf("--batch %d / --micro %d = %d microbatches, not divisible by --dp %d: adjust --batch or --micro", c.Batch, c.Micro, m, c.DP)
+	}
+	if m > maxMicrobatches {
+		return fmt.Errorf("%d microbatches per step exceed %d (fixed-point gradient range): raise --micro", m, maxMicrobatches)
+	}
+	if c.FailStep > 0 && c.FailRank >= world {
+		return fmt.Errorf("--fail-at %d:%d: rank %d does not exist in a world of %d", c.FailStep, c.FailRank, c.FailRank, world)
+	}
+	// MPI counts are C ints.
+	if per := int64(c.Layers/c.PP+1) * int64(c.Width()) * int64(c.Width()+1); per >= math.MaxInt32 {
+		return fmt.Errorf("--size %d: a pipeline stage would hold %d parameters, over MPI's 2^31 count limit: raise --pp", c.SizeBytes, per)
+	}
+	return nil
+}
+
+// Width is the layer width derived from SizeBytes: the largest h with
+// Layers*(h*h + h) float32 parameters within SizeBytes.
+func (c *Config) Width() int {
+	per := float64(c.SizeBytes) / 4 / float64(c.Layers)
+	h := int(math.Sqrt(per))
+	for h > 0 && float64(h)*float64(h+1) > per {
+		h--
+	}
+	return h
+}
+
+// Microbatches is the number of microbatches per step (after Validate).
+func (c *Config) Microbatches() int { return c.Batch / c.Micro }
+
+// fingerprint identifies everything a snapshot's contents depend on, so a
+// restore under different flags fails instead of silently mixing runs.
+func (c *Config) fingerprint() int64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d|%d|%s|%v|%v|%v|%d|%d|%d|%d|%d|%v",
+		c.Width(), c.Layers, c.Optimizer, c.LR, c.WeightDecay, c.Momentum, c.Seed,
+		c.Batch, c.Micro, c.DP, c.PP, c.Zero1)
+	return int64(h.Sum64() >> 1)
+}

@@ -1,0 +1,157 @@
+package train
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// Snapshotter is what the trainer needs from the reft client. Buffers are
+// registered once, before the first Save, as byte views over live training
+// state; the client reads them during Save until the Waiter returns.
+type Snapshotter interface {
+	// Register adds a buffer. replicated: identical on every rank of the
+	// caller's DP group (parameters); otherwise unique to this rank (ZeRO-1
+	// optimizer shards).
+	Register(name string, buf []byte, replicated bool) error
+	// Save starts snapshotting every registered buffer as generation step and
+	// returns at once. The caller must not modify the buffers until Wait
+	// returns. A Save while the previous one is copying waits for it first.
+	Save(step int64) (Waiter, error)
+	// Restore fills every registered buffer from the newest generation that
+	// is restorable for the whole job and returns it; ok is false when there
+	// is none.
+	Restore() (step int64, ok bool, err error)
+	Close() error
+}
+
+// Waiter reports the end of one Save.
+type Waiter interface {
+	Wait() error
+}
+
+// MemStore is an in-memory Snapshotter backend for tests: it keeps every
+// rank's copy of every generation, as if no node ever failed. A generation
+// is restorable once all ranks have committed it.
+type MemStore struct {
+	world int
+	mu    sync.Mutex
+	gens  map[int64]map[int]map[string][]byte
+}
+
+// NewMemStore makes a store for a job of world ranks.
+func NewMemStore(world int) *MemStore {
+	return &MemStore{world: world, gens: map[int64]map[int]map[string][]byte{}}
+}
+
+// Rank returns rank's Snapshotter over the store.
+func (s *MemStore) Rank(rank int) Snapshotter { return &memSnap{store: s, rank: rank} }
+
+// Generations lists the restorable generations, oldest first.
+func (s *MemStore) Generations() []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []int64
+	for step, ranks := range s.gens {
+		if len(ranks) == s.world {
+			out = append(out, step)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+type memBuf struct {
+	name       string
+	buf        []byte
+	replicated bool
+}
+
+type memSnap struct {
+	store   *MemStore
+	rank    int
+	bufs    []memBuf
+	saved   bool
+	pending *memWait
+}
+
+type memWait struct {
+	done chan struct{}
+}
+
+func (w *memWait) Wait() error { <-w.done; return nil }
+
+func (m *memSnap) Register(name string, buf []byte, replicated bool) error {
+	if m.saved {
+		return fmt.Errorf("register %q: registering after the first save", name)
+	}
+	if len(buf) == 0 {
+		return fmt.Errorf("register %q: empty buffer", name)
+	}
+	for _, b := range m.bufs {
+		if b.name == name {
+			return fmt.Errorf("register %q: already registered", name)
+		}
+	}
+	m.bufs = append(m.bufs, memBuf{name, buf, replicated})
+	return nil
+}
+
+// Save copies in a goroutine, like the real client's background copy, so the
+// trainer's Wait ordering is exercised (and checked by the race detector).
+func (m *memSnap) Save(step int64) (Waiter, error) {
+	if len(m.bufs) == 0 {
+		return nil, errors.New("save: nothing registered")
+	}
+	if m.pending != nil {
+		m.pending.Wait()
+	}
+	m.saved = true
+	w := &memWait{done: make(chan struct{})}
+	m.pending = w
+	bufs := m.bufs
+	go func() {
+		defer close(w.done)
+		g := make(map[string][]byte, len(bufs))
+		for _, b := range bufs {
+			g[b.name] = append([]byte(nil), b.buf...)
+		}
+		m.store.mu.Lock()
+		defer m.store.mu.Unlock()
+		if m.store.gens[step] == nil {
+			m.store.gens[step] = map[int]map[string][]byte{}
+		}
+		m.store.gens[step][m.rank] = g
+	}()
+	return w, nil
+}
+
+func (m *memSnap) Restore() (int64, bool, error) {
+	gens := m.store.Generations()
+	if len(gens) == 0 {
+		return 0, false, nil
+	}
+	step := gens[len(gens)-1]
+	m.store.mu.Lock()
+	defer m.store.mu.Unlock()
+	g := m.store.gens[step][m.rank]
+	for _, b := range m.bufs {
+		src, ok := g[b.name]
+		if !ok {
+			return 0, false, fmt.Errorf("restore generation %d: rank %d has no buffer %q", step, m.rank, b.name)
+		}
+		if len(src) != len(b.buf) {
+			return 0, false, fmt.Errorf("restore generation %d: buffer %q has %d bytes, registered %d", step, b.name, len(src), len(b.buf))
+		}
+		copy(b.buf, src)
+	}
+	return step, true, nil
+}
+
+func (m *memSnap) Close() error {
+	if m.pending != nil {
+		return m.pending.Wait()
+	}
+	return nil
+}

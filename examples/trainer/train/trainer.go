@@ -1,0 +1,432 @@
+package train
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+	"unsafe"
+)
+
+// Options are the trainer's connections to the outside world.
+type Options struct {
+	Comm Comm        // world communicator (required)
+	Snap Snapshotter // nil: snapshots disabled
+	Log  io.Writer   // where rank 0 writes its lines; nil: discard
+	// Kill is what --fail-at does; reft-train SIGKILLs itself. Returning
+	// makes Run fail with the error.
+	Kill func() error
+}
+
+// Result is what a rank reports after training.
+type Result struct {
+	Hash        string      // final-params-sha256 (rank 0 only)
+	Losses      []StepLoss  // logged losses (rank 0 only)
+	ResumedFrom int64       // generation restored from; 0 when none
+	MeanStepMs  float64     // mean wall time per step run here
+	Clamped     int64       // gradient values clamped to the fixed-point range, whole job
+	Params      [][]float32 // this rank's stage parameters, one slice per tensor
+}
+
+// StepLoss is one logged loss.
+type StepLoss struct {
+	Step int64
+	Loss float64
+}
+
+// Point-to-point tags.
+const (
+	tagAct = 1 + iota
+	tagGrad
+	tagParams
+)
+
+// ErrKilled is what a test Kill hook may return.
+var ErrKilled = errors.New("killed by --fail-at")
+
+// trainer is one rank's state.
+type trainer struct {
+	cfg         Config
+	world, dpc  Comm
+	rank        int
+	dpIdx, pipe int // position: rank = dpIdx + DP*pipe
+	width       int
+	layers      []*layer
+	params      []float32 // flat, padded to a multiple of DP
+	grads       []float32 // float gradient of one microbatch; then the step's gradient
+	acc         []int64   // fixed-point gradient sum; last element: loss
+	nParams     int       // unpadded length
+	shardLen    int
+	opt         *optimizer
+	teach       *teacher
+	state       []int64 // [step, optimizer updates, fingerprint]: snapshotted
+	clamped     int64
+	acts        [][]float32 // per local microbatch: input then each layer's output
+	gbuf, gbuf2 []float32
+	log         io.Writer
+}
+
+// Run trains to cfg.Steps and returns this rank's result. Every rank of
+// o.Comm must call it with the same cfg.
+func Run(cfg Config, o Options) (*Result, error) {
+	if o.Comm == nil {
+		return nil, errors.New("train: no communicator")
+	}
+	if err := cfg.Validate(o.Comm.Size()); err != nil {
+		return nil, err
+	}
+	t, err := newTrainer(cfg, o)
+	if err != nil {
+		return nil, err
+	}
+	return t.run(o)
+}
+
+func newTrainer(cfg Config, o Options) (*trainer, error) {
+	t := &trainer{cfg: cfg, world: o.Comm, rank: o.Comm.Rank(), width: cfg.Width(), log: o.Log}
+	if t.log == nil || t.rank != 0 {
+		t.log = io.Discard
+	}
+	t.dpIdx, t.pipe = t.rank%cfg.DP, t.rank/cfg.DP
+	group := make([]int, cfg.DP)
+	for i := range group {
+		group[i] = i + cfg.DP*t.pipe
+	}
+	dpc, err := t.world.Sub(group)
+	if err != nil {
+		return nil, fmt.Errorf("DP group %v: %w", group, err)
+	}
+	t.dpc = dpc
+	if dpc.Size() != cfg.DP || dpc.Rank() != t.dpIdx {
+		return nil, fmt.Errorf("DP group %v: got rank %d of %d, want %d of %d", group, dpc.Rank(), dpc.Size(), t.dpIdx, cfg.DP)
+	}
+
+	first, last := t.pipe*cfg.Layers/cfg.PP, (t.pipe+1)*cfg.Layers/cfg.PP
+	h := t.width
+	t.nParams = (last - first) * (h*h + h)
+	padded := (t.nParams + cfg.DP - 1) / cfg.DP * cfg.DP
+	t.shardLen = padded / cfg.DP
+	t.params = make([]float32, padded)
+	t.grads = make([]float32, padded)
+	t.acc = make([]int64, padded+1)
+	off := 0
+	for g := first; g < last; g++ {
+		l := &layer{global: g, in: h, out: h, linear: g == cfg.Layers-1}
+		l.w, l.gw = t.params[off:off+h*h:off+h*h], t.grads[off:off+h*h:off+h*h]
+		off += h * h
+		l.b, l.gb = t.params[off:off+h:off+h], t.grads[off:off+h:off+h]
+		off += h
+		initLayer(cfg.Seed, l, cfg.Threads)
+		t.layers = append(t.layers, l)
+	}
+	optLen := padded
+	if cfg.Zero1 {
+		optLen = t.shardLen
+	}
+	t.opt = newOptimizer(&cfg, optLen)
+	if t.pipe == cfg.PP-1 {
+		t.teach = newTeacher(cfg.Seed, h)
+	}
+	local := cfg.Microbatches() / cfg.DP
+	t.acts = make([][]float32, local)
+	for i := range t.acts {
+		t.acts[i] = make([]float32, (len(t.layers)+1)*cfg.Micro*h)
+	}
+	t.gbuf, t.gbuf2 = make([]float32, cfg.Micro*h), make([]float32, cfg.Micro*h)
+	t.state = []int64{0, 0, cfg.fingerprint()}
+	return t, nil
+}
+
+// bytesOf views a float32 slice as its bytes, without copying.
+func bytesOf(f []float32) []byte {
+	if len(f) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), len(f)*4)
+}
+
+func (t *trainer) register(s Snapshotter) error {
+	for _, l := range t.layers {
+		if err := s.Register(fmt.Sprintf("layer%d.weight", l.global), bytesOf(l.w), true); err != nil {
+			return err
+		}
+		if err := s.Register(fmt.Sprintf("layer%d.bias", l.global), bytesOf(l.b), true); err != nil {
+			return err
+		}
+	}
+	replicated := !t.cfg.Zero1
+	for _, st := range []struct {
+		name string
+		buf  []float32
+	}{{"optimizer.m", t.opt.m}, {"optimizer.v", t.opt.v}} {
+		if st.buf != nil {
+			if err := s.Register(st.name, bytesOf(st.buf), replicated); err != nil {
+				return err
+			}
+		}
+	}
+	return s.Register("trainer.state", unsafe.Slice((*byte)(unsafe.Pointer(&t.state[0])), len(t.state)*8), true)
+}
+
+func (t *trainer) run(o Options) (*Result, error) {
+	cfg := &t.cfg
+	res := &Result{}
+	start := int64(1)
+	if o.Snap == nil {
+		fmt.Fprintln(t.log, "snapshots disabled: no reft client configured, training without in-memory snapshots")
+	} else {
+		if err := t.register(o.Snap); err != nil {
+			return nil, fmt.Errorf("register snapshot buffers: %w", err)
+		}
+		step, ok, err := o.Snap.Restore()
+		if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		if ok {
+			if t.state[2] != cfg.fingerprint() {
+				return nil, fmt.Errorf("restore: generation %d was written with different model/optimizer/layout flags; rerun with the original flags", step)
+			}
+			if t.state[0] != step {
+				return nil, fmt.Errorf("restore: generation %d holds state of step %d", step, t.state[0])
+			}
+			res.ResumedFrom = step
+			start = step + 1
+			fmt.Fprintf(t.log, "resumed from step %d\n", step)
+		}
+	}
+	fmt.Fprintf(t.log, "reft-train: %d layers of width %d (%d parameters, %d bytes), dp %d pp %d zero1 %v, optimizer %s, batch %d in %d microbatches\n",
+		cfg.Layers, t.width, cfg.Layers*(t.width*t.width+t.width), int64(cfg.Layers)*int64(t.width*t.width+t.width)*4,
+		cfg.DP, cfg.PP, cfg.Zero1, cfg.Optimizer, cfg.Batch, cfg.Microbatches())
+
+	var pending Waiter
+	var total time.Duration
+	var ran int64
+	for step := start; step <= cfg.Steps; step++ {
+		if res.ResumedFrom == 0 && step == cfg.FailStep && t.rank == cfg.FailRank {
+			fmt.Fprintf(t.log, "fail-at: rank %d kills itself at step %d\n", t.rank, step)
+			if o.Kill == nil {
+				return nil, fmt.Errorf("step %d: %w", step, ErrKilled)
+			}
+			if err := o.Kill(); err != nil {
+				return nil, fmt.Errorf("step %d: %w", step, err)
+			}
+		}
+		t0 := time.Now()
+		if err := t.computeGradients(step); err != nil {
+			return nil, fmt.Errorf("step %d: %w", step, err)
+		}
+		if err := t.dpc.AllReduceSumI64(t.acc); err != nil {
+			return nil, fmt.Errorf("step %d: gradient allreduce: %w", step, err)
+		}
+		// The previous save must have read the buffers before they change.
+		if pending != nil {
+			if err := pending.Wait(); err != nil {
+				return nil, fmt.Errorf("step %d: wait for snapshot: %w", step, err)
+			}
+			pending = nil
+		}
+		if err := t.update(); err != nil {
+			return nil, fmt.Errorf("step %d: %w", step, err)
+		}
+		t.state[0] = step
+		if o.Snap != nil && cfg.SaveEvery > 0 && step%cfg.SaveEvery == 0 {
+			w, err := o.Snap.Save(step)
+			if err != nil {
+				return nil, fmt.Errorf("step %d: save: %w", step, err)
+			}
+			pending = w
+		}
+		if step%cfg.LogEvery == 0 || step == cfg.Steps {
+			loss, err := t.loss()
+			if err != nil {
+				return nil, fmt.Errorf("step %d: loss: %w", step, err)
+			}
+			res.Losses = append(res.Losses, StepLoss{step, loss})
+			fmt.Fprintf(t.log, "step %d loss %.9g\n", step, loss)
+		}
+		total += time.Since(t0)
+		ran++
+	}
+	if pending != nil {
+		if err := pending.Wait(); err != nil {
+			return nil, fmt.Errorf("wait for last snapshot: %w", err)
+		}
+	}
+	clamped := []int64{t.clamped}
+	if err := t.world.AllReduceSumI64(clamped); err != nil {
+		return nil, fmt.Errorf("clamp count: %w", err)
+	}
+	res.Clamped = clamped[0]
+	if res.Clamped > 0 {
+		fmt.Fprintf(t.log, "warning: %d gradient values were clamped to +-%d (fixed-point range)\n", res.Clamped, fixLimit)
+	}
+	hash, err := t.hash()
+	if err != nil {
+		return nil, fmt.Errorf("final hash: %w", err)
+	}
+	if ran > 0 {
+		res.MeanStepMs = float64(total.Microseconds()) / 1e3 / float64(ran)
+	}
+	res.Hash = hash
+	for _, l := range t.layers {
+		res.Params = append(res.Params, l.w, l.b)
+	}
+	fmt.Fprintf(t.log, "mean-step-ms: %.3f\n", res.MeanStepMs)
+	if t.rank == 0 {
+		fmt.Fprintf(t.log, "final-params-sha256: %s\n", hash)
+	} else {
+		res.Losses = nil
+	}
+	return res, nil
+}
+
+// computeGradients runs forward and backward over this rank's microbatches
+// (GPipe order: all forwards, then all backwards) and leaves their
+// fixed-point gradient sum in t.acc, the loss sum in its last element.
+func (t *trainer) computeGradients(step int64) error {
+	cfg, h, n := &t.cfg, t.width, t.cfg.Micro
+	clear(t.acc)
+	firstStage, lastStage := t.pipe == 0, t.pipe == cfg.PP-1
+	prev, next := t.rank-cfg.DP, t.rank+cfg.DP
+	local := len(t.acts)
+	mb0 := t.dpIdx * local // global index of this rank's first microbatch
+	act := func(m, k int) []float32 { return t.acts[m][k*n*h : (k+1)*n*h] }
+	L := len(t.layers)
+	for m := 0; m < local; m++ {
+		x := act(m, 0)
+		if firstStage {
+			for s := 0; s < n; s++ {
+				sampleInput(cfg.Seed, step, (mb0+m)*n+s, x[s*h:(s+1)*h])
+			}
+		} else if err := t.world.RecvF32(prev, tagAct, x); err != nil {
+			return fmt.Errorf("receive activations from rank %d: %w", prev, err)
+		}
+		for k, l := range t.layers {
+			l.forward(act(m, k), act(m, k+1), n, cfg.Threads)
+		}
+		if !lastStage {
+			if err := t.world.SendF32(next, tagAct, act(m, L)); err != nil {
+				return fmt.Errorf("send activations to rank %d: %w", next, err)
+			}
+		}
+	}
+	gy, gx := t.gbuf, t.gbuf2
+	in, tgt := make([]float32, h), make([]float32, h)
+	for m := 0; m < local; m++ {
+		if lastStage {
+			// Loss 1/B sum_s mean_j (y-t)^2 over the global batch B.
+			y := act(m, L)
+			scale := float32(2 / (float64(h) * float64(cfg.Batch)))
+			var loss float64
+			for s := 0; s < n; s++ {
+				sampleInput(cfg.Seed, step, (mb0+m)*n+s, in)
+				t.teach.target(in, tgt)
+				var ls float64
+				for j := 0; j < h; j++ {
+					d := y[s*h+j] - tgt[j]
+					ls += float64(d) * float64(d)
+					gy[s*h+j] = float32(scale * d)
+				}
+				loss += ls / float64(h)
+			}
+			v, ok := toFixed(loss / float64(cfg.Batch))
+			if !ok {
+				t.clamped++
+			}
+			t.acc[len(t.acc)-1] += v
+		} else if err := t.world.RecvF32(next, tagGrad, gy); err != nil {
+			return fmt.Errorf("receive gradients from rank %d: %w", next, err)
+		}
+		clear(t.grads)
+		for k := L - 1; k >= 0; k-- {
+			var dst []float32
+			if k > 0 || !firstStage {
+				dst = gx
+			}
+			t.layers[k].backward(act(m, k), act(m, k+1), gy, dst, n, cfg.Threads)
+			gy, gx = gx, gy
+		}
+		if !firstStage {
+			if err := t.world.SendF32(prev, tagGrad, gy); err != nil {
+				return fmt.Errorf("send gradients to rank %d: %w", prev, err)
+			}
+		}
+		t.clamped += addFixed(t.acc, t.grads[:t.nParams])
+	}
+	return nil
+}
+
+// update turns the reduced fixed-point gradient into float32 and applies the
+// optimizer: to everything, or under ZeRO-1 to this rank's shard followed by
+// an all-gather of the parameters.
+func (t *trainer) update() error {
+	t.state[1]++
+	t.opt.prepare(t.state[1])
+	lo, hi := 0, len(t.params)
+	if t.cfg.Zero1 {
+		lo, hi = t.dpIdx*t.shardLen, (t.dpIdx+1)*t.shardLen
+	}
+	p, g := t.params[lo:hi], t.grads[lo:hi]
+	fromFixed(t.acc[lo:hi], g)
+	parallelFor(hi-lo, t.cfg.Threads, 16, func(a, b int) { t.opt.update(p, g, a, b) })
+	if !t.cfg.Zero1 || t.cfg.DP == 1 {
+		return nil
+	}
+	// g is spent now; it becomes the all-gather's send buffer (MPI forbids
+	// a send buffer inside the destination).
+	copy(g, p)
+	if err := t.dpc.AllGatherF32(t.params, g); err != nil {
+		return fmt.Errorf("parameter all-gather: %w", err)
+	}
+	return nil
+}
+
+// loss sums the step's loss over the job: the last stage's DP group reduced
+// it with the gradients; one world reduction brings it to rank 0.
+func (t *trainer) loss() (float64, error) {
+	v := []int64{0}
+	if t.pipe == t.cfg.PP-1 && t.dpIdx == 0 {
+		v[0] = t.acc[len(t.acc)-1]
+	}
+	if err := t.world.AllReduceSumI64(v); err != nil {
+		return 0, err
+	}
+	return float64(v[0]) / fixScale, nil
+}
+
+// hash is SHA-256 over all parameters in stage order, little-endian float32;
+// each stage's first DP rank sends its parameters to rank 0.
+func (t *trainer) hash() (string, error) {
+	if t.dpIdx != 0 {
+		return "", nil
+	}
+	if t.rank != 0 {
+		return "", t.world.SendF32(0, tagParams, t.params[:t.nParams])
+	}
+	h := sha256.New()
+	write := func(f []float32) {
+		var b [4096]byte
+		for len(f) > 0 {
+			k := min(len(f), len(b)/4)
+			for i := 0; i < k; i++ {
+				binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f[i]))
+			}
+			h.Write(b[:4*k])
+			f = f[k:]
+		}
+	}
+	write(t.params[:t.nParams])
+	for p := 1; p < t.cfg.PP; p++ {
+		layers := (p+1)*t.cfg.Layers/t.cfg.PP - p*t.cfg.Layers/t.cfg.PP
+		buf := make([]float32, layers*(t.width*t.width+t.width))
+		if err := t.world.RecvF32(p*t.cfg.DP, tagParams, buf); err != nil {
+			return "", fmt.Errorf("receive stage %d parameters: %w", p, err)
+		}
+		write(buf)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
