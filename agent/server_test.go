@@ -203,7 +203,10 @@ try:
     s.connect(sys.argv[1])
 except OSError as e:
     print("connect-error", e.errno); sys.exit(0)
-s.sendall(struct.pack(">IBBHI",8,1,1,0,1))
+try:
+    s.sendall(struct.pack(">IBBHI",8,1,1,0,1))
+except BrokenPipeError:
+    pass  # the agent may refuse and close before the request is sent
 h=s.recv(12)
 n=struct.unpack(">I",h[:4])[0]
 body=b""

@@ -235,10 +235,13 @@ func (e *Error) Error() string { return "agent error " + e.Code + ": " + e.Messa
 // Call sends a request of type t with payload req on rw and decodes the reply
 // into resp. An error reply is returned as *Error.
 func Call(rw io.ReadWriter, t Type, id uint32, req, resp any) error {
-	if err := WriteMsg(rw, t, id, req); err != nil {
-		return fmt.Errorf("sending %s: %w", t, err)
-	}
+	werr := WriteMsg(rw, t, id, req)
 	f, err := Decode(rw)
+	if werr != nil && (err != nil || f.Type != TError) {
+		// The agent may have refused the connection (an error frame, then
+		// close) before the request went out: prefer its error frame.
+		return fmt.Errorf("sending %s: %w", t, werr)
+	}
 	if err != nil {
 		return fmt.Errorf("reading %s reply: %w", t, err)
 	}

@@ -1,0 +1,243 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/logging"
+	"github.com/reft-hpc/reft/spank/spec"
+)
+
+// MinMemoryBudget is the least snapshot memory an agent starts with.
+const MinMemoryBudget = 1 << 20
+
+// File names inside the job's run directory (<run_dir>/<jobid>/).
+const (
+	SocketName = "agent.sock"
+	LockName   = "agent.lock"  // flock held by the live agent; holds its pid
+	ErrorName  = "agent.error" // one line: why the agent could not start
+)
+
+// Options are the agent's command line.
+type Options struct {
+	ConfigPath string
+	Job        string
+	Node       string
+	Spec       string
+	UID        int // the job's uid: the agent must run as it
+	Restart    int
+	StartedBy  string // "extern" or "step <id>": for the log
+	Version    string
+}
+
+// ErrAlreadyRunning means another agent holds the job's lock on this node.
+var ErrAlreadyRunning = errors.New("another agent already serves this job on this node")
+
+// StoreDir is the job's snapshot store directory.
+func StoreDir(c config.Config, job string) string { return filepath.Join(c.Store.TmpfsRoot, job) }
+
+// Run starts the agent and serves until ctx is done, the job's run directory
+// or socket disappears, or a fatal error. A start-up failure is also written
+// to <run_dir>/<jobid>/agent.error, where the steps of the job find it and
+// show it on the user's stderr.
+func Run(ctx context.Context, o Options) error {
+	cfg, jobDir, err := o.check()
+	if err != nil {
+		return o.startFailed(jobDir, err)
+	}
+	lock, err := takeLock(filepath.Join(jobDir, LockName))
+	if err != nil {
+		if errors.Is(err, ErrAlreadyRunning) {
+			return err
+		}
+		return o.startFailed(jobDir, err)
+	}
+	defer lock.Close()
+	_ = os.Remove(filepath.Join(jobDir, ErrorName))
+
+	logger, closer, err := logging.Open(logging.Options{Dir: cfg.Log.Dir, Level: cfg.Log.Level, Console: os.Stderr},
+		logging.Fields{Job: o.Job, Step: "agent", Node: o.Node, Restart: o.Restart})
+	if err != nil {
+		return o.startFailed(jobDir, err)
+	}
+	defer closer.Close()
+
+	budget, storeDir, err := checkStore(cfg, o.Job)
+	if err != nil {
+		logger.Error().Err(err).Msg("agent cannot start")
+		return o.startFailed(jobDir, err)
+	}
+	s, err := spec.Parse(o.Spec)
+	if err != nil { // checked in o.check; keeps s in scope
+		return o.startFailed(jobDir, err)
+	}
+	if err := checkPersistDir(cfg, s); err != nil {
+		logger.Error().Err(err).Msg("agent cannot start")
+		return o.startFailed(jobDir, err)
+	}
+
+	sock := filepath.Join(jobDir, SocketName)
+	srv, err := Listen(sock, Info{Job: o.Job, Node: o.Node, Spec: s.String(), Version: o.Version,
+		Restart: o.Restart, UID: o.UID, MemoryBudget: budget, StoreDir: storeDir}, logger)
+	if err != nil {
+		logger.Error().Err(err).Msg("agent cannot start")
+		return o.startFailed(jobDir, err)
+	}
+	logger.Info().Str("event", "agent_started").Str("spec", s.String()).Str("socket", sock).
+		Uint64("memory_budget", budget).Str("store_dir", storeDir).Str("started_by", o.StartedBy).
+		Int("pid", os.Getpid()).Msg("agent started")
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go watchSocket(ctx, cancel, sock, logger)
+	err = srv.Serve(ctx)
+	srv.Close()
+	logger.Info().Str("event", "agent_stopped").Msg("agent stopped")
+	return err
+}
+
+func (o Options) check() (config.Config, string, error) {
+	if os.Getuid() == 0 || os.Geteuid() == 0 {
+		return config.Config{}, "", errors.New("reft-agent refuses to run as root; the plugin starts it as the job's user")
+	}
+	if o.UID != os.Getuid() {
+		return config.Config{}, "", fmt.Errorf("reft-agent runs as uid %d but the job belongs to uid %d", os.Getuid(), o.UID)
+	}
+	if o.Job == "" || o.Node == "" {
+		return config.Config{}, "", errors.New("--job and --node are required")
+	}
+	cfg, err := config.Load(o.ConfigPath, false)
+	if err != nil {
+		return config.Config{}, "", err
+	}
+	jobDir := JobRunDir(cfg.Agent.RunDir, o.Job)
+	if _, err := spec.Parse(o.Spec); err != nil {
+		return cfg, jobDir, err
+	}
+	if err := os.Mkdir(jobDir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return cfg, jobDir, fmt.Errorf("creating %s: %w (agent.run_dir must be node-local; the plugin creates it as root)", jobDir, err)
+	}
+	st, err := os.Stat(jobDir)
+	if err != nil {
+		return cfg, jobDir, fmt.Errorf("run directory %s: %w", jobDir, err)
+	}
+	if sys, ok := st.Sys().(*unix.Stat_t); ok && int(sys.Uid) != o.UID {
+		return cfg, jobDir, fmt.Errorf("run directory %s is owned by uid %d, not the job's uid %d", jobDir, sys.Uid, o.UID)
+	}
+	if st.Mode().Perm() != 0o700 {
+		if err := os.Chmod(jobDir, 0o700); err != nil {
+			return cfg, jobDir, fmt.Errorf("chmod 0700 %s: %w", jobDir, err)
+		}
+	}
+	return cfg, jobDir, nil
+}
+
+// startFailed records err where the steps find it and returns it.
+func (o Options) startFailed(jobDir string, err error) error {
+	if jobDir != "" {
+		msg := strings.ReplaceAll(err.Error(), "\n", " ")
+		_ = os.WriteFile(filepath.Join(jobDir, ErrorName), []byte(msg+"\n"), 0o600)
+	}
+	return err
+}
+
+// takeLock makes sure that one agent serves a job on a node.
+func takeLock(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, ErrAlreadyRunning
+		}
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return f, nil
+}
+
+// checkStore resolves the memory budget and checks the job's store directory.
+func checkStore(cfg config.Config, job string) (uint64, string, error) {
+	memTotal, err := config.MemTotal()
+	if err != nil {
+		return 0, "", err
+	}
+	budget := cfg.Store.MemoryBudget.Resolve(memTotal)
+	if budget < MinMemoryBudget {
+		return 0, "", fmt.Errorf("no memory budget: store.memory_budget = %s gives %d bytes, below the minimum of %d (raise it in reft.toml)",
+			cfg.Store.MemoryBudget, budget, MinMemoryBudget)
+	}
+	dir := StoreDir(cfg, job)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, "", fmt.Errorf("snapshot store %s: %w (store.tmpfs_root in reft.toml must be a writable tmpfs)", dir, err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return 0, "", fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if free := fs.Bavail * uint64(fs.Bsize); free < MinMemoryBudget {
+		return 0, "", fmt.Errorf("no memory budget: %s has %d bytes free, below the minimum of %d", dir, free, MinMemoryBudget)
+	}
+	return budget, dir, nil
+}
+
+// checkPersistDir checks the persistent checkpoint directory, when one is set.
+func checkPersistDir(cfg config.Config, s spec.Spec) error {
+	dir := cfg.Persist.Dir
+	key := "persist.dir in reft.toml"
+	if s.PersistDir != "" {
+		dir, key = s.PersistDir, "persist_dir= in --reft"
+	}
+	if dir == "" {
+		return nil
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("persistent checkpoint directory %s (%s): %w", dir, key, err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("persistent checkpoint directory %s (%s) is not a directory", dir, key)
+	}
+	if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
+		return fmt.Errorf("persistent checkpoint directory %s (%s) is not writable by uid %d", dir, key, os.Getuid())
+	}
+	return nil
+}
+
+// watchSocket stops the agent when its socket is removed or replaced: the
+// plugin removes the job's run directory when the job ends, and the agent
+// must not outlive it even if its signal was lost.
+func watchSocket(ctx context.Context, stop context.CancelFunc, path string, log zerolog.Logger) {
+	var first unix.Stat_t
+	if err := unix.Stat(path, &first); err != nil {
+		return
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(path, &st); err != nil || st.Ino != first.Ino {
+			log.Info().Str("event", "socket_gone").Msg("socket removed; the job has ended on this node")
+			stop()
+			return
+		}
+	}
+}
