@@ -1,0 +1,152 @@
+package tmpfs
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/reft-hpc/reft/hostmem"
+)
+
+const manifestFormat = 1
+
+const (
+	manifestFile = "MANIFEST"
+	markerFile   = "COMMITTED"
+	badFile      = "BAD"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Manifest describes one generation: what a restore needs to find and
+// verify every byte.
+type Manifest struct {
+	Format    int       `json:"format"`
+	JobID     string    `json:"job_id"`
+	Rank      int       `json:"rank"`
+	Shard     string    `json:"shard"`
+	Step      int64     `json:"step"`
+	Seq       uint64    `json:"seq"`
+	Layout    string    `json:"layout,omitempty"`
+	Arena     string    `json:"arena"` // file name in the shard directory
+	ArenaSize int64     `json:"arena_size"`
+	ChunkSize int64     `json:"chunk_size"`
+	Buffers   []Buffer  `json:"buffers"`
+	Created   time.Time `json:"created"`
+}
+
+// Buffer is one buffer's place in the arena and its chunk checksums:
+// CRC32C[i] covers bytes [i*ChunkSize, min((i+1)*ChunkSize, Size)).
+type Buffer struct {
+	Name   string   `json:"name"`
+	Offset int64    `json:"offset"`
+	Size   int64    `json:"size"`
+	CRC32C []uint32 `json:"crc32c"`
+}
+
+// marker is the COMMITTED file. It pins the manifest by length and
+// checksum, so a torn or altered manifest never reads as committed.
+type marker struct {
+	Step          int64  `json:"step"`
+	Seq           uint64 `json:"seq"`
+	ManifestBytes int    `json:"manifest_bytes"`
+	ManifestCRC   uint32 `json:"manifest_crc32c"`
+}
+
+func (m *Manifest) buffer(name string) *Buffer {
+	for i := range m.Buffers {
+		if m.Buffers[i].Name == name {
+			return &m.Buffers[i]
+		}
+	}
+	return nil
+}
+
+// check validates a manifest read from disk against where it was found.
+func (m *Manifest) check(step int64, seq uint64, arenaSize int64) error {
+	switch {
+	case m.Format != manifestFormat:
+		return fmt.Errorf("format %d, this reft reads %d", m.Format, manifestFormat)
+	case m.Step != step || m.Seq != seq:
+		return fmt.Errorf("manifest says step %d seq %d, directory says %d %d", m.Step, m.Seq, step, seq)
+	case m.ChunkSize <= 0:
+		return fmt.Errorf("chunk size %d", m.ChunkSize)
+	case m.ArenaSize != arenaSize:
+		return fmt.Errorf("arena %s is %d bytes, manifest says %d", m.Arena, arenaSize, m.ArenaSize)
+	}
+	var end int64
+	for _, b := range m.Buffers {
+		if b.Offset < end || b.Size < 0 || b.Offset+b.Size > m.ArenaSize {
+			return fmt.Errorf("buffer %q at %d+%d overlaps or leaves the arena", b.Name, b.Offset, b.Size)
+		}
+		if len(b.CRC32C) != chunks(b.Size, m.ChunkSize) {
+			return fmt.Errorf("buffer %q has %d checksums for %d chunks", b.Name, len(b.CRC32C), chunks(b.Size, m.ChunkSize))
+		}
+		end = b.Offset + b.Size
+	}
+	return nil
+}
+
+// readGeneration reads a generation directory's marker and manifest. It
+// returns an error when the generation is not completed.
+func readGeneration(dir string, step int64, seq uint64) (*Manifest, error) {
+	mb, err := os.ReadFile(filepath.Join(dir, markerFile))
+	if err != nil {
+		return nil, fmt.Errorf("no commit marker: %w", err)
+	}
+	var mk marker
+	if err := json.Unmarshal(mb, &mk); err != nil {
+		return nil, fmt.Errorf("unreadable commit marker: %w", err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, manifestFile))
+	if err != nil {
+		return nil, fmt.Errorf("no manifest: %w", err)
+	}
+	if len(raw) != mk.ManifestBytes || crc32.Checksum(raw, castagnoli) != mk.ManifestCRC || mk.Step != step || mk.Seq != seq {
+		return nil, errors.New("manifest does not match its commit marker (torn or altered)")
+	}
+	m := new(Manifest)
+	if err := json.Unmarshal(raw, m); err != nil {
+		return nil, fmt.Errorf("unreadable manifest: %w", err)
+	}
+	return m, nil
+}
+
+// writeAtomic writes data to dir/name through a temporary file and a
+// rename, so the name never holds a partial file.
+func writeAtomic(dir, name string, data []byte, o hostmem.Owner) error {
+	tmp := filepath.Join(dir, ".tmp-"+name+"-"+strconv.Itoa(os.Getpid()))
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = own(f, o)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, name))
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
+
+func own(f *os.File, o hostmem.Owner) error {
+	if err := f.Chmod(0o600); err != nil {
+		return err
+	}
+	if o.UID >= 0 && o.UID != os.Geteuid() {
+		return f.Chown(o.UID, o.GID)
+	}
+	return nil
+}

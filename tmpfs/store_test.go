@@ -1,0 +1,299 @@
+package tmpfs
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/reft-hpc/reft/hostmem"
+)
+
+func TestSaveAndRestore(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "reft"), nil)
+	k := Key{Rank: 3, Shard: DefaultShard}
+	if _, err := s.Restore(k, emptyState(testBuffers)); !errors.Is(err, ErrNoGeneration) {
+		t.Fatalf("restore of an empty store: %v, want ErrNoGeneration", err)
+	}
+	g := save(t, s, k, 7, testBuffers)
+	if g.Step != 7 || g.Manifest.Rank != 3 || g.Manifest.Layout != "dp=2" || len(g.Manifest.Buffers) != len(testBuffers) {
+		t.Fatalf("generation %+v", g)
+	}
+	for _, b := range g.Manifest.Buffers {
+		if b.Offset%4096 != 0 || len(b.CRC32C) != chunks(b.Size, testChunk) {
+			t.Fatalf("buffer %q: offset %d, %d checksums", b.Name, b.Offset, len(b.CRC32C))
+		}
+	}
+	got := emptyState(testBuffers)
+	rg, err := s.Restore(k, got)
+	if err != nil || rg.Step != 7 {
+		t.Fatalf("restore: step %d, %v", rg.Step, err)
+	}
+	checkState(t, got, 7, testBuffers)
+	if keys := s.Keys(); !slices.Equal(keys, []Key{k}) {
+		t.Fatalf("keys %v", keys)
+	}
+}
+
+func TestRestoreNeedsTheSavedBuffers(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "reft"), nil)
+	k := Key{Shard: DefaultShard}
+	save(t, s, k, 1, testBuffers)
+	tests := map[string]func(map[string][]byte){
+		"missing buffer": func(m map[string][]byte) { delete(m, "params") },
+		"wrong size":     func(m map[string][]byte) { m["params"] = m["params"][:10] },
+		"extra buffer":   func(m map[string][]byte) { m["other"] = nil },
+	}
+	for name, mod := range tests {
+		dst := emptyState(testBuffers)
+		mod(dst)
+		if _, err := s.Restore(k, dst); err == nil || !strings.Contains(err.Error(), "buffer") {
+			t.Errorf("%s: restore = %v, want an error naming the buffer", name, err)
+		}
+	}
+}
+
+func TestRetention(t *testing.T) {
+	tests := []struct {
+		name  string
+		keep  int
+		steps []int64 // saved in this order
+		want  []int64 // kept, newest first
+	}{
+		{"keep 0", 0, []int64{1, 2, 3}, []int64{3}},
+		{"keep 1", 1, []int64{1, 2, 3}, []int64{3, 2}},
+		{"keep 2", 2, []int64{1, 2, 3, 4}, []int64{4, 3, 2}},
+		// After restoring step 2 the job trains on: step 3 again supersedes
+		// the old 3 and 4 from the abandoned timeline (1 was already gone).
+		{"resave supersedes", 2, []int64{1, 2, 3, 4, 3}, []int64{3, 2}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "reft")
+			s := openStore(t, root, func(o *Options) { o.Keep = tc.keep })
+			k := Key{Rank: 0, Shard: DefaultShard}
+			for _, st := range tc.steps {
+				save(t, s, k, st, testBuffers)
+			}
+			if got := steps(s.Generations(k)); !slices.Equal(got, tc.want) {
+				t.Fatalf("kept %v, want %v", got, tc.want)
+			}
+			// Disk agrees: one directory per kept generation, and arenas
+			// for them plus at most one spare for the next save.
+			ents, _ := os.ReadDir(filepath.Join(s.Dir(), k.rel()))
+			var gens, arenas int
+			for _, e := range ents {
+				if strings.HasPrefix(e.Name(), "g") {
+					gens++
+				} else if strings.HasPrefix(e.Name(), "arena-") {
+					arenas++
+				}
+			}
+			if gens != len(tc.want) || arenas > len(tc.want)+1 {
+				t.Fatalf("on disk: %d generations, %d arenas; want %d and at most %d", gens, arenas, len(tc.want), len(tc.want)+1)
+			}
+			s.Close()
+			s2 := openStore(t, root, func(o *Options) { o.Keep = tc.keep })
+			if got := steps(s2.Generations(k)); !slices.Equal(got, tc.want) {
+				t.Fatalf("after re-index: %v, want %v", got, tc.want)
+			}
+			got := emptyState(testBuffers)
+			if _, err := s2.Restore(k, got); err != nil {
+				t.Fatal(err)
+			}
+			checkState(t, got, tc.want[0], testBuffers)
+		})
+	}
+}
+
+func TestArenasAreReused(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "reft"), nil)
+	k := Key{Shard: DefaultShard}
+	paths := map[string]bool{}
+	for st := int64(1); st <= 6; st++ {
+		paths[save(t, s, k, st, testBuffers).ArenaPath] = true
+	}
+	if len(paths) != 2 {
+		t.Fatalf("6 saves used %d arena files, want 2 (completed + ongoing, alternating)", len(paths))
+	}
+}
+
+func TestOngoingDiscardedByNextSave(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "reft")
+	s := openStore(t, root, nil)
+	k := Key{Shard: DefaultShard}
+	save(t, s, k, 1, testBuffers)
+	o, err := s.Begin(k, Spec{Step: 2, Buffers: testBuffers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	save(t, s, k, 3, testBuffers) // step 2's writer died; the next save goes on
+	if _, err := o.Commit(); err == nil {
+		t.Fatal("a superseded generation committed")
+	}
+	if got := steps(s.Generations(k)); !slices.Equal(got, []int64{3}) {
+		t.Fatalf("generations %v", got)
+	}
+	if s.Metrics().Aborted.Load() != 1 {
+		t.Fatalf("aborted %d", s.Metrics().Aborted.Load())
+	}
+}
+
+func TestRankWritesThroughItsOwnMapping(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "reft"), nil)
+	k := Key{Rank: 1, Shard: "arc-r0"}
+	o, err := s.Begin(k, Spec{Step: 5, Buffers: testBuffers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rank, err := hostmem.MapShared(o.ArenaPath(), hostmem.MapOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rank.Close()
+	state := stateFor(5, testBuffers)
+	m := o.Manifest()
+	for i, b := range m.Buffers {
+		crcs := make([]uint32, len(b.CRC32C))
+		CopyChunks(rank.Bytes()[b.Offset:b.Offset+b.Size], state[b.Name], m.ChunkSize, crcs, 2)
+		if i%2 == 0 {
+			err = o.SetChecksums(b.Name, crcs)
+		} else {
+			err = o.ComputeChecksums(b.Name) // a writer that cannot checksum
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := o.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	got := emptyState(testBuffers)
+	if _, err := s.Restore(k, got); err != nil {
+		t.Fatal(err)
+	}
+	checkState(t, got, 5, testBuffers)
+}
+
+func TestReaderPinsArena(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "reft"), nil)
+	k := Key{Shard: DefaultShard}
+	g1 := save(t, s, k, 1, testBuffers)
+	r, err := s.Open(g1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	save(t, s, k, 2, testBuffers)
+	save(t, s, k, 3, testBuffers) // would reuse step 1's arena without the pin
+	chunk, crc, err := r.Chunk("params", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if CRC(chunk) != crc {
+		t.Fatal("a pinned arena was overwritten by a later generation")
+	}
+	r.Close()
+	if _, err := s.Open(g1); !errors.Is(err, ErrNoGeneration) {
+		t.Fatalf("released generation opened: %v", err)
+	}
+}
+
+func TestLayoutOwnershipAndModes(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "reft")
+	nobody := hostmem.Owner{UID: 65534, GID: 65534}
+	s := openStore(t, root, func(o *Options) { o.Owner = &nobody })
+	save(t, s, Key{Rank: 0, Shard: DefaultShard}, 1, testBuffers)
+	if want := filepath.Join(root, "65534", "4242"); s.Dir() != want {
+		t.Fatalf("job dir %s, want %s", s.Dir(), want)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil || st.Mode&0o7777 != 0o1777 {
+		t.Fatalf("root mode %o, want 1777 (agents of every user add their uid directory)", st.Mode&0o7777)
+	}
+	n := 0
+	err := filepath.Walk(filepath.Join(root, "65534"), func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		unix.Lstat(p, &st)
+		want := uint32(0o600)
+		if fi.IsDir() {
+			want = 0o700
+		}
+		if st.Uid != 65534 || st.Gid != 65534 || st.Mode&0o7777 != want {
+			t.Errorf("%s: %d:%d mode %o, want 65534:65534 %o", p, st.Uid, st.Gid, st.Mode&0o7777, want)
+		}
+		n++
+		return nil
+	})
+	if err != nil || n < 9 {
+		t.Fatalf("walked %d entries: %v", n, err)
+	}
+}
+
+func TestRefusesForeignDirectories(t *testing.T) {
+	tests := []struct {
+		name string
+		prep func(t *testing.T, root string)
+	}{
+		{"uid dir owned by someone else", func(t *testing.T, root string) {
+			os.MkdirAll(filepath.Join(root, "65534"), 0o700) // root-owned
+		}},
+		{"job dir readable by others", func(t *testing.T, root string) {
+			os.MkdirAll(filepath.Join(root, "65534", "4242"), 0o755)
+			os.Chown(filepath.Join(root, "65534"), 65534, 65534)
+			os.Chmod(filepath.Join(root, "65534"), 0o700)
+			os.Chown(filepath.Join(root, "65534", "4242"), 65534, 65534)
+		}},
+		{"job dir is a symlink", func(t *testing.T, root string) {
+			os.MkdirAll(filepath.Join(root, "65534"), 0o700)
+			os.Chown(filepath.Join(root, "65534"), 65534, 65534)
+			os.Symlink(t.TempDir(), filepath.Join(root, "65534", "4242"))
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "reft")
+			tc.prep(t, root)
+			_, err := Open(Options{Root: root, JobID: "4242", Owner: &hostmem.Owner{UID: 65534, GID: 65534}})
+			if err == nil || !strings.Contains(err.Error(), "refusing") {
+				t.Fatalf("Open = %v, want a refusal", err)
+			}
+		})
+	}
+}
+
+func TestOneAgentPerStore(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "reft")
+	s := openStore(t, root, nil)
+	if _, err := Open(Options{Root: root, JobID: "4242"}); !errors.Is(err, ErrLocked) {
+		t.Fatalf("second Open = %v, want ErrLocked", err)
+	}
+	s.Close()
+	openStore(t, root, nil) // the lock went with the first agent
+}
+
+func TestBadSpecs(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "reft"), nil)
+	tests := map[string]struct {
+		k    Key
+		spec Spec
+	}{
+		"no buffers":     {Key{Shard: "state"}, Spec{Step: 1}},
+		"duplicate name": {Key{Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{"a", 1}, {"a", 2}}}},
+		"negative size":  {Key{Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{"a", -1}}}},
+		"negative step":  {Key{Shard: "state"}, Spec{Step: -1, Buffers: []BufferSpec{{"a", 1}}}},
+		"shard path":     {Key{Shard: "../x"}, Spec{Step: 1, Buffers: []BufferSpec{{"a", 1}}}},
+		"negative rank":  {Key{Rank: -1, Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{"a", 1}}}},
+		"tiny chunks":    {Key{Shard: "state"}, Spec{Step: 1, ChunkSize: 100, Buffers: []BufferSpec{{"a", 1}}}},
+	}
+	for name, tc := range tests {
+		if _, err := s.Begin(tc.k, tc.spec); err == nil {
+			t.Errorf("%s: Begin accepted %+v", name, tc.spec)
+		}
+	}
+}
