@@ -16,6 +16,8 @@ DEB_PKGS := slurm-wlm slurmctld slurmd slurmdbd slurm-client munge mariadb-serve
 	python3-torch python3-numpy iproute2 util-linux procps
 
 BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/reft-pmix-probe $(BUILD)/reft-train
+# The SPANK plugin: C shim + Go c-shared library, installed side by side.
+BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
 .PHONY: all deps test unit e2e demo bench install clean
 all: $(BINARIES)
@@ -37,6 +39,12 @@ $(BUILD)/reft-pmix-probe: FORCE | $(BUILD)
 
 $(BUILD)/reft-train: FORCE | $(BUILD)
 	$(GO) build $(GOFLAGS_B) -tags mpi -o $@ ./examples/trainer
+
+$(BUILD)/libreft_spank.so: FORCE | $(BUILD)
+	$(GO) build $(GOFLAGS_B) -buildmode=c-shared -o $@ ./spank/plugin
+
+$(BUILD)/spank_reft.so: spank/shim.c | $(BUILD)
+	$(CC) -shared -fPIC -O2 -Wall -Wextra -Werror -o $@ spank/shim.c -ldl
 
 FORCE:
 
@@ -76,6 +84,9 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSCONFDIR)/reft
 	install -m 0755 $(BUILD)/reft $(BUILD)/reft-agent $(DESTDIR)$(PREFIX)/bin/
 	test -e $(DESTDIR)$(SYSCONFDIR)/reft/reft.toml || install -m 0644 etc/reft.toml $(DESTDIR)$(SYSCONFDIR)/reft/reft.toml
+	install -d $(DESTDIR)$(PREFIX)/lib/slurm $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d
+	install -m 0755 $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so $(DESTDIR)$(PREFIX)/lib/slurm/
+	test -e $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d/reft.conf || install -m 0644 etc/plugstack.conf.d/reft.conf $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d/reft.conf
 
 clean:
 	rm -rf $(BUILD)

@@ -1,0 +1,375 @@
+// Command plugin is the Go half of the reft SPANK plugin, built with
+// -buildmode=c-shared as libreft_spank.so. spank/shim.c loads it lazily, with
+// asynchronous signals blocked, and only in processes that never run Go after
+// fork: srun, sbatch, salloc (validating --reft), the prolog, and slurmstepd
+// before it forks tasks. See spank/README.md for which callback does what.
+//
+// Rules for this file: no exported function panics across the C boundary
+// (each recovers), none exits the process, none forks. Strings come in as C
+// strings and go out into caller-provided buffers, NUL-terminated and
+// truncated to fit.
+package main
+
+/*
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/reft-hpc/reft/agent"
+	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/launcher/version"
+	"github.com/reft-hpc/reft/spank/spec"
+)
+
+func main() {} // required by -buildmode=c-shared
+
+// put copies s into the C buffer buf of n bytes, NUL-terminated.
+func put(buf *C.char, n C.int, s string) {
+	if buf == nil || n <= 0 {
+		return
+	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
+	k := copy(b[:len(b)-1], s)
+	b[k] = 0
+}
+
+// putList writes items NUL-separated with a final empty item ("a\0b\0\0").
+// It fails rather than truncate.
+func putList(buf *C.char, n C.int, items []string) error {
+	size := 1
+	for _, it := range items {
+		if strings.IndexByte(it, 0) >= 0 {
+			return fmt.Errorf("NUL byte in %q", it)
+		}
+		size += len(it) + 1
+	}
+	if buf == nil || int(n) < size {
+		return fmt.Errorf("internal: %d-byte buffer too small for %d bytes", n, size)
+	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
+	i := 0
+	for _, it := range items {
+		i += copy(b[i:], it)
+		b[i] = 0
+		i++
+	}
+	b[i] = 0
+	return nil
+}
+
+// guard turns a panic into an error return: nothing may unwind into C.
+func guard(errb *C.char, errlen C.int, rc *C.int) {
+	if r := recover(); r != nil {
+		put(errb, errlen, fmt.Sprintf("internal error in the reft plugin: %v", r))
+		*rc = -1
+	}
+}
+
+// reft_go_normalize validates a SPEC and writes its canonical form to out.
+// Returns 0, or -1 with a one-line message in errb.
+//
+//export reft_go_normalize
+func reft_go_normalize(in *C.char, out *C.char, outlen C.int, errb *C.char, errlen C.int) (rc C.int) {
+	defer guard(errb, errlen, &rc)
+	s, err := spec.Normalize(C.GoString(in))
+	if err != nil {
+		put(errb, errlen, err.Error())
+		return -1
+	}
+	put(out, outlen, s)
+	return 0
+}
+
+// markerPath is where the prolog (or the first step, when only an inner
+// srun asked for reft) leaves the job's SPEC on this node. stateDir is fixed
+// in the shim (REFT_STATE_DIR) so that the shim can tell a reft job without
+// loading Go.
+func markerPath(stateDir, job string) string {
+	return filepath.Join(stateDir, job+".spec")
+}
+
+// reft_go_prolog runs in the job prolog (root). For a reft job it records the
+// SPEC on this node, so that the extern step starts the agent. Returns 1 when
+// reft is on for the job, 0 when off, -1 on error (message in errb; the
+// caller only logs it: a prolog failure would drain the node).
+//
+//export reft_go_prolog
+func reft_go_prolog(cfgPath, stateDir, specIn *C.char, job C.uint32_t, errb *C.char, errlen C.int) (rc C.int) {
+	defer guard(errb, errlen, &rc)
+	s, err := spec.Parse(C.GoString(specIn))
+	if err != nil {
+		put(errb, errlen, err.Error())
+		return -1
+	}
+	if !s.Enabled() {
+		return 0
+	}
+	if _, err := config.Load(C.GoString(cfgPath), false); err != nil {
+		put(errb, errlen, err.Error()) // the steps report it to the user
+		return -1
+	}
+	p := markerPath(C.GoString(stateDir), strconv.FormatUint(uint64(job), 10))
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		put(errb, errlen, fmt.Sprintf("creating %s: %v", filepath.Dir(p), err))
+		return -1
+	}
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, []byte(s.String()+"\n"), 0o644); err != nil {
+		put(errb, errlen, fmt.Sprintf("writing %s: %v", tmp, err))
+		return -1
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		put(errb, errlen, fmt.Sprintf("renaming %s: %v", tmp, err))
+		return -1
+	}
+	return 1
+}
+
+// readMarker returns the SPEC recorded for job on this node, or "".
+func readMarker(stateDir, job string) string {
+	b, err := os.ReadFile(markerPath(stateDir, job))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// plan is what the shim needs to start an agent: directories it creates as
+// root and hands to the user, then the agent's argv.
+func plan(cfgPath string, cfg config.Config, specStr, job string, uid uint32, node string, restart int, startedBy string) []string {
+	return []string{
+		cfg.Agent.RunDir,
+		agent.JobRunDir(cfg.Agent.RunDir, job),
+		cfg.Store.TmpfsRoot,
+		agent.StoreDir(cfg, job),
+		cfg.Agent.Binary,
+		"--config", cfgPath, "--job", job, "--node", node, "--spec", specStr,
+		"--uid", strconv.FormatUint(uint64(uid), 10), "--restart", strconv.Itoa(restart),
+		"--started-by", startedBy,
+	}
+}
+
+// reft_go_extern_plan runs in the extern step (root). If the prolog marked
+// the job as a reft job, it writes the agent plan to out (run_dir, job run
+// dir, tmpfs_root, store dir, binary, args..., NUL-separated) and returns 1;
+// it returns 0 for a job without reft and -1 on error.
+//
+//export reft_go_extern_plan
+func reft_go_extern_plan(cfgPath, stateDir *C.char, job, uid C.uint32_t, node *C.char, out *C.char, outlen C.int, errb *C.char, errlen C.int) (rc C.int) {
+	defer guard(errb, errlen, &rc)
+	cfg, err := config.Load(C.GoString(cfgPath), false)
+	if err != nil {
+		put(errb, errlen, err.Error())
+		return -1
+	}
+	j := strconv.FormatUint(uint64(job), 10)
+	s := readMarker(C.GoString(stateDir), j)
+	if s == "" {
+		return 0
+	}
+	if err := putList(out, outlen, plan(C.GoString(cfgPath), cfg, s, j, uint32(uid), C.GoString(node), 0, "extern")); err != nil {
+		put(errb, errlen, err.Error())
+		return -1
+	}
+	return 1
+}
+
+// stepName renders Slurm's special step ids.
+func stepName(id uint32) string {
+	switch id {
+	case 0xfffffffa:
+		return "interactive"
+	case 0xfffffffb:
+		return "batch"
+	case 0xfffffffc:
+		return "extern"
+	}
+	return strconv.FormatUint(uint64(id), 10)
+}
+
+// reft_go_step runs in user_init of a step (slurmstepd, euid = the user).
+// Phase 0: if the job's agent is up, or the prolog marked the job (the
+// extern step starts the agent), wait for it; otherwise return 2 with an
+// agent plan in out (the shim starts the agent, first step wins the lock)
+// and the shim calls again with phase 1 to wait. On success, out holds the
+// task environment (KEY=VALUE, NUL-separated) and the result is 1. 0 means
+// reft is off for this step. -1: errb holds the message the tasks print.
+//
+//export reft_go_step
+func reft_go_step(cfgPath, stateDir, specIn *C.char, job, step, uid C.uint32_t, node *C.char, restart C.int, phase C.int,
+	out *C.char, outlen C.int, errb *C.char, errlen C.int) (rc C.int) {
+	defer guard(errb, errlen, &rc)
+	n := C.GoString(node)
+	fail := func(format string, a ...any) C.int {
+		put(errb, errlen, fmt.Sprintf("node %s: ", n)+fmt.Sprintf(format, a...))
+		return -1
+	}
+	s, err := spec.Parse(C.GoString(specIn))
+	if err != nil {
+		return fail("%v", err)
+	}
+	if !s.Enabled() {
+		return 0
+	}
+	cp := C.GoString(cfgPath)
+	cfg, err := config.Load(cp, false)
+	if err != nil {
+		return fail("reft cannot start: %v", err)
+	}
+	j := strconv.FormatUint(uint64(job), 10)
+	sock := agent.SocketPath(cfg.Agent.RunDir, j)
+	if phase == 0 && readMarker(C.GoString(stateDir), j) == "" && !answers(sock, 200*time.Millisecond) {
+		if err := putList(out, outlen, plan(cp, cfg, s.String(), j, uint32(uid), n, int(restart), "step "+stepName(uint32(step)))); err != nil {
+			return fail("%v", err)
+		}
+		return 2
+	}
+	hr, err := waitAgent(sock, filepath.Join(agent.JobRunDir(cfg.Agent.RunDir, j), agent.ErrorName), cfg.Agent.StartTimeout.D())
+	if err != nil {
+		return fail("%v", err)
+	}
+	_ = hr
+	env := []string{
+		"REFT_AGENT_SOCKET=" + sock,
+		"REFT_SPEC=" + s.String(),
+		"REFT_JOB_ID=" + j,
+		"REFT_STEP_ID=" + stepName(uint32(step)),
+		"REFT_RESTART_COUNT=" + strconv.Itoa(int(restart)),
+		"REFT_NODE=" + n,
+		"REFT_VERSION=" + version.Version,
+	}
+	if err := putList(out, outlen, env); err != nil {
+		return fail("%v", err)
+	}
+	return 1
+}
+
+// answers reports whether an agent answers hello on sock within d.
+func answers(sock string, d time.Duration) bool {
+	_, err := hello(sock, d)
+	return err == nil
+}
+
+func hello(sock string, d time.Duration) (proto.HelloReply, error) {
+	var hr proto.HelloReply
+	c, err := net.DialTimeout("unix", sock, d)
+	if err != nil {
+		return hr, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(d))
+	err = proto.Call(c, proto.THello, 1, proto.Hello{Client: "reft-spank/" + version.Version, PID: os.Getpid()}, &hr)
+	return hr, err
+}
+
+// waitAgent waits until the agent answers hello, or reports why it did not.
+func waitAgent(sock, errFile string, timeout time.Duration) (proto.HelloReply, error) {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		hr, err := hello(sock, time.Second)
+		if err == nil {
+			return hr, nil
+		}
+		var pe *proto.Error
+		if errors.As(err, &pe) {
+			return hr, fmt.Errorf("the reft agent refused this step: %v", pe)
+		}
+		last = err
+		if b, rerr := os.ReadFile(errFile); rerr == nil && len(b) > 0 {
+			return hr, fmt.Errorf("the reft agent failed to start: %s", strings.TrimSpace(string(b)))
+		}
+		if time.Now().After(deadline) {
+			return hr, fmt.Errorf("the reft agent did not answer on %s within %s (agent.start_timeout): %v", sock, timeout, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// reft_go_extern_exit runs when the extern step ends (root): it stops the
+// job's agent on this node and removes its socket, run directory and marker.
+// Returns 0, or -1 with a message to log.
+//
+//export reft_go_extern_exit
+func reft_go_extern_exit(cfgPath, stateDir *C.char, job, uid C.uint32_t, errb *C.char, errlen C.int) (rc C.int) {
+	defer guard(errb, errlen, &rc)
+	cfg, err := config.Load(C.GoString(cfgPath), false)
+	if err != nil {
+		put(errb, errlen, err.Error())
+		return -1
+	}
+	j := strconv.FormatUint(uint64(job), 10)
+	dir := agent.JobRunDir(cfg.Agent.RunDir, j)
+	var msgs []string
+	if pid, puid, err := agentPID(agent.SocketPath(cfg.Agent.RunDir, j)); err == nil {
+		if puid != uint32(uid) {
+			msgs = append(msgs, fmt.Sprintf("socket of job %s is held by uid %d, not the job's uid %d: not signalled", j, puid, uid))
+		} else if err := stop(pid, 3*time.Second); err != nil {
+			msgs = append(msgs, err.Error())
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		msgs = append(msgs, err.Error())
+	}
+	if err := os.Remove(markerPath(C.GoString(stateDir), j)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		msgs = append(msgs, err.Error())
+	}
+	if len(msgs) > 0 {
+		put(errb, errlen, strings.Join(msgs, "; "))
+		return -1
+	}
+	return 0
+}
+
+// agentPID finds the process listening on sock with SO_PEERCRED.
+func agentPID(sock string) (int, uint32, error) {
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer c.Close()
+	cred, err := agent.PeerCred(c.(*net.UnixConn))
+	if err != nil {
+		return 0, 0, err
+	}
+	return int(cred.Pid), cred.Uid, nil
+}
+
+// stop sends SIGTERM, waits up to grace, then SIGKILL.
+func stop(pid int, grace time.Duration) error {
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return nil // already gone
+	}
+	for deadline := time.Now().Add(grace); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if syscall.Kill(pid, 0) != nil || zombie(pid) {
+			return nil
+		}
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("SIGKILL agent %d: %w", pid, err)
+	}
+	return nil
+}
+
+func zombie(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
+}
