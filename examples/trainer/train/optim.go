@@ -5,12 +5,12 @@ import "math"
 // optimizer applies one update to a contiguous range of parameters, with the
 // standard (PyTorch) formulas in float32.
 type optimizer struct {
-	kind         string
-	lr, wd, mu   float32
-	b1, b2, eps  float32
-	m, v         []float32 // state over this rank's range (momentum uses m)
-	lrDecay      float32   // adamw: 1 - lr*wd
-	bc1, bc2     float32   // adam bias corrections for the current step
+	kind        string
+	lr, wd, mu  float32
+	b1, b2, eps float32
+	m, v        []float32 // state over this rank's range (momentum uses m)
+	lrDecay     float32   // adamw: 1 - lr*wd
+	bc1, bc2    float32   // adam bias corrections for the current step
 }
 
 func newOptimizer(c *Config, n int) *optimizer {
