@@ -9,8 +9,16 @@
 // but only in a run that did not resume from a snapshot: a relaunch with the
 // same flags restores and must not die again.
 //
-// Snapshots: the reft client is not wired in yet, so this binary runs with
-// snapshots disabled and says so once.
+// The surviving ranks of a --fail-at run block in MPI until the step is torn
+// down: launch with srun -K1 (--kill-on-bad-exit) unless reft's launcher
+// does that.
+//
+// Snapshots: the reft client is not wired in yet (openSnapshotter), so this
+// binary runs with snapshots disabled and says so once.
+//
+// Memory per rank is about 6x the stage's parameter bytes with adam/adamw
+// (parameters, float32 gradients, int64 fixed-point gradients, two moments),
+// less the moments' (dp-1)/dp under --zero1.
 package main
 
 import (
@@ -57,8 +65,15 @@ func run() int {
 		mpi.Finalize()
 		return 2
 	}
+	snap, err := openSnapshotter(world)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "reft-train: rank %d: snapshots: %v\n", world.Rank(), err)
+		world.c.Abort()
+		return 1
+	}
 	opts := train.Options{
 		Comm: world,
+		Snap: snap,
 		Log:  os.Stdout,
 		Kill: func() error {
 			fmt.Fprintf(os.Stderr, "reft-train: rank %d: --fail-at %d:%d: SIGKILL\n", world.Rank(), cfg.FailStep, cfg.FailRank)
@@ -68,7 +83,13 @@ func run() int {
 			select {} // SIGKILL is not delivered synchronously
 		},
 	}
-	if _, err := train.Run(cfg, opts); err != nil {
+	_, err = train.Run(cfg, opts)
+	if snap != nil {
+		if cerr := snap.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close snapshots: %w", cerr)
+		}
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "reft-train: rank %d: %v\n", world.Rank(), err)
 		if world.Size() > 1 {
 			world.c.Abort() // the other ranks would block in collectives forever
