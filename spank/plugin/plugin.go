@@ -201,10 +201,9 @@ func stepName(id uint32) string {
 }
 
 // reft_go_step runs in user_init of a step (slurmstepd, euid = the user).
-// Phase 0: if the job's agent is up, or the prolog marked the job (the
-// extern step starts the agent), wait for it; otherwise return 2 with an
-// agent plan in out (the shim starts the agent, first step wins the lock)
-// and the shim calls again with phase 1 to wait. On success, out holds the
+// Phase 0: if the job's agent answers, use it; otherwise return 2 with an
+// agent plan in out (the shim starts an agent; the job's lock makes sure only
+// one runs per node) and the shim calls again with phase 1 to wait for it. On success, out holds the
 // task environment (KEY=VALUE, NUL-separated) and the result is 1. 0 means
 // reft is off for this step. -1: errb holds the message the tasks print.
 //
@@ -231,7 +230,10 @@ func reft_go_step(cfgPath, stateDir, specIn *C.char, job, step, uid C.uint32_t, 
 	}
 	j := strconv.FormatUint(uint64(job), 10)
 	sock := agent.SocketPath(cfg.Agent.RunDir, j)
-	if phase == 0 && readMarker(C.GoString(stateDir), j) == "" && !answers(sock, 200*time.Millisecond) {
+	// No answer: start an agent from this step. If the extern step's agent
+	// is still starting, or another step is starting one, the new agent
+	// finds the job's lock taken and exits at once; then we just wait.
+	if phase == 0 && !answers(sock, 200*time.Millisecond) {
 		if err := putList(out, outlen, plan(cp, cfg, s.String(), j, uint32(uid), n, int(restart), "step "+stepName(uint32(step)))); err != nil {
 			return fail("%v", err)
 		}
