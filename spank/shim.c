@@ -168,10 +168,11 @@ static const char *effective_spec(void)
 static void node_name(spank_t sp, char *buf, size_t len)
 {
 	const char *e;
+	(void) sp;
 	buf[0] = '\0';
-	if (sp && spank_remote(sp) &&
-	    spank_getenv(sp, "SLURMD_NODENAME", buf, (int) len) == ESPANK_SUCCESS && buf[0])
-		return;
+	/* slurmstepd sets SLURMD_NODENAME in its own environment, and slurmd in
+	 * the prolog's. Not the job's environment: in a batch job it carries
+	 * the batch host's name to every node. */
 	if ((e = getenv("SLURMD_NODENAME")) && *e) {
 		snprintf(buf, len, "%s", e);
 		return;
@@ -529,14 +530,17 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 }
 
 /* task_init: in the task, after fork, before exec. Plain C, no Go. Fail the
- * task with the stored cause, on the user's stderr. */
+ * task with the stored cause, on the user's stderr (already the task's). */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void) sp; (void) ac; (void) av;
 	if (!g_task_error[0])
 		return 0;
 	dprintf(STDERR_FILENO, "reft: %s\n", g_task_error);
-	return -1;
+	/* Slurm ignores an error from an `optional` plugin, so end the task
+	 * here (we are in the task's own process, before exec), as slurmstepd
+	 * does when a required plugin fails. */
+	_exit(1);
 }
 
 /* exit: when the extern step ends (the job ends on this node), stop the
