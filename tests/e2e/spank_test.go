@@ -112,7 +112,10 @@ type helloLine struct {
 // --output wins over the helper's).
 func sbatchIn(t *testing.T, dir, script string, args ...string) string {
 	t.Helper()
-	return sbatch(t, alice, script, append([]string{"--output=" + filepath.Join(dir, "slurm-%j.out")}, args...)...)
+	id := sbatch(t, alice, script, append([]string{"--output=" + filepath.Join(dir, "slurm-%j.out")}, args...)...)
+	// The helper's own cleanup runs scancel without the cluster's SLURM_CONF.
+	t.Cleanup(func() { run(t, time.Minute, root, "scancel", id) })
+	return id
 }
 
 func writeHelloPy(t *testing.T, dir string) string {
@@ -480,7 +483,7 @@ var signalCases = []signalCase{
 		dir := sharedDir(t, alice)
 		started := filepath.Join(dir, "started")
 		args := append([]string{"srun", "-N2", "-n2"}, reft...)
-		args = append(args, "sh", "-c", "touch "+started+"; trap 'echo task-got-INT; exit 3' INT; sleep 300 & wait")
+		args = append(args, "sh", "-c", "touch "+started+"; exec sleep 300")
 		ctx := command(t.Context(), alice, args...)
 		var out strings.Builder
 		ctx.Stdout, ctx.Stderr = &out, &out
