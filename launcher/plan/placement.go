@@ -3,6 +3,7 @@ package plan
 import (
 	"fmt"
 	"math"
+	"math/big"
 )
 
 // Placement is GEMINI section 4: N machines, each keeping its checkpoint in
@@ -15,6 +16,9 @@ type Placement struct {
 	Failures int // k
 }
 
+// MaxPlacementNodes bounds --nodes so exact counting stays within seconds.
+const MaxPlacementNodes = MaxSimNodes
+
 func (p Placement) validate() error {
 	switch {
 	case p.Nodes < 1:
@@ -23,6 +27,8 @@ func (p Placement) validate() error {
 		return fmt.Errorf("--replicas must be >= 1 (1 means only the local copy); got %d", p.Replicas)
 	case p.Replicas > p.Nodes:
 		return fmt.Errorf("--replicas (%d) must not exceed --nodes (%d): each replica needs its own machine", p.Replicas, p.Nodes)
+	case p.Nodes > MaxPlacementNodes:
+		return fmt.Errorf("--nodes must be <= %d; the counts are exact and grow with N; got %d", MaxPlacementNodes, p.Nodes)
 	case p.Failures < 0 || p.Failures > p.Nodes:
 		return fmt.Errorf("--failures must lie in [0, --nodes = %d]; got %d", p.Nodes, p.Failures)
 	}
@@ -41,24 +47,37 @@ func (p Placement) Layout() (groups, ring int) {
 }
 
 // Recovery is the exact probability that mixed placement recovers from CPU
-// memory. Failures split hypergeometrically between the groups and the ring;
-// each part must keep at least one replica of every checkpoint.
+// memory: the k-subsets that leave every checkpoint a replica, counted
+// exactly, over all C(N, k). A subset splits into j failures in the ring and
+// k-j in the groups, and each part must keep a replica of everything.
 func (p Placement) Recovery() float64 {
 	m, k := p.Replicas, p.Failures
-	groups, ring := p.Layout()
-	gm := groups * m
-	gok := groupsIntact(groups, m, min(k, gm))
-	total := 0.0
-	for j := max(0, k-gm); j <= min(k, ring); j++ {
-		w := math.Exp(logChoose(ring, j) + logChoose(gm, k-j) - logChoose(p.Nodes, k))
-		total += w * ringIntact(ring, m, j) * gok[k-j]
+	if k < m {
+		return 1 // fewer losses than replicas can never take every copy
 	}
-	return math.Min(total, 1)
+	groups, ring := p.Layout()
+	good := new(big.Int)
+	t := new(big.Int)
+	for j := max(0, k-groups*m); j <= min(k, ring); j++ {
+		t.Mul(ringGood(ring, m, j), groupsGood(groups, m, k-j))
+		good.Add(good, t)
+	}
+	return ratio(good, new(big.Int).Binomial(int64(p.Nodes), int64(k)))
 }
 
 // Ring is the same probability for plain ring placement over all N machines,
 // the baseline GEMINI compares against.
-func (p Placement) Ring() float64 { return ringIntact(p.Nodes, p.Replicas, p.Failures) }
+func (p Placement) Ring() float64 {
+	if p.Failures < p.Replicas {
+		return 1
+	}
+	return ratio(ringGood(p.Nodes, p.Replicas, p.Failures), new(big.Int).Binomial(int64(p.Nodes), int64(p.Failures)))
+}
+
+func ratio(a, b *big.Int) float64 {
+	f, _ := new(big.Rat).SetFrac(a, b).Float64()
+	return f
+}
 
 // CorollaryBound is GEMINI Corollary 1 (Eq. 3), the paper's lower bound for
 // group placement when m divides N: 1 if k < m, else
@@ -76,85 +95,81 @@ func (p Placement) CorollaryBound() float64 {
 	return math.Max(0, 1-float64(n)/float64(m)*math.Exp(logChoose(n-m, k-m)-logChoose(n, k)))
 }
 
-// groupsIntact returns, for every i in [0, kmax], the probability that i
-// failures spread uniformly over g groups of m machines leave no group fully
-// failed. It adds one group at a time, splitting the i failures
-// hypergeometrically between the new group and the rest, so it never forms
-// a count that could overflow.
-func groupsIntact(g, m, kmax int) []float64 {
-	prev := make([]float64, kmax+1)
-	prev[0] = 1 // zero groups: only zero failures fit, and nothing is lost
-	for n := 1; n <= g; n++ {
-		cur := make([]float64, kmax+1)
-		size := n * m
-		for i := 0; i <= min(kmax, size); i++ {
-			s := 0.0
-			for a := max(0, i-(size-m)); a <= min(i, m-1); a++ {
-				s += math.Exp(logChoose(m, a)+logChoose(size-m, i-a)-logChoose(size, i)) * prev[i-a]
-			}
-			cur[i] = s
-		}
-		prev = cur
+// groupsGood counts the ways i failures can fall on g groups of m machines
+// without taking a whole group, by inclusion-exclusion over the t groups
+// forced to fail: Σ_t (-1)^t C(g, t) C((g-t)m, i-tm). Exact integers keep
+// the alternating sum free of cancellation error at any size. Each term
+// follows from the last by small exact multiplications and divisions, each
+// of which leaves an integer product of binomials.
+func groupsGood(g, m, i int) *big.Int {
+	sum := new(big.Int)
+	if i > g*m {
+		return sum
 	}
-	return prev
+	term := new(big.Int).Binomial(int64(g*m), int64(i)) // t = 0
+	var x big.Int
+	for t := 0; ; t++ {
+		if t%2 == 0 {
+			sum.Add(sum, term)
+		} else {
+			sum.Sub(sum, term)
+		}
+		if t == g || i-(t+1)*m < 0 {
+			return sum
+		}
+		// C(g, t) -> C(g, t+1)
+		term.Mul(term, x.SetInt64(int64(g-t)))
+		term.Quo(term, x.SetInt64(int64(t+1)))
+		// C(n, k) -> C(n-m, k-m), one step C(n-1, k-1) = C(n, k) k / n at a time
+		n, k := (g-t)*m, i-t*m
+		for s := 0; s < m; s++ {
+			term.Mul(term, x.SetInt64(int64(k-s)))
+			term.Quo(term, x.SetInt64(int64(n-s)))
+		}
+	}
 }
 
-// ringIntact is the probability that j failures among L machines in a ring
-// leave no m cyclically consecutive machines all failed (machine i's
-// replicas live on i..i+m-1). It walks the ring once, drawing each machine
-// failed with probability (failures left)/(machines left), which weighs
-// every j-subset equally, and tracks the leading and trailing runs so the
-// run that wraps around is caught too.
-func ringIntact(L, m, j int) float64 {
-	if L == 0 {
-		if j == 0 {
-			return 1
-		}
-		return 0
-	}
+// ringGood counts the j-subsets of L machines in a ring that leave no m
+// cyclically consecutive machines all failed (machine i's replicas live on
+// i..i+m-1). Read from a uniformly chosen survivor, the runs of failures
+// between the r = L-j survivors form a composition of j into r parts, every
+// composition equally likely (each of the C(L,j) rings times r survivors
+// maps to one composition and one of L starting points). So the share of
+// good rings is the share of compositions with all parts below m:
+//
+//	Σ_i (-1)^i C(r, i) C(j-im+r-1, r-1)  over  C(j+r-1, r-1),
+//
+// and the count is that share times C(L, j) = C(j+r-1, r-1) L / r.
+func ringGood(L, m, j int) *big.Int {
 	if j < m {
-		return 1
+		return new(big.Int).Binomial(int64(L), int64(j))
 	}
-	if m == 1 {
-		return 0 // j >= 1 failures and no peer copy
+	r := L - j
+	if r == 0 {
+		return new(big.Int) // every machine failed
 	}
-	// state: closed says a survivor has been seen; lead is the length of
-	// the run of failures before the first survivor; run is the current
-	// trailing run; used counts failures so far.
-	type key struct {
-		closed          bool
-		lead, run, used int
-	}
-	cur := map[key]float64{{}: 1}
-	for pos := 0; pos < L; pos++ {
-		next := make(map[key]float64, len(cur))
-		left := L - pos
-		for s, pr := range cur {
-			pFail := float64(j-s.used) / float64(left)
-			if pFail > 0 && s.run+1 < m {
-				ns := s
-				ns.run++
-				ns.used++
-				next[ns] += pr * pFail
-			}
-			if pFail < 1 {
-				ns := s
-				if !s.closed {
-					ns.closed, ns.lead = true, s.run
-				}
-				ns.run = 0
-				next[ns] += pr * (1 - pFail)
-			}
+	sum := new(big.Int)
+	term := new(big.Int).Binomial(int64(j+r-1), int64(r-1)) // i = 0
+	var x big.Int
+	for i := 0; ; i++ {
+		if i%2 == 0 {
+			sum.Add(sum, term)
+		} else {
+			sum.Sub(sum, term)
 		}
-		cur = next
-	}
-	total := 0.0
-	for s, pr := range cur {
-		// Without a survivor every machine failed. Otherwise the run that
-		// wraps from the end to the start must stay shorter than m.
-		if s.closed && s.lead+s.run < m {
-			total += pr
+		if i == r || j-(i+1)*m < 0 {
+			break
+		}
+		// C(r, i) -> C(r, i+1)
+		term.Mul(term, x.SetInt64(int64(r-i)))
+		term.Quo(term, x.SetInt64(int64(i+1)))
+		// C(T, r-1) -> C(T-m, r-1), one step C(T-1, s) = C(T, s) (T-s) / T at a time
+		top := j - i*m + r - 1
+		for s := 0; s < m; s++ {
+			term.Mul(term, x.SetInt64(int64(top-s-(r-1))))
+			term.Quo(term, x.SetInt64(int64(top-s)))
 		}
 	}
-	return total
+	sum.Mul(sum, x.SetInt64(int64(L)))
+	return sum.Quo(sum, x.SetInt64(int64(r)))
 }

@@ -21,7 +21,6 @@ func savePlot(p *plot.Plot, file string) error {
 	default:
 		return fmt.Errorf("--plot %q: the file must end in .png or .svg", file)
 	}
-	p.Legend.Top = false
 	if err := p.Save(9*vg.Inch, 5.5*vg.Inch, file); err != nil {
 		return fmt.Errorf("--plot %q: %w", file, err)
 	}
@@ -82,6 +81,7 @@ func survivalPlot(base Survival, shapes []float64, threshold float64, mode strin
 		"time since last persistent checkpoint (days)", "probability state survives")
 	logX(p)
 	p.Y.Min, p.Y.Max = 0, 1.02
+	p.Legend.Left = true // curves fall from the top left; the bottom left stays empty
 	ts := logSpace(0.01, 1000, 300)
 	for i, c := range shapes {
 		s := base
@@ -110,9 +110,18 @@ func placementPlot(pl Placement) (*plot.Plot, error) {
 	p := newPlot(fmt.Sprintf("Recovery from CPU memory: %d machines, %d replicas", pl.Nodes, pl.Replicas),
 		"machines failed at once (k)", "probability of recovery from CPU memory")
 	p.Y.Min, p.Y.Max = 0, 1.02
+	p.Legend.Left = true
 	kmax := min(pl.Nodes, max(3*pl.Replicas, pl.Failures+2))
+	if kmax <= 24 {
+		var ticks []plot.Tick
+		for k := 0; k <= kmax; k++ {
+			ticks = append(ticks, plot.Tick{Value: float64(k), Label: fmt.Sprint(k)})
+		}
+		p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	}
 	var mixed, ring, bound plotter.XYs
-	for k := 0; k <= kmax; k++ {
+	step := max(1, kmax/40) // each point costs O(N k m); 40 draw the curve well
+	for k := 0; k <= kmax; k += step {
 		q := pl
 		q.Failures = k
 		mixed = append(mixed, plotter.XY{X: float64(k), Y: q.Recovery()})
@@ -152,6 +161,7 @@ func intervalPlot(iv Interval) (*plot.Plot, error) {
 	p := newPlot(fmt.Sprintf("Wasted time at the optimal checkpoint interval (o=%gs, r=%gs, f=%g/GPU-day)", iv.CheckpointSeconds, iv.RestartSeconds, iv.FailuresPerGPUDay),
 		"GPUs in the job", "wasted share of wall time (%)")
 	logX(p)
+	p.Legend.Top, p.Legend.Left = true, true // the curves rise to the right
 	top := math.Max(16384, float64(iv.GPUs)*4)
 	var per, rf plotter.XYs
 	for _, n := range logSpace(1, top, 200) {
@@ -233,6 +243,9 @@ func memoryPlot(mm Memory) (*plot.Plot, error) {
 		return nil, err
 	}
 	p.Y.Min = 0
+	// Leave room above the RAM line for the legend.
+	p.Y.Max = 1.3 * math.Max(mm.NodeRAMGiB, r.Bound/(1<<30))
+	p.Legend.Top, p.Legend.Left = true, true
 	return p, nil
 }
 
@@ -258,6 +271,7 @@ func simulatePlot(s Simulation, res SimResult, an Survival, hasAn bool, conf flo
 		"days", "probability state survives")
 	logX(p)
 	p.Y.Min, p.Y.Max = 0, 1.02
+	p.Legend.Left = true
 	lo := math.Max(1e-3, res.Checkpoint[len(res.Checkpoint)/100])
 	hi := math.Max(lo*10, res.Reft[len(res.Reft)*99/100])
 	if math.IsInf(hi, 1) {

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -167,7 +168,7 @@ func (s Simulation) Run() SimResult {
 			x := make([]float64, s.Nodes)
 			kth := make([]float64, s.Tolerance+1)
 			for c := range next {
-				rng := rand.New(rand.NewPCG(s.Seed, uint64(c)))
+				rng := rand.New(rand.NewChaCha8(streamSeed(s.Seed, uint64(c))))
 				for t := c * chunk; t < min((c+1)*chunk, s.Trials); t++ {
 					r, ck := s.trial(rng, gs, x, kth)
 					res.Reft[t], res.Checkpoint[t] = r, ck
@@ -179,6 +180,17 @@ func (s Simulation) Run() SimResult {
 	slices.Sort(res.Reft)
 	slices.Sort(res.Checkpoint)
 	return res
+}
+
+// streamSeed keys chunk c's generator by (seed, c). ChaCha8 streams under
+// distinct keys are independent, which neighbouring PCG states are not
+// guaranteed to be.
+func streamSeed(seed, c uint64) [32]byte {
+	var k [32]byte
+	binary.LittleEndian.PutUint64(k[0:], seed)
+	binary.LittleEndian.PutUint64(k[8:], c)
+	copy(k[16:], "reft plan simula")
+	return k
 }
 
 // inv returns 1/λ, or +Inf for a rate of zero (that failure never happens).
