@@ -11,6 +11,7 @@ import (
 
 	"github.com/reft-hpc/reft/launcher/plan"
 	"github.com/reft-hpc/reft/launcher/version"
+	"github.com/reft-hpc/reft/tmpfs/gc"
 )
 
 // command is one `reft` subcommand. run gets the arguments after the
@@ -23,6 +24,7 @@ type command struct {
 // commands is the subcommand table. Each subcommand lives in its own package
 // and is wired in with one line here.
 var commands = map[string]command{
+	"gc":   {"remove node-local snapshots of jobs no longer running or pending (--dry-run lists them)", gc.Command},
 	"plan": {"reliability and cost planning (survival, placement, interval, memory, simulate)", plan.Main},
 	"version": {"print the reft version", func(_ []string, stdout, _ io.Writer) int {
 		fmt.Fprintln(stdout, "reft", version.Version)
