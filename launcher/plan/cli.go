@@ -133,6 +133,15 @@ func checkThreshold(p float64) error {
 	return nil
 }
 
+// checkModeFits explains a mode too strong for the SG in the mode's terms;
+// an SG below 2 is left to validate, whose message names that fix instead.
+func checkModeFits(m Mode, sgSize int) error {
+	if sgSize < 2 {
+		return nil
+	}
+	return m.checkTolerance(sgSize)
+}
+
 func parseShapes(s string) ([]float64, error) {
 	var out []float64
 	for _, f := range strings.Split(s, ",") {
@@ -190,10 +199,10 @@ func runSurvival(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	s.Tolerance = mode.Tolerance()
-	if err := s.validate(); err != nil {
+	if err := checkModeFits(mode, s.SGSize); err != nil {
 		return err
 	}
-	if err := mode.checkTolerance(s.SGSize); err != nil {
+	if err := s.validate(); err != nil {
 		return err
 	}
 	if err := checkThreshold(*threshold); err != nil {
@@ -543,7 +552,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	s.Tolerance = mode.Tolerance()
-	if err := mode.checkTolerance(s.SGSize); err != nil {
+	if err := checkModeFits(mode, s.SGSize); err != nil {
 		return err
 	}
 	if err := s.validate(); err != nil {

@@ -164,12 +164,18 @@ func intervalPlot(iv Interval) (*plot.Plot, error) {
 	p.Legend.Top, p.Legend.Left = true, true // the curves rise to the right
 	top := math.Max(16384, float64(iv.GPUs)*4)
 	var per, rf plotter.XYs
-	for _, n := range logSpace(1, top, 200) {
+	last := 0
+	for _, x := range logSpace(1, top, 200) {
+		n := int(math.Round(x))
+		if n == last {
+			continue // GPUs come in whole numbers; skip repeats at the small end
+		}
+		last = n
 		q := iv
-		q.GPUs = int(math.Round(n))
-		per = append(per, plotter.XY{X: n, Y: 100 * q.WastedFraction()})
+		q.GPUs = n
+		per = append(per, plotter.XY{X: float64(n), Y: 100 * q.WastedFraction()})
 		if iv.StepSeconds > 0 {
-			rf = append(rf, plotter.XY{X: n, Y: 100 * q.ReftWastedFraction()})
+			rf = append(rf, plotter.XY{X: float64(n), Y: 100 * q.ReftWastedFraction()})
 		}
 	}
 	if err := addLine(p, "periodic checkpoints at c* (JIT Eq. 6)", per, plotutil.Color(0), nil); err != nil {
