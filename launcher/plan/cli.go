@@ -121,7 +121,7 @@ func opt(v float64) num {
 
 func fmtDays(d float64) string {
 	if math.IsInf(d, 1) {
-		return "never drops below"
+		return "forever (no failure of that kind is possible)"
 	}
 	return fmt.Sprintf("%.3g days", d)
 }
@@ -250,7 +250,9 @@ func runSurvival(args []string, stdout, stderr io.Writer) error {
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "\nTime above %g: with reft %s, checkpoint only %s.\n", *threshold, fmtDays(rd), fmtDays(cd))
-	fmt.Fprintf(stdout, "Persist at least every %s with reft to keep that probability.\n", fmtDays(rd))
+	if !math.IsInf(rd, 1) {
+		fmt.Fprintf(stdout, "Persist at least every %s with reft to keep that probability.\n", fmtDays(rd))
+	}
 	return nil
 }
 
@@ -491,12 +493,13 @@ func runMemory(args []string, stdout, stderr io.Writer) error {
 
 // ---- simulate ----
 
+// estimateJSON: a null day means "beyond every trial" (no loss was drawn).
 type estimateJSON struct {
-	Analytic  num     `json:"analytic"`
-	Simulated float64 `json:"simulated"`
-	CILow     float64 `json:"ci_low"`
-	CIHigh    float64 `json:"ci_high"`
-	Inside    *bool   `json:"analytic_inside_ci"`
+	Analytic  num   `json:"analytic"`
+	Simulated num   `json:"simulated"`
+	CILow     num   `json:"ci_low"`
+	CIHigh    num   `json:"ci_high"`
+	Inside    *bool `json:"analytic_inside_ci"`
 }
 
 type simulateJSON struct {
@@ -516,10 +519,10 @@ type simulateJSON struct {
 }
 
 func estimate(an float64, hasAn bool, e Estimate) estimateJSON {
-	j := estimateJSON{Simulated: e.P, CILow: e.Low, CIHigh: e.High}
+	j := estimateJSON{Simulated: opt(e.P), CILow: opt(e.Low), CIHigh: opt(e.High)}
 	if hasAn {
 		j.Analytic = opt(an)
-		in := an >= e.Low && an <= e.High
+		in := an >= e.Low && an <= e.High // an infinite bound still brackets
 		j.Inside = &in
 	}
 	return j
@@ -612,13 +615,19 @@ func runSimulate(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "%d trials in %.2f s; intervals at %g %% confidence\n\n", s.Trials, elapsed.Seconds(), 100**conf)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "quantity\tanalytic\tsimulated\tinterval\tinside\t")
+	show := func(f string, v num) string {
+		if v == nil {
+			return "never"
+		}
+		return fmt.Sprintf(f, *v)
+	}
 	row := func(name string, e estimateJSON, f string) {
 		a, in := "n/a", "n/a"
-		if e.Analytic != nil {
-			a = fmt.Sprintf(f, *e.Analytic)
+		if e.Inside != nil {
+			a = show(f, e.Analytic)
 			in = map[bool]string{true: "yes", false: "NO"}[*e.Inside]
 		}
-		fmt.Fprintf(tw, "%s\t%s\t"+f+"\t["+f+", "+f+"]\t%s\t\n", name, a, e.Simulated, e.CILow, e.CIHigh, in)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t[%s, %s]\t%s\t\n", name, a, show(f, e.Simulated), show(f, e.CILow), show(f, e.CIHigh), in)
 	}
 	row(fmt.Sprintf("P(reft survives %.3g days)", t), j.Reft, "%.4f")
 	row(fmt.Sprintf("P(no failure in %.3g days)", t), j.Checkpoint, "%.4f")

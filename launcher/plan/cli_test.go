@@ -158,3 +158,28 @@ func TestHelp(t *testing.T) {
 		t.Errorf("survival -h does not list --sg-size:\n%s", errs)
 	}
 }
+
+// TestJSONNoFailures: with every rate zero no loss is ever drawn; the days
+// are infinite, which JSON cannot carry, so they come back as null.
+func TestJSONNoFailures(t *testing.T) {
+	for _, args := range [][]string{
+		{"survival", "--hw-rate", "0", "--sw-rate", "0", "--json"},
+		{"simulate", "--nodes", "60", "--hw-rate", "0", "--sw-rate", "0", "--trials", "50", "--json"},
+	} {
+		code, out, errs := run(args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errs)
+		}
+		var got map[string]any
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("%v: not JSON: %v", args, err)
+		}
+		rd := got["reft_days"]
+		if m, ok := rd.(map[string]any); ok {
+			rd = m["simulated"]
+		}
+		if rd != nil {
+			t.Errorf("%v: reft_days = %v, want null", args, rd)
+		}
+	}
+}

@@ -278,7 +278,11 @@ func simulatePlot(s Simulation, res SimResult, an Survival, hasAn bool, conf flo
 	logX(p)
 	p.Y.Min, p.Y.Max = 0, 1.02
 	p.Legend.Left = true
+	// Span the losses actually drawn; a rate of zero draws none (+Inf).
 	lo := math.Max(1e-3, res.Checkpoint[len(res.Checkpoint)/100])
+	if math.IsInf(lo, 1) {
+		lo = 1e-3
+	}
 	hi := math.Max(lo*10, res.Reft[len(res.Reft)*99/100])
 	if math.IsInf(hi, 1) {
 		hi = lo * 1e4
