@@ -205,7 +205,7 @@ func sbatch(t *testing.T, user, script string, args ...string) string {
 		t.Fatalf("sbatch printed no job id:\n%s", r)
 	}
 	id := m[1]
-	t.Cleanup(func() { exec.Command("scancel", id).Run() })
+	t.Cleanup(func() { command(context.Background(), root, "scancel", id).Run() })
 	return id
 }
 
