@@ -41,7 +41,7 @@ func makeJob(t *testing.T, root, id string) string {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	o, err := s.Begin(tmpfs.Key{Shard: tmpfs.DefaultShard}, tmpfs.Spec{Step: 1, Buffers: []tmpfs.BufferSpec{{"w", 10000}}})
+	o, err := s.Begin(tmpfs.Key{Shard: tmpfs.DefaultShard}, tmpfs.Spec{Step: 1, Buffers: []tmpfs.BufferSpec{{Name: "w", Size: 10000}}})
 	if err != nil {
 		t.Fatal(err)
 	}
