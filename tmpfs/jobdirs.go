@@ -21,6 +21,13 @@ type JobDir struct {
 	JobID string
 }
 
+// JobPath is where job's store lives under root for the user uid:
+// <root>/<uid>/<jobid>. Whoever prepares it ahead of the agent (the SPANK
+// plugin, as root) must make both <uid> and <jobid> 0700 and owned by uid.
+func JobPath(root string, uid int, job string) string {
+	return filepath.Join(root, strconv.Itoa(uid), job)
+}
+
 // ListJobDirs lists <root>/<uid>/<jobid> directories, for every uid or
 // only for uid when uid >= 0.
 func ListJobDirs(root string, uid int) ([]JobDir, error) {

@@ -148,8 +148,8 @@ func (s *Store) makeDirs() error {
 			return fmt.Errorf("tmpfs: make store root %s world-writable and sticky: %w", s.opt.Root, err)
 		}
 	}
-	uidDir := filepath.Join(s.opt.Root, strconv.Itoa(s.owner.UID))
-	s.dir = filepath.Join(uidDir, s.opt.JobID)
+	s.dir = JobPath(s.opt.Root, s.owner.UID, s.opt.JobID)
+	uidDir := filepath.Dir(s.dir)
 	for _, d := range []string{uidDir, s.dir} {
 		if err := s.mkdir(d); err != nil {
 			return err
