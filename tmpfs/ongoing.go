@@ -76,6 +76,35 @@ func (s *Store) Begin(k Key, spec Spec) (*Ongoing, error) {
 	return o, nil
 }
 
+// Preallocate creates the arenas that saves of spec will use (one for the
+// ongoing generation and one for the completed one), so their cost (the
+// kernel zeroing and mapping every page) and any ErrNoSpace or
+// ErrOverBudget come at registration, not in the first saves.
+func (s *Store) Preallocate(k Key, spec Spec) error {
+	_, size, err := plan(spec)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ks, err := s.key(k)
+	if err != nil {
+		return err
+	}
+	have := 0
+	for _, sl := range ks.arenas {
+		if sl.want == size {
+			have++
+		}
+	}
+	for ; have < 2; have++ {
+		if _, err := s.newSlot(ks, size); err != nil {
+			return s.saveFailed(k, spec.Step, size, fmt.Errorf("preallocate: %w", err))
+		}
+	}
+	return nil
+}
+
 // takeSlot finds a free arena of the right size, or allocates one.
 func (s *Store) takeSlot(ks *keyState, size int64) (*slot, error) {
 	for _, sl := range ks.arenas {
@@ -93,6 +122,11 @@ func (s *Store) takeSlot(ks *keyState, size int64) (*slot, error) {
 			delete(ks.arenas, name)
 		}
 	}
+	return s.newSlot(ks, size)
+}
+
+// newSlot allocates a new arena for ks.
+func (s *Store) newSlot(ks *keyState, size int64) (*slot, error) {
 	name := arenaName(ks.nextArn)
 	a, err := s.alloc.Create(filepath.Join(ks.dir, name), size, s.owner)
 	if err != nil {

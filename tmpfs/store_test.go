@@ -297,3 +297,26 @@ func TestBadSpecs(t *testing.T) {
 		}
 	}
 }
+
+func TestPreallocate(t *testing.T) {
+	root := mountTmpfs(t, "8m")
+	s := openStore(t, root, nil)
+	k := Key{Shard: DefaultShard}
+	if err := s.Preallocate(k, Spec{Buffers: []BufferSpec{{"params", 3 << 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	if s.Metrics().StoredBytes.Load() != 6<<20 {
+		t.Fatalf("stored %d bytes after preallocating, want two 3 MiB arenas", s.Metrics().StoredBytes.Load())
+	}
+	paths := map[string]bool{}
+	for st := int64(1); st <= 4; st++ {
+		paths[save(t, s, k, st, []BufferSpec{{"params", 3 << 20}}).ArenaPath] = true
+	}
+	if len(paths) != 2 || s.Metrics().StoredBytes.Load() != 6<<20 {
+		t.Fatalf("saves used %d arenas, %d bytes; want the two preallocated", len(paths), s.Metrics().StoredBytes.Load())
+	}
+	// A state that cannot fit fails at registration, not at the first save.
+	if err := s.Preallocate(Key{Rank: 1, Shard: DefaultShard}, Spec{Buffers: []BufferSpec{{"params", 3 << 20}}}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Preallocate on a full store = %v, want ErrNoSpace", err)
+	}
+}
