@@ -310,3 +310,45 @@ func TestHugeTLBFS(t *testing.T) {
 		}
 	}
 }
+
+func TestMapByDescriptorOverSCMRights(t *testing.T) {
+	a := newAlloc(t, Config{})
+	ag, err := a.Create(filepath.Join(t.TempDir(), "arena"), 1<<20, Self())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ag.Remove()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	// The agent sends the arena's descriptor; the rank receives its own.
+	if err := unix.Sendmsg(fds[0], []byte("arena"), unix.UnixRights(int(ag.File().Fd())), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	buf, oob := make([]byte, 16), make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(fds[1], buf, oob, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("control messages %v: %v", msgs, err)
+	}
+	got, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(got) != 1 {
+		t.Fatalf("rights %v: %v", got, err)
+	}
+	rank, err := MapSharedFD(got[0], MapOptions{})
+	unix.Close(got[0]) // MapSharedFD keeps its own duplicate
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rank.Close()
+	copy(rank.Bytes()[4096:], "sent over SCM_RIGHTS")
+	if !bytes.HasPrefix(ag.Bytes()[4096:], []byte("sent over SCM_RIGHTS")) || rank.Size() != ag.Size() {
+		t.Fatal("the rank's mapping from a passed descriptor is not the agent's arena")
+	}
+}

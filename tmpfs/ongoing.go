@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/reft-hpc/reft/hostmem"
@@ -209,12 +210,23 @@ func (o *Ongoing) Buffer(name string) ([]byte, error) {
 // checksums, with the checksum fused into the copy and chunks spread over
 // the store's workers. src must hold exactly the buffers of the Spec.
 func (o *Ongoing) CopyIn(src map[string][]byte) error {
-	if o.done {
-		return fmt.Errorf("tmpfs: step %d is no longer being written (aborted, committed or superseded)", o.m.Step)
-	}
 	if err := matchBuffers(o.m, src); err != nil {
 		return err
 	}
+	// Pin the arena while copying: should a newer Begin discard this
+	// generation meanwhile, it must not hand the same arena out again.
+	o.s.mu.Lock()
+	if o.done {
+		o.s.mu.Unlock()
+		return fmt.Errorf("tmpfs: step %d is no longer being written (aborted, committed or superseded)", o.m.Step)
+	}
+	o.slot.readers++
+	o.s.mu.Unlock()
+	defer func() {
+		o.s.mu.Lock()
+		o.slot.readers--
+		o.s.mu.Unlock()
+	}()
 	type task struct {
 		dst, src []byte
 		crc      *uint32
@@ -288,7 +300,13 @@ type Generation struct {
 }
 
 func (s *Store) view(ks *keyState, g *gen) Generation {
-	return Generation{Key: ks.key, Step: g.m.Step, Seq: g.m.Seq, Bad: g.bad, ArenaPath: filepath.Join(ks.dir, g.m.Arena), Manifest: *g.m}
+	m := *g.m
+	m.Buffers = make([]Buffer, len(g.m.Buffers))
+	for i, b := range g.m.Buffers {
+		b.CRC32C = slices.Clone(b.CRC32C)
+		m.Buffers[i] = b
+	}
+	return Generation{Key: ks.key, Step: g.m.Step, Seq: g.m.Seq, Bad: g.bad, ArenaPath: filepath.Join(ks.dir, g.m.Arena), Manifest: m}
 }
 
 // Commit makes the generation completed: the bytes are in place, the

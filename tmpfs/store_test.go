@@ -320,3 +320,27 @@ func TestPreallocate(t *testing.T) {
 		t.Fatalf("Preallocate on a full store = %v, want ErrNoSpace", err)
 	}
 }
+
+func TestDiscardedWriterKeepsItsArena(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "reft"), nil)
+	k := Key{Shard: DefaultShard}
+	save(t, s, k, 1, testBuffers)
+	o, err := s.Begin(k, Spec{Step: 2, Buffers: testBuffers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Simulate CopyIn still running for step 2 while step 3 begins.
+	s.mu.Lock()
+	o.slot.readers++
+	s.mu.Unlock()
+	o3, err := s.Begin(k, Spec{Step: 3, Buffers: testBuffers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o3.ArenaPath() == o.ArenaPath() {
+		t.Fatal("a new generation got the arena a discarded writer may still be copying into")
+	}
+	if err := o.CopyIn(stateFor(2, testBuffers)); err == nil {
+		t.Fatal("CopyIn into a discarded generation succeeded")
+	}
+}
