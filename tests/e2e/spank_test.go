@@ -72,7 +72,7 @@ func disableReft(t *testing.T) {
 // helloPy runs in every task: it prints the REFT_* environment and the
 // agent's hello reply as one JSON line, or {"reft":false} without reft.
 const helloPy = `import json, os, socket, struct, sys
-env = {k: v for k, v in os.environ.items() if k.startswith("REFT_") and k != "REFT_CLUSTER_DIR"}
+env = {k: v for k, v in os.environ.items() if k.startswith("REFT_") and not k.startswith("REFT_CLUSTER_")}
 out = {"node": os.uname().nodename, "rank": os.environ.get("SLURM_PROCID"), "env": env}
 p = env.get("REFT_AGENT_SOCKET")
 if p:
