@@ -15,7 +15,9 @@ import (
 
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/logging"
+	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/spank/spec"
+	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // MinMemoryBudget is the least snapshot memory an agent starts with.
@@ -43,8 +45,15 @@ type Options struct {
 // ErrAlreadyRunning means another agent holds the job's lock on this node.
 var ErrAlreadyRunning = errors.New("another agent already serves this job on this node")
 
-// StoreDir is the job's snapshot store directory.
-func StoreDir(c config.Config, job string) string { return filepath.Join(c.Store.TmpfsRoot, job) }
+// StoreDir is the job's snapshot store directory (tmpfs.JobPath).
+func StoreDir(c config.Config, uid int, job string) string {
+	return tmpfs.JobPath(c.Store.TmpfsRoot, uid, job)
+}
+
+// UserStoreDir is the user's directory under the store root, which the
+// plugin creates as root and hands to the user (mode 0700); the agent makes
+// the job's directory inside it.
+func UserStoreDir(c config.Config, uid int) string { return filepath.Dir(StoreDir(c, uid, "0")) }
 
 // Run starts the agent and serves until ctx is done, the job's run directory
 // or socket disappears, or a fatal error. A start-up failure is also written
@@ -72,7 +81,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer closer.Close()
 
-	budget, storeDir, err := checkStore(cfg, o.Job)
+	budget, storeDir, err := checkStore(cfg, o.UID, o.Job)
 	if err != nil {
 		logger.Error().Err(err).Msg("agent cannot start")
 		return o.startFailed(jobDir, err)
@@ -92,6 +101,16 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		logger.Error().Err(err).Msg("agent cannot start")
 		return o.startFailed(jobDir, err)
+	}
+	var store *tmpfs.Store
+	if s.Enabled() {
+		if store, err = openStore(cfg, o.Job, budget, logger); err != nil {
+			logger.Error().Err(err).Msg("agent cannot start")
+			srv.Close()
+			return o.startFailed(jobDir, err)
+		}
+		defer store.Close()
+		srv.AttachStore(store)
 	}
 	logger.Info().Str("event", "agent_started").Str("spec", s.String()).Str("socket", sock).
 		Uint64("memory_budget", budget).Str("store_dir", storeDir).Str("started_by", o.StartedBy).
@@ -169,8 +188,31 @@ func takeLock(path string) (*os.File, error) {
 	return f, nil
 }
 
+// openStore opens the job's node-local snapshot store under the memory
+// budget; arenas are pinned when RLIMIT_MEMLOCK allows (hostmem says once
+// when it does not).
+func openStore(cfg config.Config, job string, budget uint64, log zerolog.Logger) (*tmpfs.Store, error) {
+	m := new(hostmem.Metrics)
+	b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: int64(budget)}}, m)
+	if err != nil {
+		return nil, fmt.Errorf("memory budget: %w", err)
+	}
+	alloc, err := hostmem.NewAllocator(hostmem.Config{Budget: b, Log: log, Metrics: m})
+	if err != nil {
+		return nil, err
+	}
+	// Keep one generation besides the newest: ranks commit asynchronously,
+	// so at a failure one rank may hold step k+1 while another has only k,
+	// and k must still be there for the job-wide choice.
+	st, err := tmpfs.Open(tmpfs.Options{Root: cfg.Store.TmpfsRoot, JobID: job, Keep: 1, Alloc: alloc, Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("snapshot store: %w (store.tmpfs_root in reft.toml must be a tmpfs the job's user can use)", err)
+	}
+	return st, nil
+}
+
 // checkStore resolves the memory budget and checks the job's store directory.
-func checkStore(cfg config.Config, job string) (uint64, string, error) {
+func checkStore(cfg config.Config, uid int, job string) (uint64, string, error) {
 	memTotal, err := config.MemTotal()
 	if err != nil {
 		return 0, "", err
@@ -180,12 +222,9 @@ func checkStore(cfg config.Config, job string) (uint64, string, error) {
 		return 0, "", fmt.Errorf("no memory budget: store.memory_budget = %s gives %d bytes, below the minimum of %d (raise it in reft.toml)",
 			cfg.Store.MemoryBudget, budget, MinMemoryBudget)
 	}
-	dir := StoreDir(cfg, job)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return 0, "", fmt.Errorf("snapshot store %s: %w (store.tmpfs_root in reft.toml must be a writable tmpfs)", dir, err)
-	}
+	dir := StoreDir(cfg, uid, job)
 	var fs unix.Statfs_t
-	if err := unix.Statfs(dir, &fs); err != nil {
+	if err := unix.Statfs(cfg.Store.TmpfsRoot, &fs); err != nil {
 		return 0, "", fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	if free := fs.Bavail * uint64(fs.Bsize); free < MinMemoryBudget {

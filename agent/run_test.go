@@ -54,7 +54,7 @@ func newAgentFixture(t *testing.T, extra string) agentFixture {
 	}
 	os.Chmod(filepath.Join(dir, "log"), 0o1777)
 	// What the plugin does as root before starting the agent.
-	for _, d := range []string{filepath.Join(dir, "run", "7"), filepath.Join(dir, "shm", "7")} {
+	for _, d := range []string{filepath.Join(dir, "run", "7"), filepath.Join(dir, "shm", strconv.Itoa(nobody))} {
 		os.Mkdir(d, 0o700)
 		os.Chown(d, nobody, nobody)
 	}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // Info is what the agent says about itself in hello and status replies.
@@ -35,6 +36,7 @@ type Info struct {
 // Server serves the local protocol (docs/PROTOCOL.md) on a Unix socket.
 type Server struct {
 	info  Info
+	store *tmpfs.Store // nil: snapshots disabled
 	log   zerolog.Logger
 	ln    *net.UnixListener
 	path  string
@@ -74,6 +76,10 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 	return &Server{info: info, log: log, ln: ln, path: path, start: time.Now(),
 		conns: map[net.Conn]struct{}{}, connTimeout: 0}, nil
 }
+
+// AttachStore gives the server the job's snapshot store; call it before
+// Serve. Without one, snapshot requests get a `disabled` error.
+func (s *Server) AttachStore(st *tmpfs.Store) { s.store = st }
 
 // Path returns the socket path.
 func (s *Server) Path() string { return s.path }
@@ -167,6 +173,8 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		s.mu.Unlock()
 	}()
 	log.Debug().Msg("client connected")
+	rc := &rankConn{}
+	defer rc.close()
 	for {
 		f, err := proto.Decode(c)
 		if err != nil {
@@ -189,14 +197,14 @@ func (s *Server) serveConn(c *net.UnixConn) {
 			}
 			continue
 		}
-		if err := s.handle(c, f, log); err != nil {
+		if err := s.handle(c, rc, f, log); err != nil {
 			log.Debug().Err(err).Msg("writing a reply failed; closing")
 			return
 		}
 	}
 }
 
-func (s *Server) handle(c net.Conn, f proto.Frame, log zerolog.Logger) error {
+func (s *Server) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
 	switch f.Type {
 	case proto.THello:
 		var h proto.Hello
@@ -211,11 +219,13 @@ func (s *Server) handle(c net.Conn, f proto.Frame, log zerolog.Logger) error {
 			AgentVersion: s.info.Version, Restart: s.info.Restart})
 	case proto.TStatus:
 		return proto.WriteMsg(c, proto.TStatusReply, f.ID, s.Status())
+	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
+		return s.handleSnapshot(c, rc, f, log)
 	}
 	s.badFrames.Add(1)
 	log.Warn().Stringer("type", f.Type).Msg("unknown message type")
 	return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeUnknownType,
-		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows hello (0x01) and status (0x02)", uint8(f.Type))})
+		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows 0x01 to 0x09 (docs/PROTOCOL.md)", uint8(f.Type))})
 }
 
 // Status is the payload of a status reply.

@@ -95,7 +95,7 @@ func newFixture(b *testing.B, size int64) *benchFixture {
 	q := size / 4
 	f.state, f.into = map[string][]byte{}, map[string][]byte{}
 	for i, name := range []string{"params", "grads", "adam.m", "adam.v"} {
-		f.specs = append(f.specs, BufferSpec{name, q})
+		f.specs = append(f.specs, BufferSpec{Name: name, Size: q})
 		f.state[name] = f.src[int64(i)*q : int64(i+1)*q]
 		f.into[name] = f.dst[int64(i)*q : int64(i+1)*q]
 	}

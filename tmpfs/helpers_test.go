@@ -16,7 +16,7 @@ import (
 
 // testBuffers is a small model state: sizes that are not multiples of the
 // chunk size, and an empty buffer, so chunk edges get exercised.
-var testBuffers = []BufferSpec{{"params", 300_000}, {"adam.m", 70_001}, {"empty", 0}, {"step", 8}}
+var testBuffers = []BufferSpec{{Name: "params", Size: 300_000, Replicated: true}, {Name: "adam.m", Size: 70_001}, {Name: "empty", Size: 0}, {Name: "step", Size: 8}}
 
 const testChunk = 64 << 10
 

@@ -60,8 +60,9 @@ func parseArenaName(s string) (int, bool) {
 
 // BufferSpec is one registered buffer.
 type BufferSpec struct {
-	Name string
-	Size int64
+	Name       string
+	Size       int64
+	Replicated bool // identical across the rank's DP group (recorded for redundancy planning)
 }
 
 // Spec describes a generation to be written.
@@ -96,7 +97,7 @@ func plan(spec Spec) ([]Buffer, int64, error) {
 			return nil, 0, fmt.Errorf("tmpfs: buffer %q has negative size %d", b.Name, b.Size)
 		}
 		seen[b.Name] = true
-		out = append(out, Buffer{Name: b.Name, Offset: off, Size: b.Size})
+		out = append(out, Buffer{Name: b.Name, Offset: off, Size: b.Size, Replicated: b.Replicated})
 		off += (b.Size + bufferAlign - 1) / bufferAlign * bufferAlign
 	}
 	if off == 0 {
@@ -107,3 +108,8 @@ func plan(spec Spec) ([]Buffer, int64, error) {
 
 // chunks is how many chunks of size cs a buffer of n bytes has.
 func chunks(n, cs int64) int { return int((n + cs - 1) / cs) }
+
+// Plan is the arena layout every generation of spec uses: each buffer's
+// offset (page-aligned, in the order given) and the arena's size. Clients
+// learn it at registration, before any save.
+func Plan(spec Spec) ([]Buffer, int64, error) { return plan(spec) }

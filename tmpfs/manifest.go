@@ -47,6 +47,8 @@ type Buffer struct {
 	Offset int64    `json:"offset"`
 	Size   int64    `json:"size"`
 	CRC32C []uint32 `json:"crc32c"`
+	// Replicated: the buffer is identical across the rank's DP group.
+	Replicated bool `json:"replicated,omitempty"`
 }
 
 // marker is the COMMITTED file. It pins the manifest by length and

@@ -78,7 +78,8 @@ func (s *Store) Begin(k Key, spec Spec) (*Ongoing, error) {
 }
 
 // Preallocate creates the arenas that saves of spec will use (one for the
-// ongoing generation and one for the completed one), so their cost (the
+// ongoing generation, one for the newest completed one and Options.Keep for
+// older ones), so their cost (the
 // kernel zeroing and mapping every page) and any ErrNoSpace or
 // ErrOverBudget come at registration, not in the first saves.
 func (s *Store) Preallocate(k Key, spec Spec) error {
@@ -98,7 +99,7 @@ func (s *Store) Preallocate(k Key, spec Spec) error {
 			have++
 		}
 	}
-	for ; have < 2; have++ {
+	for ; have < s.opt.Keep+2; have++ {
 		if _, err := s.newSlot(ks, size); err != nil {
 			return s.saveFailed(k, spec.Step, size, fmt.Errorf("preallocate: %w", err))
 		}

@@ -165,3 +165,46 @@ func (s *Store) markBad(ks *keyState, g *gen, cerr *ChecksumError) {
 	s.log.Error().Str("event", "checksum_mismatch").Int("rank", ks.key.Rank).Str("shard", ks.key.Shard).Int64("step", g.m.Step).
 		Int("bad_chunks", len(cerr.Chunks)).Str("dir", filepath.Base(g.dir)).Msg(cerr.Error())
 }
+
+// Verify pins generation g and checks every chunk against its recorded
+// checksum, spread over the store's workers, for readers that copy out of
+// the arena themselves (a rank's client). On success the caller reads
+// through the returned Reader and closes it. On a mismatch the generation
+// is marked bad and a *ChecksumError returned.
+func (s *Store) Verify(g Generation) (*Reader, error) {
+	r, err := s.Open(g)
+	if err != nil {
+		return nil, err
+	}
+	m := r.g.m
+	type task struct {
+		buf   *Buffer
+		chunk int
+		data  []byte
+	}
+	var tasks []task
+	for i := range m.Buffers {
+		b := &m.Buffers[i]
+		for c := range b.CRC32C {
+			lo, hi := int64(c)*m.ChunkSize, min(int64(c+1)*m.ChunkSize, b.Size)
+			tasks = append(tasks, task{b, c, r.data[b.Offset+lo : b.Offset+hi]})
+		}
+	}
+	got := make([]uint32, len(tasks))
+	parallel(len(tasks), s.opt.Workers, func(i int) { got[i] = CRC(tasks[i].data) })
+	var bad []BadChunk
+	for i, t := range tasks {
+		if want := t.buf.CRC32C[t.chunk]; got[i] != want {
+			bad = append(bad, BadChunk{Buffer: t.buf.Name, Index: t.chunk, Offset: int64(t.chunk) * m.ChunkSize,
+				Length: int64(len(t.data)), Want: want, Got: got[i]})
+		}
+	}
+	s.metrics.Restores.Add(1)
+	if len(bad) == 0 {
+		return r, nil
+	}
+	cerr := &ChecksumError{Key: g.Key, Step: g.Step, Seq: g.Seq, Chunks: bad}
+	s.markBad(r.ks, r.g, cerr)
+	r.Close()
+	return nil, cerr
+}

@@ -32,7 +32,7 @@ func fillUp(t *testing.T, dir string) {
 }
 
 func TestSaveFailsCleanlyWhenFull(t *testing.T) {
-	big := []BufferSpec{{"params", 5 << 20}}
+	big := []BufferSpec{{Name: "params", Size: 5 << 20}}
 	tests := []struct {
 		name    string
 		fsSize  string
@@ -119,13 +119,13 @@ func TestTrainingGoesOnAfterAFullStore(t *testing.T) {
 	root := mountTmpfs(t, "8m")
 	s := openStore(t, root, nil)
 	k := Key{Shard: DefaultShard}
-	big := []BufferSpec{{"params", 5 << 20}}
+	big := []BufferSpec{{Name: "params", Size: 5 << 20}}
 	save(t, s, k, 1, big)
 	if _, err := s.Begin(k, Spec{Step: 2, Buffers: big}); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("Begin = %v", err)
 	}
 	// The next save of a state that fits succeeds and releases step 1.
-	small := []BufferSpec{{"params", 2 << 20}}
+	small := []BufferSpec{{Name: "params", Size: 2 << 20}}
 	save(t, s, k, 3, small)
 	got := emptyState(small)
 	if g, err := s.Restore(k, got); err != nil || g.Step != 3 {

@@ -125,6 +125,9 @@ func Open(opt Options) (*Store, error) {
 // Dir is the job's directory, <root>/<uid>/<jobid>.
 func (s *Store) Dir() string { return s.dir }
 
+// ChunkSize is the store's default checksum chunk.
+func (s *Store) ChunkSize() int64 { return s.opt.ChunkSize }
+
 // Metrics returns the store's counters.
 func (s *Store) Metrics() *Metrics { return &s.metrics }
 

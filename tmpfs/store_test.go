@@ -284,12 +284,12 @@ func TestBadSpecs(t *testing.T) {
 		spec Spec
 	}{
 		"no buffers":     {Key{Shard: "state"}, Spec{Step: 1}},
-		"duplicate name": {Key{Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{"a", 1}, {"a", 2}}}},
-		"negative size":  {Key{Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{"a", -1}}}},
-		"negative step":  {Key{Shard: "state"}, Spec{Step: -1, Buffers: []BufferSpec{{"a", 1}}}},
-		"shard path":     {Key{Shard: "../x"}, Spec{Step: 1, Buffers: []BufferSpec{{"a", 1}}}},
-		"negative rank":  {Key{Rank: -1, Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{"a", 1}}}},
-		"tiny chunks":    {Key{Shard: "state"}, Spec{Step: 1, ChunkSize: 100, Buffers: []BufferSpec{{"a", 1}}}},
+		"duplicate name": {Key{Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{Name: "a", Size: 1}, {Name: "a", Size: 2}}}},
+		"negative size":  {Key{Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{Name: "a", Size: -1}}}},
+		"negative step":  {Key{Shard: "state"}, Spec{Step: -1, Buffers: []BufferSpec{{Name: "a", Size: 1}}}},
+		"shard path":     {Key{Shard: "../x"}, Spec{Step: 1, Buffers: []BufferSpec{{Name: "a", Size: 1}}}},
+		"negative rank":  {Key{Rank: -1, Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{Name: "a", Size: 1}}}},
+		"tiny chunks":    {Key{Shard: "state"}, Spec{Step: 1, ChunkSize: 100, Buffers: []BufferSpec{{Name: "a", Size: 1}}}},
 	}
 	for name, tc := range tests {
 		if _, err := s.Begin(tc.k, tc.spec); err == nil {
@@ -302,7 +302,7 @@ func TestPreallocate(t *testing.T) {
 	root := mountTmpfs(t, "8m")
 	s := openStore(t, root, nil)
 	k := Key{Shard: DefaultShard}
-	if err := s.Preallocate(k, Spec{Buffers: []BufferSpec{{"params", 3 << 20}}}); err != nil {
+	if err := s.Preallocate(k, Spec{Buffers: []BufferSpec{{Name: "params", Size: 3 << 20}}}); err != nil {
 		t.Fatal(err)
 	}
 	if s.Metrics().StoredBytes.Load() != 6<<20 {
@@ -310,13 +310,13 @@ func TestPreallocate(t *testing.T) {
 	}
 	paths := map[string]bool{}
 	for st := int64(1); st <= 4; st++ {
-		paths[save(t, s, k, st, []BufferSpec{{"params", 3 << 20}}).ArenaPath] = true
+		paths[save(t, s, k, st, []BufferSpec{{Name: "params", Size: 3 << 20}}).ArenaPath] = true
 	}
 	if len(paths) != 2 || s.Metrics().StoredBytes.Load() != 6<<20 {
 		t.Fatalf("saves used %d arenas, %d bytes; want the two preallocated", len(paths), s.Metrics().StoredBytes.Load())
 	}
 	// A state that cannot fit fails at registration, not at the first save.
-	if err := s.Preallocate(Key{Rank: 1, Shard: DefaultShard}, Spec{Buffers: []BufferSpec{{"params", 3 << 20}}}); !errors.Is(err, ErrNoSpace) {
+	if err := s.Preallocate(Key{Rank: 1, Shard: DefaultShard}, Spec{Buffers: []BufferSpec{{Name: "params", Size: 3 << 20}}}); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("Preallocate on a full store = %v, want ErrNoSpace", err)
 	}
 }

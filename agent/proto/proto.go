@@ -38,24 +38,33 @@ type Type uint8
 const (
 	THello       Type = 0x01
 	TStatus      Type = 0x02
+	TRegister    Type = 0x03
+	TSave        Type = 0x04
+	TCommit      Type = 0x05
+	TAbort       Type = 0x06
+	TGenerations Type = 0x07
+	TRestore     Type = 0x08
+	TRelease     Type = 0x09
 	ReplyBit     Type = 0x80
 	THelloReply       = THello | ReplyBit
 	TStatusReply      = TStatus | ReplyBit
 	TError       Type = 0xFF
 )
 
+var typeNames = map[Type]string{
+	THello: "hello", TStatus: "status", TRegister: "register", TSave: "save", TCommit: "commit",
+	TAbort: "abort", TGenerations: "generations", TRestore: "restore", TRelease: "release",
+}
+
 func (t Type) String() string {
-	switch t {
-	case THello:
-		return "hello"
-	case TStatus:
-		return "status"
-	case THelloReply:
-		return "hello-reply"
-	case TStatusReply:
-		return "status-reply"
-	case TError:
+	if t == TError {
 		return "error"
+	}
+	if n, ok := typeNames[t&^ReplyBit]; ok {
+		if t&ReplyBit != 0 {
+			return n + "-reply"
+		}
+		return n
 	}
 	return fmt.Sprintf("type-0x%02x", uint8(t))
 }
@@ -222,7 +231,83 @@ const (
 	CodeUnknownType = "unknown_type"
 	CodeForbidden   = "forbidden"
 	CodeInternal    = "internal"
+	CodeInvalid     = "invalid"
+	CodeBadState    = "bad_state"
+	CodeNoSpace     = "no_space"
+	CodeNotFound    = "not_found"
+	CodeMismatch    = "mismatch"
+	CodeCorrupt     = "corrupt"
+	CodeDisabled    = "disabled"
 )
+
+// BufferSpec is one buffer in a register request.
+type BufferSpec struct {
+	Name       string `json:"name"`
+	Size       int64  `json:"size"`
+	Replicated bool   `json:"replicated"`
+}
+
+// Register is the payload of a register request.
+type Register struct {
+	Rank      int          `json:"rank"`
+	World     int          `json:"world"`
+	LocalRank int          `json:"local_rank"`
+	Layout    string       `json:"layout"`
+	ChunkSize int64        `json:"chunk_size"`
+	Buffers   []BufferSpec `json:"buffers"`
+}
+
+// BufferPlace is where a buffer lives in every generation's arena.
+type BufferPlace struct {
+	Name       string `json:"name"`
+	Offset     int64  `json:"offset"`
+	Size       int64  `json:"size"`
+	Replicated bool   `json:"replicated"`
+}
+
+// RegisterReply is the payload of a register reply.
+type RegisterReply struct {
+	Rank      int           `json:"rank"`
+	ChunkSize int64         `json:"chunk_size"`
+	ArenaSize int64         `json:"arena_size"`
+	Buffers   []BufferPlace `json:"buffers"`
+}
+
+// StepReq is the payload of save, commit, abort, restore and release
+// requests, and of abort and release replies.
+type StepReq struct {
+	Step int64 `json:"step"`
+}
+
+// ArenaReply is the payload of save and restore replies.
+type ArenaReply struct {
+	Step      int64         `json:"step"`
+	Seq       uint64        `json:"seq,omitempty"`
+	Arena     string        `json:"arena"`
+	ArenaSize int64         `json:"arena_size"`
+	Buffers   []BufferPlace `json:"buffers"`
+}
+
+// CommitReply is the payload of a commit reply.
+type CommitReply struct {
+	Step      int64   `json:"step"`
+	Seq       uint64  `json:"seq"`
+	Bytes     int64   `json:"bytes"`
+	ChecksumS float64 `json:"checksum_s"`
+}
+
+// GenInfo is one committed generation in a generations reply.
+type GenInfo struct {
+	Step  int64  `json:"step"`
+	Seq   uint64 `json:"seq"`
+	Bytes int64  `json:"bytes"`
+}
+
+// GenerationsReply is the payload of a generations reply.
+type GenerationsReply struct {
+	Rank        int       `json:"rank"`
+	Generations []GenInfo `json:"generations"`
+}
 
 // Error is the payload of an error reply.
 type Error struct {
@@ -256,6 +341,9 @@ func Call(rw io.ReadWriter, t Type, id uint32, req, resp any) error {
 		}
 		return e
 	case t | ReplyBit:
+		if resp == nil {
+			return nil
+		}
 		return f.Unmarshal(resp)
 	}
 	return fmt.Errorf("reply of type %s to a %s request", f.Type, t)

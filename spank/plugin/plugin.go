@@ -154,7 +154,7 @@ func plan(cfgPath string, cfg config.Config, specStr, job string, uid uint32, no
 		cfg.Agent.RunDir,
 		agent.JobRunDir(cfg.Agent.RunDir, job),
 		cfg.Store.TmpfsRoot,
-		agent.StoreDir(cfg, job),
+		agent.UserStoreDir(cfg, int(uid)),
 		cfg.Agent.Binary,
 		"--config", cfgPath, "--job", job, "--node", node, "--spec", specStr,
 		"--uid", strconv.FormatUint(uint64(uid), 10), "--restart", strconv.Itoa(restart),

@@ -1,0 +1,290 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/tmpfs"
+)
+
+// maxChunkSize bounds a client's checksum chunk: a corrupt chunk is
+// refetched whole, so chunks stay small.
+const maxChunkSize = 256 << 20
+
+// rankConn is the snapshot state of one client connection: one rank
+// (docs/PROTOCOL.md, "Snapshots").
+type rankConn struct {
+	registered bool
+	key        tmpfs.Key
+	spec       tmpfs.Spec
+	places     []proto.BufferPlace
+	arenaSize  int64
+	open       *tmpfs.Ongoing
+	restored   map[int64]*tmpfs.Reader
+}
+
+// close aborts the connection's unfinished save and drops its restore pins.
+func (rc *rankConn) close() {
+	if rc.open != nil {
+		rc.open.Abort() // a no-op when a newer save already discarded it
+		rc.open = nil
+	}
+	for step, r := range rc.restored {
+		r.Close()
+		delete(rc.restored, step)
+	}
+}
+
+// replyErr sends an error reply with code and a one-line message.
+func replyErr(c net.Conn, id uint32, code, format string, args ...any) error {
+	return proto.WriteMsg(c, proto.TError, id, proto.Error{Code: code, Message: fmt.Sprintf(format, args...)})
+}
+
+// storeErr maps a store failure to the protocol's error code.
+func storeErr(err error) string {
+	var cerr *tmpfs.ChecksumError
+	switch {
+	case errors.As(err, &cerr), errors.Is(err, tmpfs.ErrCorrupt):
+		return proto.CodeCorrupt
+	case errors.Is(err, tmpfs.ErrNoSpace), errors.Is(err, tmpfs.ErrOverBudget):
+		return proto.CodeNoSpace
+	case errors.Is(err, tmpfs.ErrNoGeneration):
+		return proto.CodeNotFound
+	}
+	return proto.CodeInternal
+}
+
+func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
+	if s.store == nil {
+		return replyErr(c, f.ID, proto.CodeDisabled,
+			"job %s has no snapshot store on %s (SPEC %q): snapshots are disabled for this job", s.info.Job, s.info.Node, s.info.Spec)
+	}
+	if f.Type != proto.TRegister && !rc.registered {
+		return replyErr(c, f.ID, proto.CodeBadState, "%s before register: register the rank's buffers first", f.Type)
+	}
+	switch f.Type {
+	case proto.TRegister:
+		var req proto.Register
+		if err := f.Unmarshal(&req); err != nil {
+			return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
+		}
+		return s.register(c, rc, f.ID, req, log)
+	case proto.TGenerations:
+		out := proto.GenerationsReply{Rank: rc.key.Rank, Generations: []proto.GenInfo{}}
+		for _, g := range s.store.Generations(rc.key) {
+			if !g.Bad {
+				out.Generations = append(out.Generations, proto.GenInfo{Step: g.Step, Seq: g.Seq, Bytes: payloadBytes(g.Manifest.Buffers)})
+			}
+		}
+		return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, out)
+	}
+	req := proto.StepReq{Step: -1}
+	if err := f.Unmarshal(&req); err != nil {
+		return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
+	}
+	switch f.Type {
+	case proto.TSave:
+		return s.save(c, rc, f.ID, req.Step, log)
+	case proto.TCommit:
+		return s.commit(c, rc, f.ID, req.Step, log)
+	case proto.TAbort:
+		if rc.open == nil || rc.open.Step() != req.Step {
+			return replyErr(c, f.ID, proto.CodeBadState, "abort of step %d: no save of that step is open on this connection", req.Step)
+		}
+		rc.open.Abort()
+		rc.open = nil
+		log.Info().Str("event", "save_aborted").Int("rank", rc.key.Rank).Int64("step", req.Step).Msg("the client aborted a save")
+		return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, req)
+	case proto.TRestore:
+		return s.restore(c, rc, f.ID, req.Step, log)
+	case proto.TRelease:
+		r, ok := rc.restored[req.Step]
+		if !ok {
+			return replyErr(c, f.ID, proto.CodeBadState, "release of step %d: it was not restored on this connection", req.Step)
+		}
+		r.Close()
+		delete(rc.restored, req.Step)
+		return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, req)
+	}
+	return replyErr(c, f.ID, proto.CodeUnknownType, "unknown message type %s", f.Type)
+}
+
+func payloadBytes(bufs []tmpfs.Buffer) int64 {
+	var n int64
+	for _, b := range bufs {
+		n += b.Size
+	}
+	return n
+}
+
+func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Register, log zerolog.Logger) error {
+	if rc.registered {
+		return replyErr(c, id, proto.CodeBadState, "register: this connection already registered rank %d; a rank registers once", rc.key.Rank)
+	}
+	switch {
+	case req.World < 1:
+		return replyErr(c, id, proto.CodeInvalid, "register: world = %d must be at least 1", req.World)
+	case req.Rank < 0 || req.Rank >= req.World:
+		return replyErr(c, id, proto.CodeInvalid, "register: rank = %d must be in [0, world = %d)", req.Rank, req.World)
+	case len(req.Buffers) == 0:
+		return replyErr(c, id, proto.CodeInvalid, "register: buffers is empty; register at least one buffer")
+	case req.ChunkSize != 0 && (req.ChunkSize < 4096 || req.ChunkSize > maxChunkSize):
+		return replyErr(c, id, proto.CodeInvalid, "register: chunk_size = %d must be 0 (the agent's) or from 4096 to %d", req.ChunkSize, maxChunkSize)
+	}
+	spec := tmpfs.Spec{Layout: req.Layout, ChunkSize: req.ChunkSize}
+	for _, b := range req.Buffers {
+		spec.Buffers = append(spec.Buffers, tmpfs.BufferSpec{Name: b.Name, Size: b.Size, Replicated: b.Replicated})
+	}
+	bufs, size, err := tmpfs.Plan(spec)
+	if err != nil {
+		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
+	}
+	key := tmpfs.Key{Rank: req.Rank, Shard: tmpfs.DefaultShard}
+	if err := s.store.Preallocate(key, spec); err != nil {
+		log.Error().Err(err).Int("rank", req.Rank).Int64("arena_size", size).Msg("register: arena allocation failed")
+		return replyErr(c, id, storeErr(err), "register rank %d (%d bytes per generation): %v", req.Rank, size, err)
+	}
+	rc.registered, rc.key, rc.spec, rc.arenaSize = true, key, spec, size
+	rc.places = make([]proto.BufferPlace, len(bufs))
+	for i, b := range bufs {
+		rc.places[i] = proto.BufferPlace{Name: b.Name, Offset: b.Offset, Size: b.Size, Replicated: b.Replicated}
+	}
+	cs := req.ChunkSize
+	if cs == 0 {
+		cs = s.store.ChunkSize()
+	}
+	log.Info().Str("event", "rank_registered").Int("rank", req.Rank).Int("world", req.World).Int("local_rank", req.LocalRank).
+		Str("layout", req.Layout).Int("buffers", len(bufs)).Int64("bytes", payloadBytes(bufs)).Int64("arena_size", size).Msg("rank registered")
+	return proto.WriteMsg(c, proto.TRegister|proto.ReplyBit, id, proto.RegisterReply{
+		Rank: req.Rank, ChunkSize: cs, ArenaSize: size, Buffers: rc.places})
+}
+
+func (s *Server) save(c net.Conn, rc *rankConn, id uint32, step int64, log zerolog.Logger) error {
+	if step < 0 {
+		return replyErr(c, id, proto.CodeInvalid, "save: step = %d must not be negative", step)
+	}
+	if rc.open != nil {
+		return replyErr(c, id, proto.CodeBadState, "save of step %d: the save of step %d is still open; commit or abort it first", step, rc.open.Step())
+	}
+	spec := rc.spec
+	spec.Step = step
+	o, err := s.store.Begin(rc.key, spec)
+	if err != nil {
+		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("save failed")
+		return replyErr(c, id, storeErr(err), "save of rank %d step %d: %v", rc.key.Rank, step, err)
+	}
+	rc.open = o
+	return proto.WriteMsg(c, proto.TSave|proto.ReplyBit, id, proto.ArenaReply{
+		Step: step, Arena: o.ArenaPath(), ArenaSize: o.Arena().Size(), Buffers: rc.places})
+}
+
+func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, step int64, log zerolog.Logger) error {
+	if rc.open == nil || rc.open.Step() != step {
+		return replyErr(c, id, proto.CodeBadState, "commit of step %d: no save of that step is open on this connection", step)
+	}
+	o := rc.open
+	rc.open = nil
+	t0 := time.Now()
+	for _, b := range rc.places {
+		if err := o.ComputeChecksums(b.Name); err != nil {
+			o.Abort()
+			return replyErr(c, id, proto.CodeInternal, "commit of step %d: checksum of %q: %v", step, b.Name, err)
+		}
+	}
+	crcTime := time.Since(t0)
+	g, err := o.Commit()
+	if err != nil {
+		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("commit failed")
+		code := storeErr(err)
+		if code == proto.CodeInternal {
+			code = proto.CodeBadState // superseded by a newer save of the same rank
+		}
+		return replyErr(c, id, code, "commit of rank %d step %d: %v", rc.key.Rank, step, err)
+	}
+	n := payloadBytes(g.Manifest.Buffers)
+	log.Debug().Str("event", "committed").Int("rank", rc.key.Rank).Int64("step", step).Uint64("seq", g.Seq).
+		Int64("bytes", n).Dur("checksum", crcTime).Msg("generation committed")
+	return proto.WriteMsg(c, proto.TCommit|proto.ReplyBit, id, proto.CommitReply{
+		Step: step, Seq: g.Seq, Bytes: n, ChecksumS: crcTime.Seconds()})
+}
+
+func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log zerolog.Logger) error {
+	var (
+		g     tmpfs.Generation
+		found bool
+		have  []int64
+	)
+	for _, h := range s.store.Generations(rc.key) { // newest first
+		if h.Bad {
+			continue
+		}
+		have = append(have, h.Step)
+		if !found && (step < 0 || h.Step == step) {
+			g, found = h, true
+		}
+	}
+	if !found {
+		if step < 0 {
+			return replyErr(c, id, proto.CodeNotFound, "restore: rank %d has no committed generation on %s", rc.key.Rank, s.info.Node)
+		}
+		return replyErr(c, id, proto.CodeNotFound, "restore of step %d: rank %d has no committed generation of that step on %s (it has steps %v)",
+			step, rc.key.Rank, s.info.Node, have)
+	}
+	if err := sameBuffers(g.Manifest.Buffers, rc.places); err != nil {
+		return replyErr(c, id, proto.CodeMismatch, "restore of step %d: %v", g.Step, err)
+	}
+	t0 := time.Now()
+	r, err := s.store.Verify(g)
+	if err != nil {
+		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", g.Step).Msg("restore refused")
+		return replyErr(c, id, storeErr(err), "restore of rank %d step %d: %v", rc.key.Rank, g.Step, err)
+	}
+	if old := rc.restored[g.Step]; old != nil {
+		old.Close()
+	}
+	if rc.restored == nil {
+		rc.restored = map[int64]*tmpfs.Reader{}
+	}
+	rc.restored[g.Step] = r
+	log.Info().Str("event", "restore_local").Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
+		Int64("bytes", payloadBytes(g.Manifest.Buffers)).Dur("verify", time.Since(t0)).Msg("serving a local restore")
+	return proto.WriteMsg(c, proto.TRestore|proto.ReplyBit, id, proto.ArenaReply{
+		Step: g.Step, Seq: g.Seq, Arena: g.ArenaPath, ArenaSize: g.Manifest.ArenaSize, Buffers: rc.places})
+}
+
+// sameBuffers checks that a generation holds exactly the registered buffers
+// at the registered places.
+func sameBuffers(have []tmpfs.Buffer, want []proto.BufferPlace) error {
+	if len(have) != len(want) {
+		names := func(n int, f func(int) string) []string {
+			out := make([]string, n)
+			for i := range out {
+				out[i] = f(i)
+			}
+			return out
+		}
+		return fmt.Errorf("the generation has buffers %v, this rank registered %v: register the same buffers as when it was saved",
+			names(len(have), func(i int) string { return have[i].Name }), names(len(want), func(i int) string { return want[i].Name }))
+	}
+	for i, w := range want {
+		h := have[i]
+		if h.Name != w.Name || h.Size != w.Size || h.Offset != w.Offset {
+			j := slices.IndexFunc(have, func(b tmpfs.Buffer) bool { return b.Name == w.Name })
+			if j < 0 {
+				return fmt.Errorf("the generation has no buffer %q: register the same buffers as when it was saved", w.Name)
+			}
+			if have[j].Size == w.Size {
+				return fmt.Errorf("buffer %q: registered in another order than when the generation was saved; register in the same order", w.Name)
+			}
+			return fmt.Errorf("buffer %q: the generation has %d bytes, this rank registered %d; the model or optimizer changed since the snapshot",
+				w.Name, have[j].Size, w.Size)
+		}
+	}
+	return nil
+}

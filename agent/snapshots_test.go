@@ -1,0 +1,310 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/hostmem"
+	"github.com/reft-hpc/reft/tmpfs"
+)
+
+// storeServer runs a server with a snapshot store under a temp root.
+// budget 0: no cap.
+func storeServer(t *testing.T, root string, budget int64) string {
+	t.Helper()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	s, err := Listen(sock, Info{Job: "42", Node: "n1", Spec: "arc", Version: "test", UID: os.Getuid()}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := hostmem.Config{NoPin: true}
+	if budget > 0 {
+		b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: budget}, Headroom: 1}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Budget = b
+	}
+	alloc, err := hostmem.NewAllocator(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := tmpfs.Open(tmpfs.Options{Root: root, JobID: "42", Keep: 1, Alloc: alloc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.AttachStore(st)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		st.Close()
+	})
+	return sock
+}
+
+type client struct {
+	t  *testing.T
+	c  net.Conn
+	id uint32
+}
+
+func newClient(t *testing.T, sock string) *client { return &client{t: t, c: dial(t, sock)} }
+
+// call sends a request and returns the reply's error code ("" on success).
+func (c *client) call(typ proto.Type, req, resp any) string {
+	c.t.Helper()
+	c.id++
+	err := proto.Call(c.c, typ, c.id, req, resp)
+	var perr *proto.Error
+	if errors.As(err, &perr) {
+		return perr.Code
+	}
+	if err != nil {
+		c.t.Fatalf("%s: %v", typ, err)
+	}
+	return ""
+}
+
+func (c *client) must(typ proto.Type, req, resp any) {
+	c.t.Helper()
+	if code := c.call(typ, req, resp); code != "" {
+		c.t.Fatalf("%s: error %s", typ, code)
+	}
+}
+
+func regReq(rank int, bufs ...proto.BufferSpec) proto.Register {
+	return proto.Register{Rank: rank, World: 4, Layout: "dp=4", ChunkSize: 4096, Buffers: bufs}
+}
+
+var twoBufs = []proto.BufferSpec{{Name: "params", Size: 10_000, Replicated: true}, {Name: "adam", Size: 5_000}}
+
+func mapArena(t *testing.T, path string, size int64, prot int) []byte {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := unix.Mmap(int(f.Fd()), 0, int(size), prot, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(m) })
+	return m
+}
+
+// saveFilled saves one generation whose buffer bytes are all fill.
+func (c *client) saveFilled(step int64, fill byte) proto.CommitReply {
+	c.t.Helper()
+	var ar proto.ArenaReply
+	c.must(proto.TSave, proto.StepReq{Step: step}, &ar)
+	m := mapArena(c.t, ar.Arena, ar.ArenaSize, unix.PROT_READ|unix.PROT_WRITE)
+	for _, b := range ar.Buffers {
+		copy(m[b.Offset:b.Offset+b.Size], bytes.Repeat([]byte{fill}, int(b.Size)))
+	}
+	var cr proto.CommitReply
+	c.must(proto.TCommit, proto.StepReq{Step: step}, &cr)
+	return cr
+}
+
+func (c *client) steps() []int64 {
+	c.t.Helper()
+	var g proto.GenerationsReply
+	c.must(proto.TGenerations, nil, &g)
+	out := []int64{}
+	for _, x := range g.Generations {
+		out = append(out, x.Step)
+	}
+	return out
+}
+
+func TestSnapshotSaveRestore(t *testing.T) {
+	root := t.TempDir()
+	sock := storeServer(t, root, 0)
+	c := newClient(t, sock)
+	var rr proto.RegisterReply
+	c.must(proto.TRegister, regReq(2, twoBufs...), &rr)
+	if rr.Rank != 2 || rr.ChunkSize != 4096 || len(rr.Buffers) != 2 || rr.Buffers[1].Offset%int64(os.Getpagesize()) != 0 ||
+		!rr.Buffers[0].Replicated || rr.Buffers[1].Replicated {
+		t.Fatalf("register reply %+v", rr)
+	}
+	if got := c.steps(); len(got) != 0 {
+		t.Fatalf("generations before any save: %v", got)
+	}
+	cr := c.saveFilled(7, 0xAB)
+	if cr.Step != 7 || cr.Bytes != 15_000 {
+		t.Fatalf("commit reply %+v", cr)
+	}
+	c.saveFilled(8, 0xCD)
+	if got := c.steps(); !slices.Equal(got, []int64{8, 7}) {
+		t.Fatalf("generations %v, want [8 7]", got)
+	}
+	for _, tc := range []struct {
+		step int64
+		want byte
+	}{{-1, 0xCD}, {7, 0xAB}, {8, 0xCD}} {
+		var ar proto.ArenaReply
+		c.must(proto.TRestore, proto.StepReq{Step: tc.step}, &ar)
+		m := mapArena(t, ar.Arena, ar.ArenaSize, unix.PROT_READ)
+		for _, b := range ar.Buffers {
+			if !bytes.Equal(m[b.Offset:b.Offset+b.Size], bytes.Repeat([]byte{tc.want}, int(b.Size))) {
+				t.Fatalf("restore %d: buffer %s differs", tc.step, b.Name)
+			}
+		}
+		c.must(proto.TRelease, proto.StepReq{Step: ar.Step}, nil)
+	}
+	// The manifest records the buffers' kinds for redundancy planning.
+	gens, _ := filepath.Glob(filepath.Join(tmpfs.JobPath(root, os.Getuid(), "42"), "r2", "state", "g8-*", "MANIFEST"))
+	if len(gens) != 1 {
+		t.Fatalf("manifests of step 8: %v", gens)
+	}
+	raw, _ := os.ReadFile(gens[0])
+	var man tmpfs.Manifest
+	if err := json.Unmarshal(raw, &man); err != nil || !man.Buffers[0].Replicated || man.Layout != "dp=4" {
+		t.Fatalf("manifest %s: %+v %v", raw, man, err)
+	}
+}
+
+func TestSnapshotErrors(t *testing.T) {
+	root := t.TempDir()
+	sock := storeServer(t, root, 0)
+	// A generation of rank 1 to restore against.
+	seed := newClient(t, sock)
+	seed.must(proto.TRegister, regReq(1, twoBufs...), nil)
+	seed.saveFilled(3, 1)
+
+	type step struct {
+		typ  proto.Type
+		req  any
+		code string
+	}
+	reg := func(r proto.Register) step { return step{proto.TRegister, r, ""} }
+	ok := reg(regReq(0, twoBufs...))
+	for name, steps := range map[string][]step{
+		"save before register":        {{proto.TSave, proto.StepReq{Step: 1}, proto.CodeBadState}},
+		"generations before register": {{proto.TGenerations, nil, proto.CodeBadState}},
+		"register twice":              {ok, {proto.TRegister, regReq(0, twoBufs...), proto.CodeBadState}},
+		"world 0":                     {{proto.TRegister, proto.Register{Rank: 0, World: 0, Buffers: twoBufs}, proto.CodeInvalid}},
+		"rank beyond world":           {{proto.TRegister, proto.Register{Rank: 4, World: 4, Buffers: twoBufs}, proto.CodeInvalid}},
+		"no buffers":                  {{proto.TRegister, regReq(0), proto.CodeInvalid}},
+		"duplicate buffer": {{proto.TRegister, regReq(0, proto.BufferSpec{Name: "a", Size: 1}, proto.BufferSpec{Name: "a", Size: 2}),
+			proto.CodeInvalid}},
+		"negative size":  {{proto.TRegister, regReq(0, proto.BufferSpec{Name: "a", Size: -1}), proto.CodeInvalid}},
+		"tiny chunks":    {{proto.TRegister, proto.Register{World: 1, ChunkSize: 100, Buffers: twoBufs}, proto.CodeInvalid}},
+		"negative step":  {ok, {proto.TSave, proto.StepReq{Step: -5}, proto.CodeInvalid}},
+		"commit no save": {ok, {proto.TCommit, proto.StepReq{Step: 1}, proto.CodeBadState}},
+		"commit other step": {ok, {proto.TSave, proto.StepReq{Step: 1}, ""},
+			{proto.TCommit, proto.StepReq{Step: 2}, proto.CodeBadState}},
+		"two saves open": {ok, {proto.TSave, proto.StepReq{Step: 1}, ""}, {proto.TSave, proto.StepReq{Step: 2}, proto.CodeBadState}},
+		"abort no save":  {ok, {proto.TAbort, proto.StepReq{Step: 1}, proto.CodeBadState}},
+		"abort then commit": {ok, {proto.TSave, proto.StepReq{Step: 1}, ""}, {proto.TAbort, proto.StepReq{Step: 1}, ""},
+			{proto.TCommit, proto.StepReq{Step: 1}, proto.CodeBadState}},
+		"restore nothing":       {ok, {proto.TRestore, proto.StepReq{Step: -1}, proto.CodeNotFound}},
+		"restore unknown step":  {reg(regReq(1, twoBufs...)), {proto.TRestore, proto.StepReq{Step: 4}, proto.CodeNotFound}},
+		"restore other sizes":   {reg(regReq(1, proto.BufferSpec{Name: "params", Size: 10_001}, twoBufs[1])), {proto.TRestore, proto.StepReq{Step: 3}, proto.CodeMismatch}},
+		"restore other buffers": {reg(regReq(1, twoBufs[0])), {proto.TRestore, proto.StepReq{Step: 3}, proto.CodeMismatch}},
+		"restore other order":   {reg(regReq(1, twoBufs[1], twoBufs[0])), {proto.TRestore, proto.StepReq{Step: 3}, proto.CodeMismatch}},
+		"release unrestored":    {reg(regReq(1, twoBufs...)), {proto.TRelease, proto.StepReq{Step: 3}, proto.CodeBadState}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := newClient(t, sock)
+			for i, s := range steps {
+				if got := c.call(s.typ, s.req, nil); got != s.code {
+					t.Fatalf("request %d (%s): code %q, want %q", i, s.typ, got, s.code)
+				}
+			}
+			// The connection still serves after an error.
+			c.must(proto.TStatus, nil, nil)
+		})
+	}
+}
+
+func TestSnapshotDisconnectAbortsOpenSave(t *testing.T) {
+	sock := storeServer(t, t.TempDir(), 0)
+	c := newClient(t, sock)
+	c.must(proto.TRegister, regReq(0, twoBufs...), nil)
+	c.saveFilled(1, 1)
+	c.must(proto.TSave, proto.StepReq{Step: 2}, nil)
+	c.c.Close() // the rank dies mid-copy
+
+	// Its restarted incarnation sees only the committed generation, and
+	// can save again (the open save did not leak its arena).
+	d := newClient(t, sock)
+	d.must(proto.TRegister, regReq(0, twoBufs...), nil)
+	for i := int64(2); i < 6; i++ {
+		d.saveFilled(i, byte(i))
+	}
+	if got := d.steps(); got[0] != 5 {
+		t.Fatalf("generations %v", got)
+	}
+}
+
+func TestSnapshotSecondConnectionSupersedes(t *testing.T) {
+	sock := storeServer(t, t.TempDir(), 0)
+	old, cur := newClient(t, sock), newClient(t, sock)
+	old.must(proto.TRegister, regReq(0, twoBufs...), nil)
+	cur.must(proto.TRegister, regReq(0, twoBufs...), nil)
+	old.must(proto.TSave, proto.StepReq{Step: 1}, nil)
+	cur.saveFilled(1, 9) // discards old's unfinished generation
+	if code := old.call(proto.TCommit, proto.StepReq{Step: 1}, nil); code != proto.CodeBadState {
+		t.Fatalf("commit of a superseded save: %q, want bad_state", code)
+	}
+	if got := cur.steps(); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("generations %v", got)
+	}
+}
+
+func TestSnapshotCorruptGeneration(t *testing.T) {
+	sock := storeServer(t, t.TempDir(), 0)
+	c := newClient(t, sock)
+	c.must(proto.TRegister, regReq(0, twoBufs...), nil)
+	c.saveFilled(1, 1)
+	c.saveFilled(2, 2)
+	var ar proto.ArenaReply
+	c.must(proto.TRestore, proto.StepReq{Step: 2}, &ar)
+	c.must(proto.TRelease, proto.StepReq{Step: 2}, nil)
+	m := mapArena(t, ar.Arena, ar.ArenaSize, unix.PROT_READ|unix.PROT_WRITE)
+	m[ar.Buffers[1].Offset+4097] ^= 0xFF
+	if code := c.call(proto.TRestore, proto.StepReq{Step: 2}, nil); code != proto.CodeCorrupt {
+		t.Fatalf("restore of a corrupt generation: %q", code)
+	}
+	if got := c.steps(); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("generations after corruption %v, want [1]", got)
+	}
+	c.must(proto.TRestore, proto.StepReq{Step: -1}, &ar)
+	if ar.Step != 1 {
+		t.Fatalf("newest restorable is %d, want 1", ar.Step)
+	}
+}
+
+func TestSnapshotOverBudget(t *testing.T) {
+	sock := storeServer(t, t.TempDir(), 1<<20)
+	c := newClient(t, sock)
+	code := c.call(proto.TRegister, regReq(0, proto.BufferSpec{Name: "huge", Size: 4 << 20}), nil)
+	if code != proto.CodeNoSpace {
+		t.Fatalf("register beyond the budget: %q, want no_space", code)
+	}
+}
+
+func TestSnapshotDisabled(t *testing.T) {
+	_, sock := startServer(t, os.Getuid(), nil)
+	c := newClient(t, sock)
+	if code := c.call(proto.TRegister, regReq(0, twoBufs...), nil); code != proto.CodeDisabled {
+		t.Fatalf("register without a store: %q, want disabled", code)
+	}
+}
