@@ -1,0 +1,301 @@
+// Package client is the Go library a training rank uses to snapshot its
+// state into the node's reft-agent and to restore it after a restart. It
+// speaks the local protocol of docs/PROTOCOL.md over the agent's Unix
+// socket; bulk bytes go through arena files the agent names and the client
+// maps. The package is free of cgo: the caller supplies the rank's place in
+// the job (FromEnv reads it from Slurm; a trainer may ask pmix instead).
+//
+//	c, err := client.Open(ctx, client.Options{Rank: r, World: n, Agree: allGather})
+//	c.Register("weights", w, client.Replicated)
+//	if step, ok, err := c.Restore(ctx); ok { ... resume after step ... }
+//	h := c.Save(step) // returns at once; do not touch w until h.Wait
+//	err = h.Wait(ctx)
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+
+	"github.com/reft-hpc/reft/agent/proto"
+)
+
+// Kind says how a buffer relates to the other ranks' buffers of the same
+// name: the same bytes on every data-parallel replica, or this rank's part.
+type Kind int
+
+const (
+	Replicated Kind = iota // identical on every replica (weights, optimizer state under plain DP)
+	Sharded                // this rank's own part (ZeRO shards, tensor/pipeline parallel slices)
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Replicated:
+		return "replicated"
+	case Sharded:
+		return "sharded"
+	}
+	return "kind-" + strconv.Itoa(int(k))
+}
+
+// DefaultChunkSize is the copy chunk when Options.ChunkSize is 0.
+const DefaultChunkSize = 4 << 20
+
+// SocketEnv names the variable in which the Slurm plugin passes the agent's
+// socket to every task of a reft step.
+const SocketEnv = "REFT_AGENT_SOCKET"
+
+// Options configure a Client.
+type Options struct {
+	Socket    string // agent socket; "": $REFT_AGENT_SOCKET
+	Rank      int    // global rank, 0..World-1
+	World     int    // ranks in the job; 0 counts as 1
+	LocalRank int    // rank among the job's ranks on this node
+	Layout    string // the job's parallel layout, recorded in manifests
+	// ChunkSize is the copy granularity (bytes): the copier checks for the
+	// end of an idle window between chunks. 0: DefaultChunkSize. It is
+	// also asked of the agent as its checksum chunk.
+	ChunkSize int64
+	Workers   int // copy goroutines; 0: 1, so the copy leaves the trainer its cores
+	// Optional turns a missing REFT_AGENT_SOCKET into a disabled client
+	// whose Save and Restore do nothing, instead of an error.
+	Optional bool
+	// Agree is the job-wide agreement on which step to restore: every rank
+	// calls it with its own committed steps and it returns the steps that
+	// every rank holds (Gather builds one from an all-gather). Restore needs
+	// it when World > 1. Every rank must call Restore, as with any
+	// collective.
+	Agree func(ctx context.Context, mine []int64) ([]int64, error)
+	// Log receives the once-only notices (a disabled client). nil: stderr.
+	Log func(msg string)
+}
+
+// FromEnv fills Rank, World and LocalRank from the variables every Slurm
+// task gets (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID). Outside Slurm (none
+// of them set) it describes a single process: rank 0 of 1.
+func FromEnv() (Options, error) {
+	keys := []string{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}
+	var vals [3]int
+	set := 0
+	for i, k := range keys {
+		v, ok := os.LookupEnv(k)
+		if !ok {
+			continue
+		}
+		set++
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return Options{}, fmt.Errorf("reft client: %s=%q is not a non-negative integer", k, v)
+		}
+		vals[i] = n
+	}
+	switch {
+	case set == 0:
+		return Options{World: 1}, nil
+	case set < len(keys):
+		return Options{}, fmt.Errorf("reft client: only some of %v are set; launch the ranks with srun", keys)
+	}
+	o := Options{Rank: vals[0], World: vals[1], LocalRank: vals[2]}
+	if o.Rank >= o.World {
+		return Options{}, fmt.Errorf("reft client: SLURM_PROCID=%d is not below SLURM_NTASKS=%d", o.Rank, o.World)
+	}
+	return o, nil
+}
+
+// Client is one rank's session with its node's agent. Its methods may be
+// called from several goroutines; they take turns.
+type Client struct {
+	opt      Options
+	disabled bool
+	hello    proto.HelloReply
+
+	conn *conn
+	gate gate // idle windows announced by Hint
+
+	mu      sync.Mutex // serializes the caller's operations
+	bufs    []buffer
+	frozen  bool           // Save or Restore was called: no more Register
+	layout  *registerReply // nil until the agent has the registration
+	maps    arenas
+	last    *Handle // the newest save; later operations wait for it
+	closed  bool
+	noticed sync.Once
+}
+
+type buffer struct {
+	name string
+	data []byte
+	kind Kind
+}
+
+// Open connects to the agent (Options.Socket, else $REFT_AGENT_SOCKET) and
+// says hello. With Optional set and no socket it returns a disabled client.
+func Open(ctx context.Context, opt Options) (*Client, error) {
+	if opt.World == 0 {
+		opt.World = 1
+	}
+	switch {
+	case opt.World < 0:
+		return nil, fmt.Errorf("reft client: World = %d must be at least 1", opt.World)
+	case opt.Rank < 0 || opt.Rank >= opt.World:
+		return nil, fmt.Errorf("reft client: Rank = %d must be in [0, World = %d)", opt.Rank, opt.World)
+	case opt.LocalRank < 0:
+		return nil, fmt.Errorf("reft client: LocalRank = %d must not be negative", opt.LocalRank)
+	case opt.ChunkSize < 0:
+		return nil, fmt.Errorf("reft client: ChunkSize = %d must not be negative", opt.ChunkSize)
+	case opt.Workers < 0:
+		return nil, fmt.Errorf("reft client: Workers = %d must not be negative", opt.Workers)
+	}
+	if opt.Workers == 0 {
+		opt.Workers = 1
+	}
+	if opt.Log == nil {
+		opt.Log = func(msg string) { fmt.Fprintln(os.Stderr, "reft:", msg) }
+	}
+	c := &Client{opt: opt, maps: arenas{}}
+	c.gate.init()
+	if c.opt.Socket == "" {
+		c.opt.Socket = os.Getenv(SocketEnv)
+	}
+	if c.opt.Socket == "" {
+		if !opt.Optional {
+			return nil, errors.New("reft is not enabled for this step: " + SocketEnv +
+				" is not set; run under srun --reft=... or set Options.Optional")
+		}
+		c.disabled = true
+		return c, nil
+	}
+	cn, err := dial(ctx, c.opt.Socket)
+	if err != nil {
+		return nil, err
+	}
+	c.conn = cn
+	hello := proto.Hello{Client: "reft-go/0.1", PID: os.Getpid(), Step: os.Getenv("REFT_STEP_ID"), Rank: opt.Rank}
+	if err := cn.call(ctx, proto.THello, hello, &c.hello); err != nil {
+		cn.close()
+		return nil, fmt.Errorf("hello to the reft agent at %s: %w", c.opt.Socket, err)
+	}
+	if c.hello.Protocol != proto.Version {
+		cn.close()
+		return nil, fmt.Errorf("the reft agent at %s speaks protocol %d, this client %d: use a client from the agent's release (%s)",
+			c.opt.Socket, c.hello.Protocol, proto.Version, c.hello.AgentVersion)
+	}
+	return c, nil
+}
+
+// Enabled reports whether the client talks to an agent; a disabled client
+// (Optional, no socket) does nothing.
+func (c *Client) Enabled() bool { return !c.disabled }
+
+// Agent returns the agent's hello reply: job, node, spec, version, restart.
+func (c *Client) Agent() proto.HelloReply { return c.hello }
+
+// notice logs that the client is disabled, once.
+func (c *Client) notice() {
+	c.noticed.Do(func() {
+		c.opt.Log(SocketEnv + " is not set: reft snapshots are off for this run; Save and Restore do nothing")
+	})
+}
+
+// Register adds a buffer to the rank's state. Every buffer must be
+// registered before the first Save or Restore; the client keeps buf and
+// copies it on every Save and into it on every Restore.
+func (c *Client) Register(name string, buf []byte, kind Kind) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closed:
+		return fmt.Errorf("register %q: %w", name, errClosed)
+	case c.frozen:
+		return fmt.Errorf("register %q: buffers must be registered before the first Save or Restore", name)
+	case name == "" || len(name) > 256:
+		return fmt.Errorf("register %q: a buffer name must have 1 to 256 bytes", name)
+	case kind != Replicated && kind != Sharded:
+		return fmt.Errorf("register %q: kind %v is neither Replicated nor Sharded", name, kind)
+	}
+	for _, b := range c.bufs {
+		if b.name == name {
+			return fmt.Errorf("register %q: a buffer of that name is already registered", name)
+		}
+	}
+	c.bufs = append(c.bufs, buffer{name: name, data: buf, kind: kind})
+	return nil
+}
+
+// register sends the registration once, before the first request that
+// needs it. The agent lays the arena out and preallocates it here, so a
+// memory shortage shows at the first Save or Restore, not later.
+func (c *Client) register(ctx context.Context) error {
+	if c.layout != nil {
+		return nil
+	}
+	if len(c.bufs) == 0 {
+		return errors.New("no buffers registered: call Register before Save or Restore")
+	}
+	c.frozen = true
+	req := registerReq{Rank: c.opt.Rank, World: c.opt.World, LocalRank: c.opt.LocalRank,
+		Layout: c.opt.Layout, ChunkSize: c.opt.ChunkSize, Buffers: make([]wireBuffer, len(c.bufs))}
+	for i, b := range c.bufs {
+		req.Buffers[i] = wireBuffer{Name: b.name, Size: int64(len(b.data)), Replicated: b.kind == Replicated}
+	}
+	var rep registerReply
+	if err := c.conn.call(ctx, tRegister, req, &rep); err != nil {
+		return fmt.Errorf("registering %d buffers: %w", len(c.bufs), err)
+	}
+	if _, err := c.place(rep.Buffers, rep.ArenaSize); err != nil {
+		return fmt.Errorf("register reply: %w", err)
+	}
+	c.layout = &rep
+	return nil
+}
+
+// place matches the agent's arena layout to the registered buffers: the
+// arena slice of buffer i is [off[i], off[i]+len(bufs[i].data)).
+func (c *Client) place(bufs []wireBuffer, arenaSize int64) ([]int64, error) {
+	if len(bufs) != len(c.bufs) {
+		return nil, fmt.Errorf("the agent lists %d buffers, %d are registered", len(bufs), len(c.bufs))
+	}
+	off := make([]int64, len(bufs))
+	for i, b := range c.bufs {
+		w := bufs[i]
+		if w.Name != b.name || w.Size != int64(len(b.data)) {
+			return nil, fmt.Errorf("the agent's buffer %d is %q of %d bytes, registered is %q of %d bytes",
+				i, w.Name, w.Size, b.name, len(b.data))
+		}
+		if w.Offset < 0 || w.Offset > arenaSize || w.Size > arenaSize-w.Offset {
+			return nil, fmt.Errorf("buffer %q at [%d, %d) does not fit the arena of %d bytes",
+				w.Name, w.Offset, w.Offset+w.Size, arenaSize)
+		}
+		off[i] = w.Offset
+	}
+	return off, nil
+}
+
+// Close finishes the outstanding save (copying the rest at once), closes
+// the connection and unmaps the arenas.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if c.disabled {
+		return nil
+	}
+	var errs []error
+	if err := c.finish(context.Background()); err != nil {
+		errs = append(errs, fmt.Errorf("the last save: %w", err))
+	}
+	if err := c.conn.close(); err != nil {
+		errs = append(errs, fmt.Errorf("closing the agent connection: %w", err))
+	}
+	if err := c.maps.unmapAll(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

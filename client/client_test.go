@@ -1,0 +1,619 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/reft-hpc/reft/client"
+)
+
+func TestOpenWithoutSocket(t *testing.T) {
+	t.Setenv(client.SocketEnv, "")
+	os.Unsetenv(client.SocketEnv)
+	t.Run("required", func(t *testing.T) {
+		_, err := client.Open(context.Background(), client.Options{})
+		if err == nil || !strings.Contains(err.Error(), "REFT_AGENT_SOCKET is not set") || !strings.Contains(err.Error(), "Options.Optional") {
+			t.Fatalf("Open = %v, want the not-enabled error", err)
+		}
+	})
+	t.Run("optional", func(t *testing.T) {
+		var notes []string
+		c, err := client.Open(context.Background(), client.Options{Optional: true, Log: func(m string) { notes = append(notes, m) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Enabled() {
+			t.Fatal("Enabled() = true without a socket")
+		}
+		buf := patterned(100, 1)
+		if err := c.Register("w", buf, client.Replicated); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if err := c.Save(int64(i)).Wait(context.Background()); err != nil {
+				t.Fatalf("Save: %v", err)
+			}
+		}
+		step, ok, err := c.Restore(context.Background())
+		if step != 0 || ok || err != nil {
+			t.Fatalf("Restore = %d, %v, %v; want nothing", step, ok, err)
+		}
+		if g, err := c.Generations(context.Background()); g != nil || err != nil {
+			t.Fatalf("Generations = %v, %v", g, err)
+		}
+		if err := c.RestoreStep(context.Background(), 1); err == nil {
+			t.Fatal("RestoreStep of a disabled client succeeded")
+		}
+		c.Hint(time.Second)
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if len(notes) != 1 || !strings.Contains(notes[0], "REFT_AGENT_SOCKET") {
+			t.Fatalf("notices %q, want exactly one naming REFT_AGENT_SOCKET", notes)
+		}
+	})
+}
+
+func TestOpenOptions(t *testing.T) {
+	a := startAgent(t)
+	tests := []struct {
+		name string
+		opt  client.Options
+		want string // "" for success
+	}{
+		{"defaults", client.Options{}, ""},
+		{"rank of world", client.Options{Rank: 3, World: 4, LocalRank: 1}, ""},
+		{"rank above world", client.Options{Rank: 4, World: 4}, "Rank = 4"},
+		{"negative world", client.Options{World: -1}, "World = -1"},
+		{"negative rank", client.Options{Rank: -1}, "Rank = -1"},
+		{"negative local rank", client.Options{LocalRank: -2}, "LocalRank = -2"},
+		{"negative chunk", client.Options{ChunkSize: -1}, "ChunkSize"},
+		{"negative workers", client.Options{Workers: -1}, "Workers"},
+		{"no agent", client.Options{Socket: "/nonexistent/agent.sock"}, "connecting to the reft agent"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.opt.Socket == "" {
+				tt.opt.Socket = a.Socket
+			}
+			c, err := client.Open(ctxT(t), tt.opt)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if h := c.Agent(); h.Protocol != 1 || h.Job != "4242" {
+					t.Errorf("hello reply %+v", h)
+				}
+				if err := c.Close(); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Open = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestFromEnv(t *testing.T) {
+	tests := []struct {
+		name              string
+		procid, ntasks, l string // "-": unset
+		want              client.Options
+		err               string
+	}{
+		{"outside slurm", "-", "-", "-", client.Options{World: 1}, ""},
+		{"task", "3", "8", "1", client.Options{Rank: 3, World: 8, LocalRank: 1}, ""},
+		{"partial", "3", "-", "-", client.Options{}, "only some"},
+		{"not a number", "x", "8", "0", client.Options{}, "SLURM_PROCID"},
+		{"negative", "0", "-2", "0", client.Options{}, "SLURM_NTASKS"},
+		{"rank too large", "8", "8", "0", client.Options{}, "not below"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range map[string]string{"SLURM_PROCID": tt.procid, "SLURM_NTASKS": tt.ntasks, "SLURM_LOCALID": tt.l} {
+				t.Setenv(k, v)
+				if v == "-" {
+					os.Unsetenv(k)
+				}
+			}
+			got, err := client.FromEnv()
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("FromEnv = %+v, %v; want error with %q", got, err, tt.err)
+				}
+				return
+			}
+			if err != nil || got.Rank != tt.want.Rank || got.World != tt.want.World || got.LocalRank != tt.want.LocalRank {
+				t.Fatalf("FromEnv = %+v, %v; want %+v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRegisterRules(t *testing.T) {
+	a := startAgent(t)
+	tests := []struct {
+		name  string
+		setup func(c *client.Client) // before the Register under test
+		reg   func(c *client.Client) error
+		want  string
+	}{
+		{"ok", nil, func(c *client.Client) error { return c.Register("w", make([]byte, 10), client.Sharded) }, ""},
+		{"empty buffer", nil, func(c *client.Client) error { return c.Register("w", nil, client.Replicated) }, ""},
+		{"empty name", nil, func(c *client.Client) error { return c.Register("", make([]byte, 1), client.Replicated) }, "1 to 256 bytes"},
+		{"long name", nil, func(c *client.Client) error { return c.Register(strings.Repeat("n", 257), nil, client.Replicated) }, "1 to 256 bytes"},
+		{"bad kind", nil, func(c *client.Client) error { return c.Register("w", nil, client.Kind(7)) }, "neither"},
+		{"duplicate", func(c *client.Client) { c.Register("w", make([]byte, 5), client.Replicated) },
+			func(c *client.Client) error { return c.Register("w", make([]byte, 5), client.Replicated) }, "already registered"},
+		{"after save", func(c *client.Client) {
+			c.Register("w", make([]byte, 5), client.Replicated)
+			c.Save(1).Wait(context.Background())
+		}, func(c *client.Client) error { return c.Register("x", make([]byte, 5), client.Replicated) }, "before the first Save"},
+		{"after restore", func(c *client.Client) {
+			c.Register("w", make([]byte, 5), client.Replicated)
+			c.Restore(context.Background())
+		}, func(c *client.Client) error { return c.Register("x", make([]byte, 5), client.Replicated) }, "before the first Save"},
+		{"after close", func(c *client.Client) { c.Close() },
+			func(c *client.Client) error { return c.Register("x", make([]byte, 5), client.Replicated) }, "closed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := open(t, a, client.Options{})
+			if tt.setup != nil {
+				tt.setup(c)
+			}
+			err := tt.reg(c)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Register = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestSaveRestore(t *testing.T) {
+	tests := []struct {
+		name    string
+		sizes   []int
+		chunk   int64
+		workers int
+	}{
+		{"one buffer", []int{5000}, 0, 0},
+		{"several, small chunks", []int{100_000, 12_345, 0, 1}, 4096, 1},
+		{"several, workers", []int{300_000, 4096, 70_001}, 8192, 3},
+		{"more workers than chunks", []int{10}, 0, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := startAgent(t)
+			ctx := ctxT(t)
+			opt := client.Options{ChunkSize: tt.chunk, Workers: tt.workers, Layout: "dp=1"}
+			c := open(t, a, opt)
+			bufs := make([][]byte, len(tt.sizes))
+			for i, n := range tt.sizes {
+				bufs[i] = make([]byte, n)
+				if err := c.Register(fmt.Sprintf("b%d", i), bufs[i], client.Kind(i%2)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fill := func(seed int) {
+				for i, b := range bufs {
+					pattern(b, seed+i)
+				}
+			}
+			check := func(seed int) {
+				t.Helper()
+				for i, b := range bufs {
+					mustEqual(t, fmt.Sprintf("buffer %d", i), b, patterned(len(b), seed+i))
+				}
+			}
+			for step := int64(1); step <= 3; step++ {
+				fill(int(step))
+				h := c.Save(step)
+				if h.Step() != step {
+					t.Fatalf("handle step %d", h.Step())
+				}
+				if err := h.Wait(ctx); err != nil {
+					t.Fatalf("save %d: %v", step, err)
+				}
+				if h.Seq() == 0 && step > 1 {
+					t.Errorf("save %d: seq 0 after commit", step)
+				}
+			}
+			gens, err := c.Generations(ctx)
+			if err != nil || len(gens) == 0 || gens[0] != 3 {
+				t.Fatalf("Generations = %v, %v; want 3 first", gens, err)
+			}
+			fill(99)
+			step, ok, err := c.Restore(ctx)
+			if err != nil || !ok || step != 3 {
+				t.Fatalf("Restore = %d, %v, %v; want 3", step, ok, err)
+			}
+			check(3)
+			if len(gens) > 1 {
+				if err := c.RestoreStep(ctx, gens[1]); err != nil {
+					t.Fatal(err)
+				}
+				check(int(gens[1]))
+			}
+			// A restarted rank: a new connection restores what the old one saved.
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			c2 := open(t, a, opt)
+			fresh := make([][]byte, len(tt.sizes))
+			for i, n := range tt.sizes {
+				fresh[i] = make([]byte, n)
+				c2.Register(fmt.Sprintf("b%d", i), fresh[i], client.Kind(i%2))
+			}
+			if step, ok, err := c2.Restore(ctx); err != nil || !ok || step != 3 {
+				t.Fatalf("Restore after reconnect = %d, %v, %v", step, ok, err)
+			}
+			for i, b := range fresh {
+				mustEqual(t, fmt.Sprintf("restored buffer %d", i), b, patterned(len(b), 3+i))
+			}
+		})
+	}
+}
+
+func TestSavesBackToBack(t *testing.T) {
+	// Saves without waiting: each Save first waits for the one before.
+	a := startAgent(t)
+	ctx := ctxT(t)
+	c := open(t, a, client.Options{ChunkSize: 4096})
+	buf := patterned(1<<20, 5)
+	c.Register("w", buf, client.Replicated)
+	var hs []*client.Handle
+	for step := range int64(6) {
+		hs = append(hs, c.Save(step))
+		for _, h := range hs[:len(hs)-1] {
+			select {
+			case <-h.Done():
+			default:
+				t.Fatalf("save %d is not done after Save(%d) returned", h.Step(), step)
+			}
+		}
+	}
+	for _, h := range hs {
+		if err := h.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clear(buf)
+	if step, ok, err := c.Restore(ctx); err != nil || !ok || step != 5 {
+		t.Fatalf("Restore = %d, %v, %v", step, ok, err)
+	}
+	mustEqual(t, "w", buf, patterned(len(buf), 5))
+}
+
+func TestAgentErrors(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	c := open(t, a, client.Options{})
+	w := patterned(4096, 1)
+	c.Register("w", w, client.Replicated)
+	if err := c.Save(3).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		do   func() error
+		code string // "": an error from the client itself
+	}{
+		{"unknown step", func() error { return c.RestoreStep(ctx, 4) }, client.CodeNotFound},
+		{"negative restore step", func() error { return c.RestoreStep(ctx, -1) }, ""},
+		{"negative save step", func() error { return c.Save(-1).Wait(ctx) }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.do()
+			if err == nil {
+				t.Fatal("no error")
+			}
+			var ae *client.Error
+			if tt.code == "" {
+				if errors.As(err, &ae) {
+					t.Fatalf("error %v came from the agent, want one from the client", err)
+				}
+				return
+			}
+			if !errors.As(err, &ae) || ae.Code != tt.code {
+				t.Fatalf("error %v, want agent code %q", err, tt.code)
+			}
+		})
+	}
+	// The connection is still good after agent errors.
+	if err := c.Save(4).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("mismatch", func(t *testing.T) {
+		c2 := open(t, a, client.Options{})
+		c2.Register("w", make([]byte, 8192), client.Replicated)
+		var ae *client.Error
+		if err := c2.RestoreStep(ctx, 4); !errors.As(err, &ae) || ae.Code != client.CodeMismatch {
+			t.Fatalf("RestoreStep with other sizes = %v, want mismatch", err)
+		}
+	})
+	t.Run("nothing registered", func(t *testing.T) {
+		c3 := open(t, a, client.Options{})
+		err := c3.Save(1).Wait(ctx)
+		var ae *client.Error
+		if err == nil || errors.As(err, &ae) || !strings.Contains(err.Error(), "Register") {
+			t.Fatalf("Save with nothing registered = %v", err)
+		}
+		if _, _, err := c3.Restore(ctx); err == nil || errors.As(err, &ae) {
+			t.Fatalf("Restore with nothing registered = %v", err)
+		}
+	})
+}
+
+func TestRestoreAgreement(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	// Rank 0 has steps 1 and 2, rank 1 only 1: the job restores 1.
+	const world = 2
+	have := [][]int64{{1, 2}, {1}}
+	g := newGather(world)
+	cs := make([]*client.Client, world)
+	bufs := make([][]byte, world)
+	for r := range world {
+		cs[r] = open(t, a, client.Options{Rank: r, World: world, Agree: client.Gather(g.gather(r))})
+		bufs[r] = make([]byte, 10_000)
+		cs[r].Register("w", bufs[r], client.Sharded)
+		for _, s := range slices.Backward(have[r]) {
+			pattern(bufs[r], 10*r+int(s))
+			if err := cs[r].Save(s).Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clear(bufs[r])
+	}
+	var wg sync.WaitGroup
+	steps := make([]int64, world)
+	errs := make([]error, world)
+	for r := range world {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var ok bool
+			steps[r], ok, errs[r] = cs[r].Restore(ctx)
+			if !ok && errs[r] == nil {
+				errs[r] = errors.New("nothing restored")
+			}
+		}()
+	}
+	wg.Wait()
+	for r := range world {
+		if errs[r] != nil || steps[r] != 1 {
+			t.Fatalf("rank %d: Restore = %d, %v; want step 1", r, steps[r], errs[r])
+		}
+		mustEqual(t, fmt.Sprintf("rank %d", r), bufs[r], patterned(len(bufs[r]), 10*r+1))
+	}
+
+	t.Run("no agree", func(t *testing.T) {
+		c := open(t, a, client.Options{Rank: 0, World: 2})
+		c.Register("w", make([]byte, 10), client.Replicated)
+		_, _, err := c.Restore(ctx)
+		if err == nil || !strings.Contains(err.Error(), "Options.Agree") {
+			t.Fatalf("Restore without Agree = %v", err)
+		}
+	})
+	t.Run("agree fails", func(t *testing.T) {
+		c := open(t, a, client.Options{Rank: 0, World: 2, Agree: func(context.Context, []int64) ([]int64, error) {
+			return nil, errors.New("communicator down")
+		}})
+		c.Register("w", make([]byte, 10_000), client.Sharded)
+		_, _, err := c.Restore(ctx)
+		if err == nil || !strings.Contains(err.Error(), "communicator down") {
+			t.Fatalf("Restore = %v", err)
+		}
+	})
+	t.Run("local failure still takes part", func(t *testing.T) {
+		var got []int64
+		called := false
+		c := open(t, a, client.Options{Rank: 1, World: 2, Agree: func(_ context.Context, mine []int64) ([]int64, error) {
+			called, got = true, mine
+			return []int64{1}, nil
+		}})
+		// Nothing registered: this rank cannot restore, but the others
+		// must not hang in the collective.
+		_, _, err := c.Restore(ctx)
+		if err == nil || !called || len(got) != 0 {
+			t.Fatalf("Restore = %v, Agree called %v with %v; want an error after Agree with no steps", err, called, got)
+		}
+	})
+}
+
+// gather is an in-process all-gather among world goroutines, standing in
+// for MPI or torch.distributed.
+type gather struct {
+	mu    sync.Mutex
+	world int
+	lists [][]int64
+	n     int
+	done  chan struct{}
+}
+
+func newGather(world int) *gather {
+	return &gather{world: world, lists: make([][]int64, world), done: make(chan struct{})}
+}
+
+func (g *gather) gather(rank int) func(context.Context, []int64) ([][]int64, error) {
+	return func(ctx context.Context, mine []int64) ([][]int64, error) {
+		g.mu.Lock()
+		g.lists[rank] = mine
+		g.n++
+		if g.n == g.world {
+			close(g.done)
+		}
+		g.mu.Unlock()
+		select {
+		case <-g.done:
+			return g.lists, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func TestCommonNewest(t *testing.T) {
+	tests := []struct {
+		name  string
+		lists [][]int64
+		want  int64
+		ok    bool
+	}{
+		{"no lists", nil, 0, false},
+		{"one rank", [][]int64{{3, 2}}, 3, true},
+		{"one empty rank", [][]int64{{3, 2}, {}}, 0, false},
+		{"common older", [][]int64{{5, 4, 3}, {4, 3}, {6, 4}}, 4, true},
+		{"unsorted", [][]int64{{1, 9, 4}, {4, 9}}, 9, true},
+		{"disjoint", [][]int64{{1, 2}, {3}}, 0, false},
+		{"duplicates", [][]int64{{2, 2, 1}, {2}}, 2, true},
+		{"step zero", [][]int64{{0}, {0, 1}}, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := client.CommonNewest(tt.lists)
+			if got != tt.want || ok != tt.ok {
+				t.Fatalf("CommonNewest(%v) = %d, %v; want %d, %v", tt.lists, got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+	if got := client.Common([][]int64{{5, 4, 3}, {3, 4}}); !slices.Equal(got, []int64{4, 3}) {
+		t.Fatalf("Common = %v, want [4 3]", got)
+	}
+}
+
+func TestHintWindows(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	c := open(t, a, client.Options{ChunkSize: 4096})
+	buf := patterned(1<<20, 1)
+	c.Register("w", buf, client.Replicated)
+	if err := c.Save(1).Wait(ctx); err != nil { // before any hint: copies at once
+		t.Fatal(err)
+	}
+
+	c.Hint(0) // from now on, copy only inside windows; none is open
+	h := c.Save(2)
+	select {
+	case <-h.Done():
+		t.Fatal("the save finished outside any idle window")
+	case <-time.After(100 * time.Millisecond):
+	}
+	c.Hint(time.Minute) // a window opens: the copy goes on without Wait
+	select {
+	case <-h.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the save did not finish inside an open idle window")
+	}
+	if err := h.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	c.Hint(0)
+	h = c.Save(3)
+	if err := h.Wait(ctx); err != nil { // Wait copies the rest at once
+		t.Fatal(err)
+	}
+	c.Hint(0)
+	h = c.Save(4)
+	if err := c.Close(); err != nil { // so does Close
+		t.Fatal(err)
+	}
+	if err := h.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c2 := open(t, a, client.Options{})
+	c2.Register("w", make([]byte, len(buf)), client.Replicated)
+	if g, err := c2.Generations(ctx); err != nil || len(g) == 0 || g[0] != 4 {
+		t.Fatalf("Generations after Close = %v, %v; want step 4 committed", g, err)
+	}
+}
+
+func TestCopyFault(t *testing.T) {
+	// The arena shrinks under the copier (a full tmpfs does the same to a
+	// sparse file): the copy faults, the save fails and is aborted, and the
+	// rank lives on with a working connection.
+	a := startAgent(t)
+	ctx := ctxT(t)
+	c := open(t, a, client.Options{})
+	buf := patterned(1<<18, 1)
+	c.Register("w", buf, client.Replicated)
+	if err := c.Save(1).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.Hint(0) // hold the copier
+	h := c.Save(2)
+	arenas, _ := filepath.Glob(filepath.Join(a.Store.Dir(), "r0", "state", "arena-*"))
+	if len(arenas) == 0 {
+		t.Fatal("no arena files in the store")
+	}
+	// Truncate every arena but the one holding step 1's committed bytes.
+	committed := committedArena(t, a.Store.Dir(), 1)
+	for _, p := range arenas {
+		if p != committed {
+			if err := os.Truncate(p, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	err := h.Wait(ctx)
+	if err == nil || !strings.Contains(err.Error(), "memory fault") {
+		t.Fatalf("Wait = %v, want a memory fault", err)
+	}
+	if g, err := c.Generations(ctx); err != nil || !slices.Equal(g, []int64{1}) {
+		t.Fatalf("Generations = %v, %v; want only step 1 (step 2 aborted)", g, err)
+	}
+}
+
+// committedArena is the arena file of the committed generation of step.
+func committedArena(t *testing.T, storeDir string, step int64) string {
+	t.Helper()
+	ms, _ := filepath.Glob(filepath.Join(storeDir, "r0", "state", fmt.Sprintf("g%d-*", step), "MANIFEST"))
+	if len(ms) != 1 {
+		t.Fatalf("manifests of step %d: %v", step, ms)
+	}
+	m := readManifest(t, ms[0])
+	return filepath.Join(storeDir, "r0", "state", m.Arena)
+}
+
+func TestClosedClient(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	c := open(t, a, client.Options{})
+	c.Register("w", make([]byte, 10), client.Replicated)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close = %v", err)
+	}
+	checks := map[string]error{
+		"save":         c.Save(1).Wait(ctx),
+		"restore step": c.RestoreStep(ctx, 1),
+	}
+	_, _, checks["restore"] = c.Restore(ctx)
+	_, checks["generations"] = c.Generations(ctx)
+	for name, err := range checks {
+		if err == nil || !strings.Contains(err.Error(), "closed") {
+			t.Errorf("%s after Close = %v, want a closed error", name, err)
+		}
+	}
+}

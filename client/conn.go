@@ -1,0 +1,124 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/reft-hpc/reft/agent/proto"
+)
+
+// Error is an error reply from the agent. Use errors.As to get it from an
+// error returned by the client; Code is one of the Code* constants.
+type Error struct {
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return "reft agent: " + e.Code + ": " + e.Message }
+
+// conn is the client's one connection to its agent. It carries one request
+// at a time: the copier's commit and the caller's requests take turns, and
+// every reply is matched by id.
+type conn struct {
+	mu     sync.Mutex
+	c      *net.UnixConn
+	r      *bufio.Reader
+	id     uint32
+	broken error // set when the stream can no longer be trusted
+}
+
+func dial(ctx context.Context, path string) (*conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the reft agent at %s: %w", path, err)
+	}
+	uc := c.(*net.UnixConn)
+	return &conn{c: uc, r: bufio.NewReader(uc)}, nil
+}
+
+// call sends one request and decodes its reply into resp (nil: ignore the
+// payload). An error reply comes back as *Error.
+func (c *conn) call(ctx context.Context, t proto.Type, req, resp any) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken != nil {
+		return c.broken
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s request: %w", t, err)
+	}
+	c.id++
+	if c.id == 0 { // 0 is reserved for errors about the connection
+		c.id = 1
+	}
+	id := c.id
+	// A cancelled context unblocks the socket through its deadline.
+	cut := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		c.c.SetDeadline(time.Unix(1, 0))
+		close(cut)
+	})
+	defer func() {
+		if !stop() { // it ran or is running: undo its deadline after it
+			<-cut
+			c.c.SetDeadline(time.Time{})
+		}
+	}()
+	werr := proto.WriteMsg(c.c, t, id, req)
+	f, rerr := proto.Decode(c.r)
+	if werr != nil && (rerr != nil || f.Type != proto.TError) {
+		// The agent may have refused the connection (an error frame, then
+		// close) before the request went out: its error frame wins.
+		return c.fail(ctx, fmt.Errorf("sending %s request: %w", t, werr))
+	}
+	if rerr != nil {
+		return c.fail(ctx, fmt.Errorf("reading the %s reply: %w", t, rerr))
+	}
+	if f.ID != id && !(f.Type == proto.TError && f.ID == 0) {
+		return c.fail(ctx, fmt.Errorf("the agent answered request id %d with id %d", id, f.ID))
+	}
+	switch f.Type {
+	case proto.TError:
+		var e proto.Error
+		if err := f.Unmarshal(&e); err != nil {
+			return c.fail(ctx, fmt.Errorf("error reply to %s: %w", t, err))
+		}
+		return &Error{Code: e.Code, Message: e.Message}
+	case t | proto.ReplyBit:
+		if resp == nil {
+			return nil
+		}
+		if err := f.Unmarshal(resp); err != nil {
+			return c.fail(ctx, fmt.Errorf("%s reply: %w", t, err))
+		}
+		return nil
+	}
+	return c.fail(ctx, fmt.Errorf("the agent answered a %s request with a frame of type 0x%02x", t, uint8(f.Type)))
+}
+
+// fail marks the connection unusable: after a cut-off request or a reply
+// that does not fit, later replies could be taken for the wrong request.
+func (c *conn) fail(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+	}
+	c.broken = fmt.Errorf("the connection to the reft agent is unusable after an earlier failure; open a new client: %w", err)
+	return err
+}
+
+// close closes the socket first, so that a request stuck in a read returns.
+func (c *conn) close() error {
+	err := c.c.Close()
+	c.mu.Lock()
+	c.broken = errClosed
+	c.mu.Unlock()
+	return err
+}
+
+var errClosed = errors.New("reft client is closed")

@@ -1,0 +1,192 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Generations lists this rank's committed steps on this node, newest first.
+// A disabled client has none.
+func (c *Client) Generations(ctx context.Context) ([]int64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.disabled {
+		return nil, nil
+	}
+	if c.closed {
+		return nil, fmt.Errorf("generations: %w", errClosed)
+	}
+	return c.generations(ctx)
+}
+
+func (c *Client) generations(ctx context.Context) ([]int64, error) {
+	// The agent knows the connection's rank from its registration.
+	if len(c.bufs) > 0 {
+		if err := c.register(ctx); err != nil {
+			return nil, err
+		}
+	}
+	var rep generationsReply
+	if err := c.conn.call(ctx, tGenerations, nil, &rep); err != nil {
+		return nil, fmt.Errorf("listing generations: %w", err)
+	}
+	steps := make([]int64, len(rep.Generations))
+	for i, g := range rep.Generations {
+		steps[i] = g.Step
+	}
+	return steps, nil
+}
+
+// Restore fills every registered buffer from the newest step that every
+// rank of the job holds and returns it; ok is false when there is none
+// (start fresh). With World > 1 it is a collective: every rank must call
+// it, and Options.Agree picks the step. It first finishes an outstanding
+// save. A generation found corrupt is dropped by the agent and the error's
+// Code is CodeCorrupt; calling Restore again (on every rank) picks the
+// newest step that is left.
+func (c *Client) Restore(ctx context.Context) (step int64, ok bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.disabled {
+		c.notice()
+		return 0, false, nil
+	}
+	if c.closed {
+		return 0, false, fmt.Errorf("restore: %w", errClosed)
+	}
+	if c.opt.World > 1 && c.opt.Agree == nil {
+		return 0, false, fmt.Errorf("restore: World = %d needs Options.Agree: every rank must restore the same step, "+
+			"and only the job's communicator (MPI, torch.distributed) can tell which steps all ranks hold; "+
+			"pass client.Gather(yourAllGather) or call RestoreStep with an agreed step", c.opt.World)
+	}
+	mine, err := c.prepareRestore(ctx)
+	if c.opt.World > 1 {
+		// Take part even after a local failure (with no steps), so that
+		// the other ranks are not left waiting in the collective.
+		all, aerr := c.opt.Agree(ctx, mine)
+		if err != nil {
+			return 0, false, fmt.Errorf("restore: %w", err)
+		}
+		if aerr != nil {
+			return 0, false, fmt.Errorf("restore: agreeing on the step with the other ranks: %w", aerr)
+		}
+		mine = Common([][]int64{all, mine})
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("restore: %w", err)
+	}
+	step, ok = CommonNewest([][]int64{mine})
+	if !ok {
+		return 0, false, nil
+	}
+	if err := c.restore(ctx, step); err != nil {
+		return 0, false, err
+	}
+	return step, true, nil
+}
+
+// prepareRestore finishes the outstanding save and lists this rank's steps.
+func (c *Client) prepareRestore(ctx context.Context) ([]int64, error) {
+	if err := c.finish(ctx); err != nil && ctx.Err() != nil {
+		return nil, err // a failed save is its own handle's news; a timeout is ours
+	}
+	if err := c.register(ctx); err != nil {
+		return nil, err
+	}
+	return c.generations(ctx)
+}
+
+// RestoreStep fills every registered buffer from exactly step. Every rank
+// must choose the same step; Restore does the choosing.
+func (c *Client) RestoreStep(ctx context.Context, step int64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.disabled {
+		c.notice()
+		return fmt.Errorf("restore of step %d: reft is off (%s is not set)", step, SocketEnv)
+	}
+	if c.closed {
+		return fmt.Errorf("restore of step %d: %w", step, errClosed)
+	}
+	if step < 0 {
+		return fmt.Errorf("restore of step %d: the step must not be negative", step)
+	}
+	if err := c.finish(ctx); err != nil && ctx.Err() != nil {
+		return fmt.Errorf("restore of step %d: %w", step, err)
+	}
+	if err := c.register(ctx); err != nil {
+		return fmt.Errorf("restore of step %d: %w", step, err)
+	}
+	return c.restore(ctx, step)
+}
+
+// restore asks the agent for step, which it verifies, copies the arena into
+// the buffers and releases the arena.
+func (c *Client) restore(ctx context.Context, step int64) error {
+	var rep arenaReply
+	if err := c.conn.call(ctx, tRestore, stepReq{Step: step}, &rep); err != nil {
+		return fmt.Errorf("restore of step %d: %w", step, err)
+	}
+	off, err := c.place(rep.Buffers, rep.ArenaSize)
+	if err == nil && rep.Step != step {
+		err = fmt.Errorf("the agent restored step %d", rep.Step)
+	}
+	var arena []byte
+	if err == nil {
+		arena, err = c.maps.get(rep.Arena, rep.ArenaSize, false)
+	}
+	if err == nil {
+		if cerr := copyChunks(c.chunks(arena, off, false), c.opt.Workers, nil); cerr != nil {
+			err = fmt.Errorf("copying out of the arena: %w", cerr)
+		}
+	}
+	// Release even after a failure: the agent keeps the arena out of reuse
+	// until then.
+	if rerr := c.conn.call(ctx, tRelease, stepReq{Step: step}, nil); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("releasing the arena: %w", rerr))
+	}
+	if err != nil {
+		return fmt.Errorf("restore of step %d: %w", step, err)
+	}
+	return nil
+}
+
+// Common returns the steps present in every list, newest (largest) first;
+// none when lists is empty.
+func Common(lists [][]int64) []int64 {
+	if len(lists) == 0 {
+		return nil
+	}
+	out := slices.Clone(lists[0])
+	slices.Sort(out)
+	out = slices.Compact(out)
+	for _, l := range lists[1:] {
+		out = slices.DeleteFunc(out, func(s int64) bool { return !slices.Contains(l, s) })
+	}
+	slices.Reverse(out)
+	return out
+}
+
+// CommonNewest is the largest step present in every list: the step a job
+// restores. ok is false when no step is common (or there are no lists).
+func CommonNewest(lists [][]int64) (int64, bool) {
+	c := Common(lists)
+	if len(c) == 0 {
+		return 0, false
+	}
+	return c[0], true
+}
+
+// Gather turns an all-gather over the job's communicator (every rank's
+// list, in any order) into an Options.Agree.
+func Gather(allGather func(ctx context.Context, mine []int64) ([][]int64, error)) func(context.Context, []int64) ([]int64, error) {
+	return func(ctx context.Context, mine []int64) ([]int64, error) {
+		lists, err := allGather(ctx, mine)
+		if err != nil {
+			return nil, err
+		}
+		return Common(lists), nil
+	}
+}

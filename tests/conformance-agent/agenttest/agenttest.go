@@ -1,0 +1,124 @@
+// Package agenttest runs a real reft agent server over a fresh temporary
+// snapshot store inside the calling process: for the client's tests, its
+// conformance harness and the conformance-agent command, which must all
+// see the same agent.
+package agenttest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/reft-hpc/reft/agent"
+	"github.com/reft-hpc/reft/hostmem"
+	"github.com/reft-hpc/reft/tmpfs"
+)
+
+// Options configure an Agent.
+type Options struct {
+	Job string // Slurm job id; "": 4242
+	// Dir is where the temporary directory (socket and store) is made;
+	// "": /dev/shm when writable, so arenas are in memory as on a node,
+	// else the system's temp directory.
+	Dir string
+	Log zerolog.Logger
+}
+
+// Agent is a running agent server and its store.
+type Agent struct {
+	Socket string // the agent's Unix socket
+	Dir    string // temporary directory, removed by Close
+	Store  *tmpfs.Store
+
+	srv    *agent.Server
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// DefaultDir is /dev/shm when this process can write there, else the
+// system's temp directory.
+func DefaultDir() string {
+	if unix.Access("/dev/shm", unix.W_OK) == nil {
+		return "/dev/shm"
+	}
+	return os.TempDir()
+}
+
+// Start makes a fresh temporary directory, opens a store in it and serves
+// the agent's socket there until Close.
+func Start(opt Options) (a *Agent, err error) {
+	if opt.Job == "" {
+		opt.Job = "4242"
+	}
+	if opt.Dir == "" {
+		opt.Dir = DefaultDir()
+	}
+	// A short name: a socket path must fit in 108 bytes.
+	dir, err := os.MkdirTemp(opt.Dir, "reft-agent-")
+	if err != nil {
+		return nil, fmt.Errorf("agenttest: temporary directory: %w", err)
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		return nil, fmt.Errorf("agenttest: %w", err)
+	}
+	a = &Agent{Socket: filepath.Join(dir, "agent.sock"), Dir: dir, done: make(chan error, 1)}
+	defer func() {
+		if err != nil {
+			a.cleanup()
+		}
+	}()
+	// No pinning: tests must not depend on RLIMIT_MEMLOCK.
+	alloc, err := hostmem.NewAllocator(hostmem.Config{NoPin: true, Log: opt.Log})
+	if err != nil {
+		return nil, fmt.Errorf("agenttest: allocator: %w", err)
+	}
+	if a.Store, err = tmpfs.Open(tmpfs.Options{Root: filepath.Join(dir, "store"), JobID: opt.Job, Alloc: alloc, Log: opt.Log}); err != nil {
+		return nil, fmt.Errorf("agenttest: store: %w", err)
+	}
+	node, _ := os.Hostname()
+	a.srv, err = agent.Listen(a.Socket, agent.Info{Job: opt.Job, Node: node, Spec: "arc", Version: "agenttest",
+		UID: os.Getuid(), StoreDir: a.Store.Dir()}, opt.Log)
+	if err != nil {
+		return nil, fmt.Errorf("agenttest: %w", err)
+	}
+	a.srv.AttachStore(a.Store)
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	go func() { a.done <- a.srv.Serve(ctx) }()
+	return a, nil
+}
+
+// Close stops the server, closes the store and removes the directory.
+func (a *Agent) Close() error {
+	var errs []error
+	if a.cancel != nil {
+		a.cancel()
+		if err := <-a.done; err != nil {
+			errs = append(errs, fmt.Errorf("agenttest: serve: %w", err))
+		}
+		a.cancel = nil
+	}
+	return errors.Join(append(errs, a.cleanup())...)
+}
+
+func (a *Agent) cleanup() error {
+	var errs []error
+	if a.srv != nil {
+		a.srv.Close()
+	}
+	if a.Store != nil {
+		if err := a.Store.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("agenttest: closing the store: %w", err))
+		}
+		a.Store = nil
+	}
+	if err := os.RemoveAll(a.Dir); err != nil {
+		errs = append(errs, fmt.Errorf("agenttest: %w", err))
+	}
+	return errors.Join(errs...)
+}

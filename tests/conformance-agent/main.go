@@ -1,0 +1,66 @@
+// Command conformance-agent serves a real reft agent over a fresh temporary
+// snapshot store, for client conformance runners in any language
+// (client/conformance). It prints the socket's path as its first line of
+// stdout, serves until its stdin is closed, then removes its directory.
+//
+//	conformance-agent [--job 4242] [--dir /dev/shm] [--verbose]
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/tests/conformance-agent/agenttest"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "conformance-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("conformance-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	job := fs.String("job", "4242", "Slurm job id the agent serves")
+	dir := fs.String("dir", "", "where to make the temporary directory (default /dev/shm when writable, else the temp dir)")
+	verbose := fs.Bool("verbose", false, "log the agent's events to stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := zerolog.Nop()
+	if *verbose {
+		log = zerolog.New(stderr).With().Timestamp().Logger()
+	}
+	a, err := agenttest.Start(agenttest.Options{Job: *job, Dir: *dir, Log: log})
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintln(stdout, a.Socket); err != nil {
+		a.Close()
+		return fmt.Errorf("writing the socket path: %w", err)
+	}
+	// The runner holds our stdin open for as long as it needs the agent;
+	// EOF (or a read error: the runner died) ends the agent. SIGINT and
+	// SIGTERM too, so the directory never outlives us.
+	eof := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, stdin)
+		close(eof)
+	}()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	select {
+	case <-eof:
+	case <-sig:
+	}
+	return a.Close()
+}
