@@ -1,0 +1,587 @@
+"""reft.Session: one rank's connection to its node's agent, its registered
+buffers, and asynchronous snapshots into the agent's shared-memory arenas.
+
+The contract is docs/PROTOCOL.md, "Snapshots".
+"""
+
+import atexit
+import ctypes
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+
+from . import _wire as W
+from ._arena import ArenaCache
+from ._errors import Error
+from .layout import default_layout
+
+__all__ = ["Session", "SaveHandle", "common_newest"]
+
+CLIENT_VERSION = "0.1.0"
+DEFAULT_CHUNK_SIZE = 4 << 20
+_MAX_NAME = 256  # bytes, the agent's limit
+
+_live = weakref.WeakSet()  # open sessions of this process, for fork and exit
+
+
+def _after_fork_in_child():
+    # Only flags are set: the parent's threads do not exist here and its
+    # locks may be held forever, so nothing else of a session is touched.
+    for s in list(_live):
+        s._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@atexit.register
+def _close_at_exit():
+    # The copier is a daemon thread (a hint-mode copier may wait for a
+    # window that never comes); finish a pending save rather than let the
+    # interpreter kill it mid-copy.
+    for s in list(_live):
+        if s._pid == os.getpid() and not s._forked and not s._closed:
+            try:
+                s.close()
+            except Exception as e:  # noqa: BLE001 - exiting anyway, say why
+                print("reft: closing the session at exit failed: %s" % e, file=sys.stderr)
+
+
+def common_newest(lists):
+    """The largest step present in every list, or None (no list, or no
+    step common to all). This is the job-wide restore rule."""
+    lists = [set(l) for l in lists]
+    if not lists:
+        return None
+    common = set.intersection(*lists)
+    return max(common) if common else None
+
+
+def _check_step(what, step):
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise Error("%s: step must be an int, not %s" % (what, type(step).__name__))
+    if step < 0:
+        raise Error("%s: step %d is negative; steps are >= 0" % (what, step))
+
+
+def _env_int(name, default):
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise Error("%s=%r is not an integer; it is set by srun for every task" % (name, raw)) from None
+
+
+class _Buffer:
+    __slots__ = ("name", "size", "replicated", "view", "cview", "addr")
+
+    def __init__(self, name, view, replicated):
+        self.name, self.view, self.replicated = name, view, replicated
+        self.size = view.nbytes
+        # A ctypes view gives the address for memmove; it is also a buffer
+        # export, which stops a bytearray from being resized under us.
+        self.cview = (ctypes.c_char * self.size).from_buffer(view) if self.size else None
+        self.addr = ctypes.addressof(self.cview) if self.size else 0
+
+    def release(self):
+        self.cview = None
+        self.view.release()
+
+
+class SaveHandle:
+    """One snapshot in progress. ``step``; after success ``seq`` (commit
+    order), ``bytes`` and ``checksum_s`` from the agent's commit reply."""
+
+    def __init__(self, session, step):
+        self.step = step
+        self.seq = self.bytes = self.checksum_s = None
+        self._session = session
+        self._event = threading.Event()
+        self._error = None
+        self._observed = False
+        self._urgent = False  # the caller waits: copy without waiting for hints
+
+    @classmethod
+    def _finished(cls, session, step):
+        h = cls(session, step)
+        h._event.set()
+        return h
+
+    def done(self):
+        """True when the save has finished, successfully or not. Does not
+        block and does not hurry the copy."""
+        self._session._check_process()
+        return self._event.is_set()
+
+    def wait(self, timeout=None):
+        """Wait for the save to commit. Returns True when it committed;
+        returns False if ``timeout`` seconds passed first (the save goes on;
+        wait again). Raises reft.Error when it failed (``e.code`` is the
+        agent's error code, or None for a client-side failure). In hint mode,
+        waiting makes the copier copy the rest at once."""
+        self._session._check_process()
+        if not self._event.is_set():
+            self._session._hurry(self)
+            if not self._event.wait(timeout):
+                return False
+        if self._error is not None:
+            self._observed = True
+            raise self._error
+        return True
+
+    @property
+    def error(self):
+        """The reft.Error the save failed with, None while running or after
+        success."""
+        if self._event.is_set() and self._error is not None:
+            self._observed = True
+            return self._error
+        return None
+
+    def __repr__(self):
+        state = "running" if not self._event.is_set() else ("failed" if self._error else "committed")
+        return "<reft.SaveHandle step=%d %s>" % (self.step, state)
+
+
+class Session:
+    """A rank's reft session. See the package docstring for the API."""
+
+    def __init__(self, layout=None, optional=False, socket_path=None,
+                 chunk_size=DEFAULT_CHUNK_SIZE, agree=None, *, rank=None, world=None,
+                 local_rank=None):
+        self._pid = os.getpid()
+        self._forked = False
+        self._closed = False
+        self._conn = None
+        self._op_lock = threading.Lock()  # public operations, one at a time
+        self._cv = threading.Condition()  # hint windows and hurry requests
+        self._hinted = False
+        self._window_end = 0.0
+        self._buffers = []
+        self._names = set()
+        self._frozen = False  # registration was sent (or attempted)
+        self._registered = False
+        self._pending = None
+        self._arenas = ArenaCache()
+        self._warned = False
+        self.optional = bool(optional)
+        self.enabled = True
+        self.disabled_reason = None
+        self.agent = None  # the hello reply
+        self.registration = None  # the register reply
+
+        self.rank = _env_int("SLURM_PROCID", 0) if rank is None else rank
+        self.world = _env_int("SLURM_NTASKS", 1) if world is None else world
+        self.local_rank = _env_int("SLURM_LOCALID", 0) if local_rank is None else local_rank
+        for what, v, lo in (("world", self.world, 1), ("rank", self.rank, 0),
+                            ("local_rank", self.local_rank, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise Error("reft.Session: %s=%r must be an int >= %d" % (what, v, lo))
+        if self.rank >= self.world:
+            raise Error("reft.Session: rank %d is not below the world size %d (SLURM_PROCID, "
+                        "SLURM_NTASKS)" % (self.rank, self.world))
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+            raise Error("reft.Session: chunk_size=%r must be a positive int (bytes)" % (chunk_size,))
+        self.chunk_size = chunk_size
+        if agree is not None and not callable(agree):
+            raise Error("reft.Session: agree must be callable(list of steps) -> list of steps")
+        self._agree = agree
+        self.layout = default_layout(layout, self.world)
+
+        path = socket_path or os.environ.get("REFT_AGENT_SOCKET", "")
+        self.socket_path = path or None
+        if not path:
+            self._disable_or_raise(
+                "reft is not enabled for this step: REFT_AGENT_SOCKET is not set; run with "
+                "srun --reft=arc or pass optional=True")
+        else:
+            try:
+                self._conn = W.Connection(path)
+                self._hello()
+            except Error as e:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                self._disable_or_raise(str(e))
+        _live.add(self)
+
+    # --- setup ---------------------------------------------------------
+
+    def _disable_or_raise(self, reason):
+        if not self.optional:
+            raise Error(reason)
+        self.enabled = False
+        self.disabled_reason = reason
+
+    def _hello(self):
+        hello = {"client": "reft-py/" + CLIENT_VERSION, "pid": self._pid}
+        step = os.environ.get("REFT_STEP_ID")
+        if step:
+            hello["step"] = step
+        hello["rank"] = self.rank
+        reply = self._conn.call(W.T_HELLO, hello)
+        if reply.get("protocol") != W.VERSION:
+            raise Error("the reft agent at %s speaks protocol %r; this client (reft-py %s) speaks "
+                        "%d; install the Python client of the reft version the cluster runs"
+                        % (self._conn.path, reply.get("protocol"), CLIENT_VERSION, W.VERSION))
+        self.agent = reply
+
+    def _warn_disabled(self):
+        if not self._warned:
+            self._warned = True
+            warnings.warn("reft is disabled for this session, snapshots are not taken: %s"
+                          % self.disabled_reason, RuntimeWarning, stacklevel=3)
+
+    def _check_process(self):
+        if self._forked or os.getpid() != self._pid:
+            raise Error("this reft session belongs to process %d and cannot be used in its forked "
+                        "child %d (a DataLoader worker or multiprocessing child?): the socket, "
+                        "lock and copier thread are the parent's; use reft only in the training "
+                        "process" % (self._pid, os.getpid()))
+
+    def _check_usable(self, what):
+        self._check_process()
+        if self._closed:
+            raise Error("reft session: %s after close()" % what)
+
+    # --- registration ----------------------------------------------------
+
+    def register(self, name, buf, replicated=True):
+        """Register a writable C-contiguous buffer (bytearray, memoryview,
+        numpy array, tensor.numpy(), ...) under a unique name. All buffers
+        are registered before the first save(), restore() or generations().
+        The buffer must keep its size and address for the session's life."""
+        self._check_usable("register()")
+        with self._op_lock:
+            if not isinstance(name, str) or not name:
+                raise Error("register: the buffer name must be a non-empty str, not %r" % (name,))
+            if len(name.encode("utf-8")) > _MAX_NAME:
+                raise Error("register(%r): the name is longer than %d bytes" % (name[:40] + "...", _MAX_NAME))
+            if self._frozen:
+                raise Error("register(%r): buffers must be registered before the first save(), "
+                            "restore() or generations(); the arena layout is fixed by then "
+                            "(open a new Session to change it)" % name)
+            if name in self._names:
+                raise Error("register(%r): a buffer of that name is already registered" % name)
+            try:
+                view = memoryview(buf)
+            except TypeError:
+                raise Error("register(%r): %s does not expose a buffer; pass a bytearray, a numpy "
+                            "array or tensor.numpy() of a CPU tensor" % (name, type(buf).__name__)) from None
+            if view.readonly:
+                view.release()
+                raise Error("register(%r): the buffer is read-only; restore() must write into it "
+                            "(pass a bytearray or a writable array, not bytes)" % name)
+            if not view.c_contiguous:
+                view.release()
+                raise Error("register(%r): the buffer is not C-contiguous; register a contiguous "
+                            "copy (numpy.ascontiguousarray, tensor.contiguous()) and train on it" % name)
+            try:
+                flat = view.cast("B")
+            except TypeError as e:
+                view.release()
+                raise Error("register(%r): cannot view the buffer as bytes: %s" % (name, e)) from None
+            view.release()
+            self._buffers.append(_Buffer(name, flat, bool(replicated)))
+            self._names.add(name)
+
+    def _ensure_registered(self):
+        if self._registered:
+            return
+        self._frozen = True
+        if not self._buffers:
+            return
+        req = {"rank": self.rank, "world": self.world, "local_rank": self.local_rank,
+               "layout": str(self.layout), "chunk_size": self.chunk_size,
+               "buffers": [{"name": b.name, "size": b.size, "replicated": b.replicated}
+                           for b in self._buffers]}
+        try:
+            reply = self._conn.call(W.T_REGISTER, req)
+        except Error as e:
+            if e.code == "disabled" and self.optional:
+                self._disable_or_raise("the agent has no snapshot store: %s" % e.message)
+                return
+            if e.code == "disabled":
+                raise Error("register: the reft agent has no snapshot store (%s); run with "
+                            "srun --reft=arc or pass optional=True" % e.message, code=e.code) from None
+            raise
+        self._check_places("register", reply.get("buffers"), reply.get("arena_size"))
+        self.registration = reply
+        self._registered = True
+
+    def _check_places(self, what, places, arena_size):
+        """The agent's arena layout must be ours, in order, inside the arena."""
+        if not isinstance(arena_size, int) or not isinstance(places, list) or \
+                len(places) != len(self._buffers):
+            raise Error("%s: the agent's reply lists %s buffers in an arena of %r bytes, this "
+                        "session registered %d" % (what, len(places) if isinstance(places, list)
+                                                   else "no", arena_size, len(self._buffers)))
+        for b, p in zip(self._buffers, places):
+            if not isinstance(p, dict) or p.get("name") != b.name or p.get("size") != b.size:
+                raise Error("%s: the agent's layout has %r where this session registered "
+                            "buffer %r of %d bytes" % (what, p, b.name, b.size), code="mismatch")
+            off = p.get("offset")
+            if not isinstance(off, int) or off < 0 or off + b.size > arena_size:
+                raise Error("%s: the agent put buffer %r at offset %r, outside the %d-byte arena"
+                            % (what, b.name, off, arena_size))
+
+    # --- save ------------------------------------------------------------
+
+    def save(self, step):
+        """Start a snapshot of every registered buffer as ``step`` and
+        return its SaveHandle at once; a background thread copies and
+        commits. Do not modify the buffers until the handle is done. A save
+        while the previous one is still copying first waits for it."""
+        self._check_usable("save()")
+        _check_step("save", step)
+        with self._op_lock:
+            if not self.enabled:
+                self._warn_disabled()
+                return SaveHandle._finished(self, step)
+            if not self._buffers:
+                raise Error("save(%d): nothing is registered; register(name, buf) every buffer of "
+                            "the rank's state before the first save" % step)
+            self._finish_pending()
+            self._ensure_registered()
+            if not self.enabled:  # the agent said it has no store (optional)
+                self._warn_disabled()
+                return SaveHandle._finished(self, step)
+            reply = self._conn.call(W.T_SAVE, {"step": step})
+            try:
+                size = reply.get("arena_size")
+                self._check_places("save(%d)" % step, reply.get("buffers"), size)
+                arena = self._arenas.get(reply.get("arena"), size, writable=True)
+            except Error:
+                self._abort_quietly(step)
+                raise
+            handle = SaveHandle(self, step)
+            jobs = [(arena.addr + p["offset"], b.addr, b.size)
+                    for b, p in zip(self._buffers, reply["buffers"]) if b.size]
+            t = threading.Thread(target=self._copy, args=(handle, jobs),
+                                 name="reft-copy-%d" % step, daemon=True)
+            self._pending = handle
+            t.start()
+            return handle
+
+    def _copy(self, handle, jobs):
+        """The copier: chunk by chunk into the arena (ctypes.memmove drops
+        the GIL, so training goes on), then commit."""
+        step = handle.step
+        try:
+            cs = self.chunk_size
+            for dst, src, size in jobs:
+                for off in range(0, size, cs):
+                    self._await_window(handle)
+                    ctypes.memmove(dst + off, src + off, min(cs, size - off))
+            reply = self._conn.call(W.T_COMMIT, {"step": step})
+            handle.seq = reply.get("seq")
+            handle.bytes = reply.get("bytes")
+            handle.checksum_s = reply.get("checksum_s")
+        except Error as e:
+            if e.code is not None and e.code != "forbidden":
+                self._abort_quietly(step)  # leave no save open on the agent
+            handle._error = Error("save(%d): %s" % (step, e.message), code=e.code)
+        except BaseException as e:  # noqa: BLE001 - report it on the handle
+            self._abort_quietly(step)
+            handle._error = Error("save(%d): the copy failed: %r" % (step, e))
+        finally:
+            handle._event.set()
+
+    def _abort_quietly(self, step):
+        try:
+            self._conn.call(W.T_ABORT, {"step": step})
+        except Error:
+            pass  # the original failure is what the caller needs to see
+
+    def _await_window(self, handle):
+        with self._cv:
+            while (self._hinted and not handle._urgent
+                   and time.monotonic() >= self._window_end):
+                self._cv.wait()  # until a hint or a waiter
+
+    def _hurry(self, handle):
+        with self._cv:
+            handle._urgent = True
+            self._cv.notify_all()
+
+    def _finish_pending(self):
+        h, self._pending = self._pending, None
+        if h is None:
+            return
+        self._hurry(h)
+        h._event.wait()
+        if h._error is not None and not h._observed:
+            h._observed = True
+            warnings.warn("reft: the snapshot of step %d failed and nobody waited on its "
+                          "handle: %s" % (h.step, h._error), RuntimeWarning, stacklevel=4)
+
+    @property
+    def pending(self):
+        """The SaveHandle of the save in progress, or None."""
+        h = self._pending
+        return h if h is not None and not h._event.is_set() else None
+
+    def hint_idle(self, ms):
+        """Announce that the caller will be idle for about ``ms`` ms from
+        now (a pipeline bubble, a data-loading wait). After the first hint
+        the copier copies only inside announced windows, and the rest at
+        once when the save is waited on, the next save starts, or close()."""
+        self._check_usable("hint_idle()")
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or ms < 0 or ms != ms:
+            raise Error("hint_idle: ms=%r must be a number >= 0 (milliseconds)" % (ms,))
+        if not self.enabled:
+            return
+        with self._cv:
+            self._hinted = True
+            self._window_end = max(self._window_end, time.monotonic() + ms / 1000.0)
+            self._cv.notify_all()
+
+    # --- restore ---------------------------------------------------------
+
+    def generations(self, details=False):
+        """This rank's committed steps on this node, newest first (with
+        ``details``: the agent's dicts {step, seq, bytes}). Does not wait for
+        a save in progress."""
+        self._check_usable("generations()")
+        with self._op_lock:
+            if not self.enabled:
+                self._warn_disabled()
+                return []
+            if not self._buffers:
+                raise Error("generations(): nothing is registered; register(name, buf) first "
+                            "(the agent knows the rank's snapshots once it is registered)")
+            self._ensure_registered()
+            if not self.enabled:
+                self._warn_disabled()
+                return []
+            gens = self._generations()
+            return gens if details else [g["step"] for g in gens]
+
+    def _generations(self):
+        reply = self._conn.call(W.T_GENERATIONS)
+        gens = reply.get("generations") or []  # Go writes null for none
+        if not isinstance(gens, list) or not all(isinstance(g, dict) and isinstance(g.get("step"), int)
+                                                 for g in gens):
+            raise Error("generations: unreadable reply from the agent: %r" % (reply,))
+        return gens
+
+    def restore(self, step=None):
+        """Fill every registered buffer from a snapshot and return its step,
+        or None when there is nothing to restore. Without ``step``: the
+        newest step every rank holds (world > 1 needs ``agree``); with
+        ``step``: exactly that one (reft.Error code not_found otherwise).
+        A save in progress is finished first."""
+        self._check_usable("restore()")
+        if step is not None:
+            _check_step("restore", step)
+        with self._op_lock:
+            if not self.enabled:
+                self._warn_disabled()
+                return None
+            if not self._buffers:
+                raise Error("restore(): nothing is registered; register(name, buf) every buffer "
+                            "to fill before restoring")
+            if step is None and self.world > 1 and self._agree is None:
+                raise Error("restore(): this job has %d ranks, and a snapshot is restorable only "
+                            "if every rank holds it, so the ranks must agree on the step: pass "
+                            "agree=callable(my_steps) -> steps every rank holds (e.g. an "
+                            "all-gather and reft.common_newest), or use reft.torch.Checkpointer "
+                            "with torch.distributed initialized, or restore(step=N)" % self.world)
+            self._finish_pending()
+            self._ensure_registered()
+            if not self.enabled:
+                self._warn_disabled()
+                return None
+            if step is None:
+                step = self._choose()
+                if step is None:
+                    return None
+            return self._restore(step)
+
+    def _choose(self):
+        mine = [g["step"] for g in self._generations()]
+        if self._agree is None:  # world 1: the newest generation
+            return mine[0] if mine else None
+        common = self._agree(list(mine))
+        if not common:
+            return None
+        try:
+            chosen = max(common)
+        except TypeError:
+            raise Error("restore(): agree returned %r; expected a list of steps" % (common,)) from None
+        if chosen not in mine:
+            raise Error("restore(): agree chose step %r, which this rank (%d) does not hold "
+                        "(it holds %s); agree must return steps every rank holds"
+                        % (chosen, self.rank, mine))
+        return chosen
+
+    def _restore(self, step):
+        reply = self._conn.call(W.T_RESTORE, {"step": step})
+        got = reply.get("step", step)
+        try:
+            size = reply.get("arena_size")
+            self._check_places("restore(%d)" % step, reply.get("buffers"), size)
+            arena = self._arenas.get(reply.get("arena"), size, writable=False)
+            cs = self.chunk_size
+            with memoryview(arena.mm) as src:
+                for b, p in zip(self._buffers, reply["buffers"]):
+                    base = p["offset"]
+                    # Chunked, so other threads get the GIL between chunks.
+                    for off in range(0, b.size, cs):
+                        n = min(cs, b.size - off)
+                        b.view[off:off + n] = src[base + off:base + off + n]
+        except BaseException:
+            try:
+                self._conn.call(W.T_RELEASE, {"step": got})
+            except Error:
+                pass
+            raise
+        self._conn.call(W.T_RELEASE, {"step": got})
+        return got
+
+    # --- misc ------------------------------------------------------------
+
+    def status(self):
+        """The agent's status reply (dict), e.g. its ``store_dir``."""
+        self._check_usable("status()")
+        if not self.enabled:
+            raise Error("status(): reft is disabled for this session: %s" % self.disabled_reason)
+        with self._op_lock:
+            return self._conn.call(W.T_STATUS)
+
+    def close(self):
+        """Finish the save in progress, then close the connection and the
+        arena mappings. Idempotent."""
+        self._check_process()
+        if self._closed:
+            return
+        with self._op_lock:
+            if self._closed:
+                return
+            try:
+                self._finish_pending()
+            finally:
+                self._closed = True
+                _live.discard(self)
+                if self._conn is not None:
+                    self._conn.close()
+                self._arenas.close()
+                for b in self._buffers:
+                    b.release()
+
+    def __enter__(self):
+        self._check_usable("with")
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        state = "closed" if self._closed else ("enabled" if self.enabled else "disabled")
+        return "<reft.Session rank=%d/%d %s %s>" % (self.rank, self.world, self.layout, state)
