@@ -234,8 +234,32 @@ func (s *Server) Status() proto.Status {
 		Job: s.info.Job, Node: s.info.Node, Spec: s.info.Spec, AgentVersion: s.info.Version,
 		PID: os.Getpid(), UptimeSeconds: time.Since(s.start).Seconds(),
 		Clients: int(s.clients.Load()), Connections: s.accepted.Load(), BadFrames: s.badFrames.Load(),
-		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir,
+		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
 	}
+}
+
+func (s *Server) rankStatus() []proto.RankStatus {
+	if s.store == nil {
+		return nil
+	}
+	var out []proto.RankStatus
+	for _, k := range s.store.Keys() {
+		if k.Shard != tmpfs.DefaultShard {
+			continue
+		}
+		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}}
+		for _, g := range s.store.Generations(k) {
+			if g.Bad {
+				continue
+			}
+			if rs.Newest < 0 {
+				rs.Newest, rs.Bytes = g.Step, payloadBytes(g.Manifest.Buffers)
+			}
+			rs.Generations = append(rs.Generations, g.Step)
+		}
+		out = append(out, rs)
+	}
+	return out
 }
 
 // SocketPath is where the agent of a job listens: <runDir>/<job>/agent.sock.

@@ -168,6 +168,11 @@ func TestSnapshotSaveRestore(t *testing.T) {
 		}
 		c.must(proto.TRelease, proto.StepReq{Step: ar.Step}, nil)
 	}
+	var st proto.Status
+	c.must(proto.TStatus, nil, &st)
+	if len(st.Ranks) != 1 || st.Ranks[0].Rank != 2 || st.Ranks[0].Newest != 8 || st.Ranks[0].Bytes != 15_000 {
+		t.Fatalf("status ranks %+v", st.Ranks)
+	}
 	// The manifest records the buffers' kinds for redundancy planning.
 	gens, _ := filepath.Glob(filepath.Join(tmpfs.JobPath(root, os.Getuid(), "42"), "r2", "state", "g8-*", "MANIFEST"))
 	if len(gens) != 1 {

@@ -222,6 +222,16 @@ type Status struct {
 	BadFrames     uint64  `json:"bad_frames"`    // malformed frames received so far
 	MemoryBudget  uint64  `json:"memory_budget"` // bytes
 	StoreDir      string  `json:"store_dir"`
+	// Ranks lists what the store holds per rank (own state, shard "state").
+	Ranks []RankStatus `json:"ranks,omitempty"`
+}
+
+// RankStatus is one rank's snapshots on this node, in a status reply.
+type RankStatus struct {
+	Rank        int     `json:"rank"`
+	Newest      int64   `json:"newest"` // newest committed step
+	Generations []int64 `json:"generations"`
+	Bytes       int64   `json:"bytes"` // payload bytes of the newest generation
 }
 
 // Error codes of an error reply.
