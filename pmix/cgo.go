@@ -8,14 +8,19 @@ package pmix
 #include <string.h>
 #include <pmix.h>
 
-// get_u32 reads an integer-valued key for proc (rank r of nspace).
-static pmix_status_t get_u32(const pmix_proc_t *me, uint32_t r, const char *key, uint32_t *out) {
+// get_val fetches key for rank r of me's namespace; the caller releases it.
+static pmix_status_t get_val(const pmix_proc_t *me, uint32_t r, const char *key, pmix_value_t **val) {
 	pmix_proc_t p;
-	pmix_value_t *val = NULL;
 	PMIX_PROC_CONSTRUCT(&p);
 	PMIX_LOAD_NSPACE(p.nspace, me->nspace);
 	p.rank = r;
-	pmix_status_t rc = PMIx_Get(&p, key, NULL, 0, &val);
+	return PMIx_Get(&p, key, NULL, 0, val);
+}
+
+// get_u32 reads an integer-valued key for proc (rank r of nspace).
+static pmix_status_t get_u32(const pmix_proc_t *me, uint32_t r, const char *key, uint32_t *out) {
+	pmix_value_t *val = NULL;
+	pmix_status_t rc = get_val(me, r, key, &val);
 	if (rc != PMIX_SUCCESS) return rc;
 	switch (val->type) {
 	case PMIX_UINT32: *out = val->data.uint32; break;
@@ -30,12 +35,8 @@ static pmix_status_t get_u32(const pmix_proc_t *me, uint32_t r, const char *key,
 
 // get_host copies rank r's hostname into buf.
 static pmix_status_t get_host(const pmix_proc_t *me, uint32_t r, char *buf, size_t n) {
-	pmix_proc_t p;
 	pmix_value_t *val = NULL;
-	PMIX_PROC_CONSTRUCT(&p);
-	PMIX_LOAD_NSPACE(p.nspace, me->nspace);
-	p.rank = r;
-	pmix_status_t rc = PMIx_Get(&p, PMIX_HOSTNAME, NULL, 0, &val);
+	pmix_status_t rc = get_val(me, r, PMIX_HOSTNAME, &val);
 	if (rc != PMIX_SUCCESS) return rc;
 	if (val->type == PMIX_STRING && val->data.string != NULL) {
 		strncpy(buf, val->data.string, n - 1);

@@ -27,6 +27,24 @@ var subcommands = map[string]subcommand{
 	"simulate":  {"Monte Carlo check of the survival model, up to 16384 nodes", runSimulate},
 }
 
+// applyMode parses --mode, sets the model's tolerance from it, and checks
+// the mode against the group size, then the model, then --threshold: the
+// order in which the survival and simulate commands report mistakes.
+func applyMode(spec string, sgSize int, tolerance *int, validate func() error, threshold float64) (Mode, error) {
+	mode, err := ParseMode(spec)
+	if err != nil {
+		return Mode{}, err
+	}
+	*tolerance = mode.Tolerance()
+	if err := checkModeFits(mode, sgSize); err != nil {
+		return Mode{}, err
+	}
+	if err := validate(); err != nil {
+		return Mode{}, err
+	}
+	return mode, checkThreshold(threshold)
+}
+
 // errHelp means -h was given: the flag package has printed the usage.
 var errHelp = flag.ErrHelp
 
@@ -194,18 +212,8 @@ func runSurvival(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	mode, err := ParseMode(*modeSpec)
+	mode, err := applyMode(*modeSpec, s.SGSize, &s.Tolerance, func() error { return s.validate() }, *threshold)
 	if err != nil {
-		return err
-	}
-	s.Tolerance = mode.Tolerance()
-	if err := checkModeFits(mode, s.SGSize); err != nil {
-		return err
-	}
-	if err := s.validate(); err != nil {
-		return err
-	}
-	if err := checkThreshold(*threshold); err != nil {
 		return err
 	}
 	shapes, err := parseShapes(*shapesSpec)
@@ -550,18 +558,8 @@ func runSimulate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	s.Seed = *seed
-	mode, err := ParseMode(*modeSpec)
+	mode, err := applyMode(*modeSpec, s.SGSize, &s.Tolerance, func() error { return s.validate() }, *threshold)
 	if err != nil {
-		return err
-	}
-	s.Tolerance = mode.Tolerance()
-	if err := checkModeFits(mode, s.SGSize); err != nil {
-		return err
-	}
-	if err := s.validate(); err != nil {
-		return err
-	}
-	if err := checkThreshold(*threshold); err != nil {
 		return err
 	}
 	if !(*conf > 0 && *conf < 1) {
