@@ -77,7 +77,9 @@ func Start(opt Options) (a *Agent, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("agenttest: allocator: %w", err)
 	}
-	if a.Store, err = tmpfs.Open(tmpfs.Options{Root: filepath.Join(dir, "store"), JobID: opt.Job, Alloc: alloc, Log: opt.Log}); err != nil {
+	// Keep: 1 as the agent's own store (agent.Run), so clients see the same
+	// retention as in a job.
+	if a.Store, err = tmpfs.Open(tmpfs.Options{Root: filepath.Join(dir, "store"), JobID: opt.Job, Keep: 1, Alloc: alloc, Log: opt.Log}); err != nil {
 		return nil, fmt.Errorf("agenttest: store: %w", err)
 	}
 	node, _ := os.Hostname()
