@@ -1,0 +1,243 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/client"
+)
+
+// fakeAgent answers each request with what reply returns: frames to send,
+// and whether to close the connection afterwards. It starts the
+// conversation with greet when that is set.
+type fakeAgent struct {
+	greet []proto.Frame
+	reply func(f proto.Frame) (out []proto.Frame, hangup bool)
+
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (fa *fakeAgent) start(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "reft-fake-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		fa.hangup()
+		wg.Wait()
+		os.RemoveAll(dir)
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fa.mu.Lock()
+			fa.conns = append(fa.conns, c)
+			fa.mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				for _, f := range fa.greet {
+					proto.Write(c, f)
+				}
+				for {
+					f, err := proto.Decode(c)
+					if err != nil {
+						return
+					}
+					out, hangup := fa.reply(f)
+					for _, o := range out {
+						if proto.Write(c, o) != nil {
+							return
+						}
+					}
+					if hangup {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return path
+}
+
+// hangup closes every connection, as an agent that dies.
+func (fa *fakeAgent) hangup() {
+	fa.mu.Lock()
+	defer fa.mu.Unlock()
+	for _, c := range fa.conns {
+		c.Close()
+	}
+}
+
+func msg(t proto.Type, id uint32, payload string) proto.Frame {
+	return proto.Frame{Type: t, ID: id, Payload: []byte(payload)}
+}
+
+const helloOK = `{"protocol":1,"job":"7","node":"n","spec":"arc","agent_version":"fake","restart":0}`
+
+// standard answers hello, register (one 4096-byte buffer "w") and save like
+// an agent with arena; anything else goes to other.
+func standard(arena string, other func(f proto.Frame) ([]proto.Frame, bool)) func(f proto.Frame) ([]proto.Frame, bool) {
+	return func(f proto.Frame) ([]proto.Frame, bool) {
+		switch f.Type {
+		case proto.THello:
+			return []proto.Frame{msg(proto.THelloReply, f.ID, helloOK)}, false
+		case proto.TRegister:
+			return []proto.Frame{msg(proto.TRegister|proto.ReplyBit, f.ID,
+				`{"rank":0,"chunk_size":4096,"arena_size":4096,"buffers":[{"name":"w","offset":0,"size":4096,"replicated":true}]}`)}, false
+		case proto.TSave:
+			return []proto.Frame{msg(proto.TSave|proto.ReplyBit, f.ID,
+				`{"step":1,"arena":"`+arena+`","arena_size":4096,"buffers":[{"name":"w","offset":0,"size":4096,"replicated":true}]}`)}, false
+		}
+		return other(f)
+	}
+}
+
+func arenaFile(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "arena-0")
+	if err := os.WriteFile(p, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestProtocolEdges(t *testing.T) {
+	arena := arenaFile(t)
+	never := func(proto.Frame) ([]proto.Frame, bool) { return nil, false }
+	tests := []struct {
+		name  string
+		fa    *fakeAgent
+		run   func(t *testing.T, c *client.Client, fa *fakeAgent) error // nil: Open must fail
+		code  string                                                   // agent error code wanted; "" none
+		match string                                                   // text the error must contain
+	}{
+		{name: "other protocol", fa: &fakeAgent{reply: func(f proto.Frame) ([]proto.Frame, bool) {
+			return []proto.Frame{msg(proto.THelloReply, f.ID, `{"protocol":2,"agent_version":"9.0"}`)}, false
+		}}, match: "speaks protocol 2"},
+		{name: "forbidden", fa: &fakeAgent{
+			greet: []proto.Frame{msg(proto.TError, 0, `{"code":"forbidden","message":"uid 1 may not"}`)},
+			reply: func(proto.Frame) ([]proto.Frame, bool) { return nil, true },
+		}, code: client.CodeForbidden},
+		{name: "reply with another id", fa: &fakeAgent{reply: func(f proto.Frame) ([]proto.Frame, bool) {
+			return []proto.Frame{msg(proto.THelloReply, f.ID+1, helloOK)}, false
+		}}, match: "answered request id"},
+		{name: "reply of another type", fa: &fakeAgent{reply: func(f proto.Frame) ([]proto.Frame, bool) {
+			return []proto.Frame{msg(proto.TStatusReply, f.ID, `{}`)}, false
+		}}, match: "type 0x82"},
+		{name: "error id 0 answers the outstanding request", fa: &fakeAgent{reply: standard(arena, func(f proto.Frame) ([]proto.Frame, bool) {
+			if f.Type == proto.TCommit {
+				return []proto.Frame{msg(proto.TError, 0, `{"code":"internal","message":"disk on fire"}`)}, false
+			}
+			return []proto.Frame{msg(f.Type|proto.ReplyBit, f.ID, `{"generations":[{"step":1}]}`)}, false
+		})}, run: func(t *testing.T, c *client.Client, _ *fakeAgent) error {
+			err := c.Save(1).Wait(context.Background())
+			if g, gerr := c.Generations(context.Background()); gerr != nil || len(g) != 1 {
+				t.Errorf("the connection should still work after an error reply: %v, %v", g, gerr)
+			}
+			return err
+		}, code: client.CodeInternal, match: "disk on fire"},
+		{name: "agent dies during commit", fa: &fakeAgent{reply: standard(arena, func(proto.Frame) ([]proto.Frame, bool) { return nil, true })},
+			run: func(t *testing.T, c *client.Client, _ *fakeAgent) error {
+				err := c.Save(1).Wait(context.Background())
+				if _, gerr := c.Generations(context.Background()); gerr == nil || !strings.Contains(gerr.Error(), "unusable") {
+					t.Errorf("Generations after a lost connection = %v, want unusable", gerr)
+				}
+				return err
+			}, match: "commit of step 1"},
+		{name: "wait times out, the save goes on", fa: &fakeAgent{reply: standard(arena, never)},
+			run: func(t *testing.T, c *client.Client, fa *fakeAgent) error {
+				h := c.Save(1)
+				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+				defer cancel()
+				err := h.Wait(ctx)
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Wait = %v, want a deadline error", err)
+				}
+				fa.hangup() // the agent goes: the commit fails and Close returns
+				err = h.Wait(context.Background())
+				if err == nil || !errors.Is(err, io.EOF) && !strings.Contains(err.Error(), "reading") {
+					t.Errorf("Wait after hangup = %v", err)
+				}
+				return err
+			}, match: "commit"},
+		{name: "request cut off by its context", fa: &fakeAgent{reply: standard(arena, never)},
+			run: func(t *testing.T, c *client.Client, _ *fakeAgent) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+				defer cancel()
+				_, err := c.Generations(ctx)
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Generations = %v, want a deadline error", err)
+				}
+				_, err = c.Generations(context.Background())
+				return err
+			}, match: "unusable"},
+		{name: "layout that does not fit", fa: &fakeAgent{reply: func(f proto.Frame) ([]proto.Frame, bool) {
+			if f.Type == proto.TRegister {
+				return []proto.Frame{msg(f.Type|proto.ReplyBit, f.ID,
+					`{"arena_size":4096,"buffers":[{"name":"w","offset":4000,"size":4096}]}`)}, false
+			}
+			return []proto.Frame{msg(f.Type|proto.ReplyBit, f.ID, helloOK)}, false
+		}}, run: func(t *testing.T, c *client.Client, _ *fakeAgent) error {
+			return c.Save(1).Wait(context.Background())
+		}, match: "does not fit"},
+		{name: "save reply naming a missing arena", fa: &fakeAgent{reply: standard("/nonexistent/arena", func(f proto.Frame) ([]proto.Frame, bool) {
+			return []proto.Frame{msg(f.Type|proto.ReplyBit, f.ID, `{"step":1}`)}, false // the abort
+		})}, run: func(t *testing.T, c *client.Client, _ *fakeAgent) error {
+			return c.Save(1).Wait(context.Background())
+		}, match: "opening arena"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sock := tt.fa.start(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := client.Open(ctx, client.Options{Socket: sock})
+			if tt.run != nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Register("w", make([]byte, 4096), client.Replicated); err != nil {
+					t.Fatal(err)
+				}
+				err = tt.run(t, c, tt.fa)
+				tt.fa.hangup()
+				c.Close()
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			var ae *client.Error
+			if tt.code != "" && (!errors.As(err, &ae) || ae.Code != tt.code) {
+				t.Errorf("error %v, want agent code %q", err, tt.code)
+			}
+			if !strings.Contains(err.Error(), tt.match) {
+				t.Errorf("error %q does not contain %q", err, tt.match)
+			}
+		})
+	}
+}
