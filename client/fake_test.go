@@ -133,8 +133,8 @@ func TestProtocolEdges(t *testing.T) {
 		name  string
 		fa    *fakeAgent
 		run   func(t *testing.T, c *client.Client, fa *fakeAgent) error // nil: Open must fail
-		code  string                                                   // agent error code wanted; "" none
-		match string                                                   // text the error must contain
+		code  string                                                    // agent error code wanted; "" none
+		match string                                                    // text the error must contain
 	}{
 		{name: "other protocol", fa: &fakeAgent{reply: func(f proto.Frame) ([]proto.Frame, bool) {
 			return []proto.Frame{msg(proto.THelloReply, f.ID, `{"protocol":2,"agent_version":"9.0"}`)}, false
