@@ -13,8 +13,12 @@
 // down: launch with srun -K1 (--kill-on-bad-exit) unless reft's launcher
 // does that.
 //
-// Snapshots: the reft client is not wired in yet (openSnapshotter), so this
-// binary runs with snapshots disabled and says so once.
+// Snapshots: under srun --reft=SPEC (REFT_AGENT_SOCKET set) every rank opens
+// a reft client session, registers its parameters, optimizer state (Sharded
+// under --zero1) and step counter, restores the newest step that every rank
+// holds in its node's store ("resumed from step N" on rank 0, training goes
+// on at N+1) and snapshots every --save-every steps (default 1). Without
+// reft it trains without snapshots and rank 0 says so once.
 //
 // Memory per rank is about 6x the stage's parameter bytes with adam/adamw
 // (parameters, float32 gradients, int64 fixed-point gradients, two moments),
@@ -65,16 +69,17 @@ func run() int {
 		mpi.Finalize()
 		return 2
 	}
-	snap, err := openSnapshotter(world)
+	snap, err := openSnapshotter(world, cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "reft-train: rank %d: snapshots: %v\n", world.Rank(), err)
 		world.c.Abort()
 		return 1
 	}
 	opts := train.Options{
-		Comm: world,
-		Snap: snap,
-		Log:  os.Stdout,
+		Comm:    world,
+		Snap:    snap,
+		SnapOff: snapshotsOff,
+		Log:     os.Stdout,
 		Kill: func() error {
 			fmt.Fprintf(os.Stderr, "reft-train: rank %d: --fail-at %d:%d: SIGKILL\n", world.Rank(), cfg.FailStep, cfg.FailRank)
 			if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {

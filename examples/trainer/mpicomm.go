@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/emer/empi/mpi"
+	"golang.org/x/sys/unix"
 
 	"github.com/reft-hpc/reft/examples/trainer/train"
 )
@@ -16,14 +17,17 @@ type mpiComm struct {
 	c     *mpi.Comm
 	world bool
 	tmp   []int64
+	tid   int // the OS thread MPI was initialized on (main locks it)
 }
 
+// newMPIComm wraps MPI_COMM_WORLD; call it on the thread that called
+// mpi.Init.
 func newMPIComm() (*mpiComm, error) {
 	c, err := mpi.NewComm(nil)
 	if err != nil {
 		return nil, err
 	}
-	return &mpiComm{c: c, world: true}, nil
+	return &mpiComm{c: c, world: true, tid: unix.Gettid()}, nil
 }
 
 func (m *mpiComm) Rank() int { return m.c.Rank() }
@@ -64,6 +68,18 @@ func (m *mpiComm) AllGatherF32(dst, src []float32) error {
 	return m.c.AllGatherF32(dst, src)
 }
 
+// AllGatherI64 is MPI_Allgather of equally long src from every member into
+// dst, in rank order.
+func (m *mpiComm) AllGatherI64(dst, src []int64) error {
+	if len(dst) != len(src)*m.Size() {
+		return fmt.Errorf("allgather: dst has %d elements, want %d x %d", len(dst), m.Size(), len(src))
+	}
+	if len(src) == 0 {
+		return nil
+	}
+	return m.c.AllGatherI64(dst, src)
+}
+
 func (m *mpiComm) SendF32(to, tag int, v []float32) error {
 	if len(v) == 0 {
 		return errors.New("send: empty message")
@@ -89,5 +105,5 @@ func (m *mpiComm) Sub(ranks []int) (train.Comm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("MPI_Comm_create %v: %w", ranks, err)
 	}
-	return &mpiComm{c: c}, nil
+	return &mpiComm{c: c, tid: m.tid}, nil
 }

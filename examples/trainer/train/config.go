@@ -55,6 +55,7 @@ func Defaults() Config {
 	return Config{
 		Steps: 100, SizeBytes: 4 << 20, Layers: 4, Optimizer: Adam, LR: 1e-3,
 		WeightDecay: 0.01, Momentum: 0.9, Seed: 1, Batch: 32, PP: 1, LogEvery: 10,
+		SaveEvery: 1, // a failure then costs at most one step of work
 	}
 }
 
@@ -81,7 +82,7 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	fs.IntVar(&c.DP, "dp", c.DP, "data-parallel degree (0: world size / pp)")
 	fs.IntVar(&c.PP, "pp", c.PP, "pipeline stages")
 	fs.BoolVar(&c.Zero1, "zero1", c.Zero1, "shard optimizer state across the DP group (ZeRO-1)")
-	fs.Int64Var(&c.SaveEvery, "save-every", c.SaveEvery, "snapshot every N steps (0: never)")
+	fs.Int64Var(&c.SaveEvery, "save-every", c.SaveEvery, "snapshot every N steps when reft is enabled (0: never)")
 	fs.Int64Var(&c.LogEvery, "log-every", c.LogEvery, "log the loss every N steps")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute goroutines per rank (0: GOMAXPROCS)")
 	if err := fs.Parse(args); err != nil {

@@ -16,7 +16,9 @@ import (
 type Options struct {
 	Comm Comm        // world communicator (required)
 	Snap Snapshotter // nil: snapshots disabled
-	Log  io.Writer   // where rank 0 writes its lines; nil: discard
+	// SnapOff is the line rank 0 logs when Snap is nil; "": a generic one.
+	SnapOff string
+	Log     io.Writer // where rank 0 writes its lines; nil: discard
 	// Kill is what --fail-at does; reft-train SIGKILLs itself. Returning
 	// makes Run fail with the error.
 	Kill func() error
@@ -177,7 +179,11 @@ func (t *trainer) run(o Options) (*Result, error) {
 	res := &Result{}
 	start := int64(1)
 	if o.Snap == nil {
-		fmt.Fprintln(t.log, "snapshots disabled: no reft client configured, training without in-memory snapshots")
+		off := o.SnapOff
+		if off == "" {
+			off = "snapshots disabled: no reft client configured, training without in-memory snapshots"
+		}
+		fmt.Fprintln(t.log, off)
 	} else {
 		if err := t.register(o.Snap); err != nil {
 			return nil, fmt.Errorf("register snapshot buffers: %w", err)

@@ -1,0 +1,112 @@
+package main
+
+// The reft client behind train.Snapshotter. Free of MPI and cgo, so the
+// adapter and the step agreement are tested (and benchmarked) in-process
+// without the mpi build tag; snapshot.go (mpi) supplies the MPI parts.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/reft-hpc/reft/client"
+	"github.com/reft-hpc/reft/examples/trainer/train"
+)
+
+// reftSnap adapts a client session to train.Snapshotter.
+type reftSnap struct {
+	c *client.Client
+}
+
+// openReft opens a client session with opt. It returns nil (and no error)
+// when opt.Optional is set and reft is not enabled for the step, so that
+// train.Run logs once that snapshots are off.
+func openReft(ctx context.Context, opt client.Options) (*reftSnap, error) {
+	c, err := client.Open(ctx, opt)
+	if err != nil {
+		return nil, err
+	}
+	if !c.Enabled() {
+		return nil, c.Close()
+	}
+	return &reftSnap{c: c}, nil
+}
+
+func (s *reftSnap) Register(name string, buf []byte, replicated bool) error {
+	kind := client.Sharded
+	if replicated {
+		kind = client.Replicated
+	}
+	return s.c.Register(name, buf, kind)
+}
+
+// Save returns at once; the copy runs in the client's background copier
+// and its errors come from Wait.
+func (s *reftSnap) Save(step int64) (train.Waiter, error) {
+	return saveWaiter{s.c.Save(step)}, nil
+}
+
+// Restore is collective: every rank calls it, and the client's Agree picks
+// the newest step that every rank holds.
+func (s *reftSnap) Restore() (int64, bool, error) {
+	return s.c.Restore(context.Background())
+}
+
+func (s *reftSnap) Close() error { return s.c.Close() }
+
+type saveWaiter struct{ h *client.Handle }
+
+// Wait has no deadline: a save only waits on this node's agent, and a dead
+// agent closes the socket, which fails the save.
+func (w saveWaiter) Wait() error { return w.h.Wait(context.Background()) }
+
+// gatherSteps is an all-gather of every rank's step list over a
+// communicator of size ranks whose allGather(dst, src) tiles every rank's
+// equally long src into dst in rank order (MPI_Allgather). Lists differ in
+// length, so the lengths go first and the lists follow padded to the
+// longest.
+func gatherSteps(size int, allGather func(dst, src []int64) error, mine []int64) ([][]int64, error) {
+	counts := make([]int64, size)
+	if err := allGather(counts, []int64{int64(len(mine))}); err != nil {
+		return nil, fmt.Errorf("all-gather of the step list lengths: %w", err)
+	}
+	longest := slices.Max(counts)
+	lists := make([][]int64, size)
+	if longest == 0 {
+		return lists, nil
+	}
+	if longest > 1<<16 {
+		return nil, fmt.Errorf("a rank reports %d generations: not a step list", longest)
+	}
+	pad := make([]int64, longest)
+	copy(pad, mine)
+	all := make([]int64, int64(size)*longest)
+	if err := allGather(all, pad); err != nil {
+		return nil, fmt.Errorf("all-gather of the step lists: %w", err)
+	}
+	for r := range lists {
+		lists[r] = all[int64(r)*longest : int64(r)*longest+counts[r]]
+	}
+	return lists, nil
+}
+
+// agreeOver builds client.Options.Agree from an all-gather (see
+// gatherSteps). onThread, when not nil, is checked first: MPI must only be
+// called from the thread that initialized it.
+func agreeOver(size int, allGather func(dst, src []int64) error, onThread func() error) func(context.Context, []int64) ([]int64, error) {
+	return client.Gather(func(ctx context.Context, mine []int64) ([][]int64, error) {
+		if onThread != nil {
+			if err := onThread(); err != nil {
+				return nil, err
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return gatherSteps(size, allGather, mine)
+	})
+}
+
+// errNotMPIThread is returned when the agreement is called off the MPI thread.
+var errNotMPIThread = errors.New("the restore agreement ran off the MPI thread: call Restore from the goroutine that initialized MPI")

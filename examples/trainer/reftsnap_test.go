@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/reft-hpc/reft/client"
+	"github.com/reft-hpc/reft/examples/trainer/train"
+	"github.com/reft-hpc/reft/tests/conformance-agent/agenttest"
+)
+
+// slotGather is an all-gather over a train.Comm for the in-process tests:
+// each member sums its src into its own slot of a zeroed buffer.
+func slotGather(c train.Comm) func(dst, src []int64) error {
+	return func(dst, src []int64) error {
+		if len(dst) != len(src)*c.Size() {
+			return fmt.Errorf("allgather: dst has %d elements, want %d x %d", len(dst), c.Size(), len(src))
+		}
+		buf := make([]int64, len(dst))
+		copy(buf[c.Rank()*len(src):], src)
+		if err := c.AllReduceSumI64(buf); err != nil {
+			return err
+		}
+		copy(dst, buf)
+		return nil
+	}
+}
+
+func TestGatherSteps(t *testing.T) {
+	mine := [][]int64{{9, 8}, {}, {9, 8, 7}, {8}}
+	w := train.NewLocalWorld(len(mine))
+	got := make([][][]int64, len(mine))
+	errs := make([]error, len(mine))
+	var wg sync.WaitGroup
+	for r := range mine {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[r], errs[r] = gatherSteps(len(mine), slotGather(w.Comm(r)), mine[r])
+		}()
+	}
+	wg.Wait()
+	for r := range mine {
+		if errs[r] != nil {
+			t.Fatalf("rank %d: %v", r, errs[r])
+		}
+		for i := range mine {
+			if !slices.Equal(got[r][i], mine[i]) {
+				t.Errorf("rank %d sees rank %d's list %v, want %v", r, i, got[r][i], mine[i])
+			}
+		}
+	}
+}
+
+func TestAgreeOffThread(t *testing.T) {
+	agree := agreeOver(2, func(dst, src []int64) error { t.Fatal("all-gather called off the MPI thread"); return nil },
+		func() error { return errNotMPIThread })
+	if _, err := agree(context.Background(), []int64{3}); !errors.Is(err, errNotMPIThread) {
+		t.Fatalf("agree off the MPI thread: %v, want errNotMPIThread", err)
+	}
+}
+
+func TestOpenReftWithoutSocket(t *testing.T) {
+	t.Setenv(client.SocketEnv, "")
+	s, err := openReft(context.Background(), client.Options{Optional: true, World: 1})
+	if err != nil || s != nil {
+		t.Fatalf("openReft without a socket: %v, %v; want nil, nil", s, err)
+	}
+}
+
+// small is a quick configuration that every layout below divides.
+func small() train.Config {
+	c := train.Defaults()
+	c.SizeBytes, c.Layers, c.Steps, c.Batch, c.Micro, c.LR, c.LogEvery, c.Threads = 11400, 4, 9, 16, 4, 1e-2, 1, 1
+	c.SaveEvery = 1
+	return c
+}
+
+// runReft runs cfg on n in-process ranks, each with a reft client session
+// on a's socket, and returns rank 0's result and log. A failing rank aborts
+// the world, as MPI tears down a job. The sessions are closed afterwards,
+// which lets a save in flight commit, as the agent would have it on a node.
+func runReft(t *testing.T, a *agenttest.Agent, cfg train.Config, n int) (*train.Result, string, error) {
+	t.Helper()
+	w := train.NewLocalWorld(n)
+	res := make([]*train.Result, n)
+	errs := make([]error, n)
+	var log bytes.Buffer
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			comm := w.Comm(r)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			snap, err := openReft(ctx, client.Options{Socket: a.Socket, Rank: r, World: n, LocalRank: r,
+				Layout: "test", Agree: agreeOver(n, slotGather(comm), nil)})
+			if err != nil {
+				errs[r] = err
+				w.Abort()
+				return
+			}
+			defer func() {
+				if err := snap.Close(); err != nil && errs[r] == nil {
+					errs[r] = err
+				}
+			}()
+			o := train.Options{Comm: comm, Snap: snap}
+			if r == 0 {
+				o.Log = &log
+			}
+			res[r], errs[r] = train.Run(cfg, o)
+			if errs[r] != nil {
+				w.Abort()
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil && !errors.Is(err, train.ErrAborted) {
+			return nil, log.String(), fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, log.String(), err
+	}
+	return res[0], log.String(), nil
+}
+
+var (
+	resumedRe = regexp.MustCompile(`(?m)^resumed from step (\d+)$`)
+	lossRe    = regexp.MustCompile(`(?m)^step (\d+) loss `)
+)
+
+// TestReftCrashResume: a rank dies at step 6; the relaunch restores every
+// rank from the agent's store, resumes at the step after the restored one
+// and ends with the bits of an uninterrupted run, for replicated and
+// sharded (ZeRO-1) optimizer state and for a pipeline.
+func TestReftCrashResume(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		n      int
+		layout func(*train.Config)
+	}{
+		{"dp2", 2, func(c *train.Config) { c.DP = 2 }},
+		{"dp2-zero1-adamw", 2, func(c *train.Config) { c.DP, c.Zero1, c.Optimizer = 2, true, train.AdamW }},
+		{"dp2-pp2", 4, func(c *train.Config) { c.DP, c.PP = 2, 2 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := small()
+			tc.layout(&cfg)
+			ref, errs := train.RunLocal(cfg, tc.n, nil)
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			a, err := agenttest.Start(agenttest.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { a.Close() })
+
+			crash := cfg
+			crash.FailStep, crash.FailRank = 6, tc.n-1
+			if _, log, err := runReft(t, a, crash, tc.n); !errors.Is(err, train.ErrKilled) {
+				t.Fatalf("the run with --fail-at 6:%d: %v, want ErrKilled\n%s", tc.n-1, err, log)
+			} else if resumedRe.MatchString(log) {
+				t.Fatalf("the first run resumed:\n%s", log)
+			}
+			got, log, err := runReft(t, a, crash, tc.n)
+			if err != nil {
+				t.Fatalf("relaunch: %v\n%s", err, log)
+			}
+			m := resumedRe.FindStringSubmatch(log)
+			if m == nil || m[1] != "5" || got.ResumedFrom != 5 {
+				t.Fatalf("relaunch resumed from %d, want 5 (the step before the failure)\n%s", got.ResumedFrom, log)
+			}
+			if first := lossRe.FindStringSubmatch(log); first == nil || first[1] != "6" {
+				t.Errorf("the relaunch's first loss line is not step 6:\n%s", log)
+			}
+			if got.Hash != ref[0].Hash {
+				t.Errorf("final-params-sha256 %s after the resume, %s uninterrupted", got.Hash, ref[0].Hash)
+			}
+			for _, l := range ref[0].Losses[5:] {
+				if !slices.Contains(got.Losses, l) {
+					t.Errorf("resumed run lacks the uninterrupted run's %+v; has %+v", l, got.Losses)
+				}
+			}
+		})
+	}
+}
