@@ -1,0 +1,155 @@
+//go:build e2e
+
+package e2e
+
+// End-to-end tests of reft-train with reft snapshots (issue 5): a rank is
+// killed, a second step of the same allocation restores every rank from its
+// node's store, and training ends with the bits of an uninterrupted run.
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// reftTrainFlags: trainFlags with every step saved and logged, so the
+// resumed run's losses can be compared step by step.
+var reftTrainFlags = []string{"--log-every", "1", "--save-every", "1"}
+
+var (
+	resumedRe = regexp.MustCompile(`(?m)^resumed from step (\d+)$`)
+	lossRe    = regexp.MustCompile(`(?m)^step (\d+) loss \S+$`)
+	grantedRe = regexp.MustCompile(`Granted job allocation (\d+)`)
+)
+
+// snapshotsOffLine is how reft-train says that it runs without reft.
+const snapshotsOffLine = "snapshots off: REFT_AGENT_SOCKET is not set"
+
+// allocate makes an allocation with salloc --no-shell as alice and returns
+// its job id; it is cancelled when the test ends. Steps run in it with
+// srun --jobid, so they share the job's agents and node-local stores.
+func allocate(t *testing.T, args ...string) string {
+	t.Helper()
+	r := mustRun(t, 3*time.Minute, alice, append([]string{"salloc", "--no-shell", "--time=15"}, args...)...)
+	m := grantedRe.FindStringSubmatch(r.Stderr)
+	if m == nil {
+		t.Fatalf("salloc granted no allocation:\n%s", r)
+	}
+	id := m[1]
+	t.Cleanup(func() { run(t, time.Minute, root, "scancel", id) })
+	return id
+}
+
+// lossLines maps step to rank 0's "step N loss X" line.
+func lossLines(stdout string) map[int64]string {
+	out := map[int64]string{}
+	for _, m := range lossRe.FindAllStringSubmatch(stdout, -1) {
+		n, _ := strconv.ParseInt(m[1], 10, 64)
+		out[n] = m[0]
+	}
+	return out
+}
+
+// crashResume trains with --fail-at STEP:RANK in an allocation of nodes
+// with --reft=arc: the first step loses that rank; a second step with the
+// same flags restores from the node-local stores, redoes at most one step
+// of work, and ends with the final-params-sha256 and losses of an
+// uninterrupted run without reft.
+func crashResume(t *testing.T, nodes, ranks int, failStep int64, failRank int, flags ...string) {
+	enableReft(t)
+	flags = append(append(append([]string{}, trainFlags...), reftTrainFlags...), flags...)
+	layout := []string{"-N" + strconv.Itoa(nodes), "-n" + strconv.Itoa(ranks)}
+
+	// The reference: its own job, reft not asked for, so no snapshots.
+	ref := mustRun(t, 3*time.Minute, alice, append(append([]string{"srun", "--mpi=pmix"}, layout...), append([]string{bin("reft-train")}, flags...)...)...)
+	refHash := hashRe.FindStringSubmatch(ref.Stdout)
+	if refHash == nil {
+		t.Fatalf("the uninterrupted run printed no final-params-sha256:\n%s", ref)
+	}
+	if n := strings.Count(ref.Stdout+ref.Stderr, snapshotsOffLine); n != 1 {
+		t.Errorf("the run without --reft says %d times that snapshots are off, want once:\n%s", n, ref)
+	}
+	refLoss := lossLines(ref.Stdout)
+
+	job := allocate(t, append([]string{"--reft=arc"}, layout...)...)
+	fail := []string{"--fail-at", strconv.FormatInt(failStep, 10) + ":" + strconv.Itoa(failRank)}
+	step := append(append([]string{"srun", "--jobid=" + job, "--reft=arc", "-K1", "--mpi=pmix"}, layout...),
+		append(append([]string{bin("reft-train")}, flags...), fail...)...)
+
+	// 1. The rank kills itself; -K1 ends the step.
+	crashed := run(t, 3*time.Minute, alice, step...)
+	if crashed.Code == 0 {
+		t.Fatalf("the step with %s succeeded:\n%s", strings.Join(fail, " "), crashed)
+	}
+	failRe := regexp.MustCompile(`rank ` + strconv.Itoa(failRank) + `: --fail-at (\d+):` + strconv.Itoa(failRank) + `: SIGKILL`)
+	m := failRe.FindStringSubmatch(crashed.Stderr)
+	if m == nil {
+		t.Fatalf("no fail-at message from rank %d:\n%s", failRank, crashed)
+	}
+	failedAt, _ := strconv.ParseInt(m[1], 10, 64)
+	if hashRe.MatchString(crashed.Stdout) || resumedRe.MatchString(crashed.Stdout) {
+		t.Fatalf("the crashed step resumed or finished:\n%s", crashed)
+	}
+	if strings.Contains(crashed.Stdout+crashed.Stderr, snapshotsOffLine) {
+		t.Fatalf("the --reft=arc step ran without snapshots:\n%s", crashed)
+	}
+	// What rank 0 logged before the failure matches the reference.
+	for n, l := range lossLines(crashed.Stdout) {
+		if l != refLoss[n] {
+			t.Errorf("crashed step, step %d: %q, uninterrupted %q", n, l, refLoss[n])
+		}
+	}
+
+	// 2. Relaunched by hand in the same allocation: restores and finishes.
+	resumed := mustRun(t, 3*time.Minute, alice, step...)
+	rm := resumedRe.FindAllStringSubmatch(resumed.Stdout, -1)
+	if len(rm) != 1 {
+		t.Fatalf("%d 'resumed from step' lines in the relaunch, want 1:\n%s", len(rm), resumed)
+	}
+	from, _ := strconv.ParseInt(rm[0][1], 10, 64)
+	// Rank failRank died at the start of failedAt, so steps 1..failedAt-1
+	// were done; a save in flight when it died may be lost, not more.
+	redone := failedAt - 1 - from
+	t.Logf("job %s: rank %d killed at the start of step %d; relaunch resumed from step %d: %d step(s) of work redone",
+		job, failRank, failedAt, from, redone)
+	if redone < 0 || redone > 1 {
+		t.Errorf("resumed from step %d after a failure at step %d: %d steps of work redone, want at most 1", from, failedAt, redone)
+	}
+	got := lossLines(resumed.Stdout)
+	first := int64(-1)
+	if l := lossRe.FindStringSubmatch(resumed.Stdout); l != nil {
+		first, _ = strconv.ParseInt(l[1], 10, 64)
+	}
+	if first != from+1 {
+		t.Errorf("the relaunch's first step is %d, want %d (the one after the restored step)", first, from+1)
+	}
+	for n, l := range refLoss {
+		if n > from && got[n] != l {
+			t.Errorf("relaunch, step %d: %q, uninterrupted %q", n, got[n], l)
+		}
+	}
+	h := hashRe.FindStringSubmatch(resumed.Stdout)
+	if h == nil || h[1] != refHash[1] {
+		t.Fatalf("final-params-sha256 after the resume %v, uninterrupted %s:\n%s", h, refHash[1], resumed)
+	}
+	t.Logf("final-params-sha256 %s, as uninterrupted", h[1])
+}
+
+// TestTrainerReftResumeDP: four data-parallel ranks on four nodes, rank 2
+// killed at step 7.
+func TestTrainerReftResumeDP(t *testing.T) {
+	crashResume(t, 4, 4, 7, 2, "--dp", "4")
+}
+
+// TestTrainerReftResumeZero1: ZeRO-1 AdamW, whose optimizer shards are
+// registered Sharded: rank 1's shard exists only in its node's store.
+func TestTrainerReftResumeZero1(t *testing.T) {
+	crashResume(t, 4, 4, 7, 1, "--dp", "4", "--zero1", "--optimizer", "adamw")
+}
+
+// TestTrainerReftResumePipeline: dp 2 x pp 2, a last-stage rank killed.
+func TestTrainerReftResumePipeline(t *testing.T) {
+	crashResume(t, 4, 4, 7, 3, "--dp", "2", "--pp", "2")
+}
