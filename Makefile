@@ -59,6 +59,7 @@ deps:
 unit:
 	$(GO) vet ./...
 	$(GO) test -count=1 ./...
+	cd client/python && python3 -m unittest discover -s tests
 
 # End-to-end tests on the local cluster. The cluster is brought up here and
 # always taken down again, pass or fail. The cluster tool's own lifecycle test

@@ -76,7 +76,8 @@ class _Agent:
                                      env=env, start_new_session=True)
         self.path = self._first_line()
         # Drain the rest of stdout so the command never blocks on a full pipe.
-        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+        self._drain = threading.Thread(target=self.proc.stdout.read, daemon=True)
+        self._drain.start()
 
     def _first_line(self):
         fd, buf, deadline = self.proc.stdout.fileno(), b"", time.monotonic() + AGENT_START_TIMEOUT
@@ -107,6 +108,11 @@ class _Agent:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        drain = getattr(self, "_drain", None)
+        if drain is not None:
+            drain.join(5)
+        if drain is None or not drain.is_alive():
+            self.proc.stdout.close()
 
 
 class _Scenario:
@@ -167,11 +173,6 @@ class _Scenario:
         self.bufs.append((op["name"], buf, op.get("replicated", True)))
 
     def op_fill(self, op):
-        # The API's contract: buffers stay untouched until the save in
-        # progress has finished copying them. The vectors fill right after a
-        # save (save 1, fill 2, save 2), so a correct caller waits here.
-        if self.handle is not None:
-            self.handle.wait()
         for k, (_, buf, _) in enumerate(self.bufs):
             buf[:] = fill_bytes(len(buf), op["seed"] + k)
 

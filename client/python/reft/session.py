@@ -207,14 +207,14 @@ class Session:
                 if self._conn is not None:
                     self._conn.close()
                     self._conn = None
-                self._disable_or_raise(str(e))
+                self._disable_or_raise(str(e), e)
         _live.add(self)
 
     # --- setup ---------------------------------------------------------
 
-    def _disable_or_raise(self, reason):
+    def _disable_or_raise(self, reason, err=None):
         if not self.optional:
-            raise Error(reason)
+            raise err if err is not None else Error(reason)
         self.enabled = False
         self.disabled_reason = reason
 

@@ -62,6 +62,7 @@ class FakeAgent:
         self.ranks = {}
         self.log = []  # (type name, payload) of every request, for assertions
         self.commits = []  # (step, time)
+        self.conns = set()
         agent = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -72,10 +73,17 @@ class FakeAgent:
             daemon_threads = True
 
         self.server = Server(self.path, Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
 
     def close(self):
+        """Stop, dropping open connections (as an agent that exits)."""
+        with self.lock:
+            for c in self.conns:
+                try:
+                    c.shutdown(2)
+                except OSError:
+                    pass
         self.server.shutdown()
         self.server.server_close()
         self.tmp.cleanup()
@@ -89,6 +97,8 @@ class FakeAgent:
     # --- connection ------------------------------------------------------
 
     def _serve(self, sock):
+        with self.lock:
+            self.conns.add(sock)
         rfile = sock.makefile("rb")
         if self.forbid:
             sock.sendall(W.encode_msg(W.T_ERROR, 0, {"code": "forbidden", "message": "uid 1 may not use this agent"}))
@@ -117,6 +127,7 @@ class FakeAgent:
             return
         finally:
             with self.lock:
+                self.conns.discard(sock)
                 if conn["open"] is not None:  # the open save is aborted
                     st = self.ranks[conn["rank"]]
                     st.writing.discard(conn["open"]["arena"])

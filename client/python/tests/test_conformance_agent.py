@@ -1,0 +1,118 @@
+"""The Python client against the real agent: tests/conformance-agent (a
+reft agent over a fresh temporary store) built from this tree. Skipped when
+that program or the go tool is missing."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+
+import reft
+from reft import conformance
+from common import REPO, pattern, vectors
+
+try:
+    import numpy
+except ImportError:
+    numpy = None
+
+_BIN = None
+
+
+def agent_binary():
+    """Build the conformance agent once per test run (or skip)."""
+    global _BIN
+    if _BIN is None:
+        if not os.path.isfile(os.path.join(REPO, "tests", "conformance-agent", "main.go")):
+            raise unittest.SkipTest("tests/conformance-agent is not in this tree")
+        go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
+        if go is None:
+            raise unittest.SkipTest("the go tool is needed to build tests/conformance-agent")
+        d = tempfile.mkdtemp(prefix="reft-py-agent-")
+        path = os.path.join(d, "conformance-agent")
+        r = subprocess.run([go, "build", "-o", path, "./tests/conformance-agent"], cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise AssertionError("go build ./tests/conformance-agent failed:\n" + r.stdout + r.stderr)
+        _BIN = path
+    return _BIN
+
+
+class RealAgent(unittest.TestCase):
+    def setUp(self):
+        self.agent = conformance._Agent(agent_binary(), 0)
+        self.addCleanup(self.agent.stop)
+
+    def session(self, **kw):
+        kw.setdefault("rank", 0)
+        kw.setdefault("world", 1)
+        s = reft.Session(socket_path=self.agent.path, **kw)
+        self.addCleanup(s.close)
+        return s
+
+    def test_vectors(self):
+        import io
+        out = io.StringIO()
+        failures = conformance.run(vectors(), agent_binary(), out=out)
+        self.assertEqual(failures, 0, out.getvalue())
+
+    def test_large_buffers_default_chunks(self):
+        s = self.session()
+        a = bytearray(os.urandom(9 << 20))  # more than two 4 MiB chunks, not a multiple
+        b = pattern(123457, 3)
+        s.register("a", a)
+        s.register("b", b, replicated=False)
+        want_a, want_b = bytes(a), bytes(b)
+        h = s.save(10)
+        self.assertTrue(h.wait(timeout=60))
+        self.assertEqual(h.bytes, len(a) + len(b))
+        a[:] = bytes(len(a))
+        b[:] = bytes(len(b))
+        self.assertEqual(s.restore(), 10)
+        self.assertTrue(a == want_a and b == want_b)
+
+    def test_hints_and_reconnect(self):
+        s = self.session(chunk_size=4096)
+        buf = pattern(100000, 1)
+        s.register("w", buf)
+        s.hint_idle(0)
+        h = s.save(1)
+        time.sleep(0.2)
+        self.assertFalse(h.done())  # no window announced: the copier waits
+        self.assertTrue(h.wait(timeout=5))  # waiting copies the rest at once
+        s.hint_idle(0)
+        h = s.save(2)
+        s.close()  # close finishes the pending save
+        self.assertTrue(h.done())
+        s2 = self.session()
+        buf2 = bytearray(100000)
+        s2.register("w", buf2)
+        self.assertEqual(s2.generations(), [2, 1])
+        self.assertEqual(s2.restore(), 2)
+        self.assertEqual(buf2, buf)
+
+    def test_numpy(self):
+        if numpy is None:
+            self.skipTest("numpy is not installed (the client does not need it)")
+        s = self.session()
+        x = numpy.linspace(0, 1, 300000, dtype=numpy.float64)
+        s.register("x", x)
+        s.save(0).wait()
+        x[:] = -1
+        self.assertEqual(s.restore(step=0), 0)
+        self.assertTrue((x == numpy.linspace(0, 1, 300000)).all())
+
+    def test_agent_errors_carry_codes(self):
+        s = self.session()
+        s.register("w", bytearray(100))
+        s.save(1).wait()
+        with self.assertRaises(reft.Error) as cm:
+            s.restore(step=7)
+        self.assertEqual(cm.exception.code, "not_found")
+        self.assertEqual(s.restore(), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
