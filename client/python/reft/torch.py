@@ -1,0 +1,485 @@
+"""reft.torch: snapshots of a PyTorch model and optimizer through reft.
+
+    from reft.torch import Checkpointer
+    model = DDP(Net())                       # CPU tensors
+    opt = torch.optim.AdamW(model.parameters())
+    ck = Checkpointer(model, opt)            # after both exist, before training
+    start = (ck.restore() or 0) + 1          # None: nothing to restore
+    for step in range(start, steps + 1):
+        loss = loss_fn(model(x), y); loss.backward()
+        ck.wait()                            # the last snapshot has read the parameters
+        opt.step(); opt.zero_grad()
+        ck.save(step)                        # returns at once; copies in the background
+    ck.close()
+
+What is snapshotted: every parameter and buffer of the model, the
+optimizer's state (SGD momentum; Adam/AdamW exp_avg, exp_avg_sq,
+max_exp_avg_sq with amsgrad, and the step tensor) and the saved step. Not:
+gradients (a save comes after optimizer.step), LR schedulers, RNG state, the
+data loader's position. A trainer whose data and learning rate are functions
+of the step resumes bit for bit.
+
+How the bytes move. Parameters and optimizer state are registered with the
+reft.Session as byte views of the tensors' own memory (tensor.view(uint8),
+exposed through .numpy(): no copy). The session's copier thread copies them
+straight into the agent's shared-memory arena with ctypes.memmove, which
+releases the GIL, so the forward and backward passes run while it copies and
+no staging copy exists. That needs nothing from the session beyond
+register(buffer), so there is no copy-function hook. Module buffers are the
+exception: BatchNorm updates its running statistics during forward and DDP
+rebroadcasts buffers in forward, so they would change under the copy; they
+are copied into a private staging tensor synchronously in save() (they are
+small) and the staging tensor is registered instead.
+
+The non-blocking contract: between save() and the end of the copy the
+parameters and optimizer state must not change, i.e. the copy must be done
+before the next optimizer.step(). Call ck.wait() before optimizer.step() (it
+raises reft.Error if the snapshot failed). The Checkpointer also enforces it:
+it installs a step pre-hook on the optimizer (register_step_pre_hook where
+torch has it, torch >= 2.0; torch 1.13 has none, so optimizer.step is wrapped
+on the instance, in a way LR schedulers still recognise) that waits for the
+pending snapshot, so a missing wait cannot tear a snapshot; a failed snapshot
+then raises from optimizer.step(). Do not change parameters in place outside
+optimizer.step() while a save is pending.
+
+Optimizer state. torch creates it lazily at the first optimizer.step(), but
+restore() at start-up must have somewhere to write it and the arena layout is
+fixed at registration. So the Checkpointer creates it first, exactly as torch
+would: Adam/AdamW zeros for the moments and step = torch.tensor(0.) (a
+1-element tensor with capturable/fused). A run with a Checkpointer is then
+bit-identical to one without, and resumed runs to uninterrupted ones.
+SGD caveat: torch's first momentum step sets buf = clone(grad); a zero
+buffer gives buf = 0*momentum + (1-dampening)*grad instead. With dampening=0
+(the default) that is the same value, except that a gradient element of -0.0
+gives +0.0; with dampening != 0 the first step differs from plain torch (a
+warning says so). Runs with a Checkpointer agree with each other bit for bit
+in every case. Other optimizers must already have their state (create the
+Checkpointer after one step or after optimizer.load_state_dict); every state
+value must be a tensor.
+
+Create the Checkpointer after the model and optimizer have their final
+tensors: model.to(), param.data = ..., optimizer.load_state_dict() or
+add_param_group() afterwards replace tensors the session reads, and save()
+raises reft.Error saying so.
+
+Restore agreement: a snapshot is restorable only if every rank holds it.
+When torch.distributed is initialized and the world is larger than one,
+restore() all-gathers every rank's steps (dist.all_gather_object) and
+restores the newest common one; a rank whose copy is found corrupt drops it
+and the ranks agree again. World 1 needs no agreement. Without
+torch.distributed, pass a reft.Session with agree=.
+
+sharded_optimizer=True registers the optimizer state as not replicated
+(ZeRO-style: each rank holds a different shard).
+
+Only CPU tensors are supported; this module imports torch, reft does not.
+"""
+
+import hashlib
+import types
+import warnings
+import weakref
+
+try:
+    import torch
+except ImportError as e:  # reft itself needs no torch; this adapter does
+    raise ImportError("reft.torch needs PyTorch (%s): install it (pip install torch, or Debian's "
+                      "python3-torch) or use reft.Session directly" % e) from e
+
+from ._errors import Error
+from .session import Session, common_newest
+
+__all__ = ["Checkpointer"]
+
+_MAGIC = 0x7265667430746368  # "reft0tch": marks a generation written by this module
+_META_VERSION = 1
+_MAX_NAME = 256  # bytes, the agent's limit on a buffer name
+
+
+def _dist():
+    """torch.distributed when it is initialized, else None."""
+    d = getattr(torch, "distributed", None)
+    if d is not None and d.is_available() and d.is_initialized():
+        return d
+    return None
+
+
+def _bytes_view(what, t):
+    """A writable, C-contiguous uint8 numpy view of t's memory (no copy)."""
+    if t.device.type != "cpu":
+        raise Error("reft.torch: %s is on %s; reft.torch snapshots CPU tensors only (the copy "
+                    "reads host memory): keep the model and optimizer on the CPU" % (what, t.device))
+    if t.layout != torch.strided:
+        raise Error("reft.torch: %s is a %s tensor; only dense (strided) tensors can be "
+                    "snapshotted" % (what, t.layout))
+    if not t.is_contiguous():
+        raise Error("reft.torch: %s is not contiguous (strides %s); make it contiguous before "
+                    "creating the Checkpointer (e.g. param.data = param.data.contiguous())"
+                    % (what, tuple(t.stride())))
+    return t.detach().view(-1).view(torch.uint8).numpy()
+
+
+def _name(*parts):
+    """A buffer name within the agent's length limit; the leading index
+    parts keep it unique when the label is cut."""
+    name = "/".join(parts)
+    b = name.encode("utf-8")
+    if len(b) > _MAX_NAME:
+        name = b[:_MAX_NAME].decode("utf-8", "ignore")
+    return name
+
+
+def _materialize(opt):
+    """Create the optimizer state torch would create at the first step (see
+    the module docstring); return the classes it cannot create state for."""
+    is_adam = isinstance(opt, torch.optim.Adam)
+    is_adamw = isinstance(opt, torch.optim.AdamW)
+    is_sgd = isinstance(opt, torch.optim.SGD)
+    missing = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if not p.requires_grad or opt.state.get(p):
+                continue  # torch never steps a frozen parameter; existing state stays
+            if is_adam or is_adamw:
+                # Adam checks capturable or fused, AdamW only capturable (torch 1.13).
+                one = opt.defaults.get("capturable", False) or (is_adam and opt.defaults.get("fused", False))
+                st = opt.state[p]
+                st["step"] = (torch.zeros((1,), dtype=torch.float, device=p.device) if one
+                              else torch.tensor(0.))
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if group.get("amsgrad", False):
+                    st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif is_sgd:
+                if group.get("momentum", 0) == 0:
+                    continue  # plain SGD keeps no state
+                if group.get("dampening", 0) != 0:
+                    warnings.warn(
+                        "reft.torch: SGD with dampening=%r: the momentum buffer is created as zeros "
+                        "before the first step, so that step uses (1-dampening)*grad where plain "
+                        "torch uses grad; runs with a Checkpointer still agree with each other bit "
+                        "for bit" % group["dampening"], RuntimeWarning, stacklevel=4)
+                opt.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            else:
+                missing.append(type(opt).__name__)
+    return missing
+
+
+class _Entry:
+    """One registered tensor. ``tensor`` is what training updates (the
+    Parameter itself, to notice param.data = ...); ``addr`` its data address
+    at registration."""
+
+    __slots__ = ("name", "tensor", "addr", "owner")
+
+    def __init__(self, name, tensor, owner=None):
+        self.name, self.tensor, self.owner = name, tensor, owner
+        self.addr = tensor.data_ptr()
+
+
+class Checkpointer:
+    """Snapshots of ``model`` (a Module, DDP included) and ``optimizer``
+    (or None) through ``session`` (default: a new reft.Session for this
+    rank, ``optional`` as in reft.Session; with torch.distributed
+    initialized its rank and world size). See the module docstring."""
+
+    def __init__(self, model, optimizer=None, session=None, sharded_optimizer=False, *,
+                 optional=False):
+        if not isinstance(model, torch.nn.Module):
+            raise Error("Checkpointer: model must be a torch.nn.Module, not %s" % type(model).__name__)
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise Error("Checkpointer: optimizer must be a torch.optim.Optimizer or None, not %s"
+                        % type(optimizer).__name__)
+        self.model, self.optimizer = model, optimizer
+        self.sharded_optimizer = bool(sharded_optimizer)
+        self._pending = None
+        self._closed = False
+        self._unhook = None
+        self._own_session = session is None
+        if session is None:
+            d = _dist()
+            kw = {"rank": d.get_rank(), "world": d.get_world_size()} if d is not None else {}
+            session = Session(optional=optional, **kw)
+        self.session = session
+        try:
+            self._register()
+            self._install_hook()
+        except BaseException:
+            if self._own_session:
+                session.close()
+            raise
+
+    # --- registration ------------------------------------------------------
+
+    def _register(self):
+        s = self.session
+        self._params, self._buffers, self._state = [], [], []
+        fp = hashlib.sha256(b"reft.torch 1\n")
+
+        def add(entry, replicated, view_of=None):
+            t = entry.tensor if view_of is None else view_of
+            fp.update(("%s %s %s\n" % (entry.name, t.dtype, tuple(t.shape))).encode())
+            if t.numel():  # an empty tensor has no bytes to keep
+                s.register(entry.name, _bytes_view(entry.name, t), replicated=replicated)
+
+        names = {}
+        for i, (n, p) in enumerate(self.model.named_parameters()):
+            names[p] = n
+            e = _Entry(_name("param", "%d:%s" % (i, n)), p)
+            add(e, True)
+            self._params.append(e)
+        for i, (n, b) in enumerate(self.model.named_buffers()):
+            # Staged: forward may change buffers while the copy runs.
+            staging = torch.empty_like(b, memory_format=torch.contiguous_format)
+            with torch.no_grad():
+                staging.copy_(b)
+            e = _Entry(_name("buffer", "%d:%s" % (i, n)), b, owner=staging)
+            add(e, True, view_of=staging)
+            self._buffers.append(e)
+
+        opt = self.optimizer
+        if opt is not None:
+            missing = _materialize(opt)
+            if missing:
+                raise Error("Checkpointer: %s has no state yet and reft.torch cannot create it "
+                            "before its first step (it can for SGD, Adam and AdamW); create the "
+                            "Checkpointer after the state exists (one optimizer.step() or "
+                            "optimizer.load_state_dict())" % missing[0])
+            fp.update(("optimizer %s\n" % type(opt).__name__).encode())
+            idx = 0
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    label = names.get(p)
+                    if label is None:  # in the optimizer but not the model: keep it too
+                        label = "optimizer-only"
+                        e = _Entry(_name("param", "opt%d:%s" % (idx, label)), p)
+                        add(e, True)
+                        self._params.append(e)
+                    for key in sorted(opt.state.get(p, {})):
+                        v = opt.state[p][key]
+                        what = "optimizer state %r of parameter %d (%s)" % (key, idx, label)
+                        if not torch.is_tensor(v):
+                            raise Error("Checkpointer: %s is a %s, not a tensor; reft.torch "
+                                        "snapshots tensors only" % (what, type(v).__name__))
+                        e = _Entry(_name("optim", str(idx), "%s:%s" % (key, label)), v, owner=(p, key))
+                        add(e, not self.sharded_optimizer)
+                        self._state.append(e)
+                    idx += 1
+            self._nparams = idx
+
+        # meta: magic, format version, step, fingerprint of names, dtypes and shapes.
+        self._fingerprint = int.from_bytes(fp.digest()[:8], "little", signed=True)
+        self._meta = torch.tensor([_MAGIC, _META_VERSION, -1, self._fingerprint], dtype=torch.int64)
+        s.register("reft.torch/meta", _bytes_view("meta", self._meta), replicated=True)
+
+    def _install_hook(self):
+        opt = self.optimizer
+        if opt is None:
+            return
+        ref = weakref.ref(self)
+
+        def before_step():
+            ck = ref()
+            if ck is not None and not ck._closed:
+                ck.wait()
+
+        if hasattr(opt, "register_step_pre_hook"):  # torch >= 2.0
+            handle = opt.register_step_pre_hook(lambda o, args, kwargs: before_step())
+            self._unhook = handle.remove
+            return
+        # torch 1.13: wrap step on the instance. A bound method with
+        # __self__/__func__ is what LR schedulers' with_counter expects, and
+        # an instance-level wrapper already there (a scheduler's) is kept.
+        inner = opt.__dict__.get("step")
+
+        def step(o, *args, **kwargs):
+            before_step()
+            if inner is not None:
+                return inner(*args, **kwargs)
+            return type(o).step(o, *args, **kwargs)
+
+        if getattr(inner, "_with_counter", False):
+            step._with_counter = True  # bound methods forward attribute reads to __func__
+        opt.step = bound = types.MethodType(step, opt)
+
+        def unhook():
+            if opt.__dict__.get("step") is bound:
+                if inner is None:
+                    del opt.step
+                else:
+                    opt.step = inner
+            # else: wrapped again since (a scheduler); ours passes through once closed
+
+        self._unhook = unhook
+
+    # --- checks --------------------------------------------------------------
+
+    def _check_open(self, what):
+        if self._closed:
+            raise Error("Checkpointer.%s after close()" % what)
+
+    def _check_live(self):
+        """The tensors the session reads are still the training state."""
+        for e in self._params:
+            if e.tensor.data_ptr() != e.addr:
+                raise Error("Checkpointer: parameter %s was replaced after the Checkpointer was "
+                            "created (param.data = ..., model.to(), ...); create the Checkpointer "
+                            "after the model has its final tensors" % e.name)
+        for e in self._buffers:
+            if e.tensor.shape != e.owner.shape or e.tensor.dtype != e.owner.dtype:
+                raise Error("Checkpointer: buffer %s changed shape or dtype after the "
+                            "Checkpointer was created" % e.name)
+        opt = self.optimizer
+        if opt is None:
+            return
+        n = sum(len(g["params"]) for g in opt.param_groups)
+        ok = n == self._nparams
+        expected = {}
+        for e in self._state:
+            expected.setdefault(e.owner[0], {})[e.owner[1]] = e.tensor
+        if ok:
+            for p, st in opt.state.items():
+                keys = {k for k, v in st.items() if torch.is_tensor(v)}
+                want = expected.get(p, {})
+                if keys != set(want) or any(st[k] is not want[k] for k in keys):
+                    ok = False
+                    break
+            ok = ok and all(p in opt.state for p in expected)
+        if not ok:
+            raise Error("Checkpointer: the optimizer's parameters or state changed after the "
+                        "Checkpointer was created (optimizer.load_state_dict(), "
+                        "add_param_group(), or state created by torch for a parameter that was "
+                        "frozen); create the Checkpointer after the optimizer is set up")
+
+    # --- snapshots -------------------------------------------------------------
+
+    def save(self, step):
+        """Start a snapshot of the current state as ``step`` (call it after
+        optimizer.step() of that step) and return the reft.SaveHandle at
+        once. Waits first for the previous snapshot."""
+        self._check_open("save()")
+        self.wait()  # the previous copy must be done before staging changes
+        self._check_live()
+        with torch.no_grad():
+            for e in self._buffers:
+                e.owner.copy_(e.tensor)
+        self._meta[2] = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else -1
+        self._pending = self.session.save(step)
+        return self._pending
+
+    def wait(self, timeout=None):
+        """Wait for the pending snapshot: True when there is none or it
+        committed, False after ``timeout`` seconds (wait again). Raises
+        reft.Error when it failed. Call it before optimizer.step()."""
+        h = self._pending
+        if h is None:
+            return True
+        try:
+            if not h.wait(timeout):
+                return False
+        except Error:
+            self._pending = None
+            raise
+        self._pending = None
+        return True
+
+    def hint_idle(self, ms):
+        """Pass an idle window to the session (reft.Session.hint_idle)."""
+        self.session.hint_idle(ms)
+
+    def generations(self):
+        """This rank's committed steps on this node, newest first."""
+        return self.session.generations()
+
+    def restore(self):
+        """Fill the model and optimizer from the newest snapshot every rank
+        holds and return its step (training continues at step + 1), or None
+        when there is none. Call it on every rank, before training."""
+        self._check_open("restore()")
+        self.wait()
+        s = self.session
+        d = _dist()
+        if s.world > 1 and d is not None:
+            if d.get_world_size() != s.world:
+                raise Error("Checkpointer.restore(): torch.distributed has %d ranks but the reft "
+                            "session %d; launch with one task per rank (srun -n) so that "
+                            "SLURM_NTASKS matches" % (d.get_world_size(), s.world))
+            step = self._restore_agreed(d)
+        else:
+            step = s.restore()
+        if step is None:
+            return None
+        self._after_restore(step)
+        return step
+
+    def _restore_agreed(self, d):
+        s = self.session
+        world = s.world
+        while True:
+            lists = [None] * world
+            d.all_gather_object(lists, s.generations())
+            step = common_newest(lists)
+            if step is None:
+                return None
+            err = None
+            try:
+                s.restore(step=step)
+            except Error as e:
+                err = (e.code, str(e))
+            results = [None] * world
+            d.all_gather_object(results, err)
+            failed = [(r, e) for r, e in enumerate(results) if e is not None]
+            if not failed:
+                return step
+            # A corrupt copy has left that rank's generations: agree again.
+            fatal = [(r, e) for r, e in failed if e[0] not in ("corrupt", "not_found")]
+            if fatal:
+                r, (code, msg) = fatal[0]
+                raise Error("Checkpointer.restore(): rank %d could not restore step %d: %s"
+                            % (r, step, msg), code=code)
+            warnings.warn("reft.torch: step %d is not restorable on rank(s) %s (%s); agreeing on "
+                          "an older step" % (step, [r for r, _ in failed], failed[0][1][1]),
+                          RuntimeWarning, stacklevel=3)
+
+    def _after_restore(self, step):
+        m = self._meta.tolist()
+        if m[0] != _MAGIC or m[1] != _META_VERSION:
+            raise Error("Checkpointer.restore(): generation %d was not written by reft.torch "
+                        "(format %r); the model and optimizer now hold its bytes: start fresh "
+                        "(new job) or restore with the program that wrote it" % (step, m[:2]))
+        if m[3] != self._fingerprint:
+            raise Error("Checkpointer.restore(): generation %d was written for another model or "
+                        "optimizer (same sizes, different names, shapes or dtypes); rerun with "
+                        "the original model and optimizer settings" % step)
+        if m[2] != step:
+            raise Error("Checkpointer.restore(): generation %d holds the state of step %d; the "
+                        "snapshot store is inconsistent" % (step, m[2]))
+        with torch.no_grad():
+            for e in self._buffers:
+                e.tensor.copy_(e.owner)
+
+    def close(self):
+        """Wait for the pending snapshot, remove the optimizer hook and close
+        the session if the Checkpointer opened it. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            if self._unhook is not None:
+                self._unhook()
+                self._unhook = None
+            if self._own_session:
+                self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return "<reft.torch.Checkpointer %d params %d buffers %d optimizer tensors, %r>" % (
+            len(self._params), len(self._buffers), len(self._state), self.session)
