@@ -231,8 +231,8 @@ func TestSaveRestore(t *testing.T) {
 				if err := h.Wait(ctx); err != nil {
 					t.Fatalf("save %d: %v", step, err)
 				}
-				if h.Seq() == 0 && step > 1 {
-					t.Errorf("save %d: seq 0 after commit", step)
+				if st := h.Stats(); st.Seq == 0 && step > 1 || st.Bytes != int64(total(tt.sizes)) || st.Commit <= 0 {
+					t.Errorf("save %d: stats %+v after commit", step, st)
 				}
 			}
 			gens, err := c.Generations(ctx)
@@ -616,4 +616,11 @@ func TestClosedClient(t *testing.T) {
 			t.Errorf("%s after Close = %v, want a closed error", name, err)
 		}
 	}
+}
+
+func total(sizes []int) (n int) {
+	for _, s := range sizes {
+		n += s
+	}
+	return n
 }

@@ -19,8 +19,16 @@ type Handle struct {
 	hurry    chan struct{} // closed by Wait: copy the rest now, idle window or not
 	once     sync.Once
 	reported atomic.Bool // Wait returned the result to the caller
-	seq      uint64
-	bytes    int64
+	stats    SaveStats
+}
+
+// SaveStats describe a committed save.
+type SaveStats struct {
+	Seq      uint64        // commit order the agent gave the generation
+	Bytes    int64         // payload bytes
+	Copy     time.Duration // copying into the arena, idle-window waits included
+	Commit   time.Duration // the commit's round trip
+	Checksum time.Duration // of which the agent spent on CRC-32C
 }
 
 func newHandle(step int64) *Handle {
@@ -48,14 +56,14 @@ func (h *Handle) Step() int64 { return h.step }
 // not hurry a copy that is waiting for an idle window.
 func (h *Handle) Done() <-chan struct{} { return h.done }
 
-// Seq is the commit order the agent gave the generation; 0 before the
-// commit or when the save failed.
-func (h *Handle) Seq() uint64 {
+// Stats describe the save once it has committed; zero before that or when
+// it failed.
+func (h *Handle) Stats() SaveStats {
 	select {
 	case <-h.done:
-		return h.seq
+		return h.stats
 	default:
-		return 0
+		return SaveStats{}
 	}
 }
 
@@ -115,17 +123,20 @@ func (c *Client) Save(step int64) *Handle {
 	c.last = h
 	tasks := c.chunks(arena, off, true)
 	go func() {
+		t := time.Now()
 		err := copyChunks(tasks, c.opt.Workers, func() { c.gate.wait(h.hurry) })
 		if err != nil {
 			h.finish(fmt.Errorf("save of step %d: %w", step, c.abort(step, fmt.Errorf("copying into the arena: %w", err))))
 			return
 		}
+		copied := time.Now()
 		var cr commitReply
 		if err := c.conn.call(context.Background(), tCommit, stepReq{Step: step}, &cr); err != nil {
 			h.finish(fmt.Errorf("commit of step %d: %w", step, err))
 			return
 		}
-		h.seq, h.bytes = cr.Seq, cr.Bytes
+		h.stats = SaveStats{Seq: cr.Seq, Bytes: cr.Bytes, Copy: copied.Sub(t), Commit: time.Since(copied),
+			Checksum: time.Duration(cr.ChecksumS * float64(time.Second))}
 		h.finish(nil)
 	}()
 	return h

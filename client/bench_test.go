@@ -1,0 +1,154 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/reft-hpc/reft/client"
+)
+
+// Benchmarks of the client through a real in-process agent against
+// memmove, measured in the same run (the method of docs/BENCHMARKS.md):
+//
+//   - memmove_GB/s: plain copy() of the same 256 MiB between two
+//     pre-faulted anonymous mappings, in the client's 4 MiB chunks on as
+//     many goroutines as the client's Workers.
+//   - Save: Save + Wait of four 64 MiB buffers: the save request, the
+//     client's chunked copy into the mapped arena, and the commit, in which
+//     the agent checksums every chunk and writes the manifest. Steady
+//     state: the arenas are mapped and reused, as in training.
+//   - Every measured round runs next to a baseline round (alternating
+//     which goes first); x_memmove is the median of the per-pair
+//     throughput ratios (save / memmove), so load from elsewhere on the
+//     machine hits both alike. copy_x_memmove is the client's copy alone
+//     against the same baseline, agent_crc_share the part of a save the
+//     agent spends checksumming at commit, and save_call_us how long Save
+//     itself blocks the caller (the copy and commit run behind it).
+
+const benchSize = 256 << 20
+
+func anon(b *testing.B, n int) []byte {
+	p, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	if err != nil {
+		b.Fatalf("mapping %d bytes: %v", n, err)
+	}
+	b.Cleanup(func() { unix.Munmap(p) })
+	return p
+}
+
+// plainCopy is the baseline: copy() per chunk on workers goroutines.
+func plainCopy(dst, src []byte, chunk, workers int) {
+	var wg sync.WaitGroup
+	n := (len(src) + chunk - 1) / chunk
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				lo, hi := i*chunk, min((i+1)*chunk, len(src))
+				copy(dst[lo:hi], src[lo:hi])
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func gbps(n int, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func mean(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+func BenchmarkSave256MiB(b *testing.B) {
+	for _, workers := range []int{1, 2} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			src, dst := anon(b, benchSize), anon(b, benchSize)
+			for i := range src {
+				src[i] = byte(i>>12) ^ byte(i)
+			}
+			a := startAgent(b)
+			ctx := context.Background()
+			c := open(b, a, client.Options{Workers: workers})
+			q := benchSize / 4
+			for i, name := range []string{"params", "grads", "adam.m", "adam.v"} {
+				if err := c.Register(name, src[i*q:(i+1)*q], client.Kind(i%2)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			step := int64(0)
+			save := func() (time.Duration, client.SaveStats) {
+				t := time.Now()
+				h := c.Save(step)
+				call := time.Since(t)
+				if err := h.Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+				step++
+				return call, h.Stats()
+			}
+			for range 3 { // map every arena the agent rotates through
+				save()
+			}
+			var memmove, rates, ratios, copyRatios, crcShare, calls []float64
+			base := func() {
+				t := time.Now()
+				plainCopy(dst, src, client.DefaultChunkSize, workers)
+				memmove = append(memmove, gbps(benchSize, time.Since(t)))
+			}
+			timed := func() {
+				t := time.Now()
+				call, st := save()
+				d := time.Since(t)
+				rates = append(rates, gbps(benchSize, d))
+				calls = append(calls, float64(call.Microseconds()))
+				copyRatios = append(copyRatios, gbps(benchSize, st.Copy))
+				crcShare = append(crcShare, st.Checksum.Seconds()/d.Seconds())
+			}
+			const pairs = 4
+			b.SetBytes(benchSize * pairs)
+			for i := 0; b.Loop(); {
+				for range pairs {
+					b.StopTimer()
+					if i%2 == 0 {
+						base()
+					}
+					b.StartTimer()
+					timed()
+					b.StopTimer()
+					if i%2 == 1 {
+						base()
+					}
+					b.StartTimer()
+					ratios = append(ratios, rates[len(rates)-1]/memmove[len(memmove)-1])
+					copyRatios[len(copyRatios)-1] /= memmove[len(memmove)-1]
+					i++
+				}
+			}
+			b.ReportMetric(mean(memmove), "memmove_GB/s")
+			b.ReportMetric(mean(rates), "save_GB/s")
+			b.ReportMetric(median(ratios), "x_memmove")
+			b.ReportMetric(median(copyRatios), "copy_x_memmove")
+			b.ReportMetric(median(crcShare), "agent_crc_share")
+			b.ReportMetric(median(calls), "save_call_us")
+		})
+	}
+}
