@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/reft-hpc/reft/agent/proto"
+)
+
+// TestContract: the socket path is the first stdout line, the agent serves
+// until stdin closes, and then its directory is gone.
+func TestContract(t *testing.T) {
+	dir := t.TempDir()
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	var stderr bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run([]string{"--job", "77", "--dir", dir}, inR, outW, &stderr)
+		outW.Close()
+	}()
+	line, err := bufio.NewReader(outR).ReadString('\n')
+	if err != nil {
+		t.Fatalf("first line: %v (stderr %q)", err, stderr.String())
+	}
+	sock := strings.TrimSpace(line)
+	if filepath.Dir(filepath.Dir(sock)) != dir {
+		t.Errorf("socket %s is not in a fresh directory under --dir %s", sock, dir)
+	}
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	var h proto.HelloReply
+	if err := proto.Call(c, proto.THello, 1, nil, &h); err != nil || h.Job != "77" || h.Protocol != proto.Version {
+		t.Fatalf("hello = %+v, %v", h, err)
+	}
+	var st proto.Status
+	if err := proto.Call(c, proto.TStatus, 2, nil, &st); err != nil || !strings.HasPrefix(st.StoreDir, filepath.Dir(sock)) {
+		t.Fatalf("status store_dir %q (%v), want under %s", st.StoreDir, err, filepath.Dir(sock))
+	}
+	c.Close()
+	inW.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("still serving 30 s after stdin closed")
+	}
+	if _, err := os.Stat(filepath.Dir(sock)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the agent's directory is still there: %v", err)
+	}
+}
+
+func TestBadFlag(t *testing.T) {
+	var stderr bytes.Buffer
+	if err := run([]string{"--nope"}, strings.NewReader(""), io.Discard, &stderr); err == nil {
+		t.Fatal("an unknown flag was accepted")
+	}
+}
