@@ -118,8 +118,8 @@ type Client struct {
 
 	mu      sync.Mutex // serializes the caller's operations
 	bufs    []buffer
-	frozen  bool           // Save or Restore was called: no more Register
-	layout  *registerReply // nil until the agent has the registration
+	frozen  bool                 // Save or Restore was called: no more Register
+	layout  *proto.RegisterReply // nil until the agent has the registration
 	maps    arenas
 	last    *Handle // the newest save; later operations wait for it
 	closed  bool
@@ -237,13 +237,13 @@ func (c *Client) register(ctx context.Context) error {
 		return errors.New("no buffers registered: call Register before Save or Restore")
 	}
 	c.frozen = true
-	req := registerReq{Rank: c.opt.Rank, World: c.opt.World, LocalRank: c.opt.LocalRank,
-		Layout: c.opt.Layout, ChunkSize: c.opt.ChunkSize, Buffers: make([]wireBuffer, len(c.bufs))}
+	req := proto.Register{Rank: c.opt.Rank, World: c.opt.World, LocalRank: c.opt.LocalRank,
+		Layout: c.opt.Layout, ChunkSize: c.opt.ChunkSize, Buffers: make([]proto.BufferSpec, len(c.bufs))}
 	for i, b := range c.bufs {
-		req.Buffers[i] = wireBuffer{Name: b.name, Size: int64(len(b.data)), Replicated: b.kind == Replicated}
+		req.Buffers[i] = proto.BufferSpec{Name: b.name, Size: int64(len(b.data)), Replicated: b.kind == Replicated}
 	}
-	var rep registerReply
-	if err := c.conn.call(ctx, tRegister, req, &rep); err != nil {
+	var rep proto.RegisterReply
+	if err := c.conn.call(ctx, proto.TRegister, req, &rep); err != nil {
 		return fmt.Errorf("registering %d buffers: %w", len(c.bufs), err)
 	}
 	if _, err := c.place(rep.Buffers, rep.ArenaSize); err != nil {
@@ -255,7 +255,7 @@ func (c *Client) register(ctx context.Context) error {
 
 // place matches the agent's arena layout to the registered buffers: the
 // arena slice of buffer i is [off[i], off[i]+len(bufs[i].data)).
-func (c *Client) place(bufs []wireBuffer, arenaSize int64) ([]int64, error) {
+func (c *Client) place(bufs []proto.BufferPlace, arenaSize int64) ([]int64, error) {
 	if len(bufs) != len(c.bufs) {
 		return nil, fmt.Errorf("the agent lists %d buffers, %d are registered", len(bufs), len(c.bufs))
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/reft-hpc/reft/agent/proto"
 )
 
 // Generations lists this rank's committed steps on this node, newest first.
@@ -28,8 +30,8 @@ func (c *Client) generations(ctx context.Context) ([]int64, error) {
 			return nil, err
 		}
 	}
-	var rep generationsReply
-	if err := c.conn.call(ctx, tGenerations, nil, &rep); err != nil {
+	var rep proto.GenerationsReply
+	if err := c.conn.call(ctx, proto.TGenerations, nil, &rep); err != nil {
 		return nil, fmt.Errorf("listing generations: %w", err)
 	}
 	steps := make([]int64, len(rep.Generations))
@@ -125,8 +127,8 @@ func (c *Client) RestoreStep(ctx context.Context, step int64) error {
 // restore asks the agent for step, which it verifies, copies the arena into
 // the buffers and releases the arena.
 func (c *Client) restore(ctx context.Context, step int64) error {
-	var rep arenaReply
-	if err := c.conn.call(ctx, tRestore, stepReq{Step: step}, &rep); err != nil {
+	var rep proto.ArenaReply
+	if err := c.conn.call(ctx, proto.TRestore, proto.StepReq{Step: step}, &rep); err != nil {
 		return fmt.Errorf("restore of step %d: %w", step, err)
 	}
 	off, err := c.place(rep.Buffers, rep.ArenaSize)
@@ -144,7 +146,7 @@ func (c *Client) restore(ctx context.Context, step int64) error {
 	}
 	// Release even after a failure: the agent keeps the arena out of reuse
 	// until then.
-	if rerr := c.conn.call(ctx, tRelease, stepReq{Step: step}, nil); rerr != nil {
+	if rerr := c.conn.call(ctx, proto.TRelease, proto.StepReq{Step: step}, nil); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("releasing the arena: %w", rerr))
 	}
 	if err != nil {

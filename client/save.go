@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/reft-hpc/reft/agent/proto"
 )
 
 // Handle is one save in progress. The caller must not modify a registered
@@ -104,8 +106,8 @@ func (c *Client) Save(step int64) *Handle {
 	if err := c.register(ctx); err != nil {
 		return fail(err)
 	}
-	var rep arenaReply
-	if err := c.conn.call(ctx, tSave, stepReq{Step: step}, &rep); err != nil {
+	var rep proto.ArenaReply
+	if err := c.conn.call(ctx, proto.TSave, proto.StepReq{Step: step}, &rep); err != nil {
 		return fail(err)
 	}
 	off, err := c.place(rep.Buffers, rep.ArenaSize)
@@ -130,8 +132,8 @@ func (c *Client) Save(step int64) *Handle {
 			return
 		}
 		copied := time.Now()
-		var cr commitReply
-		if err := c.conn.call(context.Background(), tCommit, stepReq{Step: step}, &cr); err != nil {
+		var cr proto.CommitReply
+		if err := c.conn.call(context.Background(), proto.TCommit, proto.StepReq{Step: step}, &cr); err != nil {
 			h.finish(fmt.Errorf("commit of step %d: %w", step, err))
 			return
 		}
@@ -144,7 +146,7 @@ func (c *Client) Save(step int64) *Handle {
 
 // abort tells the agent to drop the open save after a failure on this side.
 func (c *Client) abort(step int64, cause error) error {
-	if err := c.conn.call(context.Background(), tAbort, stepReq{Step: step}, nil); err != nil {
+	if err := c.conn.call(context.Background(), proto.TAbort, proto.StepReq{Step: step}, nil); err != nil {
 		return fmt.Errorf("%w (and the abort failed: %w)", cause, err)
 	}
 	return cause
