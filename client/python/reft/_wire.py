@@ -182,6 +182,13 @@ class Connection:
                                 % (self.path, name, cause))
                 self._close_socket()
                 raise Error(self._broken) from None
+            except BaseException:
+                # Interrupted (KeyboardInterrupt) with the reply unread: the
+                # stream is out of step, so the connection cannot be reused.
+                self._broken = ("the connection to the reft agent at %s was abandoned while "
+                                "waiting for a %s reply" % (self.path, name))
+                self._close_socket()
+                raise
             if rtype == T_ERROR and rid in (fid, 0):
                 code = reply.get("code") or "internal"
                 message = reply.get("message") or "(no message)"
