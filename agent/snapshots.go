@@ -84,6 +84,13 @@ func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zer
 		}
 		return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, out)
 	}
+	if f.Type == proto.TCommit {
+		var req proto.Commit
+		if err := f.Unmarshal(&req); err != nil {
+			return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
+		}
+		return s.commit(c, rc, f.ID, req, log)
+	}
 	req := proto.StepReq{Step: -1}
 	if err := f.Unmarshal(&req); err != nil {
 		return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
@@ -91,8 +98,6 @@ func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zer
 	switch f.Type {
 	case proto.TSave:
 		return s.save(c, rc, f.ID, req.Step, log)
-	case proto.TCommit:
-		return s.commit(c, rc, f.ID, req.Step, log)
 	case proto.TAbort:
 		if rc.open == nil || rc.open.Step() != req.Step {
 			return replyErr(c, f.ID, proto.CodeBadState, "abort of step %d: no save of that step is open on this connection", req.Step)
@@ -184,14 +189,28 @@ func (s *Server) save(c net.Conn, rc *rankConn, id uint32, step int64, log zerol
 		Step: step, Arena: o.ArenaPath(), ArenaSize: o.Arena().Size(), Buffers: rc.places})
 }
 
-func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, step int64, log zerolog.Logger) error {
+func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, log zerolog.Logger) error {
+	step := req.Step
 	if rc.open == nil || rc.open.Step() != step {
 		return replyErr(c, id, proto.CodeBadState, "commit of step %d: no save of that step is open on this connection", step)
 	}
 	o := rc.open
+	if req.CRC32C != nil {
+		for _, b := range rc.places {
+			if err := o.SetChecksums(b.Name, req.CRC32C[b.Name]); err != nil {
+				return replyErr(c, id, proto.CodeInvalid, "commit of step %d: crc32c: %v (send one checksum per chunk_size chunk of every buffer, or none)", step, err)
+			}
+		}
+		if len(req.CRC32C) != len(rc.places) {
+			return replyErr(c, id, proto.CodeInvalid, "commit of step %d: crc32c names %d buffers, %d are registered", step, len(req.CRC32C), len(rc.places))
+		}
+	}
 	rc.open = nil
 	t0 := time.Now()
 	for _, b := range rc.places {
+		if req.CRC32C != nil {
+			break
+		}
 		if err := o.ComputeChecksums(b.Name); err != nil {
 			o.Abort()
 			return replyErr(c, id, proto.CodeInternal, "commit of step %d: checksum of %q: %v", step, b.Name, err)

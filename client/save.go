@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // Handle is one save in progress. The caller must not modify a registered
@@ -124,6 +125,22 @@ func (c *Client) Save(step int64) *Handle {
 	h := newHandle(step)
 	c.last = h
 	tasks := c.chunks(arena, off, true)
+	// The checksum of every chunk is computed as it is copied (the bytes
+	// cross the memory bus once) and sent with the commit, so the agent does
+	// not read the arena again.
+	n := make(map[string]int, len(c.bufs))
+	for _, t := range tasks {
+		n[t.buf]++
+	}
+	crcs := make(map[string][]uint32, len(c.bufs))
+	for _, b := range c.bufs {
+		crcs[b.name] = make([]uint32, n[b.name])
+	}
+	for i := range tasks {
+		b := tasks[i].buf
+		tasks[i].crc = &crcs[b][len(crcs[b])-n[b]]
+		n[b]--
+	}
 	go func() {
 		t := time.Now()
 		err := copyChunks(tasks, c.opt.Workers, func() { c.gate.wait(h.hurry) })
@@ -133,7 +150,7 @@ func (c *Client) Save(step int64) *Handle {
 		}
 		copied := time.Now()
 		var cr proto.CommitReply
-		if err := c.conn.call(context.Background(), proto.TCommit, proto.StepReq{Step: step}, &cr); err != nil {
+		if err := c.conn.call(context.Background(), proto.TCommit, proto.Commit{Step: step, CRC32C: crcs}, &cr); err != nil {
 			h.finish(fmt.Errorf("commit of step %d: %w", step, err))
 			return
 		}
@@ -227,14 +244,20 @@ func (g *gate) wait(hurry <-chan struct{}) {
 	}
 }
 
-// task is one chunk to copy.
-type task struct{ dst, src []byte }
+// task is one chunk to copy; crc, when set, receives the CRC-32C of the
+// bytes copied.
+type task struct {
+	dst, src []byte
+	buf      string
+	crc      *uint32
+}
 
 // chunks splits the copy of every registered buffer to (save) or from
-// (restore) the arena into ChunkSize pieces.
+// (restore) the arena into the agent's checksum chunks (the ChunkSize asked
+// for at registration, or the agent's default).
 func (c *Client) chunks(arena []byte, off []int64, save bool) []task {
-	cs := c.opt.ChunkSize
-	if cs == 0 {
+	cs := c.layout.ChunkSize
+	if cs <= 0 {
 		cs = DefaultChunkSize
 	}
 	var out []task
@@ -244,7 +267,7 @@ func (c *Client) chunks(arena []byte, off []int64, save bool) []task {
 			e := min(o+cs, n)
 			a, m := arena[off[i]+o:off[i]+e], b.data[o:e]
 			if save {
-				out = append(out, task{dst: a, src: m})
+				out = append(out, task{dst: a, src: m, buf: b.name})
 			} else {
 				out = append(out, task{dst: m, src: a})
 			}
@@ -277,7 +300,11 @@ func copyChunks(tasks []task, workers int, before func()) error {
 			if before != nil {
 				before()
 			}
-			copy(tasks[i].dst, tasks[i].src)
+			if t := &tasks[i]; t.crc != nil {
+				*t.crc = tmpfs.CopyCRC(0, t.dst, t.src)
+			} else {
+				copy(t.dst, t.src)
+			}
 		}
 	}
 	if workers <= 1 || len(tasks) <= 1 {

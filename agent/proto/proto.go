@@ -289,6 +289,15 @@ type StepReq struct {
 	Step int64 `json:"step"`
 }
 
+// Commit is the payload of a commit request. CRC32C, when the client sends
+// it, holds per buffer the CRC-32C of every chunk (the register reply's
+// chunk_size) of the bytes it copied; the agent then records them instead of
+// reading the arena again.
+type Commit struct {
+	Step   int64               `json:"step"`
+	CRC32C map[string][]uint32 `json:"crc32c,omitempty"`
+}
+
 // ArenaReply is the payload of save and restore replies.
 type ArenaReply struct {
 	Step      int64         `json:"step"`

@@ -1,0 +1,45 @@
+// Package erasure implements the redundancy codes that protect the
+// snapshot of one sharding group (SG, REFT 4.1-4.2) across its m members.
+//
+// The SG's slice of W bytes is replicated on every member (vanilla DP or
+// ZeRO-1 parameters); member j snapshots only shard j of it. What each
+// member keeps besides its own shard:
+//
+//   - ARC (arc, arc:R): whole copies of the next R members' shards, cut from
+//     its own replicated copy: member j holds shards j+1 .. j+R (mod m).
+//     See [ARCShards], [ARCHolders], [ARCSources].
+//
+//   - AEC (aec): REFT's rotated XOR parity. Each shard is cut into m-1
+//     pieces; stripe s takes one piece from every member except s, and
+//     member s stores the XOR of that stripe. Every member computes its
+//     parity from its own replicated copy of the slice (no network) and
+//     stores W/(m(m-1)) bytes. A stripe never holds a piece of the shard of
+//     the member that stores its parity, so losing any one member loses at
+//     most one unit of every stripe, and XOR rebuilds it.
+//
+//   - AEC with K parities (aec:K): the same rotation generalised to a
+//     Reed-Solomon code. Each shard is cut into m-K pieces; stripe s has
+//     m-K data pieces (from members s+K .. s+m-1) and K parity units, held
+//     by members s .. s+K-1. Member j stores K units, K·W/(m(m-K)) bytes,
+//     again computed only from its own copy of the slice. Any K member
+//     losses leave at least m-K of the m units of every stripe, which the
+//     Cauchy matrix (MDS) decodes. For K = 1 this is exactly the XOR layout.
+//     [Layout] and [Codec] implement both.
+//
+//   - [RS] is the plain Reed-Solomon code over whole shards (m data shards,
+//     K parity shards of W/m each), a thin wrapper of
+//     github.com/klauspost/reedsolomon. Its parity shards need every data
+//     shard, so it is the code for buffers that are not replicated (sent
+//     over the network) or for parity placed on nodes outside the SG; with
+//     parity placed on the SG's own members, losing a member costs a data
+//     shard and a parity shard at once, which is why [Codec] rotates.
+//
+// With m = 2 the XOR layout degenerates to ARC: each shard is one piece, the
+// stripe of member s holds only the other member's shard, so the "parity" is
+// a plain copy of the peer's shard (W/2 bytes, the same as arc).
+//
+// Uneven sizes: shards and pieces are cut at multiples of an alignment, and
+// the last ones are short or empty. Bytes past the end of the slice are
+// logical zeros: they are never read, written or stored, only assumed in
+// the parity arithmetic.
+package erasure

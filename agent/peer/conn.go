@@ -1,0 +1,243 @@
+package peer
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// readBuf is the read buffer of a connection. Payloads of a chunk frame
+// larger than it bypass it (bufio reads straight into the destination once
+// it is drained), so bulk bytes are copied by the kernel only.
+const readBuf = 64 << 10
+
+// crcPiece is the step of the fused read+checksum: the piece just read is
+// still in L2 when it is checksummed, so the data crosses memory once.
+const crcPiece = 256 << 10
+
+// conn is one authenticated (or authenticating) TCP connection: framed
+// reads with a liveness deadline, serialized writes with a write deadline,
+// and a heartbeat so that a silent peer is noticed within timeout.
+type conn struct {
+	nc      net.Conn
+	br      *bufio.Reader
+	dr      *deadlineReader
+	timeout time.Duration
+
+	wmu       sync.Mutex
+	lastWrite atomic.Int64 // unix nanoseconds
+
+	once   sync.Once
+	closed chan struct{}
+	err    error // why it closed; read after closed is closed
+}
+
+func newConn(nc net.Conn, timeout time.Duration) *conn {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true) // control frames are small and latency-bound
+	}
+	dr := &deadlineReader{nc: nc}
+	return &conn{nc: nc, dr: dr, br: bufio.NewReaderSize(dr, readBuf), timeout: timeout, closed: make(chan struct{})}
+}
+
+// deadlineReader pushes the read deadline forward whenever bytes flow, at
+// most every quarter timeout (setting a deadline costs a timer update), so
+// a read fails between 3/4 and 1 timeout after the peer went silent.
+type deadlineReader struct {
+	nc      net.Conn
+	timeout time.Duration // 0: no deadline (during the handshake, which sets its own)
+	last    time.Time
+}
+
+func (d *deadlineReader) Read(p []byte) (int, error) {
+	if d.timeout > 0 {
+		if now := time.Now(); now.Sub(d.last) > d.timeout/4 {
+			d.nc.SetReadDeadline(now.Add(d.timeout))
+			d.last = now
+		}
+	}
+	return d.nc.Read(p)
+}
+
+// live switches from the handshake's fixed deadline to liveness deadlines.
+func (c *conn) live() {
+	c.nc.SetDeadline(time.Time{})
+	c.dr.timeout = c.timeout
+	c.dr.last = time.Time{}
+}
+
+// close closes the connection once, remembering the first reason.
+func (c *conn) close(err error) {
+	c.once.Do(func() {
+		if err == nil {
+			err = net.ErrClosed
+		}
+		c.err = err
+		c.nc.Close()
+		close(c.closed)
+	})
+}
+
+func (c *conn) isClosed() bool {
+	select {
+	case <-c.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// cause is why the connection closed (nil while open).
+func (c *conn) cause() error {
+	if c.isClosed() {
+		return c.err
+	}
+	return nil
+}
+
+func (c *conn) readHeader() (Header, error) {
+	var hb [HeaderSize]byte
+	if _, err := io.ReadFull(c.br, hb[:]); err != nil {
+		return Header{}, c.readErr(err)
+	}
+	return ParseHeader(hb[:])
+}
+
+// readErr names a liveness timeout as what it is.
+func (c *conn) readErr(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%w: nothing received from %s for %s: %v", ErrPeerSilent, c.nc.RemoteAddr(), c.timeout, err)
+	}
+	return err
+}
+
+// readPayload reads a control payload (bounded by ParseHeader) and checks
+// its CRC.
+func (c *conn) readPayload(h Header) (Frame, error) {
+	f := Frame{Header: h, Payload: make([]byte, h.Length)}
+	if _, err := io.ReadFull(c.br, f.Payload); err != nil {
+		return f, c.readErr(noEOF(err))
+	}
+	if got := crc32c(f.Payload); got != h.CRC {
+		return f, fmt.Errorf("%w: %s frame id %d: recorded 0x%08x, computed 0x%08x", ErrPayload, h.Type, h.ID, h.CRC, got)
+	}
+	return f, nil
+}
+
+// readFrame reads a whole control frame.
+func (c *conn) readFrame() (Frame, error) {
+	h, err := c.readHeader()
+	if err != nil {
+		return Frame{Header: h}, err
+	}
+	return c.readPayload(h)
+}
+
+// discard skips a payload nobody wants (a cancelled stream's chunk).
+func (c *conn) discard(n uint32) error {
+	_, err := c.br.Discard(int(n))
+	return c.readErr(noEOF(err))
+}
+
+// readInto reads len(dst) payload bytes into dst and returns their CRC-32C,
+// computed piece by piece right after each piece lands.
+func (c *conn) readInto(dst []byte) (uint32, error) {
+	var crc uint32
+	for off := 0; off < len(dst); {
+		end := min(off+crcPiece, len(dst))
+		if _, err := io.ReadFull(c.br, dst[off:end]); err != nil {
+			return 0, c.readErr(noEOF(err))
+		}
+		crc = crc32.Update(crc, castagnoli, dst[off:end])
+		off = end
+	}
+	return crc, nil
+}
+
+// writeTimeout allows the timeout plus the payload at 16 MiB/s, so a big
+// chunk on a slow link is not mistaken for a dead peer.
+func (c *conn) writeTimeout(n int) time.Duration {
+	return c.timeout + time.Duration(n)*time.Second/(16<<20)
+}
+
+// write sends one frame: header and payload in one writev, under the
+// write lock so frames of concurrent streams never interleave.
+func (c *conn) write(t Type, id uint32, arg uint64, crc uint32, p []byte) error {
+	var hb [HeaderSize]byte
+	Header{Version: Version, Type: t, ID: id, Length: uint32(len(p)), Arg: arg, CRC: crc}.Put(hb[:])
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.timeout > 0 {
+		c.nc.SetWriteDeadline(time.Now().Add(c.writeTimeout(len(p))))
+	}
+	var err error
+	if len(p) == 0 {
+		_, err = c.nc.Write(hb[:])
+	} else {
+		bufs := net.Buffers{hb[:], p}
+		_, err = bufs.WriteTo(c.nc)
+	}
+	c.lastWrite.Store(time.Now().UnixNano())
+	if err != nil {
+		err = fmt.Errorf("writing %s frame to %s: %w", t, c.nc.RemoteAddr(), err)
+		c.close(err)
+	}
+	return err
+}
+
+// writeMsg sends a control frame with v as its JSON payload.
+func (c *conn) writeMsg(t Type, id uint32, v any) error {
+	p, err := marshal(v)
+	if err != nil {
+		return fmt.Errorf("encoding %s payload: %w", t, err)
+	}
+	if len(p) > MaxControl {
+		return fmt.Errorf("%w: %s payload of %d bytes > %d", ErrTooLarge, t, len(p), MaxControl)
+	}
+	return c.write(t, id, 0, crc32c(p), p)
+}
+
+// writeChunk sends chunk idx of a fetch. The frame's payload CRC is the
+// CRC recorded when the chunk was stored, not one computed now: the
+// receiver's check then covers the bytes at rest as well as the wire.
+func (c *conn) writeChunk(id uint32, idx int, data []byte, stored uint32) error {
+	return c.write(TChunk, id, uint64(idx), stored, data)
+}
+
+func (c *conn) writeError(id uint32, code, msg string, chunk *int) error {
+	return c.writeMsg(TError, id, &Error{Code: code, Message: msg, Chunk: chunk})
+}
+
+// heartbeat pings every interval when nothing else was written, until the
+// connection closes. A writer busy with a chunk is liveness enough, so a
+// held lock skips the beat.
+func (c *conn) heartbeat(interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.closed:
+			return
+		case <-t.C:
+		}
+		if time.Since(time.Unix(0, c.lastWrite.Load())) < interval {
+			continue
+		}
+		if !c.wmu.TryLock() {
+			continue
+		}
+		c.wmu.Unlock()
+		c.write(TPing, 0, 0, crc32c(nil), nil)
+	}
+}
+
+// ErrPeerSilent: a connection received nothing, not even a heartbeat, for
+// the configured timeout; the peer or the network is gone.
+var ErrPeerSilent = errors.New("peer silent")

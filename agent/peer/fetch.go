@@ -1,0 +1,326 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Source is one place a chunk can be fetched from: a peer agent and the
+// buffer of a generation there.
+type Source struct {
+	Addr string // host:port of the peer's listener
+	Key  ChunkKey
+}
+
+// FetchSpec describes one buffer (or some of its chunks) to fetch.
+type FetchSpec struct {
+	// ChunkSize and Size lay out the buffer as the sources store it: chunk
+	// i is bytes [i*ChunkSize, min((i+1)*ChunkSize, Size)). A source with
+	// another layout answers `mismatch` and the next one is tried.
+	ChunkSize int64
+	Size      int64
+	// Chunks to fetch; nil: all of them.
+	Chunks []int
+	// CRC, if set, is the CRC-32C of every chunk (a manifest's list);
+	// chunks are then verified against it as well as against each
+	// source's stored checksum.
+	CRC []uint32
+	// Sources are the candidates for every chunk, in order of preference.
+	// SourcesFor, if set, gives each chunk its own list instead.
+	Sources    []Source
+	SourcesFor func(chunk int) []Source
+
+	// Exactly one of Dst and Deliver. Dst (len Size) receives every chunk
+	// in place, straight from the socket. Deliver gets each verified chunk
+	// once, possibly from several goroutines at once; data is valid only
+	// during the call. Deliver's memory is bounded by the window per
+	// request.
+	Dst     []byte
+	Deliver func(chunk int, data []byte) error
+
+	// Window is the bytes one request may have in flight; 0: Config.Window.
+	Window int64
+	// Background marks replication traffic: rate-limited by
+	// Config.Background on both agents. Restores leave it false.
+	Background bool
+}
+
+func (s *FetchSpec) chunkLen(i int) int64 {
+	lo := int64(i) * s.ChunkSize
+	return min(s.ChunkSize, s.Size-lo)
+}
+
+func (s *FetchSpec) sources(i int) []Source {
+	if s.SourcesFor != nil {
+		return s.SourcesFor(i)
+	}
+	return s.Sources
+}
+
+// FetchStats says how a fetch went.
+type FetchStats struct {
+	Chunks    int           // chunks landed and verified
+	Bytes     int64         // their bytes
+	Requests  int           // fetch requests sent
+	Failovers int           // chunk attempts that failed and moved on
+	Duration  time.Duration // wall time
+}
+
+// Attempt is one failed try of a chunk.
+type Attempt struct {
+	Source Source
+	Err    error
+}
+
+// ChunkFailure is a chunk that no source could deliver.
+type ChunkFailure struct {
+	Chunk    int
+	Attempts []Attempt
+}
+
+// FetchError lists the chunks that failed from every source. Every other
+// chunk was delivered.
+type FetchError struct {
+	Failed []ChunkFailure
+	Total  int
+}
+
+func (e *FetchError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "fetch: %d of %d chunks failed from every source", len(e.Failed), e.Total)
+	for i, f := range e.Failed {
+		if i == 3 {
+			fmt.Fprintf(&b, "; ... (%d more)", len(e.Failed)-i)
+			break
+		}
+		fmt.Fprintf(&b, "; chunk %d:", f.Chunk)
+		if len(f.Attempts) == 0 {
+			b.WriteString(" no source given")
+		}
+		for _, a := range f.Attempts {
+			if errors.As(a.Err, new(*ConnError)) {
+				fmt.Fprintf(&b, " [%v]", a.Err) // names the peer already
+			} else {
+				fmt.Fprintf(&b, " [%s: %v]", a.Source.Addr, a.Err)
+			}
+		}
+	}
+	return b.String()
+}
+
+// Retry policy for errors that are about the moment, not the source.
+const (
+	maxBusyRetries = 5
+	busyBackoff    = 50 * time.Millisecond
+	maxSameSource  = 3 // re-asks of one source after it failed another chunk
+)
+
+type chunkState struct {
+	cands    []Source
+	cur      int
+	attempts []Attempt
+	busy     int
+	again    int
+}
+
+// Fetch gets chunks from their candidate sources, verifying each against
+// the checksum the source recorded (and spec.CRC when given). A chunk that
+// fails (checksum mismatch, source without it, dead or silent peer) is
+// asked from its next candidate while the other requests go on; a peer
+// whose connection failed is skipped for the rest of this fetch. It
+// returns a *FetchError naming each chunk that every candidate failed.
+func (cl *Client) Fetch(ctx context.Context, spec FetchSpec) (FetchStats, error) {
+	start := time.Now()
+	var stats FetchStats
+	if err := spec.check(); err != nil {
+		return stats, err
+	}
+	n := int(numChunks(spec.Size, spec.ChunkSize))
+	chunks := spec.Chunks
+	if chunks == nil {
+		chunks = make([]int, n)
+		for i := range chunks {
+			chunks[i] = i
+		}
+	}
+	state := make(map[int]*chunkState, len(chunks))
+	for _, c := range chunks {
+		if c < 0 || c >= n {
+			return stats, fmt.Errorf("fetch: chunk %d outside the buffer's %d chunks", c, n)
+		}
+		if state[c] != nil {
+			return stats, fmt.Errorf("fetch: chunk %d listed twice", c)
+		}
+		state[c] = &chunkState{cands: spec.sources(c)}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	results := make(chan runResult)
+	inflight := 0
+	dead := map[string]error{}
+	var failed []int
+
+	launch := func(list []int) {
+		groups := map[Source][]int{}
+		for _, c := range list {
+			s := state[c]
+			for s.cur < len(s.cands) && dead[s.cands[s.cur].Addr] != nil {
+				s.attempts = append(s.attempts, Attempt{s.cands[s.cur], fmt.Errorf("skipped, failed earlier in this fetch: %w", dead[s.cands[s.cur].Addr])})
+				s.cur++
+			}
+			if s.cur >= len(s.cands) {
+				failed = append(failed, c)
+				continue
+			}
+			groups[s.cands[s.cur]] = append(groups[s.cands[s.cur]], c)
+		}
+		for src, list := range groups {
+			for i, run := range splitRuns(list, cl.cfg.ConnsPerPeer) {
+				inflight++
+				stats.Requests++
+				go func() { results <- cl.run(ctx, &spec, src, run, i) }()
+			}
+		}
+	}
+	later := func(list []int, d time.Duration) {
+		inflight++
+		// The loop below drains until inflight is 0, so this send is
+		// always received, cancelled or not.
+		time.AfterFunc(d, func() { results <- runResult{list: list, retry: true} })
+	}
+
+	launch(chunks)
+	var fatal error
+	for inflight > 0 {
+		r := <-results
+		inflight--
+		if fatal != nil {
+			continue // draining
+		}
+		if r.retry {
+			if ctx.Err() == nil {
+				launch(r.list)
+			}
+			continue
+		}
+		if r.fatal != nil || ctx.Err() != nil {
+			fatal = r.fatal
+			if fatal == nil {
+				fatal = ctx.Err()
+			}
+			cancel()
+			continue
+		}
+		for _, c := range r.ok {
+			stats.Chunks++
+			stats.Bytes += spec.chunkLen(c)
+		}
+		var next, busy []int
+		moveOn := func(c int, err error) {
+			s := state[c]
+			s.attempts = append(s.attempts, Attempt{r.src, err})
+			s.cur++
+			stats.Failovers++
+			next = append(next, c)
+		}
+		for c, err := range r.bad {
+			moveOn(c, err)
+		}
+		if r.end != nil {
+			var e *Error
+			isErr := errors.As(r.end, &e)
+			var ce *ConnError
+			if errors.As(r.end, &ce) {
+				dead[r.src.Addr] = r.end
+			}
+			for _, c := range r.list {
+				if slices.Contains(r.ok, c) || r.bad[c] != nil {
+					continue
+				}
+				s := state[c]
+				switch {
+				case isErr && e.Code == CodeBusy && s.busy < maxBusyRetries:
+					s.busy++
+					busy = append(busy, c)
+				case isErr && e.Chunk != nil && *e.Chunk != c && s.again < maxSameSource:
+					s.again++ // another chunk failed there; this one may be fine
+					next = append(next, c)
+				default:
+					moveOn(c, r.end)
+				}
+			}
+		}
+		if len(busy) > 0 {
+			later(busy, busyBackoff<<min(state[busy[0]].busy-1, 4))
+		}
+		if len(next) > 0 {
+			launch(next)
+		}
+	}
+	stats.Duration = time.Since(start)
+	if fatal != nil {
+		return stats, fatal
+	}
+	if len(failed) > 0 {
+		slices.Sort(failed)
+		fe := &FetchError{Total: len(chunks)}
+		for _, c := range failed {
+			fe.Failed = append(fe.Failed, ChunkFailure{Chunk: c, Attempts: state[c].attempts})
+		}
+		return stats, fe
+	}
+	return stats, nil
+}
+
+// splitRuns cuts sorted chunk indexes into contiguous runs, then splits
+// the longest runs until there are up to parts of them, so a large fetch
+// spreads over the connections to one peer.
+func splitRuns(list []int, parts int) [][]int {
+	slices.Sort(list)
+	var runs [][]int
+	for i := 0; i < len(list); {
+		j := i + 1
+		for j < len(list) && list[j] == list[j-1]+1 {
+			j++
+		}
+		runs = append(runs, list[i:j])
+		i = j
+	}
+	for len(runs) < parts {
+		k := 0
+		for i := range runs {
+			if len(runs[i]) > len(runs[k]) {
+				k = i
+			}
+		}
+		if len(runs[k]) < 2 {
+			break
+		}
+		h := len(runs[k]) / 2
+		a, b := runs[k][:h], runs[k][h:]
+		runs = append(runs[:k], append([][]int{a, b}, runs[k+1:]...)...)
+	}
+	return runs
+}
+
+func (s *FetchSpec) check() error {
+	switch {
+	case s.ChunkSize <= 0 || s.ChunkSize > MaxPayload:
+		return fmt.Errorf("fetch: chunk size %d outside (0, %d]", s.ChunkSize, MaxPayload)
+	case s.Size < 0:
+		return fmt.Errorf("fetch: negative size %d", s.Size)
+	case (s.Dst == nil) == (s.Deliver == nil):
+		return fmt.Errorf("fetch: give exactly one of Dst and Deliver")
+	case s.Dst != nil && int64(len(s.Dst)) != s.Size:
+		return fmt.Errorf("fetch: Dst is %d bytes, Size %d", len(s.Dst), s.Size)
+	case s.CRC != nil && int64(len(s.CRC)) != numChunks(s.Size, s.ChunkSize):
+		return fmt.Errorf("fetch: %d checksums for %d chunks", len(s.CRC), numChunks(s.Size, s.ChunkSize))
+	case s.Sources == nil && s.SourcesFor == nil:
+		return fmt.Errorf("fetch: no sources")
+	}
+	return nil
+}

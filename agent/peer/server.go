@@ -1,0 +1,443 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rs/zerolog"
+)
+
+// ChunkSource is what a Server serves: the agent's snapshot store
+// (StoreSource) or, in tests, a fake.
+type ChunkSource interface {
+	// Watermarks lists the committed, not corrupt generations of ranks
+	// (nil: every rank) that this node can serve.
+	Watermarks(ranks []int) []Watermark
+	// Open pins a generation until Close, so its bytes stay put while they
+	// are streamed. Errors wrap ErrNotFound or ErrCorrupt where they apply.
+	Open(k GenKey) (SourceGeneration, error)
+}
+
+// SourceGeneration is a pinned generation.
+type SourceGeneration interface {
+	Info() *GenInfo
+	// Chunk returns chunk i of a buffer, without copying, and the CRC-32C
+	// recorded when it was stored. The bytes must stay valid until Close.
+	Chunk(buffer string, i int) ([]byte, uint32, error)
+	Close()
+}
+
+// Source errors a ChunkSource wraps; they become the codes not_found and
+// corrupt on the wire.
+var (
+	ErrNotFound = errors.New("not found")
+	ErrCorrupt  = errors.New("marked corrupt")
+)
+
+func codeOf(err error) string {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return CodeNotFound
+	case errors.Is(err, ErrCorrupt):
+		return CodeCorrupt
+	}
+	return CodeInternal
+}
+
+// Server accepts authenticated connections from the job's other agents and
+// serves watermarks, manifests and chunk streams from a ChunkSource.
+type Server struct {
+	cfg     Config
+	src     ChunkSource
+	ln      *net.TCPListener
+	log     zerolog.Logger
+	streams chan struct{} // MaxStreams slots
+	shakes  chan struct{} // MaxHandshakes slots
+
+	mu     sync.Mutex
+	conns  map[*conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+
+	stats ServerStats
+}
+
+// ServerStats are a Server's counters.
+type ServerStats struct {
+	Accepted   atomic.Uint64 // connections that passed the handshake
+	Refused    atomic.Uint64 // connections refused (authentication, protocol)
+	Streams    atomic.Uint64 // fetches started
+	ChunksSent atomic.Uint64
+	BytesSent  atomic.Uint64
+	Busy       atomic.Uint64 // fetches refused with busy
+}
+
+// Listen binds a port of cfg.PortRange on cfg.Bind and serves src until
+// Close.
+func Listen(cfg Config, src ChunkSource) (*Server, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	ln, err := ListenRange(cfg.Bind, cfg.PortRange[0], cfg.PortRange[1])
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, src: src, ln: ln, log: cfg.Log.With().Str("component", "peer").Logger(),
+		streams: make(chan struct{}, cfg.MaxStreams), shakes: make(chan struct{}, cfg.MaxHandshakes),
+		conns: map[*conn]struct{}{}}
+	s.wg.Add(1)
+	go s.accept()
+	s.log.Info().Str("addr", ln.Addr().String()).Str("auth", cfg.Auth.Method()).Msg("peer listener up")
+	return s, nil
+}
+
+// Addr is the listening address.
+func (s *Server) Addr() *net.TCPAddr { return s.ln.Addr().(*net.TCPAddr) }
+
+// Stats returns the server's counters.
+func (s *Server) Stats() *ServerStats { return &s.stats }
+
+// Close stops accepting, closes every connection (streams in progress end
+// with an I/O error on the fetching side) and waits for its goroutines.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	err := s.ln.Close()
+	for c := range s.conns {
+		c.close(errors.New("peer server closed"))
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+func (s *Server) accept() {
+	defer s.wg.Done()
+	for {
+		nc, err := s.ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			s.log.Error().Err(err).Msg("peer accept failed; the listener stops")
+			return
+		}
+		c := newConn(nc, s.cfg.Timeout)
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			nc.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			defer func() {
+				s.mu.Lock()
+				delete(s.conns, c)
+				s.mu.Unlock()
+			}()
+			s.serve(c)
+		}()
+	}
+}
+
+// serverConn is one authenticated connection's state.
+type serverConn struct {
+	s    *Server
+	c    *conn
+	log  zerolog.Logger
+	mu   sync.Mutex
+	strs map[uint32]*sendStream
+	wg   sync.WaitGroup
+}
+
+func (s *Server) serve(c *conn) {
+	remote := c.nc.RemoteAddr().String()
+	node, err := acceptHandshake(&s.cfg, c, s.shakes)
+	if err != nil {
+		s.stats.Refused.Add(1)
+		s.log.Warn().Str("event", "peer_refused").Str("remote", remote).Err(err).Msg("refused a peer connection")
+		c.close(err)
+		return
+	}
+	s.stats.Accepted.Add(1)
+	sc := &serverConn{s: s, c: c, strs: map[uint32]*sendStream{},
+		log: s.log.With().Str("remote", remote).Str("peer_node", node).Logger()}
+	sc.log.Debug().Msg("peer connection authenticated")
+	go c.heartbeat(s.cfg.Heartbeat)
+	err = sc.readLoop()
+	c.close(err)
+	sc.mu.Lock()
+	for _, st := range sc.strs {
+		st.cancel()
+	}
+	sc.mu.Unlock()
+	sc.wg.Wait()
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		sc.log.Warn().Err(err).Msg("peer connection ended")
+	}
+}
+
+// readLoop dispatches frames until the connection fails. It never blocks
+// on a stream: requests run on their own goroutines, credits and cancels
+// are a map lookup.
+func (sc *serverConn) readLoop() error {
+	c := sc.c
+	for {
+		h, err := c.readHeader()
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !c.isClosed() {
+				c.writeError(0, CodeMalformed, err.Error(), nil)
+			}
+			return err
+		}
+		switch h.Type {
+		case TPing:
+			if err := c.discard(h.Length); err != nil {
+				return err
+			}
+		case TCredit, TCancel:
+			if err := c.discard(h.Length); err != nil {
+				return err
+			}
+			sc.mu.Lock()
+			st := sc.strs[h.ID]
+			sc.mu.Unlock()
+			if st == nil {
+				continue // the stream ended already
+			}
+			if h.Type == TCredit {
+				st.credit(int64(min(h.Arg, 1<<62)))
+			} else {
+				st.cancel()
+			}
+		case TError: // the dialer's last word, e.g. it refused our credential
+			f, err := c.readPayload(h)
+			if err != nil {
+				return err
+			}
+			e := &Error{}
+			if err := unmarshal(f, e); err != nil {
+				return err
+			}
+			return fmt.Errorf("dialer closed the connection: %w", e)
+		case TWatermarks, TManifest, TFetch:
+			f, err := c.readPayload(h)
+			if err != nil {
+				c.writeError(h.ID, CodeMalformed, err.Error(), nil)
+				return err
+			}
+			if h.ID == 0 {
+				c.writeError(0, CodeInvalid, fmt.Sprintf("%s request with id 0 (0 is the connection's)", h.Type), nil)
+				continue
+			}
+			if h.Type == TFetch {
+				sc.request(f) // quick: the stream runs on its own goroutine
+				continue
+			}
+			sc.wg.Add(1)
+			go func() {
+				defer sc.wg.Done()
+				sc.request(f)
+			}()
+		default:
+			if err := c.discard(h.Length); err != nil {
+				return err
+			}
+			c.writeError(h.ID, CodeUnknownType, fmt.Sprintf("a listener does not take %s frames", h.Type), nil)
+		}
+	}
+}
+
+func (sc *serverConn) request(f Frame) {
+	c := sc.c
+	switch f.Type {
+	case TWatermarks:
+		var req WatermarksRequest
+		if err := unmarshal(f, &req); err != nil {
+			c.writeError(f.ID, CodeMalformed, err.Error(), nil)
+			return
+		}
+		c.writeMsg(TWatermarksReply, f.ID, &WatermarksReply{Node: sc.s.cfg.Node, Generations: sc.s.src.Watermarks(req.Ranks)})
+	case TManifest:
+		var k GenKey
+		if err := unmarshal(f, &k); err != nil {
+			c.writeError(f.ID, CodeMalformed, err.Error(), nil)
+			return
+		}
+		g, err := sc.s.src.Open(k)
+		if err != nil {
+			c.writeError(f.ID, codeOf(err), err.Error(), nil)
+			return
+		}
+		info := g.Info()
+		g.Close()
+		if err := c.writeMsg(TManifestReply, f.ID, info); err != nil && !c.isClosed() {
+			c.writeError(f.ID, CodeInternal, err.Error(), nil)
+		}
+	case TFetch:
+		var req FetchRequest
+		if err := unmarshal(f, &req); err != nil {
+			c.writeError(f.ID, CodeMalformed, err.Error(), nil)
+			return
+		}
+		sc.startFetch(f.ID, req)
+	}
+}
+
+// sendStream is one fetch being streamed.
+type sendStream struct {
+	id      uint32
+	req     FetchRequest
+	ctx     context.Context
+	cancel  context.CancelFunc
+	mu      sync.Mutex
+	unacked int64
+	more    chan struct{} // signalled on credit
+}
+
+func (st *sendStream) credit(n int64) {
+	st.mu.Lock()
+	st.unacked = max(0, st.unacked-n)
+	st.mu.Unlock()
+	select {
+	case st.more <- struct{}{}:
+	default:
+	}
+}
+
+// acquire waits until n more bytes fit the window; a chunk always goes
+// when nothing is in flight, so a window below the chunk size still moves.
+func (st *sendStream) acquire(n int64) error {
+	for {
+		st.mu.Lock()
+		if st.unacked == 0 || st.unacked+n <= st.req.Window {
+			st.unacked += n
+			st.mu.Unlock()
+			return nil
+		}
+		st.mu.Unlock()
+		select {
+		case <-st.more:
+		case <-st.ctx.Done():
+			return st.ctx.Err()
+		}
+	}
+}
+
+func (sc *serverConn) startFetch(id uint32, req FetchRequest) {
+	s, c := sc.s, sc.c
+	select {
+	case s.streams <- struct{}{}:
+	default:
+		s.stats.Busy.Add(1)
+		c.writeError(id, CodeBusy, fmt.Sprintf("%s is streaming %d fetches already; retry later or from another copy", s.cfg.Node, s.cfg.MaxStreams), nil)
+		return
+	}
+	if req.Window <= 0 {
+		req.Window = s.cfg.Window
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st := &sendStream{id: id, req: req, ctx: ctx, cancel: cancel, more: make(chan struct{}, 1)}
+	sc.mu.Lock()
+	if sc.strs[id] != nil {
+		sc.mu.Unlock()
+		<-s.streams
+		cancel()
+		c.writeError(id, CodeInvalid, fmt.Sprintf("request id %d is already streaming", id), nil)
+		return
+	}
+	sc.strs[id] = st
+	sc.wg.Add(1)
+	sc.mu.Unlock()
+	s.stats.Streams.Add(1)
+	go func() {
+		defer sc.wg.Done()
+		defer func() {
+			sc.mu.Lock()
+			delete(sc.strs, id)
+			sc.mu.Unlock()
+			cancel()
+			<-s.streams
+		}()
+		sc.stream(st)
+	}()
+}
+
+// stream sends the chunks of one fetch. Errors before the first chunk
+// concern the whole request; a chunk that cannot be read ends the stream
+// with an error naming it, so the dialer can take that chunk elsewhere and
+// ask again for the rest.
+func (sc *serverConn) stream(st *sendStream) {
+	s, c, req := sc.s, sc.c, st.req
+	fail := func(code string, chunk *int, format string, a ...any) {
+		c.writeError(st.id, code, fmt.Sprintf(format, a...), chunk)
+	}
+	g, err := s.src.Open(req.GenKey)
+	if err != nil {
+		fail(codeOf(err), nil, "%v", err)
+		return
+	}
+	defer g.Close()
+	info := g.Info()
+	b := info.Buffer(req.Buffer)
+	switch {
+	case b == nil:
+		fail(CodeNotFound, nil, "%s has no buffer %q", req.GenKey, req.Buffer)
+		return
+	case req.ChunkSize != 0 && req.ChunkSize != info.ChunkSize:
+		fail(CodeMismatch, nil, "%s: chunk size here is %d, the request expects %d", req.ChunkKey, info.ChunkSize, req.ChunkSize)
+		return
+	case req.Size != 0 && req.Size != b.Size:
+		fail(CodeMismatch, nil, "%s: buffer size here is %d, the request expects %d", req.ChunkKey, b.Size, req.Size)
+		return
+	case info.ChunkSize <= 0 || info.ChunkSize > MaxPayload:
+		fail(CodeInternal, nil, "%s: chunk size %d outside (0, %d]", req.ChunkKey, info.ChunkSize, MaxPayload)
+		return
+	}
+	n := len(b.CRC32C)
+	if req.First < 0 || req.Count < 1 || req.First > n-req.Count {
+		fail(CodeInvalid, nil, "%s: chunks [%d, %d+%d) outside the buffer's %d chunks", req.ChunkKey, req.First, req.First, req.Count, n)
+		return
+	}
+	for i := req.First; i < req.First+req.Count; i++ {
+		data, crc, err := g.Chunk(req.Buffer, i)
+		if err != nil {
+			fail(codeOf(err), &i, "%s chunk %d: %v", req.ChunkKey, i, err)
+			return
+		}
+		if err := st.acquire(int64(len(data))); err != nil {
+			return // cancelled, or the connection is gone
+		}
+		if req.Background {
+			if err := s.cfg.Background.Wait(st.ctx, int64(len(data))); err != nil {
+				return
+			}
+		}
+		if err := c.writeChunk(st.id, i, data, crc); err != nil {
+			return
+		}
+		s.stats.ChunksSent.Add(1)
+		s.stats.BytesSent.Add(uint64(len(data)))
+	}
+}

@@ -1,0 +1,416 @@
+package sg
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/reft-hpc/reft/spank/spec"
+)
+
+// Kind is a kind of registered buffer; kinds combine as a bit set.
+type Kind uint8
+
+// Buffer kinds.
+const (
+	// Replicated state is identical on the DP ranks of one (pp, tp):
+	// vanilla-DP parameters and optimizer state, ZeRO-1 parameters. Each
+	// SG member snapshots its 1/m shard; arc and aec protect it.
+	Replicated Kind = 1 << iota
+	// Optimizer is ZeRO-1 optimizer state: unique to each rank. aor keeps
+	// a replica on the next SG member; without aor it is Sharded state.
+	Optimizer
+	// Sharded is any other per-rank state (RNG, data loader position,
+	// activations kept across steps): copied to peer nodes by GEMINI
+	// placement, as many copies as arc and aec together tolerate.
+	Sharded
+)
+
+var kindNames = []struct {
+	k    Kind
+	name string
+}{{Replicated, "replicated"}, {Optimizer, "optimizer"}, {Sharded, "sharded"}}
+
+// String lists the kinds joined by ',' ("replicated,sharded").
+func (k Kind) String() string {
+	var s []string
+	for _, kn := range kindNames {
+		if k&kn.k != 0 {
+			s = append(s, kn.name)
+		}
+	}
+	return strings.Join(s, ",")
+}
+
+// MarshalText writes String, so JSON shows names.
+func (k Kind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// UnmarshalText is ParseKinds.
+func (k *Kind) UnmarshalText(b []byte) error {
+	v, err := ParseKinds(string(b))
+	*k = v
+	return err
+}
+
+// ValidKinds is quoted in errors.
+const ValidKinds = "replicated, optimizer, sharded"
+
+// ParseKinds reads a ','-separated list of kinds.
+func ParseKinds(s string) (Kind, error) {
+	var k Kind
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(strings.ToLower(p))
+		found := false
+		for _, kn := range kindNames {
+			if p == kn.name {
+				k |= kn.k
+				found = true
+			}
+		}
+		if !found {
+			return 0, fmt.Errorf("unknown buffer kind %q; valid: %s, joined by ','", p, ValidKinds)
+		}
+	}
+	return k, nil
+}
+
+// DefaultKinds is what a typical job registers: replicated parameters and
+// some per-rank state, plus ZeRO-1 optimizer shards when the spec has aor
+// (aor only makes sense with ZeRO-1).
+func DefaultKinds(s spec.Spec) Kind {
+	k := Replicated | Sharded
+	if s.AOR {
+		k |= Optimizer
+	}
+	return k
+}
+
+// Job is what the failure analysis needs to know about a job.
+type Job struct {
+	Spec     spec.Spec
+	Layout   Layout
+	Topology Topology
+	// Kinds are the buffer kinds the job registers; 0 means DefaultKinds.
+	Kinds Kind
+}
+
+// Protection says what protects one kind of buffer.
+type Protection struct {
+	Kind Kind `json:"kind"`
+	// Modes are the spec's modes that protect this kind ("arc+aec", "aor",
+	// "" for none).
+	Modes string `json:"modes"`
+	// Tolerance is how many failures are always survived: failed members
+	// per SG for replicated state and AOR-protected optimizer shards,
+	// failed nodes for state with peer copies.
+	Tolerance int    `json:"tolerance"`
+	Unit      string `json:"unit"` // "members per SG" or "nodes"
+	Text      string `json:"text"`
+}
+
+// Model is a job compiled for failure analysis: its sharding groups, AEC
+// layout and GEMINI placement. It is immutable and safe for concurrent use.
+type Model struct {
+	Job        Job
+	Kinds      Kind // effective kinds (see NewModel)
+	Groups     []Group
+	Warnings   []Warning
+	Placement  Placement // of sharded state (and optimizer state without aor)
+	Protection []Protection
+
+	nodes      []string
+	nodeIdx    map[string]int
+	stateNodes []int   // indices of nodes that host ranks, in node-list order
+	nodeRanks  [][]int // ranks per node index
+	holders    [][]int // node index -> holder node indices
+	groupNodes [][]int // per group: member node indices in ring order
+	patterns   [][]int // distinct groupNodes
+	arc, aor   bool
+	k          int // AEC parity pieces per stripe, 0 without aec
+	ec         *EC
+	stripes    []Stripe
+	tNet       int // peer copies the spec asks for sharded state
+	copies     int // peer copies given (tNet, or fewer with few nodes)
+}
+
+// parity is the number of AEC parity pieces per stripe the spec asks for.
+func parity(s spec.Spec) int {
+	switch {
+	case !s.AEC:
+		return 0
+	case s.AECParity > 0:
+		return s.AECParity
+	}
+	return 1
+}
+
+// NewModel validates and compiles a job. With dp=1 no state is replicated,
+// so Replicated counts as Sharded; aor then has no DP neighbour and is an
+// error. A spec whose aec cannot fit the group size is an error; a node
+// count too small for the peer copies of sharded state is a warning, and
+// the copies are cut to the nodes there are.
+func NewModel(j Job) (*Model, error) {
+	if err := j.Layout.Validate(); err != nil {
+		return nil, err
+	}
+	l, s := j.Layout, j.Spec
+	for _, c := range []struct {
+		name       string
+		spec, have int
+	}{{"dp", s.DP, l.DP}, {"pp", s.PP, l.PP}, {"tp", s.TP, l.TP}} {
+		if c.spec > 0 && c.spec != c.have {
+			return nil, fmt.Errorf("--reft=%s says %s=%d but the layout has %s=%d; make them agree", s, c.name, c.spec, c.name, c.have)
+		}
+	}
+	idx, err := j.Topology.validate(l.World())
+	if err != nil {
+		return nil, err
+	}
+	md := &Model{Job: j, nodes: j.Topology.nodes(), nodeIdx: idx}
+	md.Kinds = j.Kinds
+	if md.Kinds == 0 {
+		md.Kinds = DefaultKinds(s)
+	}
+	if s.Enabled() {
+		md.arc, md.aor, md.k = s.ARC, s.AOR, parity(s)
+	}
+	if l.DP == 1 {
+		if md.aor {
+			return nil, fmt.Errorf("--reft=%s: aor keeps each rank's ZeRO-1 optimizer shard on the next rank of its DP group, and dp=1 leaves none; use dp >= 2 or drop aor", s)
+		}
+		if md.Kinds&Replicated != 0 {
+			md.Kinds = md.Kinds&^Replicated | Sharded
+		}
+	}
+	if md.Kinds&Replicated != 0 && md.k > 0 {
+		ec, err := NewEC(l.DP, md.k, md.arc)
+		if err != nil {
+			return nil, fmt.Errorf("--reft=%s with dp=%d: %w; raise dp or lower the parity count", s, l.DP, err)
+		}
+		md.ec = &ec
+		for a := 0; a < ec.M; a++ {
+			md.stripes = append(md.stripes, ec.Stripe(a))
+		}
+	}
+
+	md.Groups, md.Warnings, err = FormGroups(l, j.Topology)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for _, g := range md.Groups {
+		ns := make([]int, len(g.Members))
+		for i, m := range g.Members {
+			ns[i] = idx[m.Node]
+		}
+		md.groupNodes = append(md.groupNodes, ns)
+		if key := fmt.Sprint(ns); !seen[key] {
+			seen[key] = true
+			md.patterns = append(md.patterns, ns)
+		}
+	}
+
+	md.nodeRanks = make([][]int, len(md.nodes))
+	for r, n := range j.Topology.RankNode {
+		md.nodeRanks[idx[n]] = append(md.nodeRanks[idx[n]], r)
+	}
+	var stateNames []string
+	for i, rs := range md.nodeRanks {
+		if len(rs) > 0 {
+			md.stateNodes = append(md.stateNodes, i)
+			stateNames = append(stateNames, md.nodes[i])
+		}
+	}
+	md.tNet = 0
+	if md.arc {
+		md.tNet++
+	}
+	md.tNet += md.k
+	md.copies = md.tNet
+	if md.copies > len(stateNames)-1 {
+		md.copies = len(stateNames) - 1
+		if md.Kinds&md.placedKinds() != 0 {
+			md.Warnings = append(md.Warnings, Warning{Kind: WarnFewNodes, Msg: fmt.Sprintf(
+				"--reft=%s asks for %d peer copies of each rank's sharded state, but the ranks sit on %d nodes, so only %d fit; use more nodes for the full protection",
+				s, md.tNet, len(stateNames), md.copies)})
+		}
+	}
+	md.Placement, err = PlaceSpread(stateNames, j.Topology.Domain, md.copies+1)
+	if err != nil {
+		return nil, fmt.Errorf("placement of sharded state: %w", err)
+	}
+	md.holders = make([][]int, len(md.nodes))
+	for x, hs := range md.Placement.Holders {
+		for _, h := range hs {
+			md.holders[idx[x]] = append(md.holders[idx[x]], idx[h])
+		}
+	}
+	md.Protection = md.protection()
+	return md, nil
+}
+
+// placedKinds are the kinds protected by peer copies.
+func (md *Model) placedKinds() Kind {
+	k := Sharded
+	if !md.aor {
+		k |= Optimizer
+	}
+	return k
+}
+
+// modes writes the modes in effect for replicated state.
+func (md *Model) repModes() string {
+	var m []string
+	if md.arc {
+		m = append(m, "arc")
+	}
+	switch {
+	case md.k == 1:
+		m = append(m, "aec")
+	case md.k > 1:
+		m = append(m, fmt.Sprintf("aec:%d", md.k))
+	}
+	return strings.Join(m, "+")
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
+func (md *Model) protection() []Protection {
+	var out []Protection
+	m := md.Job.Layout.DP
+	if md.Kinds&Replicated != 0 {
+		p := Protection{Kind: Replicated, Modes: md.repModes(), Unit: "members per SG"}
+		p.Tolerance = md.repTolerance()
+		var parts []string
+		parts = append(parts, fmt.Sprintf("each of the %d members of an SG keeps its 1/%d shard of the slice", m, m))
+		if md.arc {
+			parts = append(parts, "arc: and the next member's shard (ARC copy)")
+		}
+		if md.ec != nil {
+			kind := "rotated XOR parity"
+			if md.k > 1 {
+				kind = fmt.Sprintf("Reed-Solomon parity (%d pieces per stripe)", md.k)
+			}
+			parts = append(parts, fmt.Sprintf("%s: and %s (each parity piece 1/%d of a shard)", strings.TrimPrefix(md.repModes(), "arc+"), kind, md.ec.DataPieces()))
+		}
+		if p.Tolerance == 0 {
+			parts = append(parts, "nothing else (arc or aec protect replicated state): a failed member's shard comes from the persistent tier")
+		} else {
+			parts = append(parts, fmt.Sprintf("survives any %s per SG", plural(p.Tolerance, "failed member", "failed members")))
+		}
+		p.Text = strings.Join(parts, "; ")
+		out = append(out, p)
+	}
+	if md.Kinds&Optimizer != 0 && md.aor {
+		out = append(out, Protection{Kind: Optimizer, Modes: "aor", Tolerance: 1, Unit: "members per SG",
+			Text: "ZeRO-1 optimizer shards: the previous member of the SG (ring order) keeps an AOR replica, kept current from the gradients; survives any 1 failed member per SG (aor covers them, so they get no network copies)"})
+	}
+	for _, k := range []Kind{Optimizer, Sharded} {
+		if md.Kinds&k == 0 || md.placedKinds()&k == 0 {
+			continue
+		}
+		p := Protection{Kind: k, Unit: "nodes", Tolerance: md.copies}
+		if md.tNet > 0 {
+			p.Modes = md.repModes()
+		}
+		what := "per-rank state"
+		if k == Optimizer {
+			what = "ZeRO-1 optimizer shards (no aor: per-rank state)"
+		}
+		switch {
+		case md.copies == 0 && md.tNet == 0:
+			p.Text = what + ": no peer copies (only arc and aec add them): a failed node's state comes from the persistent tier"
+		case md.copies == 0:
+			p.Text = what + ": no peer copies fit on a single node"
+		default:
+			p.Text = fmt.Sprintf("%s: %s on other nodes, over the network, by GEMINI %s placement; survives any %s",
+				what, plural(md.copies, "peer copy", "peer copies"), md.Placement.Strategy, plural(md.copies, "failed node", "failed nodes"))
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// repTolerance is the guaranteed failed members per SG for replicated state.
+func (md *Model) repTolerance() int {
+	t := md.k
+	if md.arc {
+		t++
+	}
+	return t
+}
+
+// Tolerance is the number of failed nodes the job always survives, whatever
+// nodes they are: the weakest kind's guarantee, with members that share a
+// node counted together. Explain's enumeration may find that more survive.
+func (md *Model) Tolerance() int {
+	best := len(md.stateNodes)
+	for _, p := range md.Protection {
+		var t int
+		switch p.Unit {
+		case "nodes":
+			t = p.Tolerance
+		default:
+			t = md.nodeTolerance(p.Tolerance)
+		}
+		best = min(best, t)
+	}
+	return best
+}
+
+// nodeTolerance turns "t failed members per SG" into failed nodes: the most
+// nodes that can fail while no SG loses more than t members.
+func (md *Model) nodeTolerance(t int) int {
+	best := len(md.stateNodes)
+	for _, ns := range md.patterns {
+		count := map[int]int{}
+		for _, n := range ns {
+			count[n]++
+		}
+		c := make([]int, 0, len(count))
+		for _, v := range count {
+			c = append(c, v)
+		}
+		sort.Sort(sort.Reverse(sort.IntSlice(c)))
+		k, sum := 0, 0
+		for k < len(c) && sum+c[k] <= t {
+			sum += c[k]
+			k++
+		}
+		if k == len(c) {
+			continue // the group's nodes all failing is within t: no limit
+		}
+		best = min(best, k)
+	}
+	return best
+}
+
+// Nodes is the job's node list; StateNodes those that host ranks.
+func (md *Model) Nodes() []string { return append([]string(nil), md.nodes...) }
+
+// StateNodes lists the nodes that host ranks, in node-list order; only
+// their failures matter.
+func (md *Model) StateNodes() []string {
+	out := make([]string, len(md.stateNodes))
+	for i, n := range md.stateNodes {
+		out[i] = md.nodes[n]
+	}
+	return out
+}
+
+// NodeRanks lists the ranks on node.
+func (md *Model) NodeRanks(node string) []int {
+	i, ok := md.nodeIdx[node]
+	if !ok {
+		return nil
+	}
+	return append([]int(nil), md.nodeRanks[i]...)
+}
+
+// EC is the AEC layout of the replicated state, or nil without aec.
+func (md *Model) EC() *EC { return md.ec }

@@ -1,0 +1,516 @@
+package sg
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Source is where a shard is restored from.
+type Source string
+
+// Sources, in the order restore prefers them.
+const (
+	// SourceLocal: the owner's node survived; its tmpfs has the shard.
+	SourceLocal Source = "local"
+	// SourceARC: the ARC copy of a replicated shard, kept by the owner's
+	// ring predecessor.
+	SourceARC Source = "arc"
+	// SourceAEC: decoded from AEC parity (XOR for aec, Reed-Solomon for
+	// aec:K) and the surviving pieces of the stripes.
+	SourceAEC Source = "aec"
+	// SourceAOR: the AOR replica of a ZeRO-1 optimizer shard, kept by the
+	// owner's ring predecessor.
+	SourceAOR Source = "aor"
+	// SourcePeer: a GEMINI placement copy of per-rank state on a peer node.
+	SourcePeer Source = "peer"
+	// SourcePersistent: nothing in memory survived; the persistent tier.
+	SourcePersistent Source = "persistent"
+)
+
+// ShardPlan says how one shard comes back.
+type ShardPlan struct {
+	Kind Kind `json:"kind"`
+	// Group is the SG, "(pp=P,tp=T)", for replicated and optimizer shards.
+	Group string `json:"group,omitempty"`
+	// Position is the owner's ring position in Group, which is also the
+	// shard's index in the slice (ShardRange); -1 for sharded state.
+	Position int    `json:"position"`
+	Rank     int    `json:"rank"` // owner
+	Node     string `json:"node"` // owner's node
+	Source   Source `json:"source"`
+	// From lists the nodes a restore reads: the copy's holder (arc, aor,
+	// peer: all surviving holders, nearest first) or, for aec, every node
+	// whose data or parity the decode needs.
+	From []string `json:"from,omitempty"`
+	// Reason says, for persistent, why no in-memory source is left.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Plan is the failure analysis for one set of failed nodes.
+type Plan struct {
+	Failed []string `json:"failed"`
+	// Survives is true when every shard has an in-memory source, so the
+	// job restarts from the newest globally restorable generation in memory.
+	Survives bool        `json:"survives"`
+	Shards   []ShardPlan `json:"shards"`
+	// Reasons give one line per lost SG or failed node whose state only the
+	// persistent tier still has.
+	Reasons []string `json:"reasons,omitempty"`
+}
+
+// Lost returns the shards that need the persistent tier.
+func (p Plan) Lost() []ShardPlan {
+	var out []ShardPlan
+	for _, s := range p.Shards {
+		if s.Source == SourcePersistent {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Analyze compiles job and plans the restore after failed nodes fail.
+func Analyze(job Job, failed []string) (Plan, error) {
+	md, err := NewModel(job)
+	if err != nil {
+		return Plan{}, err
+	}
+	return md.Plan(failed)
+}
+
+// dead turns failed node names into a mask, rejecting unknown names.
+func (md *Model) dead(failed []string) ([]bool, []string, error) {
+	d := make([]bool, len(md.nodes))
+	for _, n := range failed {
+		i, ok := md.nodeIdx[n]
+		if !ok {
+			return nil, nil, fmt.Errorf("failed node %q is not one of the job's nodes (%s)", n, compactNodes(md.nodes))
+		}
+		d[i] = true
+	}
+	var names []string
+	for i, x := range d {
+		if x {
+			names = append(names, md.nodes[i])
+		}
+	}
+	return d, names, nil
+}
+
+// Plan decides, for every shard of the job, whether and how it comes back
+// when the failed nodes (and everything on them) are gone.
+func (md *Model) Plan(failed []string) (Plan, error) {
+	dead, names, err := md.dead(failed)
+	if err != nil {
+		return Plan{}, err
+	}
+	p := Plan{Failed: names, Survives: true}
+	if md.Kinds&Replicated != 0 {
+		md.planGroups(&p, dead, Replicated)
+	}
+	if md.Kinds&Optimizer != 0 && md.aor {
+		md.planGroups(&p, dead, Optimizer)
+	}
+	md.planPlaced(&p, dead)
+	for _, s := range p.Shards {
+		if s.Source == SourcePersistent {
+			p.Survives = false
+			break
+		}
+	}
+	return p, nil
+}
+
+// Survives is Plan(failed).Survives without building the plan: fast enough
+// to enumerate failure sets.
+func (md *Model) Survives(failed []string) (bool, error) {
+	dead, _, err := md.dead(failed)
+	if err != nil {
+		return false, err
+	}
+	return md.survives(dead), nil
+}
+
+func (md *Model) survives(dead []bool) bool {
+	var f []bool
+	for _, ns := range md.patterns {
+		f = f[:0]
+		any := false
+		for _, n := range ns {
+			f = append(f, dead[n])
+			any = any || dead[n]
+		}
+		if !any {
+			continue
+		}
+		for pos := range f {
+			if !f[pos] {
+				continue
+			}
+			if md.Kinds&Replicated != 0 && md.repSource(f, pos) == SourcePersistent {
+				return false
+			}
+			if md.Kinds&Optimizer != 0 && md.aor && f[pred(pos, len(f))] {
+				return false
+			}
+		}
+	}
+	if md.Kinds&md.placedKinds() != 0 {
+		for _, x := range md.stateNodes {
+			if dead[x] && !anyAlive(md.holders[x], dead) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func anyAlive(ns []int, dead []bool) bool {
+	for _, n := range ns {
+		if !dead[n] {
+			return true
+		}
+	}
+	return false
+}
+
+// repSource decides a replicated shard's source; f marks the group's failed
+// ring positions.
+func (md *Model) repSource(f []bool, pos int) Source {
+	m := len(f)
+	switch {
+	case !f[pos]:
+		return SourceLocal
+	case md.arc && m > 1 && !f[pred(pos, m)]:
+		return SourceARC
+	case md.ec != nil && md.decodable(f, pos) == -1:
+		return SourceAEC
+	}
+	return SourcePersistent
+}
+
+// known reports whether the data of ring position q survives in plain
+// form: at its owner or in its predecessor's ARC copy.
+func (md *Model) known(f []bool, q int) bool {
+	return !f[q] || (md.arc && !f[pred(q, len(f))])
+}
+
+// pred is the ring position before i: the holder of i's ARC copy and AOR
+// replica.
+func pred(i, m int) int { return (i - 1 + m) % m }
+
+// decodable returns -1 when every piece of pos's shard can be decoded from
+// its stripe, else the first stripe that cannot: a stripe decodes while its
+// unknown data pieces are no more than its surviving parity pieces (XOR
+// and Reed-Solomon are MDS: any K of the stripe's pieces may be missing).
+func (md *Model) decodable(f []bool, pos int) int {
+	for j := 0; j < md.ec.DataPieces(); j++ {
+		a := md.ec.PieceStripe(pos, j)
+		if md.stripeUnknown(f, a) > md.stripeParity(f, a) {
+			return a
+		}
+	}
+	return -1
+}
+
+func (md *Model) stripeUnknown(f []bool, a int) int {
+	u := 0
+	for _, d := range md.stripes[a].Data {
+		if !md.known(f, d.Member) {
+			u++
+		}
+	}
+	return u
+}
+
+func (md *Model) stripeParity(f []bool, a int) int {
+	n := 0
+	for _, q := range md.stripes[a].Parity {
+		if !f[q] {
+			n++
+		}
+	}
+	return n
+}
+
+// planGroups adds the shards of every SG for kind (Replicated, or
+// Optimizer under aor) and one reason per SG that loses any.
+func (md *Model) planGroups(p *Plan, dead []bool, kind Kind) {
+	for gi, g := range md.Groups {
+		ns := md.groupNodes[gi]
+		m := len(ns)
+		f := make([]bool, m)
+		for i, n := range ns {
+			f[i] = dead[n]
+		}
+		var lost []string
+		for pos, mem := range g.Members {
+			s := ShardPlan{Kind: kind, Group: g.Name(), Position: pos, Rank: mem.Rank, Node: mem.Node}
+			holder := g.Members[pred(pos, m)]
+			if kind == Replicated {
+				s.Source = md.repSource(f, pos)
+			} else {
+				switch {
+				case !f[pos]:
+					s.Source = SourceLocal
+				case !f[pred(pos, m)]:
+					s.Source = SourceAOR
+				default:
+					s.Source = SourcePersistent
+				}
+			}
+			switch s.Source {
+			case SourceARC, SourceAOR:
+				s.From = []string{holder.Node}
+			case SourceAEC:
+				s.From = md.decodeNodes(g, f, pos)
+			case SourcePersistent:
+				s.Reason = md.shardReason(g, f, pos, kind)
+				lost = append(lost, s.Reason)
+			}
+			p.Shards = append(p.Shards, s)
+		}
+		if len(lost) > 0 {
+			p.Reasons = append(p.Reasons, md.groupReason(g, f, kind, lost))
+		}
+	}
+}
+
+// decodeNodes lists the nodes an AEC decode of pos's shard reads: for each
+// of its stripes, the surviving parity and the plain data of the others.
+func (md *Model) decodeNodes(g Group, f []bool, pos int) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(q int) {
+		if n := g.Members[q].Node; !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	m := len(f)
+	for j := 0; j < md.ec.DataPieces(); j++ {
+		st := md.stripes[md.ec.PieceStripe(pos, j)]
+		for _, q := range st.Parity {
+			if !f[q] {
+				add(q)
+			}
+		}
+		for _, d := range st.Data {
+			switch {
+			case d.Member == pos:
+			case !f[d.Member]:
+				add(d.Member)
+			case md.arc && !f[pred(d.Member, m)]:
+				add(pred(d.Member, m))
+			}
+		}
+	}
+	return out
+}
+
+// tolPhrase is "arc tolerates 1 failure per group" for kind.
+func (md *Model) tolPhrase(kind Kind) string {
+	if kind == Optimizer {
+		return "aor keeps 1 replica of each ZeRO-1 optimizer shard, on the previous member, so it tolerates 1 failure per group"
+	}
+	if !md.Job.Spec.Enabled() {
+		return "--reft=off keeps no redundancy"
+	}
+	t := md.repTolerance()
+	if t == 0 {
+		return fmt.Sprintf("--reft=%s does not protect replicated state (arc or aec do)", md.Job.Spec)
+	}
+	return fmt.Sprintf("%s tolerates %s per group", md.repModes(), plural(t, "failure", "failures"))
+}
+
+func (md *Model) shardReason(g Group, f []bool, pos int, kind Kind) string {
+	m := len(f)
+	mem, holder := g.Members[pos], g.Members[pred(pos, m)]
+	what := fmt.Sprintf("rank %d's shard", mem.Rank)
+	if kind == Optimizer {
+		what = fmt.Sprintf("rank %d's optimizer shard", mem.Rank)
+		return fmt.Sprintf("%s was on %s and its AOR replica on rank %d (%s)", what, mem.Node, holder.Rank, holder.Node)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s was on %s", what, mem.Node)
+	if md.arc && m > 1 {
+		fmt.Fprintf(&b, " and its ARC copy on rank %d (%s)", holder.Rank, holder.Node)
+	}
+	if md.ec != nil {
+		a := md.decodable(f, pos)
+		fmt.Fprintf(&b, "; AEC stripe %d misses %s with %s left", a,
+			plural(md.stripeUnknown(f, a), "data piece", "data pieces"),
+			plural(md.stripeParity(f, a), "parity piece", "parity pieces"))
+	}
+	return b.String()
+}
+
+func (md *Model) groupReason(g Group, f []bool, kind Kind, lost []string) string {
+	var ranks []int
+	var nodes []string
+	seen := map[string]bool{}
+	for pos, x := range f {
+		if x {
+			ranks = append(ranks, g.Members[pos].Rank)
+			if n := g.Members[pos].Node; !seen[n] {
+				seen[n] = true
+				nodes = append(nodes, n)
+			}
+		}
+	}
+	sort.Ints(ranks)
+	sort.Strings(nodes)
+	word := "ranks"
+	if len(ranks) == 1 {
+		word = "rank"
+	}
+	nodeWord := "nodes"
+	if len(nodes) == 1 {
+		nodeWord = "node"
+	}
+	// Two shards say enough; a big group would otherwise make pages.
+	detail := strings.Join(lost[:min(2, len(lost))], "; ")
+	if len(lost) > 2 {
+		detail += fmt.Sprintf("; and %s more", plural(len(lost)-2, "shard", "shards"))
+	}
+	return fmt.Sprintf("%s lost %s %s on %s %s; %s: %s", g, word, joinInts(ranks), nodeWord,
+		strings.Join(nodes, ","), md.tolPhrase(kind), detail)
+}
+
+// planPlaced adds the per-rank shards protected by peer copies: sharded
+// state, and optimizer shards without aor. Reasons come one per node.
+func (md *Model) planPlaced(p *Plan, dead []bool) {
+	kinds := md.Kinds & md.placedKinds()
+	if kinds == 0 {
+		return
+	}
+	lostNodes := map[int]bool{}
+	for _, k := range []Kind{Optimizer, Sharded} {
+		if kinds&k == 0 {
+			continue
+		}
+		for r, node := range md.Job.Topology.RankNode {
+			x := md.nodeIdx[node]
+			s := ShardPlan{Kind: k, Position: -1, Rank: r, Node: node}
+			if k == Optimizer {
+				g, pos := md.groupOf(r)
+				s.Group, s.Position = g.Name(), pos
+			}
+			switch {
+			case !dead[x]:
+				s.Source = SourceLocal
+			case anyAlive(md.holders[x], dead):
+				s.Source = SourcePeer
+				for _, h := range md.holders[x] {
+					if !dead[h] {
+						s.From = append(s.From, md.nodes[h])
+					}
+				}
+			default:
+				s.Source = SourcePersistent
+				s.Reason = md.nodeReason(x)
+				lostNodes[x] = true
+			}
+			p.Shards = append(p.Shards, s)
+		}
+	}
+	var xs []int
+	for x := range lostNodes {
+		xs = append(xs, x)
+	}
+	sort.Ints(xs)
+	for _, x := range xs {
+		p.Reasons = append(p.Reasons, md.nodeReason(x))
+	}
+}
+
+// groupOf finds rank r's SG and ring position.
+func (md *Model) groupOf(r int) (Group, int) {
+	c := md.Job.Layout.Coord(r)
+	g := md.Groups[c.PP*md.Job.Layout.TP+c.TP]
+	return g, g.Position(r)
+}
+
+func (md *Model) nodeReason(x int) string {
+	name := md.nodes[x]
+	what := "per-rank state"
+	if md.Kinds&Optimizer != 0 && !md.aor {
+		what = "per-rank state (including ZeRO-1 optimizer shards)"
+	}
+	head := fmt.Sprintf("node %s (%s %s): %s", name, pluralWord(len(md.nodeRanks[x]), "rank", "ranks"), rankRanges(md.nodeRanks[x]), what)
+	hs := md.holders[x]
+	switch {
+	case len(hs) > 0:
+		var names []string
+		for _, h := range hs {
+			names = append(names, md.nodes[h])
+		}
+		where := ""
+		for _, grp := range md.Placement.Groups {
+			if contains(grp, name) {
+				where = "GEMINI group " + strings.Join(grp, ",")
+			}
+		}
+		if where == "" {
+			where = "GEMINI ring " + strings.Join(md.Placement.Ring, ",")
+		}
+		copies := fmt.Sprintf("all %d peer copies", len(hs))
+		if len(hs) == 1 {
+			copies = "its peer copy"
+		}
+		return fmt.Sprintf("%s lost with %s (%s); %s keeps %s per node (%s)", head,
+			copies, strings.Join(names, ","), md.repModes(), plural(md.copies, "peer copy", "peer copies"), where)
+	case !md.Job.Spec.Enabled():
+		return head + " lost: --reft=off keeps no copies"
+	case md.tNet == 0:
+		return fmt.Sprintf("%s lost: --reft=%s makes no peer copies of it (arc or aec do; aor covers only ZeRO-1 optimizer shards)", head, md.Job.Spec)
+	default:
+		return head + " lost: the job has one node, so no peer copy fits"
+	}
+}
+
+func pluralWord(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// rankRanges writes sorted ranks as "0-3,8".
+func rankRanges(rs []int) string {
+	var b strings.Builder
+	for i := 0; i < len(rs); {
+		j := i
+		for j+1 < len(rs) && rs[j+1] == rs[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(rs[i]))
+		if j > i {
+			b.WriteString("-" + strconv.Itoa(rs[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+func contains(s []string, x string) bool {
+	for _, y := range s {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// compactNodes lists nodes briefly for error messages.
+func compactNodes(ns []string) string {
+	if len(ns) <= 8 {
+		return strings.Join(ns, ",")
+	}
+	return strings.Join(ns[:8], ",") + fmt.Sprintf(",... (%d in all)", len(ns))
+}
