@@ -324,7 +324,7 @@ class Session:
         for b, p in zip(self._buffers, places):
             if not isinstance(p, dict) or p.get("name") != b.name or p.get("size") != b.size:
                 raise Error("%s: the agent's layout has %r where this session registered "
-                            "buffer %r of %d bytes" % (what, p, b.name, b.size), code="mismatch")
+                            "buffer %r of %d bytes" % (what, p, b.name, b.size))
             off = p.get("offset")
             if not isinstance(off, int) or off < 0 or off + b.size > arena_size:
                 raise Error("%s: the agent put buffer %r at offset %r, outside the %d-byte arena"
@@ -362,13 +362,15 @@ class Session:
             handle = SaveHandle(self, step)
             jobs = [(arena.addr + p["offset"], b.addr, b.size)
                     for b, p in zip(self._buffers, reply["buffers"]) if b.size]
-            t = threading.Thread(target=self._copy, args=(handle, jobs),
+            # The thread holds the mapping and the buffers, so that an
+            # interrupted close() cannot unmap or release them under it.
+            t = threading.Thread(target=self._copy, args=(handle, jobs, (arena, list(self._buffers))),
                                  name="reft-copy-%d" % step, daemon=True)
             self._pending = handle
             t.start()
             return handle
 
-    def _copy(self, handle, jobs):
+    def _copy(self, handle, jobs, keepalive):
         """The copier: chunk by chunk into the arena (ctypes.memmove drops
         the GIL, so training goes on), then commit."""
         step = handle.step
@@ -410,11 +412,12 @@ class Session:
             self._cv.notify_all()
 
     def _finish_pending(self):
-        h, self._pending = self._pending, None
+        h = self._pending
         if h is None:
             return
         self._hurry(h)
         h._event.wait()
+        self._pending = None
         if h._error is not None and not h._observed:
             h._observed = True
             warnings.warn("reft: the snapshot of step %d failed and nobody waited on its "
@@ -570,9 +573,12 @@ class Session:
                 _live.discard(self)
                 if self._conn is not None:
                     self._conn.close()
-                self._arenas.close()
-                for b in self._buffers:
-                    b.release()
+                # Unmap and release only when no copier runs (close() may
+                # have been interrupted while waiting); else GC does it later.
+                if self._pending is None or self._pending._event.is_set():
+                    self._arenas.close()
+                    for b in self._buffers:
+                        b.release()
 
     def __enter__(self):
         self._check_usable("with")

@@ -404,6 +404,26 @@ class Lifecycle(AgentCase):
                 call()
         s.close()  # idempotent
 
+    def test_interrupted_close_leaves_the_copier_its_memory(self):
+        s = self.session()
+        buf = bytearray(5000)
+        s.register("w", buf)
+        s.hint_idle(0)
+        h = s.save(1)  # parked: no window
+
+        def interrupted():
+            raise KeyboardInterrupt
+
+        with mock.patch.object(s, "_finish_pending", interrupted):
+            with self.assertRaises(KeyboardInterrupt):
+                s.close()
+        self.assertEqual(len(s._arenas), 1)  # still mapped for the copier
+        with self.assertRaises(BufferError):
+            buf.extend(b"x")  # and the buffer still exported
+        s._hurry(h)
+        with self.assertRaisesRegex(reft.Error, "closed"):
+            h.wait(timeout=5)
+
     def test_hello(self):
         with mock.patch.dict(os.environ, {"REFT_STEP_ID": "7.0"}):
             s = self.session(rank=0)
