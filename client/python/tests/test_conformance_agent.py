@@ -40,6 +40,11 @@ def agent_binary():
     return _BIN
 
 
+def tearDownModule():
+    if _BIN is not None:
+        shutil.rmtree(os.path.dirname(_BIN), ignore_errors=True)
+
+
 class RealAgent(unittest.TestCase):
     def setUp(self):
         self.agent = conformance._Agent(agent_binary(), 0)
