@@ -69,6 +69,14 @@ restores the newest common one; a rank whose copy is found corrupt drops it
 and the ranks agree again. World 1 needs no agreement. Without
 torch.distributed, pass a reft.Session with agree=.
 
+DDP: restoring the state is not all a resumed run needs to match an
+uninterrupted one bit for bit. DDP reduces a process's first iteration in
+one bucket and then rebuilds its buckets in gradient order, and gloo's ring
+all-reduce sums an element in an order that depends on its offset in the
+bucket, so the first step after a restart differs in the last bits. Reduce
+with a layout that never changes, e.g. a communication hook that
+all-reduces each parameter's gradient separately (examples/torch_ddp.py).
+
 sharded_optimizer=True registers the optimizer state as not replicated
 (ZeRO-style: each rank holds a different shard).
 

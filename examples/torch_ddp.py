@@ -1,0 +1,301 @@
+#!/usr/bin/python3
+"""PyTorch DDP training (gloo, CPU) with reft snapshots: the PyTorch
+counterpart of examples/trainer (reft-train).
+
+    srun --reft=arc -N4 -n4 /usr/bin/python3 examples/torch_ddp.py --steps 20
+
+A small MLP (with a BatchNorm, so module buffers are snapshotted too) learns
+a fixed random teacher on synthetic data. Every batch is a function of
+(--seed, step, rank) and the run is deterministic on the CPU (deterministic
+algorithms, fixed thread counts), so a run that resumes from a snapshot ends
+with the same bits as one that did not.
+
+Rank 0 prints "step N loss X", "resumed from step N" after a restore,
+"mean-step-ms: X" and "final-params-sha256: <hex>" (SHA-256 over every
+parameter's bytes, in model order). --fail-at STEP:RANK makes that rank
+SIGKILL itself at the start of STEP, only in a run that did not resume, so a
+relaunch with the same flags restores and finishes. Launch with srun -K1 so
+that the step ends when a rank dies.
+
+Snapshots: with REFT_AGENT_SOCKET set (srun --reft=...) reft.torch's
+Checkpointer saves every --save-every steps and restores at start-up;
+without it the program trains without snapshots and says so.
+
+Rank and world come from SLURM_PROCID and SLURM_NTASKS. The rendezvous is
+MASTER_ADDR:MASTER_PORT when set; else the first node of the step, or its
+Slurm NodeAddr when its name does not resolve (as on the test cluster, where
+every node is 127.0.0.1), and a port derived from the job and step ids.
+"""
+
+import argparse
+import datetime
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+try:
+    import reft  # noqa: F401 - PYTHONPATH=<repo>/client/python
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import reft
+from reft.torch import Checkpointer
+
+PROG = "torch_ddp"
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
+    p.add_argument("--size", type=int, default=64, help="model width (default 64)")
+    p.add_argument("--layers", type=int, default=3, help="hidden layers (default 3)")
+    p.add_argument("--batch", type=int, default=16, help="samples per rank and step (default 16)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default: 0.05 for sgd and "
+                   "momentum, 0.001 for adam and adamw)")
+    p.add_argument("--save-every", type=int, default=1, help="snapshot every N steps (0: never; default 1)")
+    p.add_argument("--log-every", type=int, default=1, help="print rank 0's loss every N steps (default 1)")
+    p.add_argument("--fail-at", default="", metavar="STEP:RANK",
+                   help="that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    a = p.parse_args(argv)
+    a.fail_step = a.fail_rank = None
+    if a.fail_at:
+        step, sep, rank = a.fail_at.partition(":")
+        try:
+            a.fail_step, a.fail_rank = int(step), int(rank)
+        except ValueError:
+            sep = ""
+        if not sep or a.fail_step < 1 or a.fail_rank < 0:
+            p.error("--fail-at %r is not STEP:RANK with STEP >= 1 and RANK >= 0 (e.g. --fail-at 5:2)" % a.fail_at)
+    for name in ("steps", "size", "layers", "batch", "threads", "log_every"):
+        if getattr(a, name) < 1:
+            p.error("--%s must be >= 1" % name.replace("_", "-"))
+    if a.save_every < 0:
+        p.error("--save-every must be >= 0")
+    if a.lr is None:
+        a.lr = 0.05 if a.optimizer in ("sgd", "momentum") else 1e-3
+    return a
+
+
+def env_int(name, default):
+    v = os.environ.get(name, "")
+    try:
+        return int(v) if v else default
+    except ValueError:
+        raise SystemExit("%s: %s=%r is not an integer" % (PROG, name, v)) from None
+
+
+def first_node():
+    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return None
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
+                             capture_output=True, text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit("%s: cannot expand SLURM_STEP_NODELIST=%s with scontrol (%s); set "
+                         "MASTER_ADDR to rank 0's address" % (PROG, nodelist, e)) from None
+    return out[0] if out else None
+
+
+def resolve(host):
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except OSError:
+        return None
+
+
+def master_addr():
+    """Rank 0's address: MASTER_ADDR, else the step's first node by name,
+    else by the NodeAddr Slurm itself uses to reach it."""
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    host = first_node()
+    if host is None:
+        return "127.0.0.1"
+    addr = resolve(host)
+    if addr:
+        return addr
+    try:
+        out = subprocess.run(["scontrol", "show", "node", host], check=True, capture_output=True,
+                             text=True).stdout
+        node_addr = [w.split("=", 1)[1] for w in out.split() if w.startswith("NodeAddr=")]
+    except (OSError, subprocess.CalledProcessError):
+        node_addr = []
+    addr = resolve(node_addr[0]) if node_addr else None
+    if not addr:
+        raise SystemExit("%s: rank 0's node %s does not resolve and Slurm names no usable NodeAddr "
+                         "for it; set MASTER_ADDR to its address" % (PROG, host))
+    return addr
+
+
+def master_port():
+    if os.environ.get("MASTER_PORT"):
+        return env_int("MASTER_PORT", 0)
+    # Each step of an allocation gets its own port, so a relaunch never
+    # meets the previous step's sockets; 20000-29999 avoids the ephemeral range.
+    return 20000 + (env_int("SLURM_JOB_ID", 0) * 16 + env_int("SLURM_STEP_ID", 0)) % 10000
+
+
+def init_distributed(rank, world):
+    if world == 1:
+        return
+    addr, port = master_addr(), master_port()
+    if addr.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # All ranks are on this host: bind gloo to loopback instead of the
+        # address of a hostname that may not resolve.
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method="tcp://%s:%d" % (addr, port), rank=rank,
+                            world_size=world, timeout=datetime.timedelta(minutes=5))
+
+
+def build_model(a):
+    torch.manual_seed(a.seed)
+    layers = []
+    for i in range(a.layers):
+        layers.append(torch.nn.Linear(a.size, a.size))
+        if i == 0:
+            layers.append(torch.nn.BatchNorm1d(a.size))
+        layers.append(torch.nn.Tanh())
+    layers.append(torch.nn.Linear(a.size, 4))
+    return torch.nn.Sequential(*layers)
+
+
+def build_optimizer(a, params):
+    if a.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=a.lr)
+    if a.optimizer == "momentum":
+        return torch.optim.SGD(params, lr=a.lr, momentum=0.9)
+    if a.optimizer == "adam":
+        return torch.optim.Adam(params, lr=a.lr)
+    return torch.optim.AdamW(params, lr=a.lr, weight_decay=0.01)
+
+
+class Data:
+    """Batches as a function of (seed, step, rank): nothing to restore."""
+
+    def __init__(self, a, rank):
+        g = torch.Generator().manual_seed(a.seed * 7919 + 17)
+        self.teacher = torch.randn(a.size, 4, generator=g) / a.size ** 0.5
+        self.a, self.rank = a, rank
+
+    def batch(self, step):
+        g = torch.Generator().manual_seed((self.a.seed * 1000003 + step) * 4099 + self.rank)
+        x = torch.randn(self.a.batch, self.a.size, generator=g)
+        return x, torch.tanh(x @ self.teacher)
+
+
+def allreduce_per_parameter(_, bucket):
+    """DDP communication hook: average each parameter's gradient with its
+    own all-reduce. DDP reduces a process's first iteration in one bucket and
+    then rebuilds its buckets in gradient order; gloo's ring all-reduce sums
+    an element in an order that depends on its offset in the bucket, so the
+    first step after a restart would differ in the last bits from the same
+    step of an uninterrupted run. Per parameter, the layout never changes."""
+    world = dist.get_world_size()
+    futs = [dist.all_reduce(g, async_op=True).get_future() for g in bucket.gradients()]
+    buf = bucket.buffer()  # the gradients are views into it
+    return torch.futures.collect_all(futs).then(lambda _: buf.div_(world))
+
+
+def params_sha256(module):
+    h = hashlib.sha256()
+    for p in module.parameters():
+        h.update(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def train(a, rank, world):
+    log = (lambda *x: print(*x, flush=True)) if rank == 0 else (lambda *x: None)
+    model = build_model(a)
+    ddp = model
+    if world > 1:
+        ddp = DDP(model)  # broadcasts rank 0's parameters and buffers
+        ddp.register_comm_hook(None, allreduce_per_parameter)
+    opt = build_optimizer(a, ddp.parameters())
+    data = Data(a, rank)
+
+    ck = None
+    resumed = None
+    if os.environ.get("REFT_AGENT_SOCKET"):
+        ck = Checkpointer(ddp, opt)  # rank and world from torch.distributed
+        resumed = ck.restore()
+        if resumed is not None:
+            if resumed > a.steps:
+                raise reft.Error("restored step %d is past --steps %d" % (resumed, a.steps))
+            log("resumed from step %d" % resumed)
+    else:
+        log("snapshots off: REFT_AGENT_SOCKET is not set (run under srun --reft=arc)")
+    log("%s: %d ranks, %d layers of width %d (%d parameters), optimizer %s, lr %g, batch %d per rank"
+        % (PROG, world, a.layers, a.size, sum(p.numel() for p in model.parameters()), a.optimizer,
+           a.lr, a.batch))
+
+    total, ran = 0.0, 0
+    for step in range((resumed or 0) + 1, a.steps + 1):
+        if resumed is None and step == a.fail_step and rank == a.fail_rank:
+            print("%s: rank %d: --fail-at %d:%d: SIGKILL" % (PROG, rank, step, rank), file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.perf_counter()
+        x, y = data.batch(step)
+        opt.zero_grad()
+        loss = F.mse_loss(ddp(x), y)
+        loss.backward()  # DDP all-reduces the gradients here
+        if ck is not None:
+            ck.wait()  # the last snapshot has read the parameters before they change
+        opt.step()
+        if ck is not None and a.save_every and step % a.save_every == 0:
+            ck.save(step)  # copies in the background during the next forward/backward
+        if step % a.log_every == 0 or step == a.steps:
+            log("step %d loss %.9g" % (step, loss.item()))
+        total += time.perf_counter() - t0
+        ran += 1
+    if ck is not None:
+        ck.close()
+
+    digest = params_sha256(model)
+    if world > 1:
+        # DDP keeps replicas identical; a difference is a bug worth failing on.
+        digests = [None] * world
+        dist.all_gather_object(digests, digest)
+        bad = [r for r, d in enumerate(digests) if d != digest]
+        if bad:
+            raise RuntimeError("replicas differ: ranks %s end with other parameters than rank %d" % (bad, rank))
+    if ran:
+        log("mean-step-ms: %.3f" % (total * 1000 / ran))
+    log("final-params-sha256: %s" % digest)
+
+
+def main(argv):
+    a = parse_args(argv)
+    rank, world = env_int("SLURM_PROCID", 0), env_int("SLURM_NTASKS", 1)
+    if a.fail_rank is not None and a.fail_rank >= world:
+        raise SystemExit("%s: --fail-at %s: rank %d does not exist in a world of %d"
+                         % (PROG, a.fail_at, a.fail_rank, world))
+    torch.set_num_threads(a.threads)
+    torch.set_num_interop_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        init_distributed(rank, world)
+        train(a, rank, world)
+    except (reft.Error, RuntimeError) as e:
+        print("%s: rank %d: %s" % (PROG, rank, e), file=sys.stderr, flush=True)
+        return 1
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
