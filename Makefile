@@ -9,6 +9,9 @@ VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 
 LDFLAGS     := -X github.com/reft-hpc/reft/launcher/version.Version=$(VERSION)
 GOFLAGS_B   := -trimpath -ldflags "$(LDFLAGS)"
 CLUSTER     := tests/cluster/cluster
+# Debian's interpreter: python3-torch and python3-numpy are installed for it,
+# whatever python3 comes first on PATH.
+PYTHON      ?= /usr/bin/python3
 
 # Debian 12 packages the project builds, tests and runs with.
 DEB_PKGS := slurm-wlm slurmctld slurmd slurmdbd slurm-client munge mariadb-server \
@@ -59,7 +62,7 @@ deps:
 unit:
 	$(GO) vet ./...
 	$(GO) test -count=1 ./...
-	cd client/python && python3 -m unittest discover -s tests
+	cd client/python && $(PYTHON) -m unittest discover -s tests
 
 # End-to-end tests on the local cluster. The cluster is brought up here and
 # always taken down again, pass or fail. The cluster tool's own lifecycle test
