@@ -84,10 +84,16 @@
 // sits on a shard's ARC holder loses that shard to two adjacent failures,
 // so arc+aec would survive only 1 failure in the worst case.
 //
+// Without arc this is exactly agent/erasure's Layout (a test holds them
+// together); agent/erasure has no arc variant yet, and until it has, a real
+// arc+aec job is guaranteed only 1 failed member per group.
+//
 // Pieces are the shard ([ShardRange]) cut into balanced parts
 // ([EC.PieceRange]); a stripe's parity pieces are as long as its longest
 // data piece, shorter ones counting as zero-padded. Which shards survive
-// does not depend on the sizes.
+// does not depend on the sizes. (agent/erasure cuts aligned shards of
+// ceil(W/m) rounded up instead; client, agent and codec must agree on one
+// cut before the sharded layout ships.)
 //
 // # Failure analysis
 //

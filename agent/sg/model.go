@@ -231,8 +231,8 @@ func NewModel(j Job) (*Model, error) {
 		md.copies = len(stateNames) - 1
 		if md.Kinds&md.placedKinds() != 0 {
 			md.Warnings = append(md.Warnings, Warning{Kind: WarnFewNodes, Msg: fmt.Sprintf(
-				"--reft=%s asks for %d peer copies of each rank's sharded state, but the ranks sit on %d nodes, so only %d fit; use more nodes for the full protection",
-				s, md.tNet, len(stateNames), md.copies)})
+				"--reft=%s asks for %s of each rank's sharded state, but the ranks sit on %s, so only %d fit; use more nodes for the full protection",
+				s, plural(md.tNet, "peer copy", "peer copies"), plural(len(stateNames), "node", "nodes"), md.copies)})
 		}
 	}
 	md.Placement, err = PlaceSpread(stateNames, j.Topology.Domain, md.copies+1)
@@ -319,6 +319,9 @@ func (md *Model) protection() []Protection {
 			p.Modes = md.repModes()
 		}
 		what := "per-rank state"
+		if m == 1 {
+			what = "per-rank state (dp=1: nothing is replicated, so each rank's slice is too)"
+		}
 		if k == Optimizer {
 			what = "ZeRO-1 optimizer shards (no aor: per-rank state)"
 		}

@@ -106,21 +106,31 @@ func (md *Model) Plan(failed []string) (Plan, error) {
 	if err != nil {
 		return Plan{}, err
 	}
-	p := Plan{Failed: names, Survives: true}
+	return md.plan(dead, names, true), nil
+}
+
+// Reasons is Plan(failed).Reasons without the per-shard list, for callers
+// that only explain (cheaper on big jobs: it skips untouched groups).
+func (md *Model) Reasons(failed []string) ([]string, error) {
+	dead, names, err := md.dead(failed)
+	if err != nil {
+		return nil, err
+	}
+	return md.plan(dead, names, false).Reasons, nil
+}
+
+// plan builds the plan; without shards it only collects the reasons.
+func (md *Model) plan(dead []bool, names []string, shards bool) Plan {
+	p := Plan{Failed: names}
 	if md.Kinds&Replicated != 0 {
-		md.planGroups(&p, dead, Replicated)
+		md.planGroups(&p, dead, Replicated, shards)
 	}
 	if md.Kinds&Optimizer != 0 && md.aor {
-		md.planGroups(&p, dead, Optimizer)
+		md.planGroups(&p, dead, Optimizer, shards)
 	}
-	md.planPlaced(&p, dead)
-	for _, s := range p.Shards {
-		if s.Source == SourcePersistent {
-			p.Survives = false
-			break
-		}
-	}
-	return p, nil
+	md.planPlaced(&p, dead, shards)
+	p.Survives = len(p.Reasons) == 0
+	return p
 }
 
 // Survives is Plan(failed).Survives without building the plan: fast enough
@@ -237,13 +247,18 @@ func (md *Model) stripeParity(f []bool, a int) int {
 
 // planGroups adds the shards of every SG for kind (Replicated, or
 // Optimizer under aor) and one reason per SG that loses any.
-func (md *Model) planGroups(p *Plan, dead []bool, kind Kind) {
+func (md *Model) planGroups(p *Plan, dead []bool, kind Kind, shards bool) {
 	for gi, g := range md.Groups {
 		ns := md.groupNodes[gi]
 		m := len(ns)
 		f := make([]bool, m)
+		hit := false
 		for i, n := range ns {
 			f[i] = dead[n]
+			hit = hit || f[i]
+		}
+		if !hit && !shards {
+			continue
 		}
 		var lost []string
 		for pos, mem := range g.Members {
@@ -270,7 +285,9 @@ func (md *Model) planGroups(p *Plan, dead []bool, kind Kind) {
 				s.Reason = md.shardReason(g, f, pos, kind)
 				lost = append(lost, s.Reason)
 			}
-			p.Shards = append(p.Shards, s)
+			if shards {
+				p.Shards = append(p.Shards, s)
+			}
 		}
 		if len(lost) > 0 {
 			p.Reasons = append(p.Reasons, md.groupReason(g, f, kind, lost))
@@ -381,7 +398,7 @@ func (md *Model) groupReason(g Group, f []bool, kind Kind, lost []string) string
 
 // planPlaced adds the per-rank shards protected by peer copies: sharded
 // state, and optimizer shards without aor. Reasons come one per node.
-func (md *Model) planPlaced(p *Plan, dead []bool) {
+func (md *Model) planPlaced(p *Plan, dead []bool, shards bool) {
 	kinds := md.Kinds & md.placedKinds()
 	if kinds == 0 {
 		return
@@ -393,6 +410,12 @@ func (md *Model) planPlaced(p *Plan, dead []bool) {
 		}
 		for r, node := range md.Job.Topology.RankNode {
 			x := md.nodeIdx[node]
+			if !shards {
+				if dead[x] && !anyAlive(md.holders[x], dead) {
+					lostNodes[x] = true
+				}
+				continue
+			}
 			s := ShardPlan{Kind: k, Position: -1, Rank: r, Node: node}
 			if k == Optimizer {
 				g, pos := md.groupOf(r)

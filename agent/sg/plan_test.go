@@ -48,6 +48,9 @@ func TestPlanMatchesBytes(t *testing.T) {
 					if fast != plan.Survives {
 						t.Fatalf("failed %v: Survives %v, Plan.Survives %v", names(failed), fast, plan.Survives)
 					}
+					if reasons, _ := md.Reasons(names(failed)); !slices.Equal(reasons, plan.Reasons) {
+						t.Fatalf("failed %v: Reasons %q, Plan.Reasons %q", names(failed), reasons, plan.Reasons)
+					}
 					back := st.rebuild(t, failed)
 					for _, s := range plan.Shards {
 						if inMem := s.Source != SourcePersistent; inMem != back[s.Position] {

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/reft-hpc/reft/agent/sg/explain"
 	"github.com/reft-hpc/reft/launcher/plan"
 	"github.com/reft-hpc/reft/launcher/version"
 	"github.com/reft-hpc/reft/tmpfs/gc"
@@ -24,8 +25,9 @@ type command struct {
 // commands is the subcommand table. Each subcommand lives in its own package
 // and is wired in with one line here.
 var commands = map[string]command{
-	"gc":   {"remove node-local snapshots of jobs no longer running or pending (--dry-run lists them)", gc.Command},
-	"plan": {"reliability and cost planning (survival, placement, interval, memory, simulate)", plan.Main},
+	"explain": {"which node failures a job's snapshots survive under a --reft spec, and why not", explain.Command},
+	"gc":      {"remove node-local snapshots of jobs no longer running or pending (--dry-run lists them)", gc.Command},
+	"plan":    {"reliability and cost planning (survival, placement, interval, memory, simulate)", plan.Main},
 	"version": {"print the reft version", func(_ []string, stdout, _ io.Writer) int {
 		fmt.Fprintln(stdout, "reft", version.Version)
 		return 0

@@ -19,6 +19,9 @@ func TestRun(t *testing.T) {
 		{"version", []string{"version"}, 0, "reft ", ""},
 		{"--version", []string{"--version"}, 0, "reft ", ""},
 		{"unknown", []string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
+		{"explain listed", []string{"help"}, 0, "explain", ""},
+		{"explain", []string{"explain", "--spec", "arc", "--dp", "2", "--nodes", "n[1-2]"}, 0, "1 failed node: 2 of 2 sets survive", ""},
+		{"explain bad flag", []string{"explain", "--spec", "arc"}, 2, "", "--nodes is required"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

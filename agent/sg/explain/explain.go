@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"math/rand"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -44,11 +45,12 @@ flags:
 // Defaults and limits.
 const (
 	defaultMaxSets = 100000
-	textFailing    = 10   // failing sets printed per size
-	jsonFailing    = 1000 // failing sets listed per size in --json
-	textGroups     = 32   // groups printed before "... N more"
-	textHolders    = 16   // placement lines printed
-	textWarnings   = 20   // warnings printed
+	textFailing    = 10  // failing sets printed per size
+	jsonFailing    = 100 // failing sets listed per size in --json
+	textGroups     = 32  // groups printed before "... N more"
+	textHolders    = 16  // placement lines printed
+	textWarnings   = 20  // warnings printed
+	textAlso       = 3   // further reasons printed per failing set
 )
 
 type options struct {
@@ -230,7 +232,12 @@ func explain(o options) (*report, error) {
 	k = min(k, len(state))
 	rep.AllSurvive = -1
 	for size := 1; size <= k; size++ {
-		fc, err := countFailures(md, state, size, o.maxSets)
+		// Explaining a failing set costs a full plan: only as many as printed.
+		keep := textFailing
+		if o.json {
+			keep = jsonFailing
+		}
+		fc, err := countFailures(md, state, size, o.maxSets, keep)
 		if err != nil {
 			return nil, err
 		}
@@ -468,7 +475,7 @@ func parseDomains(list string, nodes []string) (map[string]string, error) {
 // countFailures checks the k-node failure sets among state: all of them
 // when there are at most maxSets, else maxSets drawn uniformly (fixed seed,
 // so output is reproducible).
-func countFailures(md *sg.Model, state []string, k, maxSets int) (failureCount, error) {
+func countFailures(md *sg.Model, state []string, k, maxSets, keep int) (failureCount, error) {
 	total := new(big.Int).Binomial(int64(len(state)), int64(k))
 	fc := failureCount{Nodes: k, Sets: total.String(), Exact: total.IsInt64() && total.Int64() <= int64(maxSets)}
 	set := make([]string, k)
@@ -485,12 +492,14 @@ func countFailures(md *sg.Model, state []string, k, maxSets int) (failureCount, 
 			fc.Survived++
 			return nil
 		}
-		if len(fc.Failing) < jsonFailing {
-			p, err := md.Plan(set)
+		if len(fc.Failing) < keep {
+			reasons, err := md.Reasons(set)
 			if err != nil {
 				return err
 			}
-			fc.Failing = append(fc.Failing, failingSet{Nodes: p.Failed, Reasons: p.Reasons})
+			names := append([]string(nil), set...)
+			sortByList(names, state)
+			fc.Failing = append(fc.Failing, failingSet{Nodes: names, Reasons: reasons})
 		}
 		return nil
 	}
@@ -542,4 +551,13 @@ func countFailures(md *sg.Model, state []string, k, maxSets int) (failureCount, 
 		fc.Failing = []failingSet{}
 	}
 	return fc, nil
+}
+
+// sortByList orders names as they appear in list.
+func sortByList(names, list []string) {
+	pos := make(map[string]int, len(list))
+	for i, n := range list {
+		pos[n] = i
+	}
+	sort.Slice(names, func(i, j int) bool { return pos[names[i]] < pos[names[j]] })
 }

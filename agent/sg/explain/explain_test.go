@@ -50,7 +50,7 @@ func TestTextBriefExample(t *testing.T) {
 		"  2 failed nodes: 28 of 28 sets survive\n",
 		"  3 failed nodes: 45 of 56 sets survive; 11 do not:\n",
 		"    n1,n2,n3: SG (pp=0,tp=0) lost ranks 0, 1 and 2 on nodes n1,n2,n3; arc+aec tolerates 2 failures per group: ",
-		"    ... 1 more (--json lists up to 1000)\n",
+		"    ... 1 more (--json lists up to 100)\n",
 	)
 }
 
@@ -238,5 +238,19 @@ func TestHelp(t *testing.T) {
 	code, out, errs := run("-h")
 	if code != 0 || out != "" || !strings.Contains(errs, "usage: reft explain --spec SPEC --nodes HOSTLIST") || !strings.Contains(errs, "-ranks-per-node") {
 		t.Errorf("-h: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+// TestManyReasons: tp=8 puts 8 SGs on the same two nodes; losing both
+// gives 8 group reasons and 2 node reasons, of which text prints 4.
+func TestManyReasons(t *testing.T) {
+	out := mustRun(t, "--spec", "arc", "--dp", "2", "--tp", "8", "--nodes", "n[1-2]", "--failures", "2")
+	wantLines(t, out,
+		"  2 failed nodes: 0 of 1 sets survive; 1 do not:\n    n1,n2: SG (pp=0,tp=0) lost ranks 0 and 8 on nodes n1,n2; arc tolerates 1 failure per group: ",
+		"      also SG (pp=0,tp=3) lost",
+		"      and 6 more reasons (--json lists them)\n",
+	)
+	if strings.Contains(out, "also SG (pp=0,tp=4)") {
+		t.Errorf("printed more than 3 further reasons:\n%s", out)
 	}
 }

@@ -134,12 +134,12 @@ func writeText(w io.Writer, r *report) {
 			continue
 		}
 		fmt.Fprintf(w, "%s; %d do not:\n", line, fails)
-		for i, s := range f.Failing {
-			if i == textFailing {
-				fmt.Fprintf(w, "    ... %d more (--json lists up to %d)\n", fails-i, jsonFailing)
-				break
-			}
+		shown := f.Failing[:min(textFailing, len(f.Failing))]
+		for _, s := range shown {
 			writeReasons(w, strings.Join(s.Nodes, ","), s.Reasons)
+		}
+		if fails > len(shown) {
+			fmt.Fprintf(w, "    ... %d more (--json lists up to %d)\n", fails-len(shown), jsonFailing)
 		}
 	}
 	if len(r.Domains) > 0 {
@@ -162,7 +162,11 @@ func writeReasons(w io.Writer, what string, reasons []string) {
 		return
 	}
 	fmt.Fprintf(w, "    %s: %s\n", what, reasons[0])
-	for _, x := range reasons[1:] {
+	for i, x := range reasons[1:] {
+		if i == textAlso {
+			fmt.Fprintf(w, "      and %d more reasons (--json lists them)\n", len(reasons)-1-i)
+			break
+		}
 		fmt.Fprintf(w, "      also %s\n", x)
 	}
 }
