@@ -423,11 +423,27 @@ class Checkpointer:
     def _restore_agreed(self, d):
         s = self.session
         world = s.world
+        partial = None  # a step some ranks restored before another rank failed it
         while True:
+            # Failures travel with the lists, so that no rank is left
+            # waiting in a collective the failed rank never joins.
+            try:
+                mine = (s.generations(), None)
+            except Error as e:
+                mine = (None, (e.code, str(e)))
             lists = [None] * world
-            d.all_gather_object(lists, s.generations())
-            step = common_newest(lists)
+            d.all_gather_object(lists, mine)
+            for r, (_, err) in enumerate(lists):
+                if err is not None:
+                    raise Error("Checkpointer.restore(): rank %d could not list its snapshots: %s"
+                                % (r, err[1]), code=err[0])
+            step = common_newest([steps for steps, _ in lists])
             if step is None:
+                if partial is not None:
+                    raise Error("Checkpointer.restore(): step %d could not be restored on every "
+                                "rank and no older step is held by all ranks, but some ranks "
+                                "already hold step %d's state; start the job afresh (a new "
+                                "allocation) instead of mixing states" % (partial, partial))
                 return None
             err = None
             try:
@@ -440,6 +456,7 @@ class Checkpointer:
             if not failed:
                 return step
             # A corrupt copy has left that rank's generations: agree again.
+            partial = step
             fatal = [(r, e) for r, e in failed if e[0] not in ("corrupt", "not_found")]
             if fatal:
                 r, (code, msg) = fatal[0]

@@ -7,7 +7,7 @@ the checkout with `go build` unless REFT_CONFORMANCE_AGENT names a binary.
     cd client/python && /usr/bin/python3 -m unittest tests.test_torch -v
 """
 
-import hashlib
+import json
 import os
 import shutil
 import socket
@@ -388,9 +388,10 @@ class TestContract(TorchCase):
 
 
 _DIST_RANK = textwrap.dedent("""
-    import hashlib, sys, torch, torch.distributed as dist
+    import hashlib, sys, warnings, torch, torch.distributed as dist
+    import reft
     from reft.torch import Checkpointer
-    phase, rank, init = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    phase, rank, init, last = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     torch.manual_seed(rank if phase == "save" else 77)
@@ -398,14 +399,19 @@ _DIST_RANK = textwrap.dedent("""
     ck = Checkpointer(m, o)  # its own session: rank and world from torch.distributed
     h = lambda: hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in m.parameters())).hexdigest()
     if phase == "save":
-        # rank 0 commits steps 1, 2, 3; rank 1 only 1 and 2
-        for step in range(1, 4 if rank == 0 else 3):
+        for step in range(1, last + 1):
             o.zero_grad(); m(torch.ones(2, 4) * step).sum().backward(); ck.wait(); o.step()
             ck.save(step).wait()
             print("step", step, h(), flush=True)
     else:
-        step = ck.restore()
-        print("restored", step, h(), flush=True)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            try:
+                print("restored", ck.restore(), h(), flush=True)
+            except reft.Error as e:
+                print("error", e, flush=True)
+        for x in w:
+            print("warning", x.message, flush=True)
     ck.close()
     dist.destroy_process_group()
 """)
@@ -413,32 +419,68 @@ _DIST_RANK = textwrap.dedent("""
 
 @needs_torch
 class TestDistributedAgreement(TorchCase):
+    def launch(self, agent, phase, last=(0, 0)):
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = sk.getsockname()[1]
+        env = dict(os.environ, PYTHONPATH=PYROOT, REFT_AGENT_SOCKET=agent.path, GLOO_SOCKET_IFNAME="lo")
+        for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
+            env.pop(k, None)
+        procs = [subprocess.Popen([sys.executable, "-c", _DIST_RANK, phase, str(r),
+                                   "tcp://127.0.0.1:%d" % port, str(last[r])], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in (0, 1)]
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=180)
+            self.assertEqual(p.returncode, 0, "phase %s rank failed:\n%s" % (phase, err))
+            outs.append([l for l in out.split("\n") if l])
+        return outs
+
+    @staticmethod
+    def hashes(saved, step):
+        return [[l.split()[2] for l in out if l.startswith("step %d " % step)][0] for out in saved]
+
+    @staticmethod
+    def corrupt(agent, rank, step):
+        """Flip a byte of rank's generation of step in the agent's store."""
+        d = os.path.join(os.path.dirname(agent.path), "store")
+        for root, _, files in os.walk(d):
+            if os.path.basename(root).startswith("g%d-" % step) and "MANIFEST" in files and \
+                    os.path.basename(os.path.dirname(os.path.dirname(root))) == "r%d" % rank:
+                with open(os.path.join(root, "MANIFEST")) as f:
+                    mf = json.load(f)
+                with open(os.path.join(os.path.dirname(root), mf["arena"]), "r+b") as f:
+                    off = mf["buffers"][0]["offset"]
+                    f.seek(off)
+                    b = f.read(1)
+                    f.seek(off)
+                    f.write(bytes([b[0] ^ 0xFF]))
+                return
+        raise AssertionError("no generation of step %d of rank %d under %s" % (step, rank, d))
+
     def test_ranks_restore_the_newest_common_step(self):
         agent = self.agent()
+        saved = self.launch(agent, "save", (3, 2))  # rank 0 holds steps 3 and 2, rank 1 2 and 1
+        at2 = self.hashes(saved, 2)
+        for rank, out in enumerate(self.launch(agent, "restore")):
+            self.assertEqual(out, ["restored 2 %s" % at2[rank]], "rank %d" % rank)
 
-        def launch(phase):
-            with socket.socket() as sk:
-                sk.bind(("127.0.0.1", 0))
-                port = sk.getsockname()[1]
-            env = dict(os.environ, PYTHONPATH=PYROOT, REFT_AGENT_SOCKET=agent.path, GLOO_SOCKET_IFNAME="lo")
-            for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
-                env.pop(k, None)
-            procs = [subprocess.Popen([sys.executable, "-c", _DIST_RANK, phase, str(r),
-                                       "tcp://127.0.0.1:%d" % port], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-            outs = []
-            for p in procs:
-                out, err = p.communicate(timeout=180)
-                self.assertEqual(p.returncode, 0, "phase %s rank failed:\n%s" % (phase, err))
-                outs.append(out.split("\n"))
-            return outs
+    def test_corrupt_copy_makes_the_ranks_agree_again(self):
+        agent = self.agent()
+        saved = self.launch(agent, "save", (3, 3))
+        at2 = self.hashes(saved, 2)
+        self.corrupt(agent, 0, 3)
+        for rank, out in enumerate(self.launch(agent, "restore")):
+            self.assertEqual(out[0], "restored 2 %s" % at2[rank], "rank %d: %s" % (rank, out))
+            self.assertRegex(out[1], r"^warning reft.torch: step 3 is not restorable on rank\(s\) \[0\]")
 
-        saved = launch("save")
-        at2 = [[l.split()[2] for l in out if l.startswith("step 2 ")][0] for out in saved]
-        restored = launch("restore")
-        for rank, out in enumerate(restored):
-            line = [l for l in out if l.startswith("restored ")]
-            self.assertEqual(line, ["restored 2 %s" % at2[rank]], "rank %d" % rank)
+    def test_no_common_step_after_a_partial_restore_is_an_error(self):
+        agent = self.agent()
+        self.launch(agent, "save", (3, 2))
+        self.corrupt(agent, 0, 2)  # the only step both ranks hold
+        for rank, out in enumerate(self.launch(agent, "restore")):
+            self.assertRegex(out[0], r"^error .*step 2 could not be restored on every rank", "rank %d" % rank)
 
 
 if __name__ == "__main__":
