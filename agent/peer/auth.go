@@ -104,6 +104,13 @@ func acceptHandshake(cfg *Config, c *conn, sem chan struct{}) (peerNode string, 
 	c.nc.SetDeadline(deadline)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	go func() { // a server closing mid-handshake stops the credential tools
+		select {
+		case <-c.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	fail := func(r *refusal) (string, error) {
 		c.writeError(0, r.code, r.msg, nil)
 		return "", fmt.Errorf("%w: %w", ErrAuth, r)

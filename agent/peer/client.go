@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/rs/zerolog"
 )
@@ -341,16 +342,20 @@ type event struct {
 
 // recvStream is the dialer's side of one fetch request.
 type recvStream struct {
-	cc    *clientConn
-	id    uint32
-	req   FetchRequest
-	spec  *FetchSpec
-	src   Source
-	pool  *bufPool // nil: chunks land in spec.Dst
-	got   []bool   // touched by the reader only
-	mu    sync.Mutex
-	queue []event
-	wake  chan struct{}
+	cc   *clientConn
+	id   uint32
+	req  FetchRequest
+	spec *FetchSpec
+	src  Source
+	pool *bufPool // nil: chunks land in spec.Dst
+	got  []bool   // touched by the reader only
+	// rmu is held by the reader while a chunk lands; detached (under rmu)
+	// tells it the fetch no longer owns the destination.
+	rmu      sync.Mutex
+	detached bool
+	mu       sync.Mutex
+	queue    []event
+	wake     chan struct{}
 }
 
 func (st *recvStream) post(ev event) {
@@ -386,6 +391,11 @@ func (st *recvStream) nextEvent(ctx context.Context) (event, error) {
 // its checksum is an event.
 func (st *recvStream) receive(h Header) error {
 	c := st.cc.c
+	st.rmu.Lock()
+	defer st.rmu.Unlock()
+	if st.detached {
+		return c.discard(h.Length)
+	}
 	first, count := st.req.First, st.req.Count
 	if h.Arg < uint64(first) || h.Arg >= uint64(first+count) {
 		return fmt.Errorf("peer sent chunk %d for request %d, which asked for [%d, %d)", h.Arg, h.ID, first, first+count)
@@ -426,6 +436,29 @@ func (st *recvStream) receive(h Header) error {
 	}
 	st.post(event{chunk: idx, buf: buf, err: cerr})
 	return nil
+}
+
+// detach ends the stream's claim on its connection: no chunk lands in the
+// destination after it returns, so the caller may reuse Dst. A chunk
+// landing right now may finish; one stuck on a silent peer is cut off by
+// closing the connection.
+func (st *recvStream) detach() {
+	st.cc.unregister(st.id)
+	if !st.rmu.TryLock() {
+		locked := make(chan struct{})
+		go func() {
+			st.rmu.Lock()
+			close(locked)
+		}()
+		select {
+		case <-locked:
+		case <-time.After(100 * time.Millisecond):
+			st.cc.c.close(errors.New("a fetch was abandoned while its chunk was still arriving"))
+			<-locked
+		}
+	}
+	st.detached = true
+	st.rmu.Unlock()
 }
 
 // ErrChecksum is wrapped by every ChecksumError.
@@ -520,7 +553,7 @@ func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []i
 		res.end = err
 		return res
 	}
-	defer cc.unregister(id)
+	defer st.detach()
 	if err := cc.c.writeMsg(TFetch, id, &req); err != nil {
 		res.end = &ConnError{cc.addr, err}
 		return res

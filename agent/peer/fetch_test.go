@@ -322,6 +322,7 @@ type proxy struct {
 	ln     net.Listener
 	target string
 	frozen atomic.Bool
+	budget atomic.Int64 // > 0: freeze once this many bytes went to the dialer
 	mu     sync.Mutex
 	conns  []net.Conn
 }
@@ -354,8 +355,8 @@ func newProxy(t *testing.T, target string) *proxy {
 			p.mu.Lock()
 			p.conns = append(p.conns, a, b)
 			p.mu.Unlock()
-			go p.pipe(a, b)
-			go p.pipe(b, a)
+			go p.pipe(b, a, false)
+			go p.pipe(a, b, true)
 		}
 	}()
 	return p
@@ -364,13 +365,22 @@ func newProxy(t *testing.T, target string) *proxy {
 func (p *proxy) addr() string { return p.ln.Addr().String() }
 func (p *proxy) freeze()      { p.frozen.Store(true) }
 
-func (p *proxy) pipe(dst, src net.Conn) {
+func (p *proxy) pipe(dst, src net.Conn, toDialer bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if p.frozen.Load() {
 			io.Copy(io.Discard, src) // swallow, forward nothing, close nothing
 			return
+		}
+		if b := p.budget.Load(); b > 0 && toDialer {
+			if int64(n) >= b {
+				dst.Write(buf[:b])
+				p.frozen.Store(true)
+				io.Copy(io.Discard, src)
+				return
+			}
+			p.budget.Add(-int64(n))
 		}
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -616,5 +626,41 @@ func TestSplitRuns(t *testing.T) {
 		if got := fmt.Sprint(splitRuns(tc.in, tc.parts)); got != tc.want {
 			t.Errorf("splitRuns(%v, %d) = %s, want %s", tc.in, tc.parts, got, tc.want)
 		}
+	}
+}
+
+// TestFetchAbandonMidChunk: a fetch whose context ends while a chunk is
+// half-way in returns at once, and nothing lands in Dst after it returned:
+// the stuck connection is cut.
+func TestFetchAbandonMidChunk(t *testing.T) {
+	const cs = 1 << 20
+	src := newMemSource()
+	src.add(key1, cs, map[string][]byte{"b": pattern(4*cs, "m")})
+	srv := startServer(t, baseConfig(t, "n1"), src)
+	px := newProxy(t, srv.Addr().String())
+	cfg := baseConfig(t, "n2")
+	cfg.Heartbeat, cfg.Timeout = time.Second, 10*time.Second // silence alone would take 10 s
+	cl := newClient(t, cfg)
+	// Let the handshake through, then freeze half-way into chunk 1.
+	if _, err := cl.Watermarks(testCtx(t, 5*time.Second), px.addr(), nil); err != nil {
+		t.Fatal(err)
+	}
+	px.budget.Store(cs + cs/2)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	dst := make([]byte, 4*cs)
+	start := time.Now()
+	_, err := cl.Fetch(ctx, FetchSpec{ChunkSize: cs, Size: 4 * cs, Dst: dst, Window: 4 * cs,
+		Sources: []Source{{px.addr(), ChunkKey{key1, "b"}}}})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want the context's error", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("took %s to give up", took)
+	}
+	snap := bytes.Clone(dst)
+	time.Sleep(100 * time.Millisecond)
+	if !bytes.Equal(snap, dst) {
+		t.Fatal("Dst changed after Fetch returned")
 	}
 }
