@@ -207,7 +207,16 @@ def allreduce_per_parameter(_, bucket):
     world = dist.get_world_size()
     futs = [dist.all_reduce(g, async_op=True).get_future() for g in bucket.gradients()]
     buf = bucket.buffer()  # the gradients are views into it
-    return torch.futures.collect_all(futs).then(lambda _: buf.div_(world))
+
+    def average(all_done):
+        # collect_all completes even when an all-reduce failed (a peer
+        # died): value() raises its error, so backward() fails instead of
+        # stepping, and saving, on partial sums.
+        for f in all_done.value():
+            f.value()
+        return buf.div_(world)
+
+    return torch.futures.collect_all(futs).then(average)
 
 
 def params_sha256(module):

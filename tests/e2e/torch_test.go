@@ -8,6 +8,7 @@ package e2e
 // client and ends with the bits of an uninterrupted run without reft.
 
 import (
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -36,6 +37,31 @@ func torchRun(t *testing.T, what string, r result) string {
 		t.Fatalf("%s: %d final-params-sha256 lines, want 1:\n%s", what, len(m), r)
 	}
 	return m[0][1]
+}
+
+// agentCommitRe matches an agent's debug line for a committed generation.
+var agentCommitRe = regexp.MustCompile(`"event":"committed","rank":(\d+),"step":(\d+),`)
+
+// newestCommitted reads the agents' logs of job (enableReft's log dir) and
+// returns the newest step each rank committed.
+func newestCommitted(t *testing.T, job string) map[int]int64 {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(clusterDir, "log", "reft", job, "*.jsonl"))
+	newest := map[int]int64{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range agentCommitRe.FindAllStringSubmatch(string(b), -1) {
+			r, _ := strconv.Atoi(m[1])
+			s, _ := strconv.ParseInt(m[2], 10, 64)
+			if cur, ok := newest[r]; !ok || s > cur {
+				newest[r] = s
+			}
+		}
+	}
+	return newest
 }
 
 // torchCrashResume: the reference run (its own job, no reft), then an
@@ -82,6 +108,19 @@ func torchCrashResume(t *testing.T, steps, failStep int64, failRank int, flags .
 			t.Errorf("crashed step, step %d: %q, uninterrupted %q", n, l, refLoss[n])
 		}
 	}
+	// No survivor may finish a step without the dead rank's gradients: a
+	// snapshot of such a step would hold a partial sum, and would put that
+	// rank out of reach of the others' generations.
+	newest := newestCommitted(t, job)
+	if len(newest) != 4 {
+		t.Fatalf("the agents' logs show commits of %d ranks, want 4: %v", len(newest), newest)
+	}
+	for r, s := range newest {
+		if s >= failStep {
+			t.Errorf("rank %d committed step %d, but rank %d died at the start of step %d", r, s, failRank, failStep)
+		}
+	}
+	t.Logf("newest committed step per rank when the step died: %v", newest)
 
 	// 2. Relaunched by hand in the same allocation: every rank restores
 	// from its node's store, and the run finishes.

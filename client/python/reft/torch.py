@@ -143,7 +143,7 @@ def _materialize(opt):
     is_adam = isinstance(opt, torch.optim.Adam)
     is_adamw = isinstance(opt, torch.optim.AdamW)
     is_sgd = isinstance(opt, torch.optim.SGD)
-    missing = []
+    missing, warned = [], False
     for group in opt.param_groups:
         for p in group["params"]:
             if not p.requires_grad or opt.state.get(p):
@@ -161,7 +161,8 @@ def _materialize(opt):
             elif is_sgd:
                 if group.get("momentum", 0) == 0:
                     continue  # plain SGD keeps no state
-                if group.get("dampening", 0) != 0:
+                if group.get("dampening", 0) != 0 and not warned:
+                    warned = True
                     warnings.warn(
                         "reft.torch: SGD with dampening=%r: the momentum buffer is created as zeros "
                         "before the first step, so that step uses (1-dampening)*grad where plain "
