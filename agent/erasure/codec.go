@@ -30,7 +30,7 @@ func NewCodec(l Layout, workers int) (*Codec, error) {
 	if l.k == 1 {
 		return c, nil
 	}
-	d := l.m - l.k
+	d := l.DataPieces()
 	rows := cauchyRows(d, l.k)
 	opts := []reedsolomon.Option{reedsolomon.WithMaxGoroutines(c.workers)}
 	for t := range l.k {
@@ -121,8 +121,12 @@ func padTo(s []byte, n int) []byte {
 // and a new buffer is allocated, or a buffer of exactly the shard's length
 // that receives it (an arena); its parity is never read.
 //
+// With the arc+aec layout, pass a surviving ARC copy of a lost member's
+// shard as that shard (and leave the member out of lost): the codec then
+// rebuilds only the shards whose copy is gone too.
+//
 // Every length is checked before anything is read. When some stripe keeps
-// fewer than m-K of its m units, nothing is written and the error
+// fewer than D of its D+K units, nothing is written and the error
 // (ErrTooManyLosses) names the missing shards and parities and the
 // tolerance K.
 func (c *Codec) Reconstruct(lost []int, shards, parities [][]byte) error {
@@ -172,8 +176,8 @@ func (c *Codec) Reconstruct(lost []int, shards, parities [][]byte) error {
 				have++
 			}
 		}
-		if have < l.m-l.k {
-			short = append(short, fmt.Sprintf("stripe %d has %d of the %d units it needs", s, have, l.m-l.k))
+		if have < l.DataPieces() {
+			short = append(short, fmt.Sprintf("stripe %d has %d of the %d units it needs", s, have, l.DataPieces()))
 		}
 	}
 	if len(short) > 0 {
@@ -186,8 +190,12 @@ func (c *Codec) Reconstruct(lost []int, shards, parities [][]byte) error {
 				noParity = append(noParity, i)
 			}
 		}
-		return fmt.Errorf("%w: cannot rebuild lost shard(s) %v of a group of %d: shards %v and parities %v are missing, and %s; this layout (K=%d) tolerates %d lost member(s): restore from the persistent checkpoint",
-			ErrTooManyLosses, sortedCopy(lost), l.m, noShard, noParity, strings.Join(short, ", "), l.k, l.k)
+		tol := fmt.Sprintf("this layout (K=%d) tolerates %d lost member(s)", l.k, l.k)
+		if l.gap == 1 {
+			tol += fmt.Sprintf(", %d with the surviving ARC copies passed as shards", l.k+1)
+		}
+		return fmt.Errorf("%w: cannot rebuild lost shard(s) %v of a group of %d: shards %v and parities %v are missing, and %s; %s: restore from the persistent checkpoint",
+			ErrTooManyLosses, sortedCopy(lost), l.m, noShard, noParity, strings.Join(short, ", "), tol)
 	}
 
 	for i := range l.m {
@@ -257,7 +265,8 @@ func (c *Codec) rsStripe(s int, isLost []bool, haveShard, haveParity func(int) b
 			n = max(n, len(piece(i, l.PieceIn(i, s))))
 		}
 	}
-	units := make([][]byte, l.m)
+	d := l.DataPieces()
+	units := make([][]byte, d+l.k)
 	var copyBack [][2][]byte // lost pieces shorter than n: decoded in scratch
 	for col, i := range data {
 		if !isLost[i] && !haveShard(i) {
@@ -279,7 +288,7 @@ func (c *Codec) rsStripe(s int, isLost []bool, haveShard, haveParity func(int) b
 	}
 	for t, h := range l.StripeParity(s) {
 		if haveParity(h) {
-			units[l.m-l.k+t] = parities[h][t*l.piece : t*l.piece+n]
+			units[d+t] = parities[h][t*l.piece : t*l.piece+n]
 		}
 	}
 	if err := c.full.ReconstructData(units); err != nil {

@@ -323,3 +323,82 @@ func TestReconstructNothingLost(t *testing.T) {
 	}
 	g.check(t, nil, s)
 }
+
+// arc+aec: any K+1 lost members are survived when the surviving ARC copies
+// (on each lost shard's predecessor) are passed as shards and the codec
+// rebuilds the rest.
+func TestARCPlusAECSurvivesKPlus1(t *testing.T) {
+	for m := 3; m <= 8; m++ {
+		for k := 1; k+1 < m; k++ {
+			d := m - k - 1
+			for _, cut := range []bool{false, true} {
+				w := m*d*64*2 + 17 // every piece has bytes
+				p := Params{Members: m, Parity: k, Size: w, ARC: true}
+				if cut {
+					p.Shards = balancedCut(w, m, 4)
+				}
+				g := newGroup(t, p, uint64(10*m+k), 1)
+				subsets(m, k+1, func(lost []int) {
+					shards, parities := g.survivors(lost)
+					var rebuild []int
+					for _, i := range lost {
+						holder := (i - 1 + m) % m
+						if slices.Contains(lost, holder) {
+							rebuild = append(rebuild, i)
+						} else {
+							shards[i] = clone(g.shards[i]) // the ARC copy
+						}
+					}
+					if err := g.c.Reconstruct(rebuild, shards, parities); err != nil {
+						t.Fatalf("%v lost %v (rebuild %v): %v", g.l, lost, rebuild, err)
+					}
+					g.check(t, lost, shards)
+				})
+			}
+		}
+	}
+}
+
+// Why the ARC variant exists: with the plain layout, losing members 1 and 2
+// takes shard 2, its ARC copy (on 1) and the parity of stripe 1, which
+// holds a piece of shard 2.
+func TestPlainLayoutLosesArcAecPair(t *testing.T) {
+	g := newGroup(t, Params{Members: 4, Size: 4096}, 1, 1)
+	shards, parities := g.survivors([]int{1, 2})
+	shards[1] = clone(g.shards[1]) // its copy on member 0 survives
+	err := g.c.Reconstruct([]int{2}, shards, parities)
+	if !errors.Is(err, ErrTooManyLosses) || !strings.Contains(err.Error(), "stripe 1 has 2 of the 3 units") {
+		t.Fatalf("err = %v, want ErrTooManyLosses for stripe 1", err)
+	}
+	g2 := newGroup(t, Params{Members: 4, Size: 4096, ARC: true}, 1, 1)
+	shards, parities = g2.survivors([]int{1, 2})
+	shards[1] = clone(g2.shards[1])
+	if err := g2.c.Reconstruct([]int{2}, shards, parities); err != nil {
+		t.Fatalf("ARC layout: %v", err)
+	}
+	g2.check(t, []int{1, 2}, shards)
+}
+
+// A cut given by the store (agent/sg's balanced one): every loss set up to
+// K, odd sizes, both codes.
+func TestGivenShardCut(t *testing.T) {
+	for m := 2; m <= 7; m++ {
+		for _, k := range []int{1, 2} {
+			if k >= m {
+				continue
+			}
+			for _, w := range []int{0, 1, m - 1, m + 1, 1001, 65537} {
+				for _, unit := range []int{1, 4} {
+					g := newGroup(t, Params{Members: m, Parity: k, Size: w, Shards: balancedCut(w, m, unit)}, uint64(w+m), 1)
+					subsets(m, k, func(lost []int) {
+						shards, parities := g.survivors(lost)
+						if err := g.c.Reconstruct(lost, shards, parities); err != nil {
+							t.Fatalf("%v lost %v: %v", g.l, lost, err)
+						}
+						g.check(t, lost, shards)
+					})
+				}
+			}
+		}
+	}
+}

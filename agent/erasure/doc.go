@@ -26,6 +26,12 @@
 //     Cauchy matrix (MDS) decodes. For K = 1 this is exactly the XOR layout.
 //     [Layout] and [Codec] implement both.
 //
+//   - arc+aec (Params.ARC): each stripe also leaves out member s+K, the one
+//     after its parity block, and shards are cut into m-K-1 pieces. Then
+//     any K+1 lost members leave every lost shard a surviving ARC copy or
+//     decodable stripes (REFT "collaborative protection"); agent/sg's
+//     failure analysis holds the same layout (its contract test).
+//
 //   - [RS] is the plain Reed-Solomon code over whole shards (m data shards,
 //     K parity shards of W/m each), a thin wrapper of
 //     github.com/klauspost/reedsolomon. Its parity shards need every data
@@ -39,7 +45,8 @@
 // a plain copy of the peer's shard (W/2 bytes, the same as arc).
 //
 // Uneven sizes: shards and pieces are cut at multiples of an alignment, and
-// the last ones are short or empty. Bytes past the end of the slice are
-// logical zeros: they are never read, written or stored, only assumed in
-// the parity arithmetic.
+// the last ones are short or empty; or the store's own shard cut is given
+// (Params.Shards) and only pieces are cut here. Bytes past the end of a
+// shard are logical zeros: they are never read, written or stored, only
+// assumed in the parity arithmetic.
 package erasure

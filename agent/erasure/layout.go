@@ -16,7 +16,21 @@ type Params struct {
 	Members int // m: members of the sharding group, >= 2
 	Parity  int // K: parity units per stripe; 1 (or 0) is REFT's XOR AEC, K >= 2 is aec:K
 	Size    int // W: bytes of the slice, replicated on every member
-	Align   int // shard and piece boundaries are multiples of Align; 0 means DefaultAlign
+	Align   int // piece boundaries (and the default shard cut) are multiples of Align; 0 means DefaultAlign
+
+	// ARC selects the layout for arc+aec (ARC copies on the predecessor,
+	// member i-1 holding shard i): every stripe also leaves out the member
+	// right after its parity block, so shards are cut into m-K-1 pieces.
+	// Then any K+1 lost members leave every lost shard either a surviving
+	// ARC copy or decodable stripes. With the plain layout two adjacent
+	// losses can take a shard, its copy and a parity of one of its stripes
+	// at once, so arc+aec would survive only one loss.
+	ARC bool
+
+	// Shards, when set, is the shard cut the snapshot store uses: m ranges
+	// tiling [0, W) in member order (agent/sg's balanced cut, say). Nil
+	// means the default cut described on Layout.
+	Shards []Range
 }
 
 // Range is a byte range [Off, Off+Len) of the slice.
@@ -27,21 +41,27 @@ func (r Range) End() int { return r.Off + r.Len }
 
 // Layout is the exact geometry of a group's shards, pieces and parity units
 // (see the package comment for the rotation). It is a value: compute it
-// once per slice with [NewLayout] and share it freely.
+// once per slice with [NewLayout] and share it freely. With D = m-K pieces
+// per shard (m-K-1 with Params.ARC):
 //
 //   - Shard i covers [i·S, (i+1)·S) of the slice, clipped to W, where the
-//     shard size S is ceil(W/m) rounded up to a multiple of (m-K)·Align, so
-//     the tail shard is short, or empty when W is small.
-//   - Each shard is cut into m-K pieces of P = S/(m-K) bytes, clipped the
-//     same way; P is a multiple of Align.
-//   - Stripe s (0 <= s < m) has parity units on members s .. s+K-1 and one
-//     data piece from each other member i: piece (s-i-1) mod m of shard i.
+//     shard size S is ceil(W/m) rounded up to a multiple of D·Align, so the
+//     tail shard is short, or empty when W is small. Params.Shards replaces
+//     this cut; S is then its longest shard.
+//   - Each shard is cut into D pieces of P bytes from its start, the last
+//     ones short or empty: P = S/D by default, ceil(S/D) rounded up to
+//     Align with a given cut. P is a multiple of Align.
+//   - Stripe s (0 <= s < m) has parity units on members s .. s+K-1, leaves
+//     out member s+K with ARC, and takes one data piece from each other
+//     member i: piece (s-i-1) mod m of shard i.
 //   - Member j stores K parity units of P bytes: unit t (at [t·P, (t+1)·P)
 //     of its parity buffer) is parity row t of stripe j-t.
 //
 // Missing bytes of a short piece count as zeros in the arithmetic.
 type Layout struct {
 	m, k, w, align int
+	gap            int     // 1 with ARC: the member after the parity block sits out
+	cut            []Range // the caller's shard cut, or nil for the default
 	shard, piece   int
 }
 
@@ -54,22 +74,50 @@ func NewLayout(p Params) (Layout, error) {
 	if a == 0 {
 		a = DefaultAlign
 	}
+	gap, mode := 0, "aec"
+	if k > 1 {
+		mode = fmt.Sprintf("aec:%d", k)
+	}
+	if p.ARC {
+		gap, mode = 1, "arc+"+mode
+	}
 	switch {
 	case m < 2:
 		return Layout{}, fmt.Errorf("%w: a sharding group of %d member(s) cannot protect itself; AEC needs m >= 2 members on different nodes", ErrParams, m)
-	case k < 1 || k >= m:
-		return Layout{}, fmt.Errorf("%w: aec:%d in a group of %d: the parity count must be 1..%d (m-1), since every stripe keeps at least one data piece", ErrParams, k, m, m-1)
+	case k < 1 || k+gap >= m:
+		return Layout{}, fmt.Errorf("%w: %s in a group of %d: the parity count must be 1..%d (m-%d), since every stripe keeps at least one data piece; raise the group size or lower K", ErrParams, mode, m, m-1-gap, 1+gap)
 	case k > 1 && m > 256:
-		return Layout{}, fmt.Errorf("%w: aec:%d needs a group of at most 256 members (GF(2^8) Reed-Solomon); got %d: use aec (XOR) or smaller groups", ErrParams, k, m)
+		return Layout{}, fmt.Errorf("%w: %s needs a group of at most 256 members (GF(2^8) Reed-Solomon); got %d: use aec (XOR) or smaller groups", ErrParams, mode, m)
 	case w < 0 || w > maxSize:
 		return Layout{}, fmt.Errorf("%w: slice size %d bytes is outside 0..%d", ErrParams, w, maxSize)
 	case a < 1 || a > 1<<20:
 		return Layout{}, fmt.Errorf("%w: alignment %d must be 1..%d bytes", ErrParams, a, 1<<20)
 	}
-	d := m - k
-	unit := d * a
-	s := ceilDiv(ceilDiv(w, m), unit) * unit
-	return Layout{m: m, k: k, w: w, align: a, shard: s, piece: s / d}, nil
+	d := m - k - gap
+	l := Layout{m: m, k: k, w: w, align: a, gap: gap}
+	if p.Shards == nil {
+		unit := d * a
+		l.shard = ceilDiv(ceilDiv(w, m), unit) * unit
+		l.piece = l.shard / d
+		return l, nil
+	}
+	if len(p.Shards) != m {
+		return Layout{}, fmt.Errorf("%w: the shard cut has %d ranges for a group of %d members; pass one per member", ErrParams, len(p.Shards), m)
+	}
+	next := 0
+	for i, r := range p.Shards {
+		if r.Off != next || r.Len < 0 || r.End() > w {
+			return Layout{}, fmt.Errorf("%w: shard %d of the cut is [%d, %d) but must start at %d and end by %d: shards must tile the %d-byte slice in member order", ErrParams, i, r.Off, r.End(), next, w, w)
+		}
+		next = r.End()
+		l.shard = max(l.shard, r.Len)
+	}
+	if next != w {
+		return Layout{}, fmt.Errorf("%w: the shard cut ends at %d but the slice has %d bytes: shards must tile it", ErrParams, next, w)
+	}
+	l.cut = append([]Range(nil), p.Shards...)
+	l.piece = ceilDiv(ceilDiv(l.shard, d), a) * a
+	return l, nil
 }
 
 // XORLayout is the layout of REFT's AEC (K = 1) for m members and a slice of
@@ -86,8 +134,12 @@ func (l Layout) Members() int { return l.m }
 // Parity is K, the parity units per stripe and the member losses tolerated.
 func (l Layout) Parity() int { return l.k }
 
-// DataPieces is m-K, the pieces every shard is cut into.
-func (l Layout) DataPieces() int { return l.m - l.k }
+// DataPieces is D, the pieces every shard is cut into: m-K, or m-K-1 with
+// ARC.
+func (l Layout) DataPieces() int { return l.m - l.k - l.gap }
+
+// ARC tells whether this is the arc+aec layout (Params.ARC).
+func (l Layout) ARC() bool { return l.gap == 1 }
 
 // Size is W, the slice's length in bytes.
 func (l Layout) Size() int { return l.w }
@@ -95,7 +147,7 @@ func (l Layout) Size() int { return l.w }
 // Align is the boundary shards and pieces start on.
 func (l Layout) Align() int { return l.align }
 
-// ShardSize is S, the nominal shard size; only the tail shards are shorter.
+// ShardSize is S, the nominal (longest) shard size.
 func (l Layout) ShardSize() int { return l.shard }
 
 // PieceSize is P = S/(m-K), the nominal piece size and the size of one
@@ -103,7 +155,7 @@ func (l Layout) ShardSize() int { return l.shard }
 func (l Layout) PieceSize() int { return l.piece }
 
 // ParitySize is the bytes of parity each member stores, K·P: about
-// K·W/(m(m-K)), REFT's W/(m(m-1)) for K = 1.
+// K·W/(m·D), REFT's W/(m(m-1)) for plain aec.
 func (l Layout) ParitySize() int { return l.k * l.piece }
 
 // clip cuts [off, off+n) to the slice.
@@ -116,40 +168,53 @@ func (l Layout) clip(off, n int) Range {
 // It panics if i is not a member, like an index out of range.
 func (l Layout) Shard(i int) Range {
 	l.mustMember(i)
+	if l.cut != nil {
+		return l.cut[i]
+	}
 	return l.clip(i*l.shard, l.shard)
 }
 
 // Piece is the byte range of piece p of shard i in the slice (possibly
-// short or empty at the end of the slice).
+// short or empty at the end of the shard).
 func (l Layout) Piece(i, p int) Range {
-	l.mustMember(i)
-	if p < 0 || p >= l.m-l.k {
-		panic(fmt.Sprintf("erasure: piece %d out of range 0..%d", p, l.m-l.k-1))
+	if p < 0 || p >= l.DataPieces() {
+		panic(fmt.Sprintf("erasure: piece %d out of range 0..%d", p, l.DataPieces()-1))
 	}
-	return l.clip(i*l.shard+p*l.piece, l.piece)
+	r := l.Shard(i)
+	lo := min(r.Off+p*l.piece, r.End())
+	return Range{Off: lo, Len: min(lo+l.piece, r.End()) - lo}
 }
 
 // PieceIn is the index of the piece shard i contributes to stripe s, or -1
-// when member i holds one of stripe s's parity units instead.
+// when member i holds one of stripe s's parity units or sits it out.
 func (l Layout) PieceIn(i, s int) int {
 	l.mustMember(i)
 	l.mustMember(s)
-	d := ((s-i)%l.m+l.m)%l.m - 1 // stripes s = i+1 .. i+(m-K) take pieces 0 .. m-K-1
-	if d < 0 || d >= l.m-l.k {
+	d := ((s-i)%l.m+l.m)%l.m - 1 // stripes s = i+1 .. i+D take pieces 0 .. D-1
+	if d < 0 || d >= l.DataPieces() {
 		return -1
 	}
 	return d
 }
 
 // StripeData lists the members whose pieces form stripe s, in the column
-// order of the code: members s+K .. s+m-1 (mod m).
+// order of the code: members s+K .. s+m-1 (mod m), from s+K+1 with ARC.
 func (l Layout) StripeData(s int) []int {
 	l.mustMember(s)
-	out := make([]int, l.m-l.k)
+	out := make([]int, l.DataPieces())
 	for c := range out {
-		out[c] = (s + l.k + c) % l.m
+		out[c] = (s + l.k + l.gap + c) % l.m
 	}
 	return out
+}
+
+// StripeSkip is the member that sits stripe s out with ARC (s+K), else -1.
+func (l Layout) StripeSkip(s int) int {
+	l.mustMember(s)
+	if l.gap == 0 {
+		return -1
+	}
+	return (s + l.k) % l.m
 }
 
 // StripeParity lists the members holding stripe s's parity units, in row
@@ -188,5 +253,9 @@ func (l Layout) mustMember(i int) {
 
 // String is a one-line summary for logs.
 func (l Layout) String() string {
-	return fmt.Sprintf("m=%d K=%d W=%d shard=%d piece=%d parity/member=%d", l.m, l.k, l.w, l.shard, l.piece, l.ParitySize())
+	arc := ""
+	if l.gap == 1 {
+		arc = " arc"
+	}
+	return fmt.Sprintf("m=%d K=%d%s W=%d shard=%d piece=%d parity/member=%d", l.m, l.k, arc, l.w, l.shard, l.piece, l.ParitySize())
 }

@@ -21,6 +21,12 @@ func TestNewLayoutParams(t *testing.T) {
 		{"huge size", Params{Members: 3, Size: maxSize + 1}, "outside"},
 		{"bad align", Params{Members: 3, Size: 10, Align: -4}, "alignment"},
 		{"RS over 256", Params{Members: 300, Parity: 2, Size: 10}, "at most 256"},
+		{"arc+aec needs K+2", Params{Members: 3, Parity: 2, Size: 10, ARC: true}, "arc+aec:2 in a group of 3"},
+		{"cut count", Params{Members: 3, Size: 10, Shards: []Range{{0, 5}, {5, 5}}}, "2 ranges"},
+		{"cut gap", Params{Members: 3, Size: 10, Shards: []Range{{0, 4}, {5, 3}, {8, 2}}}, "shard 1 of the cut is [5, 8) but must start at 4"},
+		{"cut past W", Params{Members: 2, Size: 10, Shards: []Range{{0, 4}, {4, 7}}}, "end by 10"},
+		{"cut short of W", Params{Members: 2, Size: 10, Shards: []Range{{0, 4}, {4, 5}}}, "ends at 9"},
+		{"cut negative", Params{Members: 2, Size: 10, Shards: []Range{{0, 11}, {11, -1}}}, "end by 10"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,18 +88,43 @@ func TestLayoutExamples(t *testing.T) {
 	}
 }
 
-// The invariants the codes rest on, over many shapes.
+// balancedCut is agent/sg's cut: whole units of align, balanced, the
+// w%align tail bytes to the last member.
+func balancedCut(w, m, align int) []Range {
+	units := w / align
+	q, r := units/m, units%m
+	out := make([]Range, m)
+	for i := range out {
+		n := q
+		if i < r {
+			n++
+		}
+		out[i] = Range{Off: (i*q + min(i, r)) * align, Len: n * align}
+	}
+	out[m-1].Len += w % align
+	return out
+}
+
+// The invariants the codes rest on, over many shapes, default and given
+// cuts, with and without the ARC variant.
 func TestLayoutInvariants(t *testing.T) {
 	for m := 2; m <= 9; m++ {
 		for k := 1; k < m; k++ {
-			for _, a := range []int{1, 3, 64} {
-				for _, w := range []int{0, 1, m - 1, m, m + 1, 97, 4096, 4099, 1 << 20, 3<<20 + 7} {
-					l, err := NewLayout(Params{Members: m, Parity: k, Size: w, Align: a})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if err := checkInvariants(l); err != nil {
-						t.Fatalf("%v align %d: %v", l, a, err)
+			for _, arc := range []bool{false, true} {
+				if arc && k+1 >= m {
+					continue
+				}
+				for _, a := range []int{1, 3, 64} {
+					for _, w := range []int{0, 1, m - 1, m, m + 1, 97, 4096, 4099, 1 << 20, 3<<20 + 7} {
+						for _, cut := range [][]Range{nil, balancedCut(w, m, 1), balancedCut(w, m, 8)} {
+							l, err := NewLayout(Params{Members: m, Parity: k, Size: w, Align: a, ARC: arc, Shards: cut})
+							if err != nil {
+								t.Fatal(err)
+							}
+							if err := checkInvariants(l); err != nil {
+								t.Fatalf("%v align %d cut %v: %v", l, a, cut, err)
+							}
+						}
 					}
 				}
 			}
@@ -103,8 +134,16 @@ func TestLayoutInvariants(t *testing.T) {
 
 func checkInvariants(l Layout) error {
 	m, k, d, w, p := l.Members(), l.Parity(), l.DataPieces(), l.Size(), l.PieceSize()
-	if p%l.Align() != 0 || l.ShardSize() != d*p {
-		return fmt.Errorf("piece %d not a multiple of align %d or shard %d != %d·piece", p, l.Align(), l.ShardSize(), d)
+	if want := m - k; l.ARC() {
+		want--
+		if d != want {
+			return fmt.Errorf("%d data pieces, want %d", d, want)
+		}
+	} else if d != want {
+		return fmt.Errorf("%d data pieces, want %d", d, want)
+	}
+	if p%l.Align() != 0 || l.ShardSize() > d*p || d*p-l.ShardSize() >= d*l.Align() {
+		return fmt.Errorf("piece %d not a multiple of align %d or not the least that covers shard %d in %d pieces", p, l.Align(), l.ShardSize(), d)
 	}
 	// Shards tile [0, W) in order; pieces tile their shard in order.
 	next := 0
@@ -127,20 +166,30 @@ func checkInvariants(l Layout) error {
 	if next != w {
 		return fmt.Errorf("shards end at %d, slice at %d", next, w)
 	}
-	// Redundancy per member: K·W/(m(m-K)) up to the alignment.
+	// Redundancy per member: K·W/(m·D) up to the alignment (and, for a
+	// given cut, its imbalance).
 	lo := k * w / (m * d)
-	if ps := l.ParitySize(); ps < lo || ps > lo+k*(l.Align()+1) {
-		return fmt.Errorf("parity per member %d, want %d .. %d", ps, lo, lo+k*(l.Align()+1))
+	hi := k * (ceilDiv(l.ShardSize(), d) + l.Align())
+	if ps := l.ParitySize(); ps < lo || ps > hi {
+		return fmt.Errorf("parity per member %d, want %d .. %d", ps, lo, hi)
 	}
 	// Each stripe: K parity holders and m-K data members, disjoint; each
 	// shard gives every piece to exactly one stripe.
 	used := make(map[[2]int]int)
 	for s := range m {
-		data, par := l.StripeData(s), l.StripeParity(s)
+		data, par, skip := l.StripeData(s), l.StripeParity(s), l.StripeSkip(s)
 		all := append(slices.Clone(data), par...)
+		if l.ARC() {
+			if skip != (s+k)%m || l.PieceIn(skip, s) != -1 {
+				return fmt.Errorf("stripe %d: skip %d", s, skip)
+			}
+			all = append(all, skip)
+		} else if skip != -1 {
+			return fmt.Errorf("stripe %d: skip %d without ARC", s, skip)
+		}
 		slices.Sort(all)
 		if len(data) != d || len(par) != k || len(slices.Compact(all)) != m {
-			return fmt.Errorf("stripe %d: data %v parity %v", s, data, par)
+			return fmt.Errorf("stripe %d: data %v parity %v skip %d", s, data, par, skip)
 		}
 		for _, h := range par {
 			if l.PieceIn(h, s) != -1 {
