@@ -59,6 +59,14 @@ type Agent struct {
 	RunDir string `toml:"run_dir"`
 	// PortRange is the inclusive TCP port range the agents listen on.
 	PortRange [2]int `toml:"port_range"`
+	// PeerBind is the address the agents listen on for each other; "":
+	// every interface.
+	PeerBind string `toml:"peer_bind"`
+	// PeerAuth is how agents authenticate each other: "munge" or "secret".
+	PeerAuth string `toml:"peer_auth"`
+	// PeerSecret is the per-job secret file for PeerAuth "secret"; %j
+	// stands for the job id.
+	PeerSecret string `toml:"peer_secret"`
 	// StartTimeout is how long a step waits for its node's agent to answer.
 	StartTimeout Duration `toml:"start_timeout"`
 }
@@ -88,6 +96,7 @@ func Default() Config {
 			Binary:       "/usr/local/bin/reft-agent",
 			RunDir:       "/run/reft",
 			PortRange:    [2]int{47000, 47999},
+			PeerAuth:     "munge",
 			StartTimeout: Duration(10 * time.Second),
 		},
 		Heartbeat: Heartbeat{
@@ -171,6 +180,15 @@ func (c Config) Validate() error {
 	}
 	if lo, hi := c.Agent.PortRange[0], c.Agent.PortRange[1]; lo < 1 || hi > 65535 || lo > hi {
 		return fmt.Errorf("agent.port_range = [%d, %d]: want [low, high] with 1 <= low <= high <= 65535", lo, hi)
+	}
+	switch c.Agent.PeerAuth {
+	case "munge":
+	case "secret":
+		if !strings.HasPrefix(c.Agent.PeerSecret, "/") {
+			return fmt.Errorf("agent.peer_auth = \"secret\" needs agent.peer_secret, an absolute path (%%j: the job id); got %q", c.Agent.PeerSecret)
+		}
+	default:
+		return fmt.Errorf("agent.peer_auth = %q: valid methods: munge, secret", c.Agent.PeerAuth)
 	}
 	if c.Agent.StartTimeout <= 0 {
 		return fmt.Errorf("agent.start_timeout must be positive")

@@ -52,6 +52,9 @@ func TestParseValid(t *testing.T) {
 			return c.Heartbeat.Interval.D() == 100*time.Millisecond && c.Heartbeat.Timeout.D() == time.Second
 		}},
 		{"ports", "[agent]\nport_range = [5000, 5010]", func(c Config) bool { return c.Agent.PortRange == [2]int{5000, 5010} }},
+		{"peer secret", "[agent]\npeer_auth = \"secret\"\npeer_secret = \"/home/u/.reft/%j.key\"\npeer_bind = \"10.0.0.1\"", func(c Config) bool {
+			return c.Agent.PeerAuth == "secret" && c.Agent.PeerSecret == "/home/u/.reft/%j.key" && c.Agent.PeerBind == "10.0.0.1"
+		}},
 		{"dotted", "agent.run_dir = \"/x\"", func(c Config) bool { return c.Agent.RunDir == "/x" }},
 		{"log", "[log]\nlevel = \"debug\"\ndir = \"/l\"", func(c Config) bool { return c.Log.Level == "debug" && c.Log.Dir == "/l" }},
 	}
@@ -82,6 +85,8 @@ func TestParseInvalid(t *testing.T) {
 		{"bad level", "[log]\nlevel = \"loud\"", "valid levels: trace, debug, info, warn, error"},
 		{"relative dir", "[store]\ntmpfs_root = \"shm\"", "store.tmpfs_root = \"shm\": must be an absolute path"},
 		{"bad ports", "[agent]\nport_range = [9, 1]", "agent.port_range = [9, 1]"},
+		{"bad peer auth", "[agent]\npeer_auth = \"kerberos\"", "valid methods: munge, secret"},
+		{"secret without file", "[agent]\npeer_auth = \"secret\"", "needs agent.peer_secret"},
 		{"zero budget", "[store]\nmemory_budget = 0", "memory_budget = 0: want bytes"},
 		{"fraction above one", "[store]\nmemory_budget = 1.5", "fraction of MemTotal"},
 		{"bad size", "[store]\nmemory_budget = \"lots\"", "memory_budget"},

@@ -317,3 +317,22 @@ func TestSecretFile(t *testing.T) {
 		t.Fatalf("tampered token: %v", err)
 	}
 }
+
+// TestIdleConnectionStaysUp: heartbeats keep an idle authenticated
+// connection alive for many liveness timeouts, in both directions.
+func TestIdleConnectionStaysUp(t *testing.T) {
+	cfg := baseConfig(t, "n1")
+	cfg.Heartbeat, cfg.Timeout = 50*time.Millisecond, 300*time.Millisecond
+	srv := startServer(t, cfg, newMemSource())
+	cl := newClient(t, cfg)
+	ctx := testCtx(t, 10*time.Second)
+	for range 3 {
+		if _, err := cl.Watermarks(ctx, srv.Addr().String(), nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * cfg.Timeout)
+	}
+	if a := srv.Stats().Accepted.Load(); a != 1 {
+		t.Fatalf("%d connections accepted: an idle connection was dropped", a)
+	}
+}

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -56,13 +57,27 @@ type Config struct {
 	Log zerolog.Logger
 }
 
-// FromAgentConfig fills the keys reft.toml governs: [agent] port_range and
-// the [heartbeat] interval and timeout.
-func FromAgentConfig(c config.Config, base Config) Config {
+// FromAgentConfig fills what reft.toml governs into base (which carries
+// Job, UID, Node, Log): [agent] port_range, peer_bind, peer_auth and
+// peer_secret, and the [heartbeat] interval and timeout. With MUNGE, our
+// credentials are restricted to the job's uid, so no other user's process
+// can even decode them.
+func FromAgentConfig(c config.Config, base Config) (Config, error) {
 	base.PortRange = c.Agent.PortRange
+	base.Bind = c.Agent.PeerBind
 	base.Heartbeat = time.Duration(c.Heartbeat.Interval)
 	base.Timeout = time.Duration(c.Heartbeat.Timeout)
-	return base
+	switch c.Agent.PeerAuth {
+	case "secret":
+		s, err := LoadSecret(strings.ReplaceAll(c.Agent.PeerSecret, "%j", base.Job))
+		if err != nil {
+			return base, fmt.Errorf("agent.peer_auth = \"secret\": %w", err)
+		}
+		base.Auth = s
+	default:
+		base.Auth = &Munge{RestrictUID: base.UID}
+	}
+	return base, nil
 }
 
 func (c Config) withDefaults() (Config, error) {

@@ -264,6 +264,7 @@ func TestFetchPeerDies(t *testing.T) {
 				}
 			}()
 			cfg := baseConfig(t, "fetcher")
+			cfg.Heartbeat, cfg.Timeout = 100*time.Millisecond, 600*time.Millisecond
 			cl := newClient(t, cfg)
 			got := make([]byte, len(data))
 			start := time.Now()
@@ -528,7 +529,7 @@ func TestFetchCancel(t *testing.T) {
 		t.Fatalf("got %v, want the context's error", err)
 	}
 	// The listener stops streaming and unpins; the connection stays usable.
-	waitFor(t, 2*time.Second, "the stream to stop", func() bool { return src.pins.Load() == 0 })
+	waitFor(t, 5*time.Second, "the stream to stop", func() bool { return src.pins.Load() == 0 })
 	src.setBefore(nil)
 	got := make([]byte, 200*cs)
 	if _, err := cl.Fetch(testCtx(t, 5*time.Second), FetchSpec{ChunkSize: cs, Size: 200 * cs, Dst: got,

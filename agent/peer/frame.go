@@ -123,6 +123,16 @@ var (
 	ErrPayload   = errors.New("payload checksum mismatch")
 )
 
+// frameErr reports whether err is a bad frame (as opposed to I/O).
+func frameErr(err error) bool {
+	for _, e := range []error{ErrMagic, ErrHeaderCRC, ErrVersion, ErrFlags, ErrTooLarge, ErrPayload} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
 // maxLength is the largest payload a frame of type t may carry.
 func maxLength(t Type) uint32 {
 	if t == TChunk {

@@ -157,11 +157,13 @@ func secretAuth(t testing.TB, key []byte, uid int) *Secret {
 	return s
 }
 
-// baseConfig is a loopback config with the secret method, job "77", uid
-// 4242 and short liveness timers.
+// baseConfig is a loopback config with the secret method, job "77" and
+// uid 4242. Its liveness timers are the defaults', so that a loaded machine
+// running -race does not look like a dead peer; tests of liveness shorten
+// them.
 func baseConfig(t testing.TB, node string) Config {
 	return Config{Job: "77", UID: 4242, Node: node, Auth: secretAuth(t, testSecret, 4242),
-		Bind: "127.0.0.1", Heartbeat: 100 * time.Millisecond, Timeout: 600 * time.Millisecond,
+		Bind: "127.0.0.1", Heartbeat: 200 * time.Millisecond, Timeout: 2 * time.Second,
 		Log: zerolog.New(zerolog.NewTestWriter(t))}
 }
 

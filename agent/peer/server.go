@@ -206,7 +206,7 @@ func (sc *serverConn) readLoop() error {
 	for {
 		h, err := c.readHeader()
 		if err != nil {
-			if !errors.Is(err, io.EOF) && !c.isClosed() {
+			if frameErr(err) && !c.isClosed() { // not for I/O errors: nobody would read it
 				c.writeError(0, CodeMalformed, err.Error(), nil)
 			}
 			return err
