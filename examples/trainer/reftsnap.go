@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/reft-hpc/reft/client"
 	"github.com/reft-hpc/reft/examples/trainer/train"
@@ -54,6 +55,9 @@ func (s *reftSnap) Restore() (int64, bool, error) {
 }
 
 func (s *reftSnap) Close() error { return s.c.Close() }
+
+// Hint passes the trainer's idle windows to the client's copier.
+func (s *reftSnap) Hint(d time.Duration) { s.c.Hint(d) }
 
 type saveWaiter struct{ h *client.Handle }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 )
 
 // Snapshotter is what the trainer needs from the reft client. Buffers are
@@ -24,6 +25,15 @@ type Snapshotter interface {
 	// is none.
 	Restore() (step int64, ok bool, err error)
 	Close() error
+}
+
+// Hinter is an optional method of a Snapshotter: the trainer announces a
+// window of about d from now in which it leaves cores idle, so that a
+// background copy can run there instead of slowing the compute. A
+// snapshotter that has had a hint may hold its copy for such windows; Wait
+// must still finish it.
+type Hinter interface {
+	Hint(d time.Duration)
 }
 
 // Waiter reports the end of one Save.

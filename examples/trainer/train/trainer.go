@@ -70,6 +70,8 @@ type trainer struct {
 	acts        [][]float32 // per local microbatch: input then each layer's output
 	gbuf, gbuf2 []float32
 	log         io.Writer
+	hint        Hinter        // nil: the snapshotter takes no hints
+	serial      time.Duration // the last single-threaded addFixed, the next window's estimate
 }
 
 // Run trains to cfg.Steps and returns this rank's result. Every rank of
@@ -185,6 +187,7 @@ func (t *trainer) run(o Options) (*Result, error) {
 		}
 		fmt.Fprintln(t.log, off)
 	} else {
+		t.hint, _ = o.Snap.(Hinter)
 		if err := t.register(o.Snap); err != nil {
 			return nil, fmt.Errorf("register snapshot buffers: %w", err)
 		}
@@ -361,7 +364,15 @@ func (t *trainer) computeGradients(step int64) error {
 				return fmt.Errorf("send gradients to rank %d: %w", prev, err)
 			}
 		}
+		// addFixed runs on one goroutine and leaves the other cores idle:
+		// announce the window so that the snapshot copy runs there rather
+		// than competing with the parallel compute.
+		if t.hint != nil && t.serial > 0 {
+			t.hint.Hint(t.serial)
+		}
+		t0 := time.Now()
 		t.clamped += addFixed(t.acc, t.grads[:t.nParams])
+		t.serial = time.Since(t0)
 	}
 	return nil
 }
