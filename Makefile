@@ -72,6 +72,7 @@ e2e: all
 	$(CLUSTER) up
 	@rc=0; \
 	$(GO) test -count=1 -tags e2e -timeout 30m -v ./tests/e2e/ || rc=$$?; \
+	$(GO) test -count=1 -tags e2e -timeout 5m -run Munge -v ./agent/peer/ || rc=$$?; \
 	( cd tests/cluster && $(GO) test -count=1 -tags e2e -timeout 10m -v . ) || rc=$$?; \
 	$(CLUSTER) down || rc=$$?; \
 	exit $$rc

@@ -1,3 +1,9 @@
+//go:build e2e
+
+// The MUNGE tests need root, munged and the test cluster's users, so they
+// run in `make e2e` once the cluster is up, and fail (never skip) when any
+// of that is missing.
+
 package peer
 
 import (
@@ -17,24 +23,23 @@ import (
 const mungeSocket = "/run/munge/munge.socket.2"
 
 // mungeAs returns a Munge that makes and reads credentials as user, and
-// the user's uid. It skips the test where that is impossible: it needs
-// root (runuser), munged, and the test cluster's users.
+// the user's uid.
 func mungeAs(t *testing.T, name string) (*Munge, int) {
 	t.Helper()
 	if os.Getuid() != 0 {
-		t.Skip("needs root, to make credentials of other users with runuser")
+		t.Fatal("needs root, to make credentials of other users with runuser")
 	}
 	if _, err := os.Stat(mungeSocket); err != nil {
-		t.Skipf("munged is not running here: %v", err)
+		t.Fatalf("munged is not running here (tests/cluster/cluster up starts it): %v", err)
 	}
 	for _, p := range []string{"munge", "unmunge", "runuser"} {
 		if _, err := exec.LookPath(p); err != nil {
-			t.Skipf("%s not installed", p)
+			t.Fatalf("%s not installed (make deps)", p)
 		}
 	}
 	u, err := user.Lookup(name)
 	if err != nil {
-		t.Skipf("test user %s missing (the test cluster creates it): %v", name, err)
+		t.Fatalf("test user %s missing (tests/cluster/cluster up creates it): %v", name, err)
 	}
 	uid, _ := strconv.Atoi(u.Uid)
 	as := []string{"runuser", "-u", name, "--"}
