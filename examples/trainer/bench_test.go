@@ -258,70 +258,67 @@ func median(v []float64) float64 {
 // reference trainer's step with Save(step) every step into a real agent
 // and store over the socket, against the same trainer without snapshots.
 // Every op is one round of each variant (off, on, on without hints), in an
-// order that rotates from op to op. Wall-time ratios (x_off,
-// x_off_nohints) compare the median step of each variant over the steps
-// that other processes left alone (quiet; their share is quiet_steps); a
-// variant with fewer than 3 quiet steps reports 0. CPU-time ratios (_cpu)
-// compare medians over all steps. See docs/BENCHMARKS.md.
+// order that rotates from op to op, and gives one ratio per variant: its
+// median step over the off round's. Wall-time ratios (x_off,
+// x_off_nohints) use only the steps that other processes left alone
+// (quiet_steps is their share) and need 2 in each round of the op;
+// CPU-time ratios (_cpu) use every step. The metrics are the medians of the
+// ops' ratios; 0 when no op qualified. See docs/BENCHMARKS.md.
 func BenchmarkSnapshotOverhead(b *testing.B) {
 	cfg := benchConfig(b)
 	state := 3 * cfg.SizeBytes // parameters, Adam's m and v; the step counter aside
 	b.Logf("state %d MiB per rank, %d layers of width %d, batch %d, GOMAXPROCS %d, %d steps per round (%d measured)",
 		state>>20, cfg.Layers, cfg.Width(), cfg.Batch, runtime.GOMAXPROCS(0), cfg.Steps, cfg.Steps-benchWarmup)
-	var quietWall, allCPU, blockedMs [variants][]float64
-	total := 0
+	var wallX, cpuX, waitMs, stepMs [variants][]float64
+	quiet, total := 0, 0
 	for i := range b.N {
-		line := fmt.Sprintf("op %d: median step wall/CPU ms (quiet steps):", i)
+		var wall, cpu [variants][]float64
+		var blocked [variants]time.Duration
 		for k := range variants {
 			v := (i + k) % variants
-			var steps []stepTimes
 			// Labelled, so that a -cpuprofile splits by variant (pprof
-			// -tagfocus snapshots=on): goroutines inherit labels, the
+			// -tagfocus 'snapshots=^on$'): goroutines inherit labels, the
 			// in-process agent's and the copier's included.
-			var blocked time.Duration
 			pprof.Do(context.Background(), pprof.Labels("snapshots", variantName[v]), func(context.Context) {
 				c := trainRound(b, cfg, v)
-				steps, blocked = c.steps(), c.blocked
-			})
-			var wall, cpu []float64
-			for _, st := range steps {
-				allCPU[v] = append(allCPU[v], st.cpu)
-				cpu = append(cpu, st.cpu)
-				if st.quiet() {
-					quietWall[v] = append(quietWall[v], st.wall)
-					wall = append(wall, st.wall)
+				for _, st := range c.steps() {
+					cpu[v] = append(cpu[v], st.cpu)
+					if st.quiet() {
+						wall[v] = append(wall[v], st.wall)
+					}
 				}
+				blocked[v] = c.blocked
+			})
+			quiet, total = quiet+len(wall[v]), total+len(cpu[v])
+			stepMs[v] = append(stepMs[v], wall[v]...)
+		}
+		line := fmt.Sprintf("op %d: median step wall/CPU ms (quiet steps): off %.1f/%.1f (%d of %d)",
+			i, median(wall[snapOff]), median(cpu[snapOff]), len(wall[snapOff]), len(cpu[snapOff]))
+		for v := snapOn; v < variants; v++ {
+			cpuX[v] = append(cpuX[v], median(cpu[v])/median(cpu[snapOff]))
+			waitMs[v] = append(waitMs[v], float64(blocked[v].Microseconds())/1e3/float64(len(cpu[v])))
+			wx := "-"
+			if len(wall[v]) >= 2 && len(wall[snapOff]) >= 2 {
+				wallX[v] = append(wallX[v], median(wall[v])/median(wall[snapOff]))
+				wx = fmt.Sprintf("%.4f", wallX[v][len(wallX[v])-1])
 			}
-			total += len(steps)
-			line += fmt.Sprintf(" %s %.1f/%.1f (%d of %d)", variantName[v], median(wall), median(cpu), len(wall), len(steps))
-			if v != snapOff {
-				blockedMs[v] = append(blockedMs[v], float64(blocked.Microseconds())/1e3/float64(len(steps)))
-				line += fmt.Sprintf(" waiting %.1f ms/step", blockedMs[v][len(blockedMs[v])-1])
-			}
+			line += fmt.Sprintf(", %s %.1f/%.1f (%d of %d) x%s/x%.4f, waiting %.1f ms/step", variantName[v],
+				median(wall[v]), median(cpu[v]), len(wall[v]), len(cpu[v]), wx, cpuX[v][i], waitMs[v][i])
 		}
 		b.Log(line)
 	}
-	ratio := func(m [variants][]float64, v int, need int) float64 {
-		if len(m[v]) < need || len(m[snapOff]) < need {
-			return 0
-		}
-		return median(m[v]) / median(m[snapOff])
-	}
-	quiet := 0
-	for v := range variants {
-		quiet += len(quietWall[v])
-		if len(quietWall[v]) < 3 {
-			b.Logf("%s: only %d quiet steps: the machine was too busy for a wall-time ratio", variantName[v], len(quietWall[v]))
+	for v := snapOn; v < variants; v++ {
+		if len(wallX[v]) == 0 {
+			b.Logf("%s: the machine was too busy in every op for a wall-time ratio", variantName[v])
 		}
 	}
-	b.ReportMetric(ratio(quietWall, snapOn, 3), "x_off")
-	b.ReportMetric(ratio(quietWall, snapNoHints, 3), "x_off_nohints")
-	b.ReportMetric(ratio(allCPU, snapOn, 1), "x_off_cpu")
-	b.ReportMetric(ratio(allCPU, snapNoHints, 1), "x_off_nohints_cpu")
-	b.ReportMetric(median(quietWall[snapOff]), "off_ms/step")
-	b.ReportMetric(median(quietWall[snapOn]), "on_ms/step")
+	b.ReportMetric(median(wallX[snapOn]), "x_off")
+	b.ReportMetric(median(wallX[snapNoHints]), "x_off_nohints")
+	b.ReportMetric(median(cpuX[snapOn]), "x_off_cpu")
+	b.ReportMetric(median(cpuX[snapNoHints]), "x_off_nohints_cpu")
+	b.ReportMetric(float64(len(wallX[snapOn])), "ops_used")
+	b.ReportMetric(median(stepMs[snapOff]), "off_ms/step")
+	b.ReportMetric(median(waitMs[snapOn]), "on_wait_ms/step")
 	b.ReportMetric(float64(quiet)/float64(max(total, 1)), "quiet_steps")
-	b.ReportMetric(median(blockedMs[snapOn]), "on_wait_ms/step")
-	b.ReportMetric(median(blockedMs[snapNoHints]), "nohints_wait_ms/step")
 	b.ReportMetric(float64(state)/(1<<20), "state_MiB")
 }
