@@ -182,15 +182,6 @@ func (w timedWait) Wait() error {
 	return err
 }
 
-// noHints hides the adapter's Hint, so the client copies as soon as Save
-// returns.
-type noHints struct{ s *timedSnap }
-
-func (n noHints) Save(step int64) (train.Waiter, error)          { return n.s.Save(step) }
-func (n noHints) Register(name string, b []byte, rep bool) error { return n.s.Register(name, b, rep) }
-func (n noHints) Restore() (int64, bool, error)                  { return n.s.Restore() }
-func (n noHints) Close() error                                   { return n.s.Close() }
-
 // trainRound trains cfg once, with a reft client on a fresh in-process
 // agent unless v is snapOff, and returns the clock of its steps.
 func trainRound(b *testing.B, cfg train.Config, v int) *stepClock {
@@ -213,9 +204,7 @@ func trainRound(b *testing.B, cfg train.Config, v int) *stepClock {
 		defer s.Close()
 		ts := &timedSnap{reftSnap: s}
 		o.Snap = ts
-		if v == snapNoHints {
-			o.Snap = noHints{ts}
-		}
+		cfg.Hints = v != snapNoHints
 		defer func() {
 			// The waits inside the measured steps: for saves benchWarmup
 			// to Steps-1 (the last save is waited for after the loop).

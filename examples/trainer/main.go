@@ -17,8 +17,11 @@
 // a reft client session, registers its parameters, optimizer state (Sharded
 // under --zero1) and step counter, restores the newest step that every rank
 // holds in its node's store ("resumed from step N" on rank 0, training goes
-// on at N+1) and snapshots every --save-every steps (default 1). Without
-// reft it trains without snapshots and rank 0 says so once.
+// on at N+1) and snapshots every --save-every steps (default 1). The copy
+// of a snapshot runs in the background while the next step's single-threaded
+// gradient accumulation leaves cores idle (--hints; docs/BENCHMARKS.md has
+// the overhead). Without reft it trains without snapshots and rank 0 says so
+// once.
 //
 // Memory per rank is about 6x the stage's parameter bytes with adam/adamw
 // (parameters, float32 gradients, int64 fixed-point gradients, two moments),

@@ -149,7 +149,8 @@ func TestTrainerReftResumeZero1(t *testing.T) {
 	crashResume(t, 4, 4, 7, 1, "--dp", "4", "--zero1", "--optimizer", "adamw")
 }
 
-// TestTrainerReftResumePipeline: dp 2 x pp 2, a last-stage rank killed.
+// TestTrainerReftResumePipeline: dp 2 x pp 2, a last-stage rank killed;
+// without idle-window hints, so every save is copied as soon as it starts.
 func TestTrainerReftResumePipeline(t *testing.T) {
-	crashResume(t, 4, 4, 7, 3, "--dp", "2", "--pp", "2")
+	crashResume(t, 4, 4, 7, 3, "--dp", "2", "--pp", "2", "--hints=false")
 }

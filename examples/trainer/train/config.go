@@ -44,10 +44,13 @@ type Config struct {
 	DP, PP      int   // DP 0: world size / PP
 	Zero1       bool  // shard optimizer state across the DP group
 	SaveEvery   int64 // snapshot every N steps; 0: never
-	FailStep    int64 // --fail-at STEP:RANK; 0: off
-	FailRank    int
-	LogEvery    int64
-	Threads     int // compute goroutines per rank; 0: GOMAXPROCS
+	// Hints announces the single-threaded gradient accumulation to the
+	// snapshotter as an idle window (Hinter), so the copy runs there.
+	Hints    bool
+	FailStep int64 // --fail-at STEP:RANK; 0: off
+	FailRank int
+	LogEvery int64
+	Threads  int // compute goroutines per rank; 0: GOMAXPROCS
 }
 
 // Defaults returns the configuration that ParseArgs starts from.
@@ -56,6 +59,7 @@ func Defaults() Config {
 		Steps: 100, SizeBytes: 4 << 20, Layers: 4, Optimizer: Adam, LR: 1e-3,
 		WeightDecay: 0.01, Momentum: 0.9, Seed: 1, Batch: 32, PP: 1, LogEvery: 10,
 		SaveEvery: 1, // a failure then costs at most one step of work
+		Hints:     true,
 	}
 }
 
@@ -83,6 +87,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	fs.IntVar(&c.PP, "pp", c.PP, "pipeline stages")
 	fs.BoolVar(&c.Zero1, "zero1", c.Zero1, "shard optimizer state across the DP group (ZeRO-1)")
 	fs.Int64Var(&c.SaveEvery, "save-every", c.SaveEvery, "snapshot every N steps when reft is enabled (0: never)")
+	fs.BoolVar(&c.Hints, "hints", c.Hints, "let reft copy a snapshot while this rank's gradient accumulation leaves cores idle, "+
+		"rather than as soon as it is taken (--hints=false); the copy of step N then finishes during step N+1")
 	fs.Int64Var(&c.LogEvery, "log-every", c.LogEvery, "log the loss every N steps")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute goroutines per rank (0: GOMAXPROCS)")
 	if err := fs.Parse(args); err != nil {

@@ -350,7 +350,7 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestParseArgs(t *testing.T) {
-	c, err := ParseArgs(strings.Fields("--steps 5 --size 1MiB --optimizer adamw --lr 0.01 --seed 9 --batch 8 --dp 2 --pp 2 --zero1 --save-every 2 --fail-at 3:1 --log-every 1"), nil)
+	c, err := ParseArgs(strings.Fields("--steps 5 --size 1MiB --optimizer adamw --lr 0.01 --seed 9 --batch 8 --dp 2 --pp 2 --zero1 --save-every 2 --hints=false --fail-at 3:1 --log-every 1"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

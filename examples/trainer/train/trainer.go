@@ -187,7 +187,9 @@ func (t *trainer) run(o Options) (*Result, error) {
 		}
 		fmt.Fprintln(t.log, off)
 	} else {
-		t.hint, _ = o.Snap.(Hinter)
+		if cfg.Hints {
+			t.hint, _ = o.Snap.(Hinter)
+		}
 		if err := t.register(o.Snap); err != nil {
 			return nil, fmt.Errorf("register snapshot buffers: %w", err)
 		}
@@ -366,7 +368,10 @@ func (t *trainer) computeGradients(step int64) error {
 		}
 		// addFixed runs on one goroutine and leaves the other cores idle:
 		// announce the window so that the snapshot copy runs there rather
-		// than competing with the parallel compute.
+		// than competing with the parallel compute. The price: the save
+		// of the previous step commits only now, so a rank lost earlier
+		// in this step resumes one step further back (still at most one
+		// step of work lost).
 		if t.hint != nil && t.serial > 0 {
 			t.hint.Hint(t.serial)
 		}
