@@ -7,6 +7,8 @@ package e2e
 // node's store, and training ends with the bits of an uninterrupted run.
 
 import (
+	"os/user"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -23,6 +25,10 @@ var (
 	lossRe    = regexp.MustCompile(`(?m)^step (\d+) loss \S+$`)
 	grantedRe = regexp.MustCompile(`Granted job allocation (\d+)`)
 )
+
+// reftStoreRoot is reftConf's tmpfs_root: a job's stores are
+// <root>/<uid>/<job> on each node.
+const reftStoreRoot = "/dev/shm/reft"
 
 // snapshotsOffLine is how reft-train says that it runs without reft.
 const snapshotsOffLine = "snapshots off: REFT_AGENT_SOCKET is not set"
@@ -74,6 +80,17 @@ func crashResume(t *testing.T, nodes, ranks int, failStep int64, failRank int, f
 	refLoss := lossLines(ref.Stdout)
 
 	job := allocate(t, append([]string{"--reft=arc"}, layout...)...)
+	// The stores outlive the job by design (reft gc removes them later);
+	// remove this job's now, before the allocation goes, so that the
+	// nodes' small tmpfs does not fill up over many runs.
+	u, err := user.Lookup(alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		run(t, time.Minute, alice, append(append([]string{"srun", "--jobid=" + job}, layout...),
+			"rm", "-rf", filepath.Join(reftStoreRoot, u.Uid, job))...)
+	})
 	fail := []string{"--fail-at", strconv.FormatInt(failStep, 10) + ":" + strconv.Itoa(failRank)}
 	step := append(append([]string{"srun", "--jobid=" + job, "--reft=arc", "-K1", "--mpi=pmix"}, layout...),
 		append(append([]string{bin("reft-train")}, flags...), fail...)...)
