@@ -3,9 +3,11 @@ package plan
 import (
 	"fmt"
 	"math"
+
+	"github.com/reft-hpc/reft/launcher/plan/jit"
 )
 
-const secondsPerDay = 86400
+const secondsPerDay = jit.SecondsPerDay
 
 // Interval is JIT-checkpointing section 5: N GPUs, each failing f times per
 // day, the whole job restarting on any failure. A periodic checkpoint costs
@@ -44,7 +46,7 @@ func (iv Interval) perSecond() float64 { return iv.FailuresPerGPUDay / secondsPe
 
 // OptimalPerSecond is JIT Eq. 3, c* = sqrt(N f / (2 o)).
 func (iv Interval) OptimalPerSecond() float64 {
-	return math.Sqrt(float64(iv.GPUs) * iv.perSecond() / (2 * iv.CheckpointSeconds))
+	return jit.OptimalPerSecond(float64(iv.GPUs), iv.FailuresPerGPUDay, iv.CheckpointSeconds)
 }
 
 // PerHour is c* in checkpoints per hour, as JIT Table 8 prints it.
