@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"reflect"
 	"sort"
@@ -49,6 +50,9 @@ type Persist struct {
 	// Dir is the persistent checkpoint directory; empty disables persistent
 	// checkpoints unless the job's SPEC names persist_dir.
 	Dir string `toml:"dir"`
+	// FailuresPerNodeDay is f of the JIT model (failures per node per day)
+	// from which persist=auto derives the interval.
+	FailuresPerNodeDay float64 `toml:"failures_per_node_day"`
 }
 
 // Agent is the per-node, per-job daemon.
@@ -92,6 +96,8 @@ func Default() Config {
 			TmpfsRoot:    "/dev/shm/reft",
 			MemoryBudget: MemoryBudget{Fraction: 0.5},
 		},
+		// JIT section 6.5: f = 2e-3 per GPU-day (OPT-175B), 8 GPUs a node.
+		Persist: Persist{FailuresPerNodeDay: 0.016},
 		Agent: Agent{
 			Binary:       "/usr/local/bin/reft-agent",
 			RunDir:       "/run/reft",
@@ -177,6 +183,9 @@ func (c Config) Validate() error {
 		if e != nil {
 			return e
 		}
+	}
+	if f := c.Persist.FailuresPerNodeDay; !(f > 0) || math.IsInf(f, 0) {
+		return fmt.Errorf("persist.failures_per_node_day = %g: want failures per node per day, > 0 (e.g. 0.016: 2e-3 per GPU-day, 8 GPUs)", f)
 	}
 	if lo, hi := c.Agent.PortRange[0], c.Agent.PortRange[1]; lo < 1 || hi > 65535 || lo > hi {
 		return fmt.Errorf("agent.port_range = [%d, %d]: want [low, high] with 1 <= low <= high <= 65535", lo, hi)

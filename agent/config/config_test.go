@@ -56,6 +56,8 @@ func TestParseValid(t *testing.T) {
 			return c.Agent.PeerAuth == "secret" && c.Agent.PeerSecret == "/home/u/.reft/%j.key" && c.Agent.PeerBind == "10.0.0.1"
 		}},
 		{"dotted", "agent.run_dir = \"/x\"", func(c Config) bool { return c.Agent.RunDir == "/x" }},
+		{"failure rate", "[persist]\nfailures_per_node_day = 0.5", func(c Config) bool { return c.Persist.FailuresPerNodeDay == 0.5 }},
+		{"failure rate int", "[persist]\nfailures_per_node_day = 2", func(c Config) bool { return c.Persist.FailuresPerNodeDay == 2 }},
 		{"log", "[log]\nlevel = \"debug\"\ndir = \"/l\"", func(c Config) bool { return c.Log.Level == "debug" && c.Log.Dir == "/l" }},
 	}
 	for _, tt := range tests {
@@ -87,6 +89,11 @@ func TestParseInvalid(t *testing.T) {
 		{"bad ports", "[agent]\nport_range = [9, 1]", "agent.port_range = [9, 1]"},
 		{"bad peer auth", "[agent]\npeer_auth = \"kerberos\"", "valid methods: munge, secret"},
 		{"secret without file", "[agent]\npeer_auth = \"secret\"", "needs agent.peer_secret"},
+		{"zero failure rate", "[persist]\nfailures_per_node_day = 0.0", "persist.failures_per_node_day = 0: want failures per node per day, > 0"},
+		{"negative failure rate", "[persist]\nfailures_per_node_day = -1.0", "persist.failures_per_node_day = -1"},
+		{"infinite failure rate", "[persist]\nfailures_per_node_day = inf", "persist.failures_per_node_day = +Inf"},
+		{"failure rate string", "[persist]\nfailures_per_node_day = \"often\"", "failures_per_node_day"},
+		{"failure rate miscased", "[persist]\nFailures_Per_Node_Day = 1.0", `unknown key "persist.Failures_Per_Node_Day"`},
 		{"zero budget", "[store]\nmemory_budget = 0", "memory_budget = 0: want bytes"},
 		{"fraction above one", "[store]\nmemory_budget = 1.5", "fraction of MemTotal"},
 		{"bad size", "[store]\nmemory_budget = \"lots\"", "memory_budget"},
