@@ -29,5 +29,7 @@
 // abandoned timeline). Per rank and shard the store keeps the newest
 // completed generation, the one being written, and Options.Keep older
 // completed ones; the previous completed generation is released only after
-// the new one has committed.
+// the new one has committed. A released generation's arena is reused once
+// no Reader pins it; Options.Spare arenas are kept free for such pins (the
+// agent's persistent writer), so saves never allocate while one is held.
 package tmpfs

@@ -78,8 +78,8 @@ func (s *Store) Begin(k Key, spec Spec) (*Ongoing, error) {
 }
 
 // Preallocate creates the arenas that saves of spec will use (one for the
-// ongoing generation, one for the newest completed one and Options.Keep for
-// older ones), so their cost (the
+// ongoing generation, one for the newest completed one, Options.Keep for
+// older ones and Options.Spare for pinned ones), so their cost (the
 // kernel zeroing and mapping every page) and any ErrNoSpace or
 // ErrOverBudget come at registration, not in the first saves.
 func (s *Store) Preallocate(k Key, spec Spec) error {
@@ -99,7 +99,7 @@ func (s *Store) Preallocate(k Key, spec Spec) error {
 			have++
 		}
 	}
-	for ; have < s.opt.Keep+2; have++ {
+	for ; have < s.opt.Keep+2+s.opt.Spare; have++ {
 		if _, err := s.newSlot(ks, size); err != nil {
 			return s.saveFailed(k, spec.Step, size, fmt.Errorf("preallocate: %w", err))
 		}
@@ -141,16 +141,17 @@ func (s *Store) newSlot(ks *keyState, size int64) (*slot, error) {
 	return sl, nil
 }
 
-// trimSpares frees all but one free arena: the next save needs one, and
-// more is memory the job does not use.
+// trimSpares frees all but 1+Options.Spare free arenas: the next save
+// needs one, a pinned generation may hold the spares, and more is memory
+// the job does not use.
 func (s *Store) trimSpares(ks *keyState) {
-	spare := false
+	spare := 0
 	for name, sl := range ks.arenas {
 		if !sl.free() {
 			continue
 		}
-		if !spare {
-			spare = true
+		if spare <= s.opt.Spare {
+			spare++
 			continue
 		}
 		s.metrics.StoredBytes.Add(-sl.arena.Size())

@@ -24,7 +24,12 @@ type Options struct {
 	JobID string         // SLURM_JOB_ID
 	Owner *hostmem.Owner // the job's user; nil: this process's
 	// Keep is how many completed generations to keep besides the newest.
-	Keep      int
+	Keep int
+	// Spare is how many arenas per rank and shard to keep free besides the
+	// one the next save takes: a reader that pins a generation past its
+	// retention (the persistent writer) holds its arena, and saves must not
+	// allocate meanwhile.
+	Spare     int
 	ChunkSize int64 // checksum granularity; 0: DefaultChunkSize
 	Workers   int   // copy and checksum goroutines; 0: GOMAXPROCS
 	Alloc     *hostmem.Allocator
@@ -87,8 +92,8 @@ func Open(opt Options) (*Store, error) {
 	if !nameRE.MatchString(opt.JobID) {
 		return nil, fmt.Errorf("tmpfs: job id %q is not a Slurm job id", opt.JobID)
 	}
-	if opt.Keep < 0 {
-		return nil, fmt.Errorf("tmpfs: keep = %d must not be negative", opt.Keep)
+	if opt.Keep < 0 || opt.Spare < 0 {
+		return nil, fmt.Errorf("tmpfs: keep = %d and spare = %d must not be negative", opt.Keep, opt.Spare)
 	}
 	if opt.ChunkSize == 0 {
 		opt.ChunkSize = DefaultChunkSize

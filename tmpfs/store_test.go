@@ -2,6 +2,7 @@ package tmpfs
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -342,5 +343,50 @@ func TestDiscardedWriterKeepsItsArena(t *testing.T) {
 	}
 	if err := o.CopyIn(stateFor(2, testBuffers)); err == nil {
 		t.Fatal("CopyIn into a discarded generation succeeded")
+	}
+}
+
+// A generation pinned past its retention (the persistent writer reading
+// it) holds its arena; Options.Spare keeps one preallocated so saves go on
+// without allocating, and the spare survives trimming.
+func TestSpareArenaForPinnedReader(t *testing.T) {
+	bufs := []BufferSpec{{Name: "params", Size: 1 << 20}}
+	for _, tc := range []struct {
+		spare      int
+		wantArenas int // after saves while a pin is held
+	}{
+		{0, 3}, // one allocated in the middle of training
+		{1, 3}, // preallocated at registration
+	} {
+		t.Run(fmt.Sprintf("spare=%d", tc.spare), func(t *testing.T) {
+			s := openStore(t, filepath.Join(t.TempDir(), "reft"), func(o *Options) { o.Spare = tc.spare })
+			k := Key{Shard: DefaultShard}
+			if err := s.Preallocate(k, Spec{Buffers: bufs}); err != nil {
+				t.Fatal(err)
+			}
+			pre := s.Metrics().StoredBytes.Load() / (1 << 20)
+			if pre != int64(2+tc.spare) {
+				t.Fatalf("preallocated %d arenas, want %d", pre, 2+tc.spare)
+			}
+			g := save(t, s, k, 1, bufs)
+			r, err := s.Open(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for st := int64(2); st <= 6; st++ {
+				save(t, s, k, st, bufs)
+			}
+			if n := s.Metrics().StoredBytes.Load() / (1 << 20); n != int64(tc.wantArenas) {
+				t.Fatalf("%d arenas while a generation is pinned, want %d", n, tc.wantArenas)
+			}
+			checkArena := r.Manifest().Step
+			r.Close()
+			for st := int64(7); st <= 9; st++ {
+				save(t, s, k, st, bufs)
+			}
+			if n := s.Metrics().StoredBytes.Load() / (1 << 20); n != int64(2+tc.spare) {
+				t.Fatalf("%d arenas after the pin of step %d closed, want %d", n, checkArena, 2+tc.spare)
+			}
+		})
 	}
 }
