@@ -57,6 +57,37 @@ func (cl *Client) Close() error {
 	return nil
 }
 
+// Connect makes sure an authenticated connection to addr is up, dialing
+// when there is none or it died, and returns the node name the peer
+// authenticated as (the name sealed in its credential's binding). With a
+// live connection it costs no network traffic, so callers may use it to
+// watch a peer: a peer that died is noticed by the heartbeats within
+// Config.Timeout, and the next Connect re-dials.
+func (cl *Client) Connect(ctx context.Context, addr string) (node string, err error) {
+	cc, err := cl.conn(ctx, addr, 0)
+	if err != nil {
+		return "", err
+	}
+	return cc.node, nil
+}
+
+// Drop closes and forgets every connection to addr, e.g. one that turned
+// out to reach another node than the caller meant; requests in flight on
+// them fail.
+func (cl *Client) Drop(addr string) {
+	cl.mu.Lock()
+	slots := cl.peers[addr]
+	delete(cl.peers, addr)
+	cl.mu.Unlock()
+	for _, s := range slots {
+		s.mu.Lock()
+		if s.cc != nil {
+			s.cc.c.close(errors.New("connection dropped by the client"))
+		}
+		s.mu.Unlock()
+	}
+}
+
 // ConnError is a failed connection to a peer (dial, handshake, I/O,
 // silence past the timeout). Everything in flight on it failed with it.
 type ConnError struct {
@@ -105,7 +136,13 @@ func (cl *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 		return nil, fmt.Errorf("connecting: %w (is the peer agent up, and agent.port_range open between nodes?)", err)
 	}
 	c := newConn(nc, cl.cfg.Timeout)
+	// A listener that accepts and then says nothing would hold the caller
+	// (and Close) until the handshake timeout; cancelling ctx ends it now.
+	stop := context.AfterFunc(ctx, func() { c.close(fmt.Errorf("handshake abandoned: %w", context.Cause(ctx))) })
 	node, err := dialHandshake(ctx, &cl.cfg, c)
+	if !stop() && err == nil { // cancelled just after it succeeded: c is closed
+		err = context.Cause(ctx)
+	}
 	if err != nil {
 		c.close(err)
 		cl.log.Warn().Str("event", "peer_handshake_failed").Str("remote", addr).Err(err).Msg("could not authenticate a peer")

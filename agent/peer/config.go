@@ -28,6 +28,9 @@ type Config struct {
 	// PortRange is the inclusive range the listener tries in order,
 	// skipping ports in use ([agent] port_range). [0, 0]: any free port.
 	PortRange [2]int
+	// Ports, if set, are the only ports the listener tries, in order,
+	// instead of PortRange (agent/mesh: this node's candidates).
+	Ports []int
 
 	DialTimeout      time.Duration // TCP connect; 0: 5 s
 	HandshakeTimeout time.Duration // hello to auth reply, credential tools included; 0: 10 s

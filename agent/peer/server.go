@@ -77,14 +77,19 @@ type ServerStats struct {
 	Busy       atomic.Uint64 // fetches refused with busy
 }
 
-// Listen binds a port of cfg.PortRange on cfg.Bind and serves src until
-// Close.
+// Listen binds a port of cfg.Ports, or else of cfg.PortRange, on cfg.Bind
+// and serves src until Close.
 func Listen(cfg Config, src ChunkSource) (*Server, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	ln, err := ListenRange(cfg.Bind, cfg.PortRange[0], cfg.PortRange[1])
+	var ln *net.TCPListener
+	if len(cfg.Ports) > 0 {
+		ln, err = ListenPorts(cfg.Bind, cfg.Ports)
+	} else {
+		ln, err = ListenRange(cfg.Bind, cfg.PortRange[0], cfg.PortRange[1])
+	}
 	if err != nil {
 		return nil, err
 	}

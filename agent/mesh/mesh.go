@@ -1,0 +1,474 @@
+// Package mesh connects the agents of one job to each other: it learns the
+// job's allocation (Slurm, or a fixed topology in tests), listens on this
+// node's first free candidate port, finds every other node's agent on that
+// node's candidates (docs/PEER_PROTOCOL.md, "Finding peers"), keeps watching
+// the connections, and offers the agent/peer client calls by node name.
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/tmpfs"
+)
+
+// Config configures a Mesh.
+type Config struct {
+	// Peer is the transport's configuration (peer.FromAgentConfig): job,
+	// uid, this node's name (Peer.Node, which must be in the topology),
+	// authentication, bind address, port range and liveness timers. Start
+	// sets Peer.Ports to this node's candidates.
+	Peer peer.Config
+	// MaxRetry is the longest pause between two searches for a peer that
+	// was not found; 0: 5 s. The first retries come sooner (100 ms,
+	// doubling), since a job's agents start within moments of each other.
+	MaxRetry time.Duration
+	// Watch is how often a found peer's connection is checked (no network
+	// traffic while it is up); 0: Peer.Heartbeat, else 500 ms.
+	Watch time.Duration
+	// Grace is how long after Start a missing peer counts as still
+	// starting: its failures are logged at info until then, at warn after.
+	// 0: 10 s.
+	Grace time.Duration
+}
+
+// Timers of the search for a peer.
+const (
+	minRetry = 100 * time.Millisecond
+	// foreignSkip: a candidate that another job's agent answered on is not
+	// asked again for this long, so that a missing peer does not fill that
+	// agent's log with refusals; the peer itself then sits on a later one.
+	foreignSkip = time.Minute
+)
+
+// Mesh is this agent's view of the job's other agents.
+type Mesh struct {
+	cfg   Config
+	log   zerolog.Logger
+	topo  Topology
+	self  Node
+	srv   *peer.Server
+	cl    *peer.Client
+	start time.Time
+	peers map[string]*peerState // every node but this one, by name
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// peerState is one other node's agent.
+type peerState struct {
+	node  Node
+	cands []int
+	kick  chan struct{} // an immediate search, asked by Resolve
+
+	mu        sync.Mutex
+	addr      string // its listener, once found
+	connected bool
+	err       error         // why it is not connected
+	changed   chan struct{} // closed and replaced at every update
+
+	foreign map[int]time.Time // only the watch goroutine touches it
+}
+
+func (p *peerState) update(addr string, connected bool, err error) {
+	p.mu.Lock()
+	p.addr, p.connected, p.err = addr, connected, err
+	close(p.changed)
+	p.changed = make(chan struct{})
+	p.mu.Unlock()
+}
+
+// Start learns the topology, listens on this node's first free candidate
+// port, serving store, and starts looking for every other node's agent in
+// the background. It returns once the listener is up; peers connect later.
+// The search stops when ctx ends or at Close, which also closes the
+// connections and the listener.
+func Start(ctx context.Context, cfg Config, topo TopologySource, store *tmpfs.Store, log zerolog.Logger) (*Mesh, error) {
+	if store == nil {
+		return nil, errors.New("mesh: no snapshot store to serve")
+	}
+	return start(ctx, cfg, topo, peer.StoreSource{Store: store}, log)
+}
+
+func start(ctx context.Context, cfg Config, topo TopologySource, src peer.ChunkSource, log zerolog.Logger) (*Mesh, error) {
+	if cfg.MaxRetry <= 0 {
+		cfg.MaxRetry = 5 * time.Second
+	}
+	if cfg.Watch <= 0 {
+		cfg.Watch = cfg.Peer.Heartbeat
+		if cfg.Watch <= 0 {
+			cfg.Watch = 500 * time.Millisecond
+		}
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = 10 * time.Second
+	}
+	t, err := topo.Topology(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.check(); err != nil {
+		return nil, err
+	}
+	self, ok := t.Node(cfg.Peer.Node)
+	if !ok {
+		names := make([]string, len(t.Nodes))
+		for i, n := range t.Nodes {
+			names[i] = n.Name
+		}
+		return nil, fmt.Errorf("mesh: this node %q is not in job %s's node list %s (is --node the Slurm node name?)",
+			cfg.Peer.Node, cfg.Peer.Job, strings.Join(names, ","))
+	}
+	lo, hi := cfg.Peer.PortRange[0], cfg.Peer.PortRange[1]
+	n := len(t.Nodes)
+	cands := Candidates(cfg.Peer.Job, lo, hi, self.Index, n)
+	if cands == nil {
+		return nil, fmt.Errorf("mesh: agent.port_range [%d, %d] gives no candidate ports (want 1 <= low <= high <= 65535)", lo, hi)
+	}
+	if span := hi - lo + 1; span < NumCandidates*n {
+		log.Warn().Str("event", "peer_port_range_small").Int("span", span).Int("nodes", n).
+			Msgf("agent.port_range has %d ports, below %d per node for %d nodes: nodes of this job may compete for ports (widen it in reft.toml)", span, NumCandidates, n)
+	}
+	pcfg := cfg.Peer
+	pcfg.Ports = cands
+	srv, err := peer.Listen(pcfg, src)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: node %s (index %d of %d): %w", self.Name, self.Index, n, err)
+	}
+	// The client's own warning on every failed handshake would repeat at
+	// each retry of a search; the mesh logs each failure once, with cause.
+	ccfg := pcfg
+	ccfg.Log = pcfg.Log.Level(zerolog.ErrorLevel)
+	cl, err := peer.NewClient(ccfg)
+	if err != nil {
+		srv.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	m := &Mesh{cfg: cfg, log: log.With().Str("component", "mesh").Logger(), topo: t, self: self,
+		srv: srv, cl: cl, start: time.Now(), peers: map[string]*peerState{}, cancel: cancel}
+	port := srv.Addr().Port
+	k := indexOf(cands, port)
+	m.log.Info().Str("event", "peer_listening").Int("port", port).Str("addr", net.JoinHostPort(self.Addr, strconv.Itoa(port))).
+		Int("index", self.Index).Int("nodes", n).Int("candidate", k).
+		Msgf("peer listener on port %d (candidate %d of node %d of %d)", port, k, self.Index, n)
+	for _, nd := range t.Nodes {
+		if nd.Name == self.Name {
+			continue
+		}
+		p := &peerState{node: nd, cands: Candidates(cfg.Peer.Job, lo, hi, nd.Index, n), kick: make(chan struct{}, 1),
+			changed: make(chan struct{}), foreign: map[int]time.Time{}, err: errors.New("not looked for yet")}
+		m.peers[nd.Name] = p
+		m.wg.Add(1)
+		go m.watch(ctx, p)
+	}
+	return m, nil
+}
+
+func indexOf(s []int, v int) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	return -1
+}
+
+// Self is this node.
+func (m *Mesh) Self() Node { return m.self }
+
+// Nodes is the job's allocation, this node included, in Slurm's order.
+func (m *Mesh) Nodes() []Node { return append([]Node(nil), m.topo.Nodes...) }
+
+// Addr is this agent's peer listener.
+func (m *Mesh) Addr() *net.TCPAddr { return m.srv.Addr() }
+
+// Client is the transport client the mesh connects with; its calls take
+// addresses, which Resolve and Source give by node name.
+func (m *Mesh) Client() *peer.Client { return m.cl }
+
+// Server is this agent's peer listener.
+func (m *Mesh) Server() *peer.Server { return m.srv }
+
+// PeerStatus is one other node's agent as the mesh sees it now.
+type PeerStatus struct {
+	Node      Node
+	Addr      string // host:port of its listener; "" until found
+	Connected bool
+	Err       error // why it is not connected
+}
+
+// Peers lists every other node's agent, in the allocation's order.
+func (m *Mesh) Peers() []PeerStatus {
+	var out []PeerStatus
+	for _, nd := range m.topo.Nodes {
+		p := m.peers[nd.Name]
+		if p == nil {
+			continue
+		}
+		p.mu.Lock()
+		s := PeerStatus{Node: p.node, Addr: p.addr, Connected: p.connected}
+		if !p.connected {
+			s.Err = p.err
+		}
+		p.mu.Unlock()
+		out = append(out, s)
+	}
+	return out
+}
+
+// Resolve returns the address of node's agent, waiting until it is found
+// or ctx ends (then the error says why it was not found). This node
+// resolves to its own listener.
+func (m *Mesh) Resolve(ctx context.Context, node string) (string, error) {
+	if node == m.self.Name {
+		return net.JoinHostPort(m.self.Addr, strconv.Itoa(m.srv.Addr().Port)), nil
+	}
+	p := m.peers[node]
+	if p == nil {
+		return "", fmt.Errorf("mesh: node %q is not in job %s's allocation", node, m.cfg.Peer.Job)
+	}
+	select { // search now rather than after the current pause
+	case p.kick <- struct{}{}:
+	default:
+	}
+	for {
+		p.mu.Lock()
+		addr, ok, err, ch := p.addr, p.connected, p.err, p.changed
+		p.mu.Unlock()
+		if ok {
+			return addr, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return "", fmt.Errorf("mesh: the agent of node %s is not reachable: %w (%v)", node, err, context.Cause(ctx))
+		}
+	}
+}
+
+// Watermarks asks node's agent which generations of ranks (nil: all) it
+// holds.
+func (m *Mesh) Watermarks(ctx context.Context, node string, ranks []int) (*peer.WatermarksReply, error) {
+	addr, err := m.Resolve(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	return m.cl.Watermarks(ctx, addr, ranks)
+}
+
+// Manifest asks node's agent for a generation's layout and checksums.
+func (m *Mesh) Manifest(ctx context.Context, node string, k peer.GenKey) (*peer.GenInfo, error) {
+	addr, err := m.Resolve(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	return m.cl.Manifest(ctx, addr, k)
+}
+
+// Source names a buffer of a generation on node's agent, for a FetchSpec.
+func (m *Mesh) Source(ctx context.Context, node string, k peer.ChunkKey) (peer.Source, error) {
+	addr, err := m.Resolve(ctx, node)
+	if err != nil {
+		return peer.Source{}, err
+	}
+	return peer.Source{Addr: addr, Key: k}, nil
+}
+
+// Fetch is peer.Client.Fetch over the mesh's connections.
+func (m *Mesh) Fetch(ctx context.Context, spec peer.FetchSpec) (peer.FetchStats, error) {
+	return m.cl.Fetch(ctx, spec)
+}
+
+// Close stops watching peers, closes every connection and the listener.
+func (m *Mesh) Close() error {
+	var err error
+	m.once.Do(func() {
+		m.cancel()
+		m.wg.Wait()
+		m.cl.Close()
+		err = m.srv.Close()
+	})
+	return err
+}
+
+// watch finds node p's agent, then checks its connection, and looks again
+// when it is lost (its agent may come back on another candidate).
+func (m *Mesh) watch(ctx context.Context, p *peerState) {
+	defer m.wg.Done()
+	log := m.log.With().Str("peer_node", p.node.Name).Logger()
+	backoff := minRetry
+	lastCause, warned := "", false
+	for {
+		p.mu.Lock()
+		addr := p.addr
+		p.mu.Unlock()
+		if addr == "" {
+			addr, k, err := m.find(ctx, p)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				late := time.Since(m.start) > m.cfg.Grace
+				if cause := causeKey(err); cause != lastCause || (late && !warned) {
+					lvl := zerolog.InfoLevel
+					if late {
+						lvl, warned = zerolog.WarnLevel, true
+					}
+					log.WithLevel(lvl).Str("event", "peer_unreachable").Str("peer_host", p.node.Addr).Err(err).
+						Msgf("agent of node %s not reached yet; retrying", p.node.Name)
+					lastCause = cause
+				}
+				p.update("", false, err) // after the log, so a reader of Peers finds it logged
+				if kicked, ok := m.pause(ctx, p, backoff); !ok {
+					return
+				} else if kicked {
+					backoff = minRetry
+				} else {
+					backoff = min(2*backoff, m.cfg.MaxRetry)
+				}
+				continue
+			}
+			backoff, lastCause, warned = minRetry, "", false
+			log.Info().Str("event", "peer_connected").Str("addr", addr).Int("peer_index", p.node.Index).Int("candidate", k).
+				Msgf("peer connected: node %s at %s", p.node.Name, addr)
+			p.update(addr, true, nil)
+		} else {
+			node, err := m.cl.Connect(ctx, addr)
+			if ctx.Err() != nil {
+				return
+			}
+			if err == nil && node != p.node.Name {
+				m.cl.Drop(addr)
+				err = fmt.Errorf("the agent at %s is now node %s's", addr, node)
+			}
+			if err != nil {
+				log.Warn().Str("event", "peer_lost").Str("addr", addr).Err(err).
+					Msgf("lost the agent of node %s; looking for it again", p.node.Name)
+				p.update("", false, err)
+				continue
+			}
+		}
+		if _, ok := m.pause(ctx, p, m.cfg.Watch); !ok {
+			return
+		}
+	}
+}
+
+// pause waits d, or less if Resolve asks for a search now.
+func (m *Mesh) pause(ctx context.Context, p *peerState, d time.Duration) (kicked, ok bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, false
+	case <-p.kick:
+		return true, true
+	case <-t.C:
+		return false, true
+	}
+}
+
+// find tries node p's candidates in order: a refused connection or a
+// refusal by another job's agent moves on to the next; the first agent of
+// this job that authenticates as node p wins.
+func (m *Mesh) find(ctx context.Context, p *peerState) (string, int, error) {
+	ue := &UnreachableError{Node: p.node.Name, Host: p.node.Addr, Job: m.cfg.Peer.Job}
+	now := time.Now()
+	for k, port := range p.cands {
+		if until, ok := p.foreign[port]; ok {
+			if now.Before(until) {
+				ue.Tries = append(ue.Tries, Try{Port: port, Kind: TryForeign, Err: errors.New("skipped: another job's agent answered here lately")})
+				continue
+			}
+			delete(p.foreign, port)
+		}
+		addr := net.JoinHostPort(p.node.Addr, strconv.Itoa(port))
+		node, err := m.cl.Connect(ctx, addr)
+		if err == nil && node == p.node.Name {
+			return addr, k, nil
+		}
+		if ctx.Err() != nil {
+			return "", 0, ctx.Err()
+		}
+		kind := TryOther
+		switch {
+		case err == nil: // only when 8n > span puts nodes of a host on shared candidates
+			m.cl.Drop(addr)
+			kind, err = TryOtherNode, fmt.Errorf("the agent of node %s of this job listens here", node)
+		case errors.Is(err, syscall.ECONNREFUSED):
+			kind = TryRefused
+		case peer.IsCode(err, peer.CodeForbidden):
+			kind = TryForeign
+			p.foreign[port] = now.Add(foreignSkip)
+		}
+		ue.Tries = append(ue.Tries, Try{Port: port, Kind: kind, Err: err})
+	}
+	return "", 0, ue
+}
+
+// What a candidate port turned out to be.
+const (
+	TryRefused   = "refused"    // nothing listens there (the agent is not up yet, or sits on a later candidate)
+	TryForeign   = "foreign"    // a reft agent that refused us: another job's, or a mismatched configuration
+	TryOtherNode = "other_node" // an agent of this job, but another node's
+	TryOther     = "other"      // anything else: a program that does not speak the protocol, a timeout
+)
+
+// Try is one candidate port of a search.
+type Try struct {
+	Port int
+	Kind string
+	Err  error
+}
+
+// UnreachableError is a search that found no agent for a node: what each
+// candidate port said.
+type UnreachableError struct {
+	Node, Host, Job string
+	Tries           []Try
+}
+
+func (e *UnreachableError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "no agent of job %s for node %s on %s:", e.Job, e.Node, e.Host)
+	for i, t := range e.Tries {
+		if i > 0 {
+			b.WriteString(";")
+		}
+		if t.Kind == TryRefused {
+			fmt.Fprintf(&b, " %d refused", t.Port)
+		} else {
+			fmt.Fprintf(&b, " %d %s (%v)", t.Port, t.Kind, t.Err)
+		}
+	}
+	b.WriteString(" (its agent may not be up yet or failed to start; see its log. agent.port_range and agent.peer_auth must be the same on every node, and the range open between nodes)")
+	return b.String()
+}
+
+// causeKey sums a search failure up by what each port was, without the
+// details that change between tries (nonces, timings), so that a failure
+// is logged again only when its nature changes.
+func causeKey(err error) string {
+	var ue *UnreachableError
+	if !errors.As(err, &ue) {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, t := range ue.Tries {
+		fmt.Fprintf(&b, "%d:%s ", t.Port, t.Kind)
+	}
+	return b.String()
+}

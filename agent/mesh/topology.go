@@ -1,0 +1,202 @@
+package mesh
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Node is one node of the job's allocation.
+type Node struct {
+	// Index is the node's position in the allocation's node list (spares
+	// included); it picks the node's candidate ports.
+	Index int
+	// Name is the Slurm node name (what the agent gets as --node).
+	Name string
+	// Addr is where its agent is reached: Slurm's NodeAddr (a host name or
+	// an address), without a port.
+	Addr string
+}
+
+// Topology is the job's allocation: every node, in Slurm's order.
+type Topology struct {
+	Nodes []Node
+}
+
+// Node finds a node by name.
+func (t Topology) Node(name string) (Node, bool) {
+	for _, n := range t.Nodes {
+		if n.Name == name {
+			return n, true
+		}
+	}
+	return Node{}, false
+}
+
+// check makes sure indexes are positions and names are unique.
+func (t Topology) check() error {
+	if len(t.Nodes) == 0 {
+		return errors.New("job topology has no nodes")
+	}
+	seen := map[string]bool{}
+	for i, n := range t.Nodes {
+		switch {
+		case n.Index != i:
+			return fmt.Errorf("job topology: node %s has index %d at position %d", n.Name, n.Index, i)
+		case n.Name == "" || n.Addr == "":
+			return fmt.Errorf("job topology: node %d has no name or address (%q, %q)", i, n.Name, n.Addr)
+		case seen[n.Name]:
+			return fmt.Errorf("job topology: node %s listed twice", n.Name)
+		}
+		seen[n.Name] = true
+	}
+	return nil
+}
+
+// TopologySource tells a Mesh the job's allocation: Slurm in the agent,
+// Fixed in tests.
+type TopologySource interface {
+	Topology(ctx context.Context) (Topology, error)
+}
+
+// Fixed is a topology known in advance.
+type Fixed Topology
+
+// Topology implements TopologySource.
+func (f Fixed) Topology(context.Context) (Topology, error) { return Topology(f), nil }
+
+// Slurm asks Slurm for a job's allocation with scontrol: the job's NodeList
+// (`scontrol show job -o`), expanded in order (`scontrol show hostnames`),
+// and each node's NodeAddr (`scontrol show node -o`).
+type Slurm struct {
+	Job string
+	// Scontrol is the scontrol program; "": found on PATH.
+	Scontrol string
+	// Conf, if set, is slurm.conf's path, passed as SLURM_CONF ([agent]
+	// slurm_conf). "": scontrol's own default (its compiled-in path, or a
+	// configless node's cache), or SLURM_CONF inherited by the agent.
+	Conf string
+	// Timeout bounds each scontrol call; 0: 10 s.
+	Timeout time.Duration
+}
+
+// Topology implements TopologySource.
+func (s Slurm) Topology(ctx context.Context) (Topology, error) {
+	prog := s.Scontrol
+	if prog == "" {
+		p, err := exec.LookPath("scontrol")
+		if err != nil {
+			return Topology{}, fmt.Errorf("finding the job's nodes: scontrol is not on PATH (%s): %w (install Slurm's client commands on the compute nodes)",
+				os.Getenv("PATH"), err)
+		}
+		prog = p
+	}
+	out, err := s.run(ctx, prog, "show", "job", "-o", s.Job)
+	if err != nil {
+		return Topology{}, err
+	}
+	list, err := jobNodeList(out, s.Job)
+	if err != nil {
+		return Topology{}, err
+	}
+	out, err = s.run(ctx, prog, "show", "hostnames", list)
+	if err != nil {
+		return Topology{}, err
+	}
+	names := strings.Fields(string(out))
+	if len(names) == 0 {
+		return Topology{}, fmt.Errorf("scontrol show hostnames %s printed no names", list)
+	}
+	out, err = s.run(ctx, prog, "show", "node", "-o", list)
+	if err != nil {
+		return Topology{}, err
+	}
+	addrs := nodeAddrs(out)
+	t := Topology{Nodes: make([]Node, len(names))}
+	for i, n := range names {
+		a := addrs[n]
+		if a == "" {
+			return Topology{}, fmt.Errorf("scontrol show node %s gave no NodeAddr for %s", list, n)
+		}
+		t.Nodes[i] = Node{Index: i, Name: n, Addr: a}
+	}
+	return t, t.check()
+}
+
+func (s Slurm) run(ctx context.Context, prog string, args ...string) ([]byte, error) {
+	d := s.Timeout
+	if d <= 0 {
+		d = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, prog, args...)
+	if s.Conf != "" {
+		cmd.Env = append(os.Environ(), "SLURM_CONF="+s.Conf)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if ctx.Err() != nil {
+			msg = fmt.Sprintf("no answer within %s (is slurmctld up?) %s", d, msg)
+		}
+		conf := "SLURM_CONF unset: scontrol's default slurm.conf"
+		if s.Conf != "" {
+			conf = "SLURM_CONF=" + s.Conf
+		}
+		return nil, fmt.Errorf("%s %s: %w: %s (%s; set agent.slurm_conf in reft.toml to slurm.conf's path if it is elsewhere)",
+			prog, strings.Join(args, " "), err, msg, conf)
+	}
+	return out, nil
+}
+
+var (
+	jobIDRe    = regexp.MustCompile(`(?:^|\s)JobId=(\S+)`)
+	nodeListRe = regexp.MustCompile(`(?:^|\s)NodeList=(\S+)`)
+	// Anchored on the field before it, so that a job name or comment that
+	// contains " NodeList=" cannot stand in for it.
+	allocListRe = regexp.MustCompile(`\sExcNodeList=\S*\s+NodeList=(\S+)`)
+	nodeNameRe  = regexp.MustCompile(`^NodeName=(\S+)`)
+	nodeAddrRe  = regexp.MustCompile(`\sNodeAddr=(\S+)`)
+)
+
+// jobNodeList finds the allocation's NodeList in `scontrol show job -o`
+// output (one line per job; a heterogeneous job prints several).
+func jobNodeList(out []byte, job string) (string, error) {
+	for _, line := range strings.Split(string(out), "\n") {
+		m := jobIDRe.FindStringSubmatch(line)
+		if m == nil || m[1] != job {
+			continue
+		}
+		l := allocListRe.FindStringSubmatch(line)
+		if l == nil {
+			l = nodeListRe.FindStringSubmatch(line)
+		}
+		if l == nil || l[1] == "(null)" || l[1] == "" {
+			return "", fmt.Errorf("job %s has no NodeList in `scontrol show job -o %s` (not running yet?): %.200s", job, job, line)
+		}
+		return l[1], nil
+	}
+	return "", fmt.Errorf("`scontrol show job -o %s` did not list job %s: %.200s", job, job, strings.TrimSpace(string(out)))
+}
+
+// nodeAddrs maps NodeName to NodeAddr in `scontrol show node -o` output.
+func nodeAddrs(out []byte) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		n := nodeNameRe.FindStringSubmatch(line)
+		a := nodeAddrRe.FindStringSubmatch(line)
+		if n != nil && a != nil {
+			m[n[1]] = a[1]
+		}
+	}
+	return m
+}

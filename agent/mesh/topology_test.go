@@ -1,0 +1,80 @@
+package mesh
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// fakeScontrol answers like Slurm 22.05's scontrol for job 812 on
+// n[2-3],gpu01 (a job name that contains " NodeList=" must not fool the
+// parser), and fails unless SLURM_CONF is the configured path.
+const fakeScontrol = `#!/bin/sh
+[ "$SLURM_CONF" = /etc/site/slurm.conf ] || { echo "scontrol: error: s_p_parse_file: unable to read $SLURM_CONF" >&2; exit 1; }
+case "$*" in
+"show job -o 812")
+	echo 'JobId=812 JobName=x NodeList=evil UserId=alice(1001) JobState=RUNNING ReqNodeList=(null) ExcNodeList=(null) NodeList=n[2-3],gpu01 BatchHost=n2 NumNodes=3' ;;
+"show job -o 813")
+	echo 'JobId=813 JobName=p JobState=PENDING ReqNodeList=(null) ExcNodeList=(null) NodeList=(null) NumNodes=2' ;;
+"show hostnames n[2-3],gpu01")
+	printf 'n2\nn3\ngpu01\n' ;;
+"show node -o n[2-3],gpu01")
+	echo 'NodeName=gpu01 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.0.9 NodeHostName=gpu01 Port=6818'
+	echo 'NodeName=n2 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.0.2 NodeHostName=n2 Port=6818'
+	echo 'NodeName=n3 Arch=x86_64 CoresPerSocket=1 NodeAddr=n3-ib NodeHostName=n3 Port=6818' ;;
+*) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;;
+esac
+`
+
+func TestSlurmTopology(t *testing.T) {
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "scontrol")
+	if err := os.WriteFile(prog, []byte(fakeScontrol), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	ctx := context.Background()
+	got, err := Slurm{Job: "812", Conf: "/etc/site/slurm.conf"}.Topology(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Topology{Nodes: []Node{{0, "n2", "10.0.0.2"}, {1, "n3", "n3-ib"}, {2, "gpu01", "10.0.0.9"}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("topology %+v, want %+v", got, want)
+	}
+	for _, tc := range []struct {
+		s    Slurm
+		want string
+	}{
+		{Slurm{Job: "812", Conf: "/etc/other.conf"}, "set agent.slurm_conf"},
+		{Slurm{Job: "813", Conf: "/etc/site/slurm.conf"}, "has no NodeList"},
+		{Slurm{Job: "814", Conf: "/etc/site/slurm.conf"}, "Invalid job id"},
+	} {
+		if _, err := tc.s.Topology(ctx); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("job %s conf %s: %v, want an error with %q", tc.s.Job, tc.s.Conf, err, tc.want)
+		}
+	}
+	t.Setenv("PATH", t.TempDir())
+	if _, err := (Slurm{Job: "812"}).Topology(ctx); err == nil || !strings.Contains(err.Error(), "scontrol is not on PATH") {
+		t.Errorf("without scontrol: %v, want an error saying so", err)
+	}
+}
+
+func TestTopologyCheck(t *testing.T) {
+	for _, tc := range []struct {
+		t    Topology
+		want string
+	}{
+		{Topology{}, "no nodes"},
+		{Topology{Nodes: []Node{{1, "a", "x"}}}, "index 1 at position 0"},
+		{Topology{Nodes: []Node{{0, "a", "x"}, {1, "a", "y"}}}, "listed twice"},
+		{Topology{Nodes: []Node{{0, "a", ""}}}, "no name or address"},
+	} {
+		if err := tc.t.check(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.t, err, tc.want)
+		}
+	}
+}
