@@ -15,6 +15,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/logging"
+	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -104,13 +105,27 @@ func Run(ctx context.Context, o Options) error {
 	}
 	var store *tmpfs.Store
 	if s.Enabled() {
-		if store, err = openStore(cfg, o.Job, budget, logger); err != nil {
+		pdir, why := persistDir(cfg, s)
+		if store, err = openStore(cfg, o.Job, budget, pdir != "", logger); err != nil {
 			logger.Error().Err(err).Msg("agent cannot start")
 			srv.Close()
 			return o.startFailed(jobDir, err)
 		}
 		defer store.Close()
 		srv.AttachStore(store)
+		if pdir == "" {
+			logger.Info().Str("event", "persist_off").Msg("persistent checkpoints off: " + why)
+		} else {
+			per, err := persist.New(persist.Options{Dir: pdir, Job: o.Job, Node: o.Node, UID: o.UID, Policy: s.Persist,
+				FailuresPerNodeDay: cfg.Persist.FailuresPerNodeDay, Store: store, Log: logger})
+			if err != nil {
+				logger.Error().Err(err).Msg("agent cannot start")
+				srv.Close()
+				return o.startFailed(jobDir, fmt.Errorf("%w (%s)", err, why))
+			}
+			defer per.Close() // before store.Close: it reads the store's arenas
+			srv.AttachPersist(per)
+		}
 	}
 	logger.Info().Str("event", "agent_started").Str("spec", s.String()).Str("socket", sock).
 		Uint64("memory_budget", budget).Str("store_dir", storeDir).Str("started_by", o.StartedBy).
@@ -191,7 +206,7 @@ func takeLock(path string) (*os.File, error) {
 // openStore opens the job's node-local snapshot store under the memory
 // budget; arenas are pinned when RLIMIT_MEMLOCK allows (hostmem says once
 // when it does not).
-func openStore(cfg config.Config, job string, budget uint64, log zerolog.Logger) (*tmpfs.Store, error) {
+func openStore(cfg config.Config, job string, budget uint64, persisting bool, log zerolog.Logger) (*tmpfs.Store, error) {
 	m := new(hostmem.Metrics)
 	b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: int64(budget)}}, m)
 	if err != nil {
@@ -204,7 +219,13 @@ func openStore(cfg config.Config, job string, budget uint64, log zerolog.Logger)
 	// Keep one generation besides the newest: ranks commit asynchronously,
 	// so at a failure one rank may hold step k+1 while another has only k,
 	// and k must still be there for the job-wide choice.
-	st, err := tmpfs.Open(tmpfs.Options{Root: cfg.Store.TmpfsRoot, JobID: job, Keep: 1, Alloc: alloc, Log: log})
+	// The persistent writer pins a generation for longer than a few saves:
+	// one spare arena per rank keeps saves from allocating meanwhile.
+	spare := 0
+	if persisting {
+		spare = 1
+	}
+	st, err := tmpfs.Open(tmpfs.Options{Root: cfg.Store.TmpfsRoot, JobID: job, Keep: 1, Spare: spare, Alloc: alloc, Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot store: %w (store.tmpfs_root in reft.toml must be a tmpfs the job's user can use)", err)
 	}
@@ -233,13 +254,23 @@ func checkStore(cfg config.Config, uid int, job string) (uint64, string, error) 
 	return budget, dir, nil
 }
 
+// persistDir is the job's persistent checkpoint directory and where it
+// comes from; "" and the reason when persistent checkpoints are off.
+func persistDir(cfg config.Config, s spec.Spec) (dir, why string) {
+	switch {
+	case s.Persist.Kind == spec.PersistOff:
+		return "", "persist=off in --reft"
+	case s.PersistDir != "":
+		return s.PersistDir, "persist_dir= in --reft"
+	case cfg.Persist.Dir != "":
+		return cfg.Persist.Dir, "persist.dir in reft.toml"
+	}
+	return "", "no persist_dir= in --reft and no [persist] dir in reft.toml"
+}
+
 // checkPersistDir checks the persistent checkpoint directory, when one is set.
 func checkPersistDir(cfg config.Config, s spec.Spec) error {
-	dir := cfg.Persist.Dir
-	key := "persist.dir in reft.toml"
-	if s.PersistDir != "" {
-		dir, key = s.PersistDir, "persist_dir= in --reft"
-	}
+	dir, key := persistDir(cfg, s)
 	if dir == "" {
 		return nil
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -35,12 +36,15 @@ type Info struct {
 
 // Server serves the local protocol (docs/PROTOCOL.md) on a Unix socket.
 type Server struct {
-	info  Info
-	store *tmpfs.Store // nil: snapshots disabled
-	log   zerolog.Logger
-	ln    *net.UnixListener
-	path  string
-	start time.Time
+	info    Info
+	store   *tmpfs.Store          // nil: snapshots disabled
+	peering func() *proto.Peering // nil: no peering (snapshots disabled)
+	// persist is the persistent tier (agent/persist); nil: off.
+	persist *persist.Persister
+	log     zerolog.Logger
+	ln      *net.UnixListener
+	path    string
+	start   time.Time
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
@@ -80,6 +84,10 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 // AttachStore gives the server the job's snapshot store; call it before
 // Serve. Without one, snapshot requests get a `disabled` error.
 func (s *Server) AttachStore(st *tmpfs.Store) { s.store = st }
+
+// AttachPeering gives the status reply its peering section; call it
+// before Serve.
+func (s *Server) AttachPeering(f func() *proto.Peering) { s.peering = f }
 
 // Path returns the socket path.
 func (s *Server) Path() string { return s.path }
@@ -235,7 +243,15 @@ func (s *Server) Status() proto.Status {
 		PID: os.Getpid(), UptimeSeconds: time.Since(s.start).Seconds(),
 		Clients: int(s.clients.Load()), Connections: s.accepted.Load(), BadFrames: s.badFrames.Load(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
+		Peering: s.peeringStatus(),
 	}
+}
+
+func (s *Server) peeringStatus() *proto.Peering {
+	if s.peering == nil {
+		return nil
+	}
+	return s.peering()
 }
 
 func (s *Server) rankStatus() []proto.RankStatus {

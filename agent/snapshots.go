@@ -76,12 +76,7 @@ func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zer
 		}
 		return s.register(c, rc, f.ID, req, log)
 	case proto.TGenerations:
-		out := proto.GenerationsReply{Rank: rc.key.Rank, Generations: []proto.GenInfo{}}
-		for _, g := range s.store.Generations(rc.key) {
-			if !g.Bad {
-				out.Generations = append(out.Generations, proto.GenInfo{Step: g.Step, Seq: g.Seq, Bytes: payloadBytes(g.Manifest.Buffers)})
-			}
-		}
+		out := proto.GenerationsReply{Rank: rc.key.Rank, Generations: s.generationList(rc.key.Rank, log)}
 		return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, out)
 	}
 	if f.Type == proto.TCommit {
@@ -156,6 +151,9 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 		return replyErr(c, id, storeErr(err), "register rank %d (%d bytes per generation): %v", req.Rank, size, err)
 	}
 	rc.registered, rc.key, rc.spec, rc.arenaSize = true, key, spec, size
+	if s.persist != nil {
+		s.persist.Registered(req.Rank, req.World)
+	}
 	rc.places = make([]proto.BufferPlace, len(bufs))
 	for i, b := range bufs {
 		rc.places[i] = proto.BufferPlace{Name: b.Name, Offset: b.Offset, Size: b.Size, Replicated: b.Replicated}
@@ -226,6 +224,9 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 		}
 		return replyErr(c, id, code, "commit of rank %d step %d: %v", rc.key.Rank, step, err)
 	}
+	if s.persist != nil {
+		s.persist.Committed(g) // queues a background write when due; never blocks
+	}
 	n := payloadBytes(g.Manifest.Buffers)
 	log.Debug().Str("event", "committed").Int("rank", rc.key.Rank).Int64("step", step).Uint64("seq", g.Seq).
 		Int64("bytes", n).Dur("checksum", crcTime).Msg("generation committed")
@@ -246,6 +247,13 @@ func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log ze
 		have = append(have, h.Step)
 		if !found && (step < 0 || h.Step == step) {
 			g, found = h, true
+		}
+	}
+	if !found {
+		var replied bool
+		var err error
+		if g, found, replied, err = s.restorePersistent(c, rc, id, step, have, log); replied {
+			return err
 		}
 	}
 	if !found {
@@ -271,6 +279,9 @@ func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log ze
 		rc.restored = map[int64]*tmpfs.Reader{}
 	}
 	rc.restored[g.Step] = r
+	if s.persist != nil {
+		s.persist.Restored(rc.key.Rank, g.Step)
+	}
 	log.Info().Str("event", "restore_local").Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
 		Int64("bytes", payloadBytes(g.Manifest.Buffers)).Dur("verify", time.Since(t0)).Msg("serving a local restore")
 	return proto.WriteMsg(c, proto.TRestore|proto.ReplyBit, id, proto.ArenaReply{

@@ -224,6 +224,8 @@ type Status struct {
 	StoreDir      string  `json:"store_dir"`
 	// Ranks lists what the store holds per rank (own state, shard "state").
 	Ranks []RankStatus `json:"ranks,omitempty"`
+	// Peering is the connections to the job's other agents.
+	Peering *Peering `json:"peering,omitempty"`
 }
 
 // RankStatus is one rank's snapshots on this node, in a status reply.
@@ -320,7 +322,16 @@ type GenInfo struct {
 	Step  int64  `json:"step"`
 	Seq   uint64 `json:"seq"`
 	Bytes int64  `json:"bytes"`
+	// Source is where the agent holds it: SourceMemory (the node-local
+	// store) or SourcePersistent (the persistent directory only).
+	Source string `json:"source"`
 }
+
+// Generation sources.
+const (
+	SourceMemory     = "memory"
+	SourcePersistent = "persistent"
+)
 
 // GenerationsReply is the payload of a generations reply.
 type GenerationsReply struct {

@@ -1,0 +1,513 @@
+package persist
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/reft-hpc/reft/tmpfs"
+)
+
+const (
+	manifestFile = "MANIFEST"
+	dataFile     = "data"
+	markerFile   = "COMMITTED"
+	badFile      = "BAD"
+	tmpPrefix    = ".tmp-"
+	trashPrefix  = ".trash-"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// marker is the COMMITTED file: it pins the manifest by length and
+// checksum and the data file by length, so a torn or altered copy never
+// reads as committed.
+type marker struct {
+	Step          int64     `json:"step"`
+	Seq           uint64    `json:"seq"`
+	ManifestBytes int       `json:"manifest_bytes"`
+	ManifestCRC   uint32    `json:"manifest_crc32c"`
+	DataBytes     int64     `json:"data_bytes"`
+	Node          string    `json:"node"`
+	Written       time.Time `json:"written"`
+}
+
+// Generation is a committed persistent generation of one rank.
+type Generation struct {
+	Rank     int
+	Step     int64
+	Dir      string
+	Bad      bool
+	Manifest tmpfs.Manifest
+}
+
+// Bytes is the payload of the generation (the buffers, without padding).
+func (g Generation) Bytes() int64 {
+	var n int64
+	for _, b := range g.Manifest.Buffers {
+		n += b.Size
+	}
+	return n
+}
+
+// Store is one job's persistent directory, <dir>/<jobid>.
+type Store struct {
+	job  string
+	node string
+	dir  string
+	uid  int // the job's user: every directory must be its own
+
+	hook func(point string) // crash tests stop the process at named points
+}
+
+// OpenStore makes (or checks) <dir>/<job> for the job's user.
+func OpenStore(dir, job, node string, uid int) (*Store, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("persistent directory %q must be an absolute path", dir)
+	}
+	if job == "" || strings.ContainsAny(job, "/.") || node == "" || strings.Contains(node, "/") {
+		return nil, fmt.Errorf("persistent directory: bad job id %q or node %q", job, node)
+	}
+	s := &Store{job: job, node: node, dir: filepath.Join(dir, job), uid: uid}
+	created, err := s.mkdir(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		if err := syncDir(dir); err != nil {
+			return nil, fmt.Errorf("persistent directory: fsync %s: %w", dir, err)
+		}
+	}
+	return s, nil
+}
+
+// Dir is <dir>/<jobid>.
+func (s *Store) Dir() string { return s.dir }
+
+func (s *Store) rankDir(rank int) string { return filepath.Join(s.dir, "r"+strconv.Itoa(rank)) }
+
+func genName(step int64) string { return "g" + strconv.FormatInt(step, 10) }
+
+func parseGenName(name string) (int64, bool) {
+	st, err := strconv.ParseInt(strings.TrimPrefix(name, "g"), 10, 64)
+	return st, err == nil && st >= 0 && genName(st) == name
+}
+
+func (s *Store) at(point string) {
+	if s.hook != nil {
+		s.hook(point)
+	}
+}
+
+// mkdir makes d with mode 0700, or checks that an existing d is a directory
+// of the job's user; a wider mode of our own is narrowed. Another owner is
+// refused: its owner could read or replace the job's checkpoints.
+func (s *Store) mkdir(d string) (created bool, err error) {
+	if err := os.Mkdir(d, 0o700); err == nil {
+		return true, os.Chmod(d, 0o700) // whatever the umask
+	} else if !errors.Is(err, os.ErrExist) {
+		return false, fmt.Errorf("persistent directory: create %s: %w (persist_dir / [persist] dir must be writable by the job's user)", d, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(d, &st); err != nil {
+		return false, fmt.Errorf("persistent directory: inspect %s: %w", d, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != s.uid {
+		return false, fmt.Errorf("persistent directory: refusing %s: it must be a directory of uid %d, but is uid %d mode %o; "+
+			"someone else may have made it to read or replace this job's checkpoints: remove it", d, s.uid, st.Uid, st.Mode&0o7777)
+	}
+	if st.Mode&0o077 != 0 {
+		if err := os.Chmod(d, 0o700); err != nil {
+			return false, fmt.Errorf("persistent directory: chmod 0700 %s: %w", d, err)
+		}
+	}
+	return false, nil
+}
+
+// Written is the outcome of one Write.
+type Written struct {
+	Dir     string
+	Bytes   int64 // data file size
+	Already bool  // an identical generation was there; nothing written
+	Removed []int64
+}
+
+// Write copies the generation r pins to <dir>/<job>/r<rank>/g<step>,
+// streaming the arena chunk by chunk and checking each chunk's CRC-32C as
+// it goes (memory corrupted since the commit is never persisted). Then it
+// applies retention: the new step and the newest older one are kept,
+// steps above the new one and above abandonedAbove (>= 0: a step the job
+// has restored since the last write) are removed.
+func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64) (Written, error) {
+	m := r.Manifest()
+	rank, step := m.Rank, m.Step
+	rdir := s.rankDir(rank)
+	final := filepath.Join(rdir, genName(step))
+	created, err := s.mkdir(rdir)
+	if err != nil {
+		return Written{}, err
+	}
+	if created {
+		if err := syncDir(s.dir); err != nil {
+			return Written{}, fmt.Errorf("persistent write: fsync %s: %w", s.dir, err)
+		}
+	}
+	if old, err := s.read(rank, final, step); err == nil && !old.Bad && sameChecksums(&old.Manifest, m) {
+		return Written{Dir: final, Already: true}, nil
+	}
+	s.removeStale(rdir)
+	tmp := filepath.Join(rdir, fmt.Sprintf("%s%s-%s-%d", tmpPrefix, genName(step), s.node, os.Getpid()))
+	if err := os.RemoveAll(tmp); err != nil {
+		return Written{}, fmt.Errorf("persistent write: remove leftover %s: %w", tmp, err)
+	}
+	if _, err := s.mkdir(tmp); err != nil {
+		return Written{}, err
+	}
+	n, err := s.fill(ctx, tmp, r)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return Written{}, err
+	}
+	s.at("write:synced")
+	if err := s.replace(tmp, final); err != nil {
+		os.RemoveAll(tmp)
+		return Written{}, err
+	}
+	s.at("write:renamed")
+	removed := s.prune(rank, step, abandonedAbove)
+	return Written{Dir: final, Bytes: n, Removed: removed}, nil
+}
+
+// fill writes data, MANIFEST and COMMITTED into the temporary directory tmp.
+func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, error) {
+	m := r.Manifest()
+	fail := func(what string, err error) (int64, error) {
+		return 0, fmt.Errorf("persistent write of rank %d step %d: %s: %w", m.Rank, m.Step, what, err)
+	}
+	f, err := os.OpenFile(filepath.Join(tmp, dataFile), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fail("create data file", err)
+	}
+	defer f.Close()
+	var off int64
+	zeros := make([]byte, 64<<10)
+	pad := func(to int64) error {
+		for off < to {
+			k := min(to-off, int64(len(zeros)))
+			if _, err := f.Write(zeros[:k]); err != nil {
+				return err
+			}
+			off += k
+		}
+		return nil
+	}
+	for _, b := range m.Buffers {
+		if err := pad(b.Offset); err != nil {
+			return fail("write data file", err)
+		}
+		for i := range b.CRC32C {
+			if err := ctx.Err(); err != nil {
+				return fail("stopped", err)
+			}
+			p, want, err := r.Chunk(b.Name, i)
+			if err != nil {
+				return fail("read arena", err)
+			}
+			if got := crc32.Checksum(p, castagnoli); got != want {
+				return fail("arena", fmt.Errorf("%w: buffer %q chunk %d stored %#08x, memory now %#08x; not persisted (host memory corrupted since the commit)",
+					tmpfs.ErrCorrupt, b.Name, i, want, got))
+			}
+			if _, err := f.Write(p); err != nil {
+				return fail("write data file", err)
+			}
+			off += int64(len(p))
+			if off >= m.ArenaSize/2 {
+				s.at("write:half")
+			}
+		}
+	}
+	if err := pad(m.ArenaSize); err != nil {
+		return fail("write data file", err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail("fsync data file", err)
+	}
+	if err := f.Close(); err != nil {
+		return fail("close data file", err)
+	}
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return fail("manifest", err)
+	}
+	if err := writeSynced(filepath.Join(tmp, manifestFile), raw); err != nil {
+		return fail("write manifest", err)
+	}
+	mk, _ := json.Marshal(marker{Step: m.Step, Seq: m.Seq, ManifestBytes: len(raw), ManifestCRC: crc32.Checksum(raw, castagnoli),
+		DataBytes: off, Node: s.node, Written: time.Now().UTC()})
+	if err := writeSynced(filepath.Join(tmp, markerFile), mk); err != nil {
+		return fail("write commit marker", err)
+	}
+	if err := syncDir(tmp); err != nil {
+		return fail("fsync directory", err)
+	}
+	return off, nil
+}
+
+// replace renames tmp to final. A final of the same step from an abandoned
+// timeline is moved aside first and removed once the new one is in place.
+func (s *Store) replace(tmp, final string) error {
+	var trash string
+	if _, err := os.Lstat(final); err == nil {
+		trash = filepath.Join(filepath.Dir(final), fmt.Sprintf("%s%s-%s-%d", trashPrefix, filepath.Base(final), s.node, os.Getpid()))
+		if err := os.Rename(final, trash); err != nil {
+			return fmt.Errorf("persistent write: move the older %s aside: %w", final, err)
+		}
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return fmt.Errorf("persistent write: rename %s into place: %w", tmp, err)
+	}
+	if err := syncDir(filepath.Dir(final)); err != nil {
+		return fmt.Errorf("persistent write: fsync %s: %w", filepath.Dir(final), err)
+	}
+	if trash != "" {
+		removeGen(trash)
+	}
+	return nil
+}
+
+// removeStale removes what crashed writers left in a rank directory.
+func (s *Store) removeStale(rdir string) {
+	ents, _ := os.ReadDir(rdir)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), tmpPrefix) || strings.HasPrefix(e.Name(), trashPrefix) {
+			os.RemoveAll(filepath.Join(rdir, e.Name()))
+		}
+	}
+}
+
+// prune keeps step and the newest good generation below it, and removes
+// everything else: older generations, newer ones (an abandoned timeline:
+// the job is at step now) and those above abandonedAbove.
+func (s *Store) prune(rank int, step, abandonedAbove int64) []int64 {
+	gens, _ := s.List(rank)
+	older := false
+	var removed []int64
+	for _, g := range gens { // newest first
+		keep := false
+		switch {
+		case g.Step == step:
+			keep = true
+		case g.Step > step, abandonedAbove >= 0 && g.Step > abandonedAbove, g.Bad:
+		case !older:
+			keep, older = true, true
+		}
+		if !keep {
+			removeGen(g.Dir)
+			removed = append(removed, g.Step)
+		}
+	}
+	// Directories that never committed (not made by a writer of this
+	// package) are not generations; remove them with the rest.
+	ents, _ := os.ReadDir(s.rankDir(rank))
+	for _, e := range ents {
+		if st, ok := parseGenName(e.Name()); ok && !slices.ContainsFunc(gens, func(g Generation) bool { return g.Step == st }) {
+			os.RemoveAll(filepath.Join(s.rankDir(rank), e.Name()))
+		}
+	}
+	return removed
+}
+
+// removeGen removes the commit marker first, so that no reader counts the
+// generation as committed while its files go.
+func removeGen(dir string) {
+	os.Remove(filepath.Join(dir, markerFile))
+	os.RemoveAll(dir)
+}
+
+// List returns the committed generations of rank, newest (largest step)
+// first, bad ones flagged.
+func (s *Store) List(rank int) ([]Generation, error) {
+	rdir := s.rankDir(rank)
+	ents, err := os.ReadDir(rdir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("persistent directory: list %s: %w", rdir, err)
+	}
+	var out []Generation
+	for _, e := range ents {
+		step, ok := parseGenName(e.Name())
+		if !ok || !e.IsDir() {
+			continue
+		}
+		g, err := s.read(rank, filepath.Join(rdir, e.Name()), step)
+		if err != nil {
+			continue // not committed
+		}
+		out = append(out, g)
+	}
+	slices.SortFunc(out, func(a, b Generation) int { return cmp.Compare(b.Step, a.Step) })
+	return out, nil
+}
+
+// read reads and checks a generation directory; an error means it is not
+// a committed generation of rank and step.
+func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
+	mb, err := os.ReadFile(filepath.Join(dir, markerFile))
+	if err != nil {
+		return Generation{}, fmt.Errorf("no commit marker: %w", err)
+	}
+	var mk marker
+	if err := json.Unmarshal(mb, &mk); err != nil {
+		return Generation{}, fmt.Errorf("unreadable commit marker: %w", err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, manifestFile))
+	if err != nil {
+		return Generation{}, fmt.Errorf("no manifest: %w", err)
+	}
+	if len(raw) != mk.ManifestBytes || crc32.Checksum(raw, castagnoli) != mk.ManifestCRC || mk.Step != step {
+		return Generation{}, errors.New("manifest does not match its commit marker (torn or altered)")
+	}
+	g := Generation{Rank: rank, Step: step, Dir: dir}
+	if err := json.Unmarshal(raw, &g.Manifest); err != nil {
+		return Generation{}, fmt.Errorf("unreadable manifest: %w", err)
+	}
+	if m := g.Manifest; m.Rank != rank || m.Step != step || m.JobID != s.job || m.ArenaSize != mk.DataBytes || m.ChunkSize <= 0 {
+		return Generation{}, fmt.Errorf("manifest is for job %s rank %d step %d (%d bytes), found as job %s rank %d step %d (%d bytes)",
+			m.JobID, m.Rank, m.Step, m.ArenaSize, s.job, rank, step, mk.DataBytes)
+	}
+	_, err = os.Stat(filepath.Join(dir, badFile))
+	g.Bad = err == nil
+	return g, nil
+}
+
+// CorruptError names the persisted chunks whose bytes do not match their
+// CRC-32C.
+type CorruptError struct {
+	File   string
+	Rank   int
+	Step   int64
+	Chunks []tmpfs.BadChunk
+	Short  string // the data file is shorter or longer than the manifest says
+}
+
+func (e *CorruptError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "persistent checkpoint %s (rank %d step %d) is corrupt:", e.File, e.Rank, e.Step)
+	if e.Short != "" {
+		b.WriteString(" " + e.Short + ";")
+	}
+	for i, c := range e.Chunks {
+		if i == 8 {
+			fmt.Fprintf(&b, " and %d more chunk(s);", len(e.Chunks)-i)
+			break
+		}
+		fmt.Fprintf(&b, " buffer %q chunk %d (file bytes %d..%d) stored %#08x read %#08x;", c.Buffer, c.Index, c.Offset, c.Offset+c.Length, c.Want, c.Got)
+	}
+	b.WriteString(" it is marked bad; restore an older step")
+	return b.String()
+}
+
+func (e *CorruptError) Unwrap() error { return tmpfs.ErrCorrupt }
+
+// Load reads generation g into the arena regions dst gives per buffer,
+// verifying every chunk's CRC-32C as it lands. A mismatch is a
+// *CorruptError naming the file and every bad chunk; the generation is
+// marked bad so that it is not listed again.
+func (s *Store) Load(g Generation, dst func(name string) ([]byte, error)) error {
+	m := g.Manifest
+	path := filepath.Join(g.Dir, dataFile)
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("persistent restore of rank %d step %d: %w", g.Rank, g.Step, err)
+	}
+	defer f.Close()
+	cerr := &CorruptError{File: path, Rank: g.Rank, Step: g.Step}
+	if st, err := f.Stat(); err != nil {
+		return fmt.Errorf("persistent restore: stat %s: %w", path, err)
+	} else if st.Size() != m.ArenaSize {
+		cerr.Short = fmt.Sprintf("the data file has %d bytes, the manifest %d", st.Size(), m.ArenaSize)
+		s.markBad(g, cerr)
+		return cerr
+	}
+	for _, b := range m.Buffers {
+		p, err := dst(b.Name)
+		if err != nil {
+			return fmt.Errorf("persistent restore of rank %d step %d: %w", g.Rank, g.Step, err)
+		}
+		if int64(len(p)) != b.Size {
+			return fmt.Errorf("persistent restore of rank %d step %d: buffer %q has %d bytes, the arena region %d", g.Rank, g.Step, b.Name, b.Size, len(p))
+		}
+		for i, want := range b.CRC32C {
+			lo, hi := int64(i)*m.ChunkSize, min(int64(i+1)*m.ChunkSize, b.Size)
+			if _, err := f.ReadAt(p[lo:hi], b.Offset+lo); err != nil {
+				return fmt.Errorf("persistent restore: read %s at %d: %w", path, b.Offset+lo, err)
+			}
+			if got := crc32.Checksum(p[lo:hi], castagnoli); got != want {
+				cerr.Chunks = append(cerr.Chunks, tmpfs.BadChunk{Buffer: b.Name, Index: i, Offset: b.Offset + lo, Length: hi - lo, Want: want, Got: got})
+			}
+		}
+	}
+	if len(cerr.Chunks) > 0 {
+		s.markBad(g, cerr)
+		return cerr
+	}
+	return nil
+}
+
+func (s *Store) markBad(g Generation, err error) {
+	_ = writeSynced(filepath.Join(g.Dir, badFile), []byte(err.Error()+"\n"))
+}
+
+func sameChecksums(a, b *tmpfs.Manifest) bool {
+	if a.ArenaSize != b.ArenaSize || a.ChunkSize != b.ChunkSize || len(a.Buffers) != len(b.Buffers) {
+		return false
+	}
+	for i := range a.Buffers {
+		x, y := a.Buffers[i], b.Buffers[i]
+		if x.Name != y.Name || x.Offset != y.Offset || x.Size != y.Size || !slices.Equal(x.CRC32C, y.CRC32C) {
+			return false
+		}
+	}
+	return true
+}
+
+// writeSynced creates path (0600) with data and fsyncs it.
+func writeSynced(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
