@@ -185,10 +185,12 @@ func (iv *Interval) update() {
 	}
 	old := iv.period
 	iv.period = p
-	msg := fmt.Sprintf("persistent checkpoints every %d steps: %s at %s per step (measured over steps %d..%d) is %.1f steps, "+
-		"rounded to a power of two so that every node persists the same steps", p, why, st.Round(time.Millisecond), iv.s0, iv.s1, ideal)
+	msg := fmt.Sprintf("%s at %s per step (measured over steps %d..%d) is %.1f steps, "+
+		"rounded to a power of two so that every node persists the same steps", why, st.Round(time.Millisecond), iv.s0, iv.s1, ideal)
 	if old > 0 {
 		msg = fmt.Sprintf("persistent checkpoint interval changed from %d to %d steps: %s", old, p, msg)
+	} else {
+		msg = fmt.Sprintf("persistent checkpoints every %d steps: %s", p, msg)
 	}
 	iv.log.Info().Str("event", "persist_interval").Str("persist", iv.policy.String()).Int64("interval_steps", p).
 		Float64("step_seconds", st.Seconds()).Float64("target_seconds", target.Seconds()).Float64("o_seconds", iv.o.Seconds()).
