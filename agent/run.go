@@ -113,6 +113,8 @@ func Run(ctx context.Context, o Options) error {
 		}
 		defer store.Close()
 		srv.AttachStore(store)
+		peers := startPeering(ctx, cfg, o, store, srv, logger) // in the background: start-up does not wait
+		defer peers.Close()                                    // before store.Close: it serves the store
 		if pdir == "" {
 			logger.Info().Str("event", "persist_off").Msg("persistent checkpoints off: " + why)
 		} else {

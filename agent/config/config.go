@@ -73,6 +73,9 @@ type Agent struct {
 	PeerSecret string `toml:"peer_secret"`
 	// StartTimeout is how long a step waits for its node's agent to answer.
 	StartTimeout Duration `toml:"start_timeout"`
+	// SlurmConf is slurm.conf's path for the agent's scontrol calls (the
+	// job's nodes and their addresses); "": scontrol's default.
+	SlurmConf string `toml:"slurm_conf"`
 }
 
 // Heartbeat is the failure detector between agents.
@@ -178,6 +181,7 @@ func (c Config) Validate() error {
 		abs("persist.dir", c.Persist.Dir, true),
 		abs("agent.binary", c.Agent.Binary, false),
 		abs("agent.run_dir", c.Agent.RunDir, false),
+		abs("agent.slurm_conf", c.Agent.SlurmConf, true),
 		abs("log.dir", c.Log.Dir, false),
 	} {
 		if e != nil {

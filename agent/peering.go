@@ -1,0 +1,124 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/tmpfs"
+)
+
+// peering runs the agent's mesh (agent/mesh). It starts in the background:
+// learning the job's nodes asks slurmctld, which may be slow, and the
+// agent's socket must answer the job's steps at once.
+type peering struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu  sync.Mutex
+	m   *mesh.Mesh
+	off error // why peering is off; nil while starting or on
+}
+
+// startPeering starts the mesh over store; Close stops it. A failure turns
+// peering off, said once in the log (event peering_off) and in the status
+// reply; the agent keeps serving its node.
+func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpfs.Store, srv *Server, log zerolog.Logger) *peering {
+	p := &peering{done: make(chan struct{})}
+	ctx, p.cancel = context.WithCancel(ctx)
+	srv.AttachPeering(p.status)
+	go func() {
+		defer close(p.done)
+		m, err := openMesh(ctx, cfg, o, store, log)
+		if ctx.Err() != nil { // the agent is stopping: nothing to report
+			if m != nil {
+				m.Close()
+			}
+			return
+		}
+		p.mu.Lock()
+		p.m, p.off = m, err
+		p.mu.Unlock()
+		if err != nil {
+			log.Warn().Str("event", "peering_off").Err(err).
+				Msg("peering with the job's other agents is off: snapshots stay on this node, and no peer can restore from it")
+		}
+	}()
+	return p
+}
+
+func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.Store, log zerolog.Logger) (*mesh.Mesh, error) {
+	pc, err := peer.FromAgentConfig(cfg, peer.Config{Job: o.Job, UID: o.UID, Node: o.Node, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := checkAuth(ctx, pc.Auth, o.UID); err != nil {
+		return nil, err
+	}
+	return mesh.Start(ctx, mesh.Config{Peer: pc}, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)
+}
+
+// checkAuth makes and opens one credential, so that a broken MUNGE setup
+// (no munge program, munged down) turns peering off with its cause at
+// start rather than failing every handshake later.
+func checkAuth(ctx context.Context, a peer.Authenticator, uid int) error {
+	msg := []byte("reft-agent self-check")
+	tok, err := a.Seal(ctx, msg)
+	if err != nil {
+		return fmt.Errorf("peer authentication (agent.peer_auth = %q) does not work here: %w", a.Method(), err)
+	}
+	got, by, err := a.Open(ctx, tok)
+	switch {
+	case err != nil:
+		return fmt.Errorf("peer authentication (agent.peer_auth = %q) cannot check its own credential: %w", a.Method(), err)
+	case by != uid || string(got) != string(msg):
+		return fmt.Errorf("peer authentication (agent.peer_auth = %q): our own credential reads as uid %d, want %d", a.Method(), by, uid)
+	}
+	return nil
+}
+
+// Close stops the mesh, waiting for a start in progress.
+func (p *peering) Close() {
+	if p == nil {
+		return
+	}
+	p.cancel()
+	<-p.done
+	p.mu.Lock()
+	m := p.m
+	p.mu.Unlock()
+	if m != nil {
+		m.Close()
+	}
+}
+
+func (p *peering) status() *proto.Peering {
+	p.mu.Lock()
+	m, off := p.m, p.off
+	p.mu.Unlock()
+	switch {
+	case off != nil:
+		return &proto.Peering{State: proto.PeeringOff, Reason: off.Error()}
+	case m == nil:
+		return &proto.Peering{State: proto.PeeringStarting}
+	}
+	self := m.Self()
+	st := &proto.Peering{State: proto.PeeringOn, Listen: net.JoinHostPort(self.Addr, strconv.Itoa(m.Addr().Port)), Peers: []proto.PeerStatus{}}
+	for _, ps := range m.Peers() {
+		e := proto.PeerStatus{Node: ps.Node.Name, Index: ps.Node.Index, Addr: ps.Addr, Connected: ps.Connected}
+		if ps.Err != nil && !errors.Is(ps.Err, context.Canceled) {
+			e.Error = ps.Err.Error()
+		}
+		st.Peers = append(st.Peers, e)
+	}
+	return st
+}
