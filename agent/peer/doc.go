@@ -4,7 +4,8 @@
 // docs/PEER_PROTOCOL.md is the wire specification; this package is its Go
 // implementation.
 //
-// A Server (Listen) binds the first free port of [agent] port_range and
+// A Server (Listen) binds the first free port of Config.Ports (agent/mesh:
+// the node's candidates) or else of [agent] port_range, and
 // serves a ChunkSource: StoreSource over the agent's *tmpfs.Store, or a
 // fake in tests. A Client dials lazily and keeps Config.ConnsPerPeer
 // authenticated connections per peer; many requests share one connection,
