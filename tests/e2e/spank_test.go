@@ -23,13 +23,16 @@ import (
 )
 
 // reftConf is the e2e reft.toml: node-private run and store directories
-// (each node has its own /dev/shm) and the checkout's agent.
+// (each node has its own /dev/shm), the checkout's agent, and the cluster's
+// slurm.conf for the agents' scontrol (slurmd gets it with -f, so the
+// agents cannot inherit it).
 const reftConf = `[store]
 tmpfs_root = "/dev/shm/reft"
 [agent]
 binary = %q
 run_dir = "/dev/shm/reft-run"
 start_timeout = "20s"
+slurm_conf = %q
 [log]
 dir = %q
 level = "debug"
@@ -51,7 +54,7 @@ func enableReft(t *testing.T) {
 	}
 	os.Chmod(logDir, 0o1777)
 	conf := filepath.Join(clusterDir, "etc", "reft-e2e.toml")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(reftConf, bin("reft-agent"), logDir)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(reftConf, bin("reft-agent"), filepath.Join(clusterDir, "etc", "slurm.conf"), logDir)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	line := filepath.Join(clusterDir, "etc", "plugstack.conf.d", "reft.conf")
