@@ -292,9 +292,11 @@ type StepReq struct {
 }
 
 // Commit is the payload of a commit request. CRC32C, when the client sends
-// it, holds per buffer the CRC-32C of every chunk (the register reply's
-// chunk_size) of the bytes it copied; the agent then records them instead of
-// reading the arena again.
+// it, holds per section (the save reply's Sections; one per buffer, of the
+// buffer's name, from an agent without sections) the CRC-32C of every
+// chunk (the register reply's chunk_size) of the section as the client
+// filled it; the agent then records them instead of reading the arena
+// again.
 type Commit struct {
 	Step   int64               `json:"step"`
 	CRC32C map[string][]uint32 `json:"crc32c,omitempty"`
@@ -302,11 +304,38 @@ type Commit struct {
 
 // ArenaReply is the payload of save and restore replies.
 type ArenaReply struct {
-	Step      int64         `json:"step"`
-	Seq       uint64        `json:"seq,omitempty"`
-	Arena     string        `json:"arena"`
-	ArenaSize int64         `json:"arena_size"`
-	Buffers   []BufferPlace `json:"buffers"`
+	Step      int64  `json:"step"`
+	Seq       uint64 `json:"seq,omitempty"`
+	Arena     string `json:"arena"`
+	ArenaSize int64  `json:"arena_size"`
+	// Buffers are the registered buffers; Offset is where a buffer lies
+	// whole in the arena, or -1 when it does not (a client that ignores
+	// Regions then fails its bounds check instead of copying wrong bytes).
+	Buffers []BufferPlace `json:"buffers"`
+	// Regions say what to copy: nil (an agent from before regions) means
+	// every buffer whole at its Buffers offset. Not omitempty: an empty
+	// list (only empty buffers) is not an absent one.
+	Regions []Region `json:"regions"`
+	// Sections are the checksummed arena ranges; nil with Regions.
+	Sections []Section `json:"sections"`
+}
+
+// Region is a byte range of a registered buffer and its place in the
+// arena: a save copies Buffer[Offset:Offset+Size] to
+// arena[ArenaOffset:ArenaOffset+Size], a restore copies it back.
+type Region struct {
+	Buffer      string `json:"buffer"`
+	Offset      int64  `json:"offset"`
+	Size        int64  `json:"size"`
+	ArenaOffset int64  `json:"arena_offset"`
+}
+
+// Section is an arena range the agent checksums in chunk_size chunks; a
+// commit's CRC32C is keyed by section name.
+type Section struct {
+	Name        string `json:"name"`
+	ArenaOffset int64  `json:"arena_offset"`
+	Size        int64  `json:"size"`
 }
 
 // CommitReply is the payload of a commit reply.
