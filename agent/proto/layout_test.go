@@ -37,7 +37,11 @@ func TestCheckLayout(t *testing.T) {
 			r[2].Size, r[3].Offset, r[3].ArenaOffset, r[3].Size = 292, 292, 8292, 6708
 			return s, r
 		}, "not inside one section", "not inside one section"},
-		{"region outside every section", func(s []Section, r []Region) ([]Section, []Region) { r[3].ArenaOffset = 15100; r[3].Size = 100; return s, r }, "not inside one section", "not inside one section"},
+		{"region outside every section", func(s []Section, r []Region) ([]Section, []Region) {
+			r[3].ArenaOffset = 15100
+			r[3].Size = 100
+			return s, r
+		}, "not inside one section", "not inside one section"},
 		{"gap in a section", func(s []Section, r []Region) ([]Section, []Region) { return s, r[1:] }, "fill 3192 of its 8192", ""},
 		{"overlap in a buffer", func(s []Section, r []Region) ([]Section, []Region) { r[2].Offset = 100; return s, r }, "", "must not overlap in a buffer"},
 		{"duplicate section", func(s []Section, r []Region) ([]Section, []Region) { s[1].Name = "a"; return s, r }, "not unique", "not unique"},
