@@ -35,6 +35,7 @@ type Config struct {
 	Agent     Agent     `toml:"agent"`
 	Heartbeat Heartbeat `toml:"heartbeat"`
 	Log       Log       `toml:"log"`
+	Run       Run       `toml:"run"`
 }
 
 // Store is the node-local snapshot store.
@@ -92,6 +93,22 @@ type Log struct {
 	Level string `toml:"level"`
 }
 
+// Run is `reft run`'s relaunch policy (flags of the same names override it).
+type Run struct {
+	// MaxRestarts caps the relaunches of one `reft run`.
+	MaxRestarts int `toml:"max_restarts"`
+	// MaxStalled is how many relaunches in a row may end with no newer
+	// generation committed before `reft run` gives up.
+	MaxStalled int `toml:"max_stalled"`
+	// Backoff is the wait before the first relaunch; it doubles with each
+	// stalled relaunch up to BackoffMax.
+	Backoff    Duration `toml:"backoff"`
+	BackoffMax Duration `toml:"backoff_max"`
+	// ProbeTimeout bounds the step that asks every node's agent for its
+	// state after a failure.
+	ProbeTimeout Duration `toml:"probe_timeout"`
+}
+
 // Default returns the configuration used for every key the file leaves out.
 func Default() Config {
 	return Config{
@@ -113,6 +130,8 @@ func Default() Config {
 			Timeout:  Duration(2 * time.Second),
 		},
 		Log: Log{Dir: "/var/log/reft", Level: "info"},
+		Run: Run{MaxRestarts: 10, MaxStalled: 3, Backoff: Duration(time.Second),
+			BackoffMax: Duration(time.Minute), ProbeTimeout: Duration(30 * time.Second)},
 	}
 }
 
@@ -213,6 +232,25 @@ func (c Config) Validate() error {
 	case "trace", "debug", "info", "warn", "error":
 	default:
 		return fmt.Errorf("log.level = %q: valid levels: trace, debug, info, warn, error", c.Log.Level)
+	}
+	return c.Run.Validate()
+}
+
+// Validate checks the relaunch policy; `reft run` calls it again after
+// applying its flags. Messages name the reft.toml key; the flag has the
+// same name with dashes.
+func (r Run) Validate() error {
+	switch {
+	case r.MaxRestarts < 0:
+		return fmt.Errorf("run.max_restarts = %d: want >= 0 (0: never relaunch)", r.MaxRestarts)
+	case r.MaxStalled < 1:
+		return fmt.Errorf("run.max_stalled = %d: want >= 1 relaunches without a newer committed generation", r.MaxStalled)
+	case r.Backoff < 0:
+		return fmt.Errorf("run.backoff = %s: want >= 0", r.Backoff)
+	case r.BackoffMax < r.Backoff:
+		return fmt.Errorf("run.backoff_max = %s is below run.backoff = %s", r.BackoffMax, r.Backoff)
+	case r.ProbeTimeout <= 0:
+		return fmt.Errorf("run.probe_timeout = %s: want > 0", r.ProbeTimeout)
 	}
 	return nil
 }

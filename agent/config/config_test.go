@@ -59,6 +59,9 @@ func TestParseValid(t *testing.T) {
 		{"failure rate", "[persist]\nfailures_per_node_day = 0.5", func(c Config) bool { return c.Persist.FailuresPerNodeDay == 0.5 }},
 		{"failure rate int", "[persist]\nfailures_per_node_day = 2", func(c Config) bool { return c.Persist.FailuresPerNodeDay == 2 }},
 		{"log", "[log]\nlevel = \"debug\"\ndir = \"/l\"", func(c Config) bool { return c.Log.Level == "debug" && c.Log.Dir == "/l" }},
+		{"run", "[run]\nmax_restarts = 0\nmax_stalled = 1\nbackoff = \"0s\"\nbackoff_max = \"0s\"\nprobe_timeout = \"5s\"", func(c Config) bool {
+			return c.Run == Run{MaxRestarts: 0, MaxStalled: 1, ProbeTimeout: Duration(5 * time.Second)}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -98,6 +101,11 @@ func TestParseInvalid(t *testing.T) {
 		{"fraction above one", "[store]\nmemory_budget = 1.5", "fraction of MemTotal"},
 		{"bad size", "[store]\nmemory_budget = \"lots\"", "memory_budget"},
 		{"budget bool", "[store]\nmemory_budget = true", "memory_budget"},
+		{"negative restarts", "[run]\nmax_restarts = -1", "run.max_restarts = -1: want >= 0"},
+		{"zero stalled", "[run]\nmax_stalled = 0", "run.max_stalled = 0: want >= 1"},
+		{"backoff above max", "[run]\nbackoff = \"2m\"", "run.backoff_max = 1m0s is below run.backoff = 2m0s"},
+		{"zero probe timeout", "[run]\nprobe_timeout = \"0s\"", "run.probe_timeout = 0s: want > 0"},
+		{"run key miscased", "[run]\nMax_Restarts = 1", `unknown key "run.Max_Restarts"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
