@@ -10,7 +10,9 @@
 //	    r<rank>/<shard>/         one per rank and protected shard
 //	        arena-<n>            snapshot bytes; reused by later generations
 //	        g<step>-<seq>/       one generation
-//	            MANIFEST         JSON: step, rank, layout, buffers, CRC-32C per chunk
+//	            MANIFEST         JSON: step, rank, layout, sections ("buffers"), CRC-32C
+//	                             per chunk, the rank's buffers ("sources") and where
+//	                             their bytes lie ("regions")
 //	            COMMITTED        marker naming the manifest's length and CRC
 //	            BAD              present once a restore found a corrupt chunk
 //

@@ -67,10 +67,18 @@ type BufferSpec struct {
 
 // Spec describes a generation to be written.
 type Spec struct {
-	Step      int64
-	Layout    string // the job's parallel layout, recorded as given
+	Step   int64
+	Layout string // the job's parallel layout, recorded as given
+	// Buffers are the arena's checksummed sections, laid out in order.
+	// Without Regions each is the registered buffer of its name, whole.
 	Buffers   []BufferSpec
 	ChunkSize int64 // 0: the store's
+	// Sources and Regions, when set, are recorded in the manifest: the
+	// rank's registered buffers and which of their bytes lie where in the
+	// arena (every region inside one of Buffers), so that a restore copies
+	// back exactly what the save copied in.
+	Sources []Source
+	Regions []Region
 }
 
 // bufferAlign keeps every buffer page-aligned in the arena, so a client can

@@ -1,12 +1,14 @@
 package tmpfs
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -36,8 +38,88 @@ type Manifest struct {
 	Arena     string    `json:"arena"` // file name in the shard directory
 	ArenaSize int64     `json:"arena_size"`
 	ChunkSize int64     `json:"chunk_size"`
-	Buffers   []Buffer  `json:"buffers"`
-	Created   time.Time `json:"created"`
+	// Buffers are the arena's checksummed sections (the name is from
+	// before regions, when each was one registered buffer, as it still is
+	// in a manifest without Regions).
+	Buffers []Buffer  `json:"buffers"`
+	Created time.Time `json:"created"`
+	// Sources are the rank's registered buffers, in registration order;
+	// Regions place byte ranges of them in the arena, each inside one of
+	// Buffers. Both absent (manifests from before regions): each buffer is
+	// a source, whole; see SourceList and RegionList.
+	Sources []Source `json:"sources,omitempty"`
+	Regions []Region `json:"regions,omitempty"`
+}
+
+// Source is a buffer the rank registered, as a generation saw it.
+type Source struct {
+	Name       string `json:"name"`
+	Size       int64  `json:"size"`
+	Replicated bool   `json:"replicated,omitempty"`
+}
+
+// Region is a byte range [Offset, Offset+Size) of source Buffer and its
+// place in the arena, at ArenaOffset.
+type Region struct {
+	Buffer      string `json:"buffer"`
+	Offset      int64  `json:"offset"`
+	Size        int64  `json:"size"`
+	ArenaOffset int64  `json:"arena_offset"`
+}
+
+// SourceList is the generation's registered buffers.
+func (m *Manifest) SourceList() []Source {
+	if m.Sources != nil || m.Regions != nil {
+		return m.Sources
+	}
+	out := make([]Source, len(m.Buffers))
+	for i, b := range m.Buffers {
+		out[i] = Source{Name: b.Name, Size: b.Size, Replicated: b.Replicated}
+	}
+	return out
+}
+
+// RegionList is where the generation's source bytes lie in the arena:
+// Regions, or for a manifest from before regions each non-empty buffer
+// whole at its offset.
+func (m *Manifest) RegionList() []Region {
+	if m.Sources != nil || m.Regions != nil {
+		return m.Regions
+	}
+	out := make([]Region, 0, len(m.Buffers))
+	for _, b := range m.Buffers {
+		if b.Size > 0 {
+			out = append(out, Region{Buffer: b.Name, Size: b.Size, ArenaOffset: b.Offset})
+		}
+	}
+	return out
+}
+
+// checkRegions checks that every region lies within its source and
+// inside one of bufs (sorted by offset, not overlapping), and that no two
+// overlap in the arena.
+func checkRegions(sources []Source, bufs []Buffer, regions []Region) error {
+	size := make(map[string]int64, len(sources))
+	for _, s := range sources {
+		size[s.Name] = s.Size
+	}
+	regs := slices.Clone(regions)
+	slices.SortFunc(regs, func(a, b Region) int { return cmp.Compare(a.ArenaOffset, b.ArenaOffset) })
+	for i, r := range regs {
+		n, ok := size[r.Buffer]
+		if !ok || r.Size <= 0 || r.Offset < 0 || r.Offset > n || r.Size > n-r.Offset {
+			return fmt.Errorf("region [%d, +%d) of %q is empty or not within a source buffer", r.Offset, r.Size, r.Buffer)
+		}
+		if i > 0 && regs[i-1].ArenaOffset+regs[i-1].Size > r.ArenaOffset {
+			return fmt.Errorf("regions of %q and %q overlap at arena offset %d", regs[i-1].Buffer, r.Buffer, r.ArenaOffset)
+		}
+		if !slices.ContainsFunc(bufs, func(b Buffer) bool {
+			return b.Offset <= r.ArenaOffset && r.ArenaOffset <= b.Offset+b.Size && r.Size <= b.Offset+b.Size-r.ArenaOffset
+		}) {
+			return fmt.Errorf("region [%d, +%d) of %q at arena offset %d is not inside one section", r.Offset, r.Size, r.Buffer, r.ArenaOffset)
+		}
+	}
+	return nil
 }
 
 // Buffer is one buffer's place in the arena and its chunk checksums:
@@ -90,6 +172,9 @@ func (m *Manifest) check(step int64, seq uint64, arenaSize int64) error {
 			return fmt.Errorf("buffer %q has %d checksums for %d chunks", b.Name, len(b.CRC32C), chunks(b.Size, m.ChunkSize))
 		}
 		end = b.Offset + b.Size
+	}
+	if err := checkRegions(m.SourceList(), m.Buffers, m.RegionList()); err != nil {
+		return err
 	}
 	return nil
 }

@@ -44,6 +44,12 @@ func (s *Store) Begin(k Key, spec Spec) (*Ongoing, error) {
 	for i := range bufs {
 		bufs[i].CRC32C = make([]uint32, chunks(bufs[i].Size, cs))
 	}
+	if spec.Regions != nil && spec.Sources == nil {
+		return nil, fmt.Errorf("tmpfs: step %d has regions but no sources; give the registered buffers they come from", spec.Step)
+	}
+	if err := checkRegions(spec.Sources, bufs, spec.Regions); err != nil {
+		return nil, fmt.Errorf("tmpfs: step %d: %w", spec.Step, err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ks, err := s.key(k)
@@ -60,6 +66,7 @@ func (s *Store) Begin(k Key, spec Spec) (*Ongoing, error) {
 	o := &Ongoing{s: s, ks: ks, dir: filepath.Join(ks.dir, genName(spec.Step, seq)), m: &Manifest{
 		Format: manifestFormat, JobID: s.opt.JobID, Rank: k.Rank, Shard: k.Shard, Step: spec.Step, Seq: seq,
 		Layout: spec.Layout, ChunkSize: cs, Buffers: bufs,
+		Sources: slices.Clone(spec.Sources), Regions: slices.Clone(spec.Regions),
 	}}
 	if err := s.mkdir(o.dir); err != nil {
 		return nil, s.saveFailed(k, spec.Step, size, err)
@@ -308,6 +315,7 @@ func (s *Store) view(ks *keyState, g *gen) Generation {
 		b.CRC32C = slices.Clone(b.CRC32C)
 		m.Buffers[i] = b
 	}
+	m.Sources, m.Regions = slices.Clone(g.m.Sources), slices.Clone(g.m.Regions)
 	return Generation{Key: ks.key, Step: g.m.Step, Seq: g.m.Seq, Bad: g.bad, ArenaPath: filepath.Join(ks.dir, g.m.Arena), Manifest: m}
 }
 

@@ -291,6 +291,16 @@ func TestBadSpecs(t *testing.T) {
 		"shard path":     {Key{Shard: "../x"}, Spec{Step: 1, Buffers: []BufferSpec{{Name: "a", Size: 1}}}},
 		"negative rank":  {Key{Rank: -1, Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{Name: "a", Size: 1}}}},
 		"tiny chunks":    {Key{Shard: "state"}, Spec{Step: 1, ChunkSize: 100, Buffers: []BufferSpec{{Name: "a", Size: 1}}}},
+		"regions without sources": {Key{Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{Name: "s", Size: 10}},
+			Regions: []Region{{Buffer: "a", Size: 10}}}},
+		"region of an unknown source": {Key{Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{Name: "s", Size: 10}},
+			Sources: []Source{{Name: "a", Size: 10}}, Regions: []Region{{Buffer: "b", Size: 10}}}},
+		"region beyond its source": {Key{Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{Name: "s", Size: 10}},
+			Sources: []Source{{Name: "a", Size: 10}}, Regions: []Region{{Buffer: "a", Offset: 1, Size: 10}}}},
+		"region beyond its section": {Key{Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{Name: "s", Size: 10}},
+			Sources: []Source{{Name: "a", Size: 20}}, Regions: []Region{{Buffer: "a", Size: 11}}}},
+		"overlapping regions": {Key{Shard: "state"}, Spec{Step: 1, Buffers: []BufferSpec{{Name: "s", Size: 10}},
+			Sources: []Source{{Name: "a", Size: 20}}, Regions: []Region{{Buffer: "a", Size: 6}, {Buffer: "a", Offset: 6, Size: 4, ArenaOffset: 5}}}},
 	}
 	for name, tc := range tests {
 		if _, err := s.Begin(tc.k, tc.spec); err == nil {
@@ -388,5 +398,48 @@ func TestSpareArenaForPinnedReader(t *testing.T) {
 				t.Fatalf("%d arenas after the pin of step %d closed, want %d", n, checkArena, 2+tc.spare)
 			}
 		})
+	}
+}
+
+// TestRegionsInManifest: a generation's sources and regions survive a
+// restart of the store (restore needs them), and a manifest without them
+// (written before regions) reads as one whole region per buffer.
+func TestRegionsInManifest(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "reft")
+	k := Key{Rank: 1, Shard: DefaultShard}
+	sources := []Source{{Name: "w", Size: 10_000, Replicated: true}, {Name: "m", Size: 3}}
+	spec := Spec{Step: 4, Buffers: []BufferSpec{{Name: "a", Size: 5003}, {Name: "b", Size: 5000}}, Sources: sources}
+	secs, _, err := Plan(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	regions := []Region{{Buffer: "m", Size: 3, ArenaOffset: 0}, {Buffer: "w", Offset: 5000, Size: 5000, ArenaOffset: 3},
+		{Buffer: "w", Size: 5000, ArenaOffset: secs[1].Offset}}
+	spec.Regions = regions
+	s := openStore(t, root, nil)
+	o, err := s.Begin(k, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	old := save(t, s, Key{Rank: 2, Shard: DefaultShard}, 1, testBuffers)
+	s.Close()
+	s = openStore(t, root, nil)
+	g, ok := s.Latest(k)
+	if !ok || !slices.Equal(g.Manifest.SourceList(), sources) || !slices.Equal(g.Manifest.RegionList(), regions) {
+		t.Fatalf("after a restart: %v, sources %+v regions %+v", ok, g.Manifest.SourceList(), g.Manifest.RegionList())
+	}
+	var want []Region
+	var wantSrc []Source
+	for _, b := range old.Manifest.Buffers {
+		wantSrc = append(wantSrc, Source{Name: b.Name, Size: b.Size, Replicated: b.Replicated})
+		if b.Size > 0 {
+			want = append(want, Region{Buffer: b.Name, Size: b.Size, ArenaOffset: b.Offset})
+		}
+	}
+	if m := old.Manifest; !slices.Equal(m.SourceList(), wantSrc) || !slices.Equal(m.RegionList(), want) {
+		t.Fatalf("a manifest without regions: sources %+v regions %+v, want %+v %+v", m.SourceList(), m.RegionList(), wantSrc, want)
 	}
 }
