@@ -28,16 +28,16 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // Manifest describes one generation: what a restore needs to find and
 // verify every byte.
 type Manifest struct {
-	Format    int       `json:"format"`
-	JobID     string    `json:"job_id"`
-	Rank      int       `json:"rank"`
-	Shard     string    `json:"shard"`
-	Step      int64     `json:"step"`
-	Seq       uint64    `json:"seq"`
-	Layout    string    `json:"layout,omitempty"`
-	Arena     string    `json:"arena"` // file name in the shard directory
-	ArenaSize int64     `json:"arena_size"`
-	ChunkSize int64     `json:"chunk_size"`
+	Format    int    `json:"format"`
+	JobID     string `json:"job_id"`
+	Rank      int    `json:"rank"`
+	Shard     string `json:"shard"`
+	Step      int64  `json:"step"`
+	Seq       uint64 `json:"seq"`
+	Layout    string `json:"layout,omitempty"`
+	Arena     string `json:"arena"` // file name in the shard directory
+	ArenaSize int64  `json:"arena_size"`
+	ChunkSize int64  `json:"chunk_size"`
 	// Buffers are the arena's checksummed sections (the name is from
 	// before regions, when each was one registered buffer, as it still is
 	// in a manifest without Regions).
