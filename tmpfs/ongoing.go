@@ -148,17 +148,18 @@ func (s *Store) newSlot(ks *keyState, size int64) (*slot, error) {
 	return sl, nil
 }
 
-// trimSpares frees all but 1+Options.Spare free arenas: the next save
-// needs one, a pinned generation may hold the spares, and more is memory
-// the job does not use.
+// trimSpares frees free arenas beyond what the rank needs: Keep+2+Spare
+// arenas in all (what Preallocate made), of which 1+Spare free (the next
+// save's and the pinned generations' spares). More is memory the job does
+// not use; fewer would make a later save allocate.
 func (s *Store) trimSpares(ks *keyState) {
-	spare := 0
+	total, limit, free := len(ks.arenas), s.opt.Keep+2+s.opt.Spare, 0
 	for name, sl := range ks.arenas {
 		if !sl.free() {
 			continue
 		}
-		if spare <= s.opt.Spare {
-			spare++
+		if free <= s.opt.Spare || total <= limit {
+			free++
 			continue
 		}
 		s.metrics.StoredBytes.Add(-sl.arena.Size())
@@ -166,6 +167,7 @@ func (s *Store) trimSpares(ks *keyState) {
 			s.log.Warn().Err(err).Msg("tmpfs: free a spare arena")
 		}
 		delete(ks.arenas, name)
+		total--
 	}
 }
 

@@ -83,8 +83,9 @@ func TestRetention(t *testing.T) {
 			if got := steps(s.Generations(k)); !slices.Equal(got, tc.want) {
 				t.Fatalf("kept %v, want %v", got, tc.want)
 			}
-			// Disk agrees: one directory per kept generation, and arenas
-			// for them plus at most one spare for the next save.
+			// Disk agrees: one directory per kept generation, and no more
+			// arenas than the rank's working set (Keep+2: the next saves
+			// reuse them rather than allocate).
 			ents, _ := os.ReadDir(filepath.Join(s.Dir(), k.rel()))
 			var gens, arenas int
 			for _, e := range ents {
@@ -94,8 +95,8 @@ func TestRetention(t *testing.T) {
 					arenas++
 				}
 			}
-			if gens != len(tc.want) || arenas > len(tc.want)+1 {
-				t.Fatalf("on disk: %d generations, %d arenas; want %d and at most %d", gens, arenas, len(tc.want), len(tc.want)+1)
+			if gens != len(tc.want) || arenas > tc.keep+2 {
+				t.Fatalf("on disk: %d generations, %d arenas; want %d and at most %d", gens, arenas, len(tc.want), tc.keep+2)
 			}
 			s.Close()
 			s2 := openStore(t, root, func(o *Options) { o.Keep = tc.keep })
@@ -362,28 +363,36 @@ func TestDiscardedWriterKeepsItsArena(t *testing.T) {
 func TestSpareArenaForPinnedReader(t *testing.T) {
 	bufs := []BufferSpec{{Name: "params", Size: 1 << 20}}
 	for _, tc := range []struct {
-		spare      int
-		wantArenas int // after saves while a pin is held
+		keep, spare int
+		wantArenas  int // after saves while a pin is held
 	}{
-		{0, 3}, // one allocated in the middle of training
-		{1, 3}, // preallocated at registration
+		{0, 0, 3}, // one allocated in the middle of training
+		{0, 1, 3}, // preallocated at registration
+		{1, 0, 4},
+		{1, 1, 4}, // the agent's store with persistent checkpoints on
 	} {
-		t.Run(fmt.Sprintf("spare=%d", tc.spare), func(t *testing.T) {
-			s := openStore(t, filepath.Join(t.TempDir(), "reft"), func(o *Options) { o.Spare = tc.spare })
+		t.Run(fmt.Sprintf("keep=%d,spare=%d", tc.keep, tc.spare), func(t *testing.T) {
+			s := openStore(t, filepath.Join(t.TempDir(), "reft"), func(o *Options) { o.Keep, o.Spare = tc.keep, tc.spare })
 			k := Key{Shard: DefaultShard}
 			if err := s.Preallocate(k, Spec{Buffers: bufs}); err != nil {
 				t.Fatal(err)
 			}
-			pre := s.Metrics().StoredBytes.Load() / (1 << 20)
-			if pre != int64(2+tc.spare) {
-				t.Fatalf("preallocated %d arenas, want %d", pre, 2+tc.spare)
+			want := int64(tc.keep + 2 + tc.spare)
+			if pre := s.Metrics().StoredBytes.Load() / (1 << 20); pre != want {
+				t.Fatalf("preallocated %d arenas, want %d", pre, want)
 			}
 			g := save(t, s, k, 1, bufs)
+			for st := int64(2); st <= 3; st++ {
+				if n := s.Metrics().StoredBytes.Load() / (1 << 20); n != want {
+					t.Fatalf("%d arenas before save %d, want the %d preallocated", n, st, want)
+				}
+				g = save(t, s, k, st, bufs)
+			}
 			r, err := s.Open(g)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for st := int64(2); st <= 6; st++ {
+			for st := int64(4); st <= 8; st++ {
 				save(t, s, k, st, bufs)
 			}
 			if n := s.Metrics().StoredBytes.Load() / (1 << 20); n != int64(tc.wantArenas) {
@@ -391,11 +400,11 @@ func TestSpareArenaForPinnedReader(t *testing.T) {
 			}
 			checkArena := r.Manifest().Step
 			r.Close()
-			for st := int64(7); st <= 9; st++ {
+			for st := int64(9); st <= 11; st++ {
 				save(t, s, k, st, bufs)
 			}
-			if n := s.Metrics().StoredBytes.Load() / (1 << 20); n != int64(2+tc.spare) {
-				t.Fatalf("%d arenas after the pin of step %d closed, want %d", n, checkArena, 2+tc.spare)
+			if n := s.Metrics().StoredBytes.Load() / (1 << 20); n != want {
+				t.Fatalf("%d arenas after the pin of step %d closed, want %d", n, checkArena, want)
 			}
 		})
 	}
