@@ -84,8 +84,9 @@ func (p *Persister) Registered(rank, world int) {
 }
 
 // Restored tells the persister that rank resumed from step: persisted
-// steps above it are an abandoned timeline, removed by the rank's next
-// write (not at once: the job may still fall back to them).
+// steps above it are an abandoned timeline. They are no longer listed (a
+// later job-wide choice must not mix them with the new timeline's steps)
+// and the rank's next write removes them.
 func (p *Persister) Restored(rank int, step int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -165,18 +166,25 @@ func (p *Persister) run() {
 			p.log.Error().Str("event", "persist_failed").Int("rank", m.Rank).Int64("step", m.Step).Err(err).
 				Msg("persistent write failed; the node-local snapshots are unaffected, the next due step is tried again")
 		case w.Already:
+			p.clearAbandoned(m.Rank, above)
 			p.log.Debug().Str("event", "persisted").Int("rank", m.Rank).Int64("step", m.Step).Str("dir", w.Dir).
-				Msg("persistent checkpoint already there")
+				Ints64("removed", w.Removed).Msg("persistent checkpoint already there, with the same bytes")
 		default:
 			p.roundTime += d
 			p.roundOK = true
-			if cur, ok := p.abandoned[m.Rank]; ok && cur == above {
-				delete(p.abandoned, m.Rank)
-			}
+			p.clearAbandoned(m.Rank, above)
 			p.log.Info().Str("event", "persisted").Int("rank", m.Rank).Int64("step", m.Step).Int64("bytes", w.Bytes).
 				Dur("duration", d).Str("dir", w.Dir).Ints64("removed", w.Removed).Msg("persistent checkpoint written")
 		}
 		p.mu.Unlock()
+	}
+}
+
+// clearAbandoned drops the rank's abandoned-timeline mark once a write
+// with it has removed those steps, unless a newer restore moved it.
+func (p *Persister) clearAbandoned(rank int, above int64) {
+	if cur, ok := p.abandoned[rank]; ok && cur == above {
+		delete(p.abandoned, rank)
 	}
 }
 
@@ -199,15 +207,19 @@ func (p *Persister) Close() {
 	p.wg.Wait()
 }
 
-// Generations lists rank's good persisted generations, newest first.
+// Generations lists rank's good persisted generations, newest first,
+// without those of an abandoned timeline (see Restored).
 func (p *Persister) Generations(rank int) ([]Generation, error) {
 	gens, err := p.disk.List(rank)
 	if err != nil {
 		return nil, err
 	}
+	p.mu.Lock()
+	above, abandoned := p.abandoned[rank]
+	p.mu.Unlock()
 	out := gens[:0]
 	for _, g := range gens {
-		if !g.Bad {
+		if !g.Bad && (!abandoned || g.Step <= above) {
 			out = append(out, g)
 		}
 	}

@@ -164,7 +164,9 @@ func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64
 		}
 	}
 	if old, err := s.read(rank, final, step); err == nil && !old.Bad && sameChecksums(&old.Manifest, m) {
-		return Written{Dir: final, Already: true}, nil
+		// The same bytes (a deterministic job redoing the step, or an
+		// agent restart): the copy is this timeline's; only retention.
+		return Written{Dir: final, Already: true, Removed: s.prune(rank, step, abandonedAbove)}, nil
 	}
 	s.removeStale(rdir)
 	tmp := filepath.Join(rdir, fmt.Sprintf("%s%s-%s-%d", tmpPrefix, genName(step), s.node, os.Getpid()))
