@@ -11,6 +11,8 @@ import (
 
 	"github.com/reft-hpc/reft/agent/sg/explain"
 	"github.com/reft-hpc/reft/launcher/plan"
+	"github.com/reft-hpc/reft/launcher/recoverylog"
+	reftrun "github.com/reft-hpc/reft/launcher/run"
 	"github.com/reft-hpc/reft/launcher/version"
 	"github.com/reft-hpc/reft/tmpfs/gc"
 )
@@ -25,9 +27,12 @@ type command struct {
 // commands is the subcommand table. Each subcommand lives in its own package
 // and is wired in with one line here.
 var commands = map[string]command{
-	"explain": {"which node failures a job's snapshots survive under a --reft spec, and why not", explain.Command},
-	"gc":      {"remove node-local snapshots of jobs no longer running or pending (--dry-run lists them)", gc.Command},
-	"plan":    {"reliability and cost planning (survival, placement, interval, memory, simulate)", plan.Main},
+	"explain":      {"which node failures a job's snapshots survive under a --reft spec, and why not", explain.Command},
+	"gc":           {"remove node-local snapshots of jobs no longer running or pending (--dry-run lists them)", gc.Command},
+	"log":          {"a job's recovery timeline: its Slurm steps joined with reft run's events (--json)", recoverylog.Command},
+	"plan":         {"reliability and cost planning (survival, placement, interval, memory, simulate)", plan.Main},
+	"run":          {"run a training step inside an allocation and relaunch it after failures", reftrun.Command},
+	"status-local": {"this node's agent status for a job, one JSON line (reft run's probe)", reftrun.StatusLocal},
 	"version": {"print the reft version", func(_ []string, stdout, _ io.Writer) int {
 		fmt.Fprintln(stdout, "reft", version.Version)
 		return 0
@@ -47,7 +52,7 @@ func usage() string {
 	var b strings.Builder
 	b.WriteString("usage: reft COMMAND [ARGS]\n\ncommands:\n")
 	for _, n := range names {
-		fmt.Fprintf(&b, "  %-10s %s\n", n, commands[n].summary)
+		fmt.Fprintf(&b, "  %-13s %s\n", n, commands[n].summary)
 	}
 	b.WriteString("\nRun 'reft COMMAND --help' for a command's options.\n")
 	return b.String()

@@ -1,0 +1,232 @@
+// Package recoverylog is the recovery timeline of a job: the events that
+// `reft run` writes, one zerolog JSON line each, to
+// <log dir>/<jobid>/recovery.jsonl (next to the agents' <node>.jsonl), the
+// one-line summary it keeps in the job's Comment, and `reft log`, which
+// joins the events with Slurm's accounting records (sacct).
+package recoverylog
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// FileName is the recovery log's name inside <log dir>/<jobid>/.
+const FileName = "recovery.jsonl"
+
+// Event names. The restore events summarize what the agents served (their
+// own logs have one line per rank); the others are reft run's decisions.
+const (
+	StepLaunched      = "step_launched"      // the first launch of the step
+	FailureDetected   = "failure_detected"   // the step failed; Kind says what failed
+	NodeExcluded      = "node_excluded"      // a lost node leaves the step for the rest of the allocation
+	StepRelaunched    = "step_relaunched"    // the step was launched again
+	RestoreLocal      = "restore_local"      // ranks of a node restored from its tmpfs
+	RestorePeer       = "restore_peer"       // ... fetched from a peer's copy
+	Decode            = "decode"             // ... rebuilt from parity
+	RestorePersistent = "restore_persistent" // ... loaded from the persistent directory
+	Resumed           = "resumed"            // every rank of the relaunched step has restored (or started over)
+	JobRequeued       = "job_requeued"       // a node was lost and no spare is left
+	GaveUp            = "gave_up"            // relaunch limit, or no progress
+	Stopped           = "stopped"            // a signal (Ctrl-C, scancel) ended reft run
+	Completed         = "completed"          // the step exited 0
+)
+
+// RestoreEvents are the agents' restore event names that reft run
+// summarizes per node.
+var RestoreEvents = []string{RestoreLocal, RestorePeer, Decode, RestorePersistent}
+
+// Failure kinds (Event.Kind of failure_detected).
+const (
+	KindRank  = "rank"  // a task died or exited non-zero; its node and agent answer
+	KindAgent = "agent" // a node's agent does not answer; the node does
+	KindNode  = "node"  // a node is lost: Slurm says it is down or not responding, or it cannot be reached
+	KindStep  = "step"  // srun failed without naming a task or a node (e.g. a launch error)
+)
+
+// Event is one line of the recovery log. Job, Step, Restart, Relaunch,
+// Node, Event, Spec, Generation, Bytes, DurationS and Cause are always
+// written; the rest only when set.
+type Event struct {
+	Time       time.Time `json:"time"`
+	Level      string    `json:"level,omitempty"`
+	Job        string    `json:"job"`
+	Step       string    `json:"step"`     // the Slurm step concerned, e.g. "42.3"; "" when unknown
+	Restart    int       `json:"restart"`  // SLURM_RESTART_COUNT: requeues of the job (as in the agents' logs)
+	Relaunch   int       `json:"relaunch"` // relaunches by this reft run inside the allocation so far
+	Node       string    `json:"node"`     // the node concerned; "" for job-wide events
+	Event      string    `json:"event"`
+	Spec       string    `json:"spec"`       // the --reft SPEC of the step
+	Generation int64     `json:"generation"` // snapshot step concerned; -1: none or unknown
+	Bytes      int64     `json:"bytes"`
+	DurationS  float64   `json:"duration_s"` // seconds; what it measures depends on the event
+	Cause      string    `json:"cause"`
+
+	Kind        string   `json:"kind,omitempty"`        // failure_detected: KindRank, ...
+	Nodes       []string `json:"nodes,omitempty"`       // launches: the step's nodes in rank order; failures: the nodes concerned
+	Ranks       []int    `json:"ranks,omitempty"`       // failed ranks, or the ranks a restore served
+	Replacement string   `json:"replacement,omitempty"` // node_excluded: the spare that takes its ranks
+	LostSteps   *int64   `json:"lost_steps,omitempty"`  // resumed: committed steps thrown away
+	ExitCode    *int     `json:"exit_code,omitempty"`   // srun's, or reft run's own when it ends
+	Message     string   `json:"message,omitempty"`
+}
+
+// Path is the recovery log of a job.
+func Path(logDir, job string) string {
+	return filepath.Join(logDir, safe(job), FileName)
+}
+
+// Writer appends events to a job's recovery log.
+type Writer struct {
+	mu   sync.Mutex
+	file io.WriteCloser
+	w    errWriter
+	zl   zerolog.Logger
+}
+
+// errWriter keeps the first write error, which zerolog itself only prints.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	n, err := e.w.Write(p)
+	if err != nil && e.err == nil {
+		e.err = err
+	}
+	return n, err
+}
+
+// Open creates or appends to the recovery log of job under logDir.
+func Open(logDir, job string) (*Writer, error) {
+	path := Path(logDir, job)
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("creating the recovery log's directory %s: %w (log.dir in reft.toml must be writable by job users, e.g. mode 1777)", filepath.Dir(path), err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("opening the recovery log %s: %w (check log.dir in reft.toml)", path, err)
+	}
+	return NewWriter(f), nil
+}
+
+// NewWriter writes events to w; Close closes w when it is an io.Closer.
+func NewWriter(w io.Writer) *Writer {
+	wr := &Writer{}
+	if c, ok := w.(io.WriteCloser); ok {
+		wr.file = c
+	}
+	wr.w = errWriter{w: w}
+	wr.zl = zerolog.New(&wr.w)
+	return wr
+}
+
+// Write appends one event as a JSON line, fields in a fixed order.
+func (w *Writer) Write(e Event) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	lvl := zerolog.InfoLevel
+	switch e.Level {
+	case "warn":
+		lvl = zerolog.WarnLevel
+	case "error":
+		lvl = zerolog.ErrorLevel
+	}
+	ev := w.zl.WithLevel(lvl).
+		Str("job", e.Job).Str("step", e.Step).Int("restart", e.Restart).Int("relaunch", e.Relaunch).
+		Str("node", e.Node).Str("event", e.Event).Str("spec", e.Spec).
+		Int64("generation", e.Generation).Int64("bytes", e.Bytes).
+		Float64("duration_s", math.Round(e.DurationS*1e6)/1e6).Str("cause", e.Cause)
+	if e.Kind != "" {
+		ev = ev.Str("kind", e.Kind)
+	}
+	if len(e.Nodes) > 0 {
+		ev = ev.Strs("nodes", e.Nodes)
+	}
+	if len(e.Ranks) > 0 {
+		ev = ev.Ints("ranks", e.Ranks)
+	}
+	if e.Replacement != "" {
+		ev = ev.Str("replacement", e.Replacement)
+	}
+	if e.LostSteps != nil {
+		ev = ev.Int64("lost_steps", *e.LostSteps)
+	}
+	if e.ExitCode != nil {
+		ev = ev.Int("exit_code", *e.ExitCode)
+	}
+	ev.Str("time", e.Time.UTC().Format(time.RFC3339Nano)).Msg(e.Message)
+	if w.w.err != nil {
+		return fmt.Errorf("writing the recovery log: %w", w.w.err)
+	}
+	return nil
+}
+
+// Close closes the underlying file.
+func (w *Writer) Close() error {
+	if w.file == nil {
+		return nil
+	}
+	return w.file.Close()
+}
+
+// Read parses a recovery log. Lines that are not events (a torn last line,
+// foreign text) are skipped and reported in bad, one error per line.
+func Read(r io.Reader) (events []Event, bad []error, err error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		var e Event
+		if jerr := json.Unmarshal(line, &e); jerr != nil || e.Event == "" {
+			if jerr == nil {
+				jerr = errors.New("no event field")
+			}
+			bad = append(bad, fmt.Errorf("line %d: %v", n, jerr))
+			continue
+		}
+		events = append(events, e)
+	}
+	return events, bad, sc.Err()
+}
+
+// ReadFile reads a job's recovery log; a missing file is no error and no events.
+func ReadFile(path string) ([]Event, []error, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the recovery log: %w", err)
+	}
+	defer f.Close()
+	ev, bad, err := Read(f)
+	if err != nil {
+		err = fmt.Errorf("reading the recovery log %s: %w", path, err)
+	}
+	return ev, bad, err
+}
+
+// safe keeps a path component from escaping the log directory (as the
+// agents' logging does).
+func safe(s string) string {
+	if s == "" || s == "." || s == ".." {
+		return "_"
+	}
+	return strings.NewReplacer("/", "_", "\x00", "_").Replace(s)
+}

@@ -1,0 +1,134 @@
+package run
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/proto"
+)
+
+// socketPath is the agent's socket, <run_dir>/<job>/agent.sock, as
+// agent.SocketPath has it (a test holds the two together; the launcher
+// does not link the agent).
+func socketPath(runDir, job string) string {
+	return filepath.Join(runDir, job, "agent.sock")
+}
+
+// QueryAgent asks the agent at sock for its status.
+func QueryAgent(ctx context.Context, sock string) (*proto.Status, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", sock)
+	if err != nil {
+		return nil, fmt.Errorf("no agent answers on %s: %w", sock, err)
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	var st proto.Status
+	if err := proto.Call(c, proto.TStatus, 1, nil, &st); err != nil {
+		return nil, fmt.Errorf("the agent on %s: status: %w", sock, err)
+	}
+	return &st, nil
+}
+
+// StatusLocal is `reft status-local`: one JSON line (an AgentReport) with
+// the status of this node's agent for a job. reft run runs it on every
+// step node after a failure; it exits 0 also when no agent answers, since
+// that is what the report says.
+func StatusLocal(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("reft status-local", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	confPath := fs.String("config", config.DefaultPath, "reft configuration `file` (for [agent] run_dir)")
+	job := fs.String("job", os.Getenv("SLURM_JOB_ID"), "job `id` (default $SLURM_JOB_ID)")
+	sock := fs.String("socket", "", "agent socket `path`; default <run_dir>/<job>/agent.sock")
+	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the agent")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: reft status-local [--config FILE] [--job ID]\n\n"+
+			"Prints this node's agent status for a job as one JSON line (reft run uses it).\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "reft status-local: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if *job == "" && *sock == "" {
+		fmt.Fprintln(stderr, "reft status-local: no job: run it inside a job step or give --job")
+		return 2
+	}
+	if *sock == "" {
+		c, err := config.Load(*confPath, true)
+		if err != nil {
+			fmt.Fprintln(stderr, "reft status-local:", err)
+			return 1
+		}
+		*sock = socketPath(c.Agent.RunDir, *job)
+	}
+	rep := AgentReport{Node: nodeName(), Job: *job}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	st, err := QueryAgent(ctx, *sock)
+	if err != nil {
+		rep.Error = err.Error()
+	} else {
+		rep.OK, rep.Status = true, st
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		fmt.Fprintln(stderr, "reft status-local:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s\n", b)
+	return 0
+}
+
+// nodeName is the Slurm node name of this process's node.
+func nodeName() string {
+	if n := os.Getenv("SLURMD_NODENAME"); n != "" {
+		return n
+	}
+	h, _ := os.Hostname()
+	return h
+}
+
+// ParseReports reads the probe step's output: one AgentReport per line.
+// Other lines are ignored; reports for nodes outside want are dropped.
+func ParseReports(out []byte, want []string) map[string]AgentReport {
+	got := map[string]AgentReport{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var r AgentReport
+		if json.Unmarshal([]byte(line), &r) != nil || r.Node == "" {
+			continue
+		}
+		for _, n := range want {
+			if n == r.Node {
+				got[n] = r
+			}
+		}
+	}
+	return got
+}

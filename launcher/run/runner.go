@@ -1,0 +1,542 @@
+package run
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/launcher/recoverylog"
+)
+
+// Runner launches the step, watches it and relaunches it. Run is its loop.
+type Runner struct {
+	Slurm    Slurm
+	Log      *recoverylog.Writer
+	Stdout   io.Writer // the step's stdout
+	Stderr   io.Writer // the step's stderr and reft run's own messages
+	Env      []string  // the environment srun gets (SLURM_HOSTFILE is added)
+	Job      string
+	Restart  int    // SLURM_RESTART_COUNT
+	Spec     string // canonical SPEC of the step
+	Plan     Plan
+	Policy   config.Run
+	Srun     string
+	SrunOpts []string
+	Command  []string
+	// JobLogDir is <log dir>/<job>: the agents' logs are read there, and
+	// the hostfiles written.
+	JobLogDir string
+	Signals   <-chan os.Signal
+	// Tick is how often a running step is looked at (step id, restores).
+	Tick time.Duration
+	// StopGrace is how long srun may take to end the step after SIGTERM
+	// before reft run cancels the step and kills srun.
+	StopGrace time.Duration
+	Now       func() time.Time
+
+	events  []recoverylog.Event
+	comment string
+	warned  map[string]bool
+}
+
+// attempt is one launch of the step.
+type attempt struct {
+	relaunch  int
+	start     time.Time
+	stepID    string // "42.3"; "" until known
+	announced bool
+	resumed   bool
+	outcome   Outcome
+	// For a relaunch: when the failure it recovers from was detected, the
+	// newest snapshot committed then, and how the relaunch recovers.
+	failedAt        time.Time
+	newestAtFailure int64
+	why             string
+}
+
+// stepSuffix is the step part of "42.3", as the agents' logs have it.
+func stepSuffix(id string) string {
+	_, s, _ := strings.Cut(id, ".")
+	return s
+}
+
+func (r *Runner) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *Runner) say(format string, a ...any) {
+	fmt.Fprintf(r.Stderr, "reft run: "+format+"\n", a...)
+}
+
+func (r *Runner) warnOnce(key, format string, a ...any) {
+	if r.warned == nil {
+		r.warned = map[string]bool{}
+	}
+	if !r.warned[key] {
+		r.warned[key] = true
+		r.say("warning: "+format, a...)
+	}
+}
+
+// emit writes an event, tells the user, and refreshes the Comment.
+func (r *Runner) emit(ctx context.Context, e recoverylog.Event) {
+	if e.Time.IsZero() {
+		e.Time = r.now()
+	}
+	e.Job, e.Restart, e.Spec = r.Job, r.Restart, r.Spec
+	if err := r.Log.Write(e); err != nil {
+		r.warnOnce("log", "%v; the recovery log misses events from here on", err)
+	}
+	r.events = append(r.events, e)
+	r.say("%s", recoverylog.Format(e))
+	if s := recoverylog.Summarize(r.events); s != "" && s != r.comment {
+		if err := r.Slurm.SetComment(ctx, r.Job, s); err != nil {
+			r.warnOnce("comment", "cannot keep the summary in the job's Comment: %v", err)
+		} else {
+			r.comment = s
+		}
+	}
+}
+
+func (r *Runner) event(name string, relaunch int) recoverylog.Event {
+	return recoverylog.Event{Event: name, Relaunch: relaunch, Generation: -1}
+}
+
+// Backoff is the wait before a relaunch after stalled relaunches in a row
+// without progress: base, doubled each time, at most max.
+func Backoff(base, max time.Duration, stalled int) time.Duration {
+	d := base
+	for i := 0; i < stalled && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
+}
+
+// Run runs the step until it completes, reft run gives up or requeues the
+// job, or a signal stops it; it returns reft run's exit code.
+func (r *Runner) Run(ctx context.Context) int {
+	if r.Tick <= 0 {
+		r.Tick = 250 * time.Millisecond
+	}
+	if r.StopGrace <= 0 {
+		r.StopGrace = time.Minute
+	}
+	watcher := NewWatcher(r.JobLogDir)
+	if r.Spec == "off" {
+		r.say("warning: --reft=off: the step takes no snapshots, so every relaunch starts over")
+	}
+	var (
+		relaunch          int
+		stalled           int
+		committedAtLaunch int64 = -1
+		began                   = r.now()
+		next                    = &attempt{newestAtFailure: -1}
+	)
+	for {
+		a := next
+		a.relaunch, a.start = relaunch, r.now()
+		if err := watcher.Mark(); err != nil {
+			r.warnOnce("watch", "%v; resumption will not be observed", err)
+		}
+		code, sig, err := r.runAttempt(ctx, a, watcher)
+		if err != nil {
+			r.say("%v", err)
+			return ExitError
+		}
+		if sig != nil {
+			return r.stopped(ctx, a, sig)
+		}
+		if code == 0 {
+			e := r.event(recoverylog.Completed, relaunch)
+			e.Step, e.DurationS, e.ExitCode = a.stepID, r.now().Sub(began).Seconds(), ptr(0)
+			e.Cause = "srun exited 0"
+			r.emit(ctx, e)
+			return ExitOK
+		}
+
+		// The step failed: what failed, and what was committed?
+		failedAt := a.outcome.FirstError
+		if failedAt.IsZero() {
+			failedAt = r.now()
+		}
+		h := r.health(ctx, a)
+		f := Classify(a.outcome, r.Plan, h)
+		newest, bytes := Committed(h)
+		fe := r.event(recoverylog.FailureDetected, relaunch)
+		fe.Time, fe.Step, fe.Kind, fe.Nodes, fe.Ranks, fe.Cause = failedAt, a.stepID, f.Kind, f.Nodes, f.Ranks, f.Cause
+		fe.Generation, fe.Bytes, fe.ExitCode = newest, bytes, ptr(a.outcome.Exit)
+		fe.DurationS = failedAt.Sub(a.start).Seconds()
+		if len(f.Nodes) == 1 {
+			fe.Node = f.Nodes[0]
+		}
+		fe.Level = "warn"
+		r.emit(ctx, fe)
+		next = &attempt{failedAt: failedAt, newestAtFailure: newest, why: relaunchWhy(f)}
+
+		// Progress: a relaunched attempt must have committed something newer
+		// than what existed when it started.
+		if relaunch > 0 {
+			if newest > committedAtLaunch {
+				stalled = 0
+			} else {
+				stalled++
+			}
+		}
+		if relaunch > 0 && stalled >= r.Policy.MaxStalled {
+			return r.gaveUp(ctx, relaunch, ExitStalled, fmt.Sprintf("%d relaunch(es) in a row committed no snapshot newer than %s (run.max_stalled = %d); the last failure: %s",
+				stalled, genText(committedAtLaunch), r.Policy.MaxStalled, recoverylog.Describe(fe)+": "+f.Cause))
+		}
+		if relaunch >= r.Policy.MaxRestarts {
+			return r.gaveUp(ctx, relaunch, ExitLimit, fmt.Sprintf("relaunch limit reached: %d relaunch(es) (run.max_restarts / --max-restarts = %d)",
+				relaunch, r.Policy.MaxRestarts))
+		}
+
+		if f.Kind == recoverylog.KindNode {
+			why, code, done := r.replaceNodes(ctx, relaunch, f)
+			if done {
+				return code
+			}
+			next.why = why
+		}
+
+		delay := Backoff(r.Policy.Backoff.D(), r.Policy.BackoffMax.D(), stalled)
+		if sig := r.wait(delay); sig != nil {
+			return r.stopped(ctx, a, sig)
+		}
+		committedAtLaunch = newest
+		relaunch++
+	}
+}
+
+// relaunchWhy says how a relaunch after f recovers.
+func relaunchWhy(f Failure) string {
+	switch f.Kind {
+	case recoverylog.KindRank:
+		return "rank failure: same nodes, every rank restores from its node's snapshots"
+	case recoverylog.KindAgent:
+		return "agent failure: same nodes; the step starts a new agent, which re-indexes the node's snapshots"
+	}
+	return f.Kind + " failure: same nodes"
+}
+
+func genText(g int64) string {
+	if g < 0 {
+		return "none"
+	}
+	return "step " + strconv.FormatInt(g, 10)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// runAttempt launches the step once and follows it until srun exits or a
+// signal arrives (sig != nil: srun is still running then).
+func (r *Runner) runAttempt(ctx context.Context, a *attempt, w *Watcher) (code int, sig os.Signal, err error) {
+	argv, env, err := r.argv(a.relaunch)
+	if err != nil {
+		return 0, nil, err
+	}
+	before, serr := r.Slurm.Steps(ctx, r.Job)
+	if serr != nil {
+		r.warnOnce("steps", "cannot list the job's steps (%v); events will not name the step", serr)
+	}
+	// The outcome is written by srun's stderr reader only, and read after
+	// srun has exited (done orders the two).
+	outcome := &a.outcome
+	proc, err := r.Slurm.Start(Launch{Argv: argv, Env: env, Stdout: r.Stdout, Stderr: r.Stderr,
+		OnStderr: outcome.Scan})
+	if err != nil {
+		return 0, nil, fmt.Errorf("cannot launch the step: %w (is srun on PATH? --srun names it)", err)
+	}
+	done := make(chan int, 1)
+	go func() { done <- proc.Wait() }()
+	tick := time.NewTicker(r.Tick)
+	defer tick.Stop()
+	for {
+		select {
+		case s := <-r.Signals:
+			r.stopStep(ctx, a, proc, done, s)
+			return 0, s, nil
+		case c := <-done:
+			outcome.Exit = c
+			r.follow(ctx, a, w, before, serr == nil, true)
+			return c, nil, nil
+		case <-tick.C:
+			r.follow(ctx, a, w, before, serr == nil, false)
+		}
+	}
+}
+
+// follow learns the step's id, announces the launch, and for a relaunch
+// watches the agents' logs until every rank has restored.
+func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[string]string, canList, ended bool) {
+	failedAt, newestAtFailure := a.failedAt, a.newestAtFailure
+	if a.stepID == "" && canList && !ended && r.now().Sub(a.start) < 30*time.Second {
+		if now, err := r.Slurm.Steps(ctx, r.Job); err == nil {
+			a.stepID = newStep(before, now, r.Job)
+		}
+	}
+	if !a.announced && (a.stepID != "" || ended || !canList || r.now().Sub(a.start) >= 30*time.Second) {
+		a.announced = true
+		name := recoverylog.StepRelaunched
+		if a.relaunch == 0 {
+			name = recoverylog.StepLaunched
+		}
+		e := r.event(name, a.relaunch)
+		e.Time, e.Step, e.Nodes = a.start, a.stepID, slices.Clone(r.Plan.Slots)
+		if a.relaunch > 0 {
+			e.DurationS, e.Cause = a.start.Sub(failedAt).Seconds(), a.why
+		}
+		r.emit(ctx, e)
+	}
+	if a.relaunch == 0 || a.resumed {
+		return
+	}
+	if err := w.Poll(); err != nil {
+		r.warnOnce("watch", "%v; resumption will not be observed", err)
+		return
+	}
+	step := stepSuffix(a.stepID)
+	world := r.Plan.Ranks()
+	restores := w.Restores(step)
+	switch {
+	case len(restores) >= world:
+		a.resumed = true
+		var last time.Time
+		gen := int64(-1)
+		var bytes int64
+		gens := map[int64]bool{}
+		for _, rr := range restores {
+			if rr.Time.After(last) {
+				last = rr.Time
+			}
+			if gen < 0 || rr.Generation < gen {
+				gen = rr.Generation
+			}
+			gens[rr.Generation] = true
+			bytes += rr.Bytes
+		}
+		for _, e := range RestoreSummaries(restores) {
+			e.Relaunch, e.Step = a.relaunch, a.stepID
+			r.emit(ctx, e)
+		}
+		e := r.event(recoverylog.Resumed, a.relaunch)
+		e.Time, e.Step, e.Generation, e.Bytes = last, a.stepID, gen, bytes
+		e.DurationS = last.Sub(failedAt).Seconds()
+		e.Cause = fmt.Sprintf("all %d ranks restored step %d", world, gen)
+		if len(gens) > 1 {
+			e.Cause = fmt.Sprintf("the %d ranks restored different steps (%v); the oldest is %d", world, keys(gens), gen)
+		}
+		if newestAtFailure >= gen {
+			e.LostSteps = ptr(newestAtFailure - gen)
+		}
+		r.emit(ctx, e)
+	case newestAtFailure < 0 && w.Registered(step) >= world:
+		// Nothing was committed before the failure: the ranks start over.
+		a.resumed = true
+		e := r.event(recoverylog.Resumed, a.relaunch)
+		e.Step, e.DurationS = a.stepID, r.now().Sub(failedAt).Seconds()
+		e.Cause = fmt.Sprintf("all %d ranks registered; nothing was committed before the failure", world)
+		r.emit(ctx, e)
+	case ended && len(restores) > 0:
+		for _, e := range RestoreSummaries(restores) {
+			e.Relaunch, e.Step = a.relaunch, a.stepID
+			r.emit(ctx, e)
+		}
+	}
+	if ended && !a.resumed {
+		if miss := w.MissingNodes(r.Plan.Slots); len(miss) > 0 {
+			r.warnOnce("agentlogs", "no agent log of %s in %s: reft run cannot see restores unless log.dir is on a filesystem this node shares",
+				strings.Join(miss, ","), r.JobLogDir)
+		}
+	}
+}
+
+func keys(m map[int64]bool) []int64 {
+	out := make([]int64, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// newStep picks the step that appeared since before: the lowest new
+// numeric step id that is not a probe.
+func newStep(before, now map[string]string, job string) string {
+	best, bestN := "", -1
+	for id, name := range now {
+		if _, old := before[id]; old || name == recoverylog.ProbeStepName {
+			continue
+		}
+		j, s, ok := strings.Cut(id, ".")
+		n, err := strconv.Atoi(s)
+		if !ok || j != job || err != nil {
+			continue
+		}
+		if bestN < 0 || n < bestN {
+			best, bestN = id, n
+		}
+	}
+	return best
+}
+
+// argv builds the srun command line and environment of an attempt, and
+// writes the hostfile.
+func (r *Runner) argv(relaunch int) ([]string, []string, error) {
+	hostfile := filepath.Join(r.JobLogDir, fmt.Sprintf("hostfile.%d", relaunch))
+	if err := os.MkdirAll(r.JobLogDir, 0o750); err != nil {
+		return nil, nil, fmt.Errorf("creating %s for the step's hostfile: %w (log.dir in reft.toml must be writable by job users)", r.JobLogDir, err)
+	}
+	if err := os.WriteFile(hostfile, []byte(r.Plan.Hostfile()), 0o640); err != nil {
+		return nil, nil, fmt.Errorf("writing the step's hostfile: %w", err)
+	}
+	argv := append([]string{r.Srun}, r.Plan.SrunArgs()...)
+	argv = append(argv, "--kill-on-bad-exit=1", "--reft="+r.Spec)
+	argv = append(argv, r.SrunOpts...)
+	argv = append(argv, r.Command...)
+	env := slices.DeleteFunc(slices.Clone(r.Env), func(kv string) bool { return strings.HasPrefix(kv, "SLURM_HOSTFILE=") })
+	return argv, append(env, "SLURM_HOSTFILE="+hostfile), nil
+}
+
+// health asks Slurm about the step's nodes and the agents on those that
+// Slurm still considers up.
+func (r *Runner) health(ctx context.Context, a *attempt) Health {
+	var h Health
+	states, err := r.Slurm.NodeStates(ctx, r.Job, r.Plan.Slots)
+	if err != nil {
+		r.say("warning: cannot ask Slurm about the nodes (%v); classifying from srun's messages and the agents", err)
+	} else {
+		h.NodeStates = states
+	}
+	var probe []string
+	for _, n := range r.Plan.Slots {
+		if slices.Contains(a.outcome.NodeFailures, n) {
+			continue
+		}
+		if h.NodeStates != nil && NodeLost(h.NodeStates[n]) != "" {
+			continue
+		}
+		probe = append(probe, n)
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.Policy.ProbeTimeout.D())
+	defer cancel()
+	h.Agents, h.ProbeErr = r.Slurm.Probe(pctx, r.Job, probe)
+	if h.ProbeErr != nil {
+		r.say("warning: %v", h.ProbeErr)
+	}
+	// Nodes not probed because Slurm calls them lost have no report; that
+	// is the node state's verdict, not the probe's.
+	return h
+}
+
+// replaceNodes excludes lost nodes and hands their slots to spares; with
+// none left it requeues the job (done is then true).
+func (r *Runner) replaceNodes(ctx context.Context, relaunch int, f Failure) (why string, code int, done bool) {
+	var swaps []string
+	for _, n := range f.Nodes {
+		spare, ok := r.Plan.Replace(n)
+		if !ok {
+			e := r.event(recoverylog.JobRequeued, relaunch)
+			e.Node, e.Level = n, "warn"
+			e.Cause = fmt.Sprintf("node %s lost and no spare left in the allocation (spares: %d used, excluded: %s); requeued to get new nodes",
+				n, len(r.Plan.Excluded), strings.Join(r.Plan.Excluded, ","))
+			e.ExitCode = ptr(ExitRequeued)
+			r.emit(ctx, e)
+			if err := r.Slurm.Requeue(ctx, r.Job); err != nil {
+				r.say("cannot requeue job %s: %v (submit with --requeue; an administrator may have disabled requeues with JobRequeue=0)", r.Job, err)
+				return "", ExitError, true
+			}
+			return "", ExitRequeued, true
+		}
+		if spare != "" {
+			swaps = append(swaps, spare+" in "+n+"'s place")
+		}
+		e := r.event(recoverylog.NodeExcluded, relaunch)
+		e.Node, e.Replacement, e.Level = n, spare, "warn"
+		e.Cause = f.Cause
+		if spare != "" {
+			e.Ranks = r.Plan.RanksOn(spare)
+		}
+		r.emit(ctx, e)
+	}
+	why = "node failure: " + strings.Join(swaps, ", ") + "; the other ranks restore from their nodes' snapshots"
+	if len(swaps) == 0 {
+		why = "node failure (a spare was lost): same nodes"
+	}
+	return why, 0, false
+}
+
+func (r *Runner) gaveUp(ctx context.Context, relaunch, code int, cause string) int {
+	e := r.event(recoverylog.GaveUp, relaunch)
+	e.Cause, e.Level, e.ExitCode = cause, "error", ptr(code)
+	r.emit(ctx, e)
+	return code
+}
+
+// wait sleeps d unless a signal comes first.
+func (r *Runner) wait(d time.Duration) os.Signal {
+	if d <= 0 {
+		select {
+		case s := <-r.Signals:
+			return s
+		default:
+			return nil
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case s := <-r.Signals:
+		return s
+	case <-t.C:
+		return nil
+	}
+}
+
+// stopStep ends a running step after a signal: SIGTERM to srun (which
+// cancels the step in Slurm); if srun outlives StopGrace or a second
+// signal comes, the step is cancelled with scancel and srun killed.
+func (r *Runner) stopStep(ctx context.Context, a *attempt, proc Proc, done chan int, sig os.Signal) {
+	r.say("%s: ending the step", sig)
+	if err := proc.Signal(syscall.SIGTERM); err != nil {
+		<-done // srun already gone
+		return
+	}
+	t := time.NewTimer(r.StopGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-r.Signals:
+	case <-t.C:
+	}
+	if a.stepID != "" {
+		if err := r.Slurm.Cancel(ctx, a.stepID); err != nil {
+			r.say("warning: %v", err)
+		}
+	}
+	proc.Signal(syscall.SIGKILL)
+	<-done
+}
+
+func (r *Runner) stopped(ctx context.Context, a *attempt, sig os.Signal) int {
+	code := 128 + 1
+	if s, ok := sig.(syscall.Signal); ok {
+		code = 128 + int(s)
+	}
+	e := r.event(recoverylog.Stopped, a.relaunch)
+	e.Step, e.Cause, e.ExitCode = a.stepID, "received "+sig.String(), ptr(code)
+	r.emit(ctx, e)
+	return code
+}

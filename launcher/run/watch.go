@@ -1,0 +1,258 @@
+package run
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/reft-hpc/reft/launcher/recoverylog"
+)
+
+// Watcher follows the agents' logs (<log dir>/<job>/<node>.jsonl) to see
+// the ranks of a relaunched step register and restore. The agents log
+// every restore they serve with the rank and the generation; that, not the
+// trainer's output, is how reft run learns that the step has resumed and
+// from which step. It needs log.dir on a filesystem that the node running
+// reft run sees (as `reft log` does); MissingNodes says when it is not.
+type Watcher struct {
+	dir     string
+	offsets map[string]int64
+	partial map[string][]byte
+	// step maps (node, client pid) to the Slurm step id its hello gave.
+	step map[pidKey]string
+	recs []agentRecord
+}
+
+type pidKey struct {
+	node string
+	pid  int
+}
+
+// agentRecord is a registration or a restore that an agent logged.
+type agentRecord struct {
+	Event      string // "rank_registered" or one of recoverylog.RestoreEvents
+	Node       string
+	Step       string // the client's step id ("" if its hello was not seen)
+	Rank       int
+	Generation int64
+	Bytes      int64
+	Duration   time.Duration
+	Time       time.Time
+}
+
+// agentLine is the part of an agent's log line that the watcher reads.
+type agentLine struct {
+	Time       time.Time `json:"time"`
+	Node       string    `json:"node"`
+	Event      string    `json:"event"`
+	Message    string    `json:"message"`
+	PeerPID    int       `json:"peer_pid"`
+	ClientStep *string   `json:"client_step"`
+	Rank       *int      `json:"rank"`
+	Generation *int64    `json:"generation"`
+	Bytes      int64     `json:"bytes"`
+	VerifyMS   float64   `json:"verify"`   // zerolog durations are milliseconds
+	DurationMS float64   `json:"duration"` // (restore_persistent)
+}
+
+// NewWatcher follows the agent logs in dir (<log dir>/<job>).
+func NewWatcher(dir string) *Watcher {
+	return &Watcher{dir: dir, offsets: map[string]int64{}, partial: map[string][]byte{}, step: map[pidKey]string{}}
+}
+
+// files lists the agents' logs: every .jsonl but reft run's own.
+func (w *Watcher) files() ([]string, error) {
+	ents, err := os.ReadDir(w.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the agents' log directory: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		n := e.Name()
+		if e.Type().IsRegular() && strings.HasSuffix(n, ".jsonl") && n != recoverylog.FileName {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// Mark skips what the logs hold now, and forgets what was read: Poll then
+// sees only what the agents log from here on.
+func (w *Watcher) Mark() error {
+	w.recs = nil
+	names, err := w.files()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		st, err := os.Stat(filepath.Join(w.dir, n))
+		if err != nil {
+			continue // rotated away between ReadDir and Stat
+		}
+		w.offsets[n] = st.Size()
+		delete(w.partial, n)
+	}
+	return nil
+}
+
+// Poll reads what the agents logged since the last call.
+func (w *Watcher) Poll() error {
+	names, err := w.files()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := w.readFile(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *Watcher) readFile(name string) error {
+	f, err := os.Open(filepath.Join(w.dir, name))
+	if err != nil {
+		return fmt.Errorf("reading an agent log: %w", err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() < w.offsets[name] {
+		w.offsets[name], w.partial[name] = 0, nil // truncated: start over
+	}
+	if _, err := f.Seek(w.offsets[name], io.SeekStart); err != nil {
+		return fmt.Errorf("reading an agent log: %w", err)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, 64<<20))
+	if err != nil {
+		return fmt.Errorf("reading an agent log: %w", err)
+	}
+	w.offsets[name] += int64(len(data))
+	data = append(w.partial[name], data...)
+	end := bytes.LastIndexByte(data, '\n')
+	if end < 0 {
+		w.partial[name] = data
+		return nil
+	}
+	w.partial[name] = slices.Clone(data[end+1:])
+	for _, line := range bytes.Split(data[:end], []byte{'\n'}) {
+		w.line(line)
+	}
+	return nil
+}
+
+func (w *Watcher) line(b []byte) {
+	var l agentLine
+	if json.Unmarshal(b, &l) != nil {
+		return // not ours to judge: the agent's log, not reft run's
+	}
+	key := pidKey{l.Node, l.PeerPID}
+	if l.ClientStep != nil && l.PeerPID != 0 {
+		w.step[key] = *l.ClientStep
+	}
+	isRestore := slices.Contains(recoverylog.RestoreEvents, l.Event)
+	if (l.Event != "rank_registered" && !isRestore) || l.Rank == nil {
+		return
+	}
+	r := agentRecord{Event: l.Event, Node: l.Node, Step: w.step[key], Rank: *l.Rank, Bytes: l.Bytes, Time: l.Time,
+		Generation: -1, Duration: time.Duration((l.VerifyMS + l.DurationMS) * float64(time.Millisecond))}
+	if l.Generation != nil {
+		r.Generation = *l.Generation
+	}
+	w.recs = append(w.recs, r)
+}
+
+// matches says whether a record belongs to step ("" matches all; a record
+// whose client step is unknown matches too).
+func matches(r agentRecord, step string) bool {
+	return step == "" || r.Step == "" || r.Step == step
+}
+
+// Registered counts the distinct ranks of step that registered.
+func (w *Watcher) Registered(step string) int {
+	seen := map[int]bool{}
+	for _, r := range w.recs {
+		if r.Event == "rank_registered" && matches(r, step) {
+			seen[r.Rank] = true
+		}
+	}
+	return len(seen)
+}
+
+// Restores returns the latest restore of every rank of step.
+func (w *Watcher) Restores(step string) map[int]agentRecord {
+	out := map[int]agentRecord{}
+	for _, r := range w.recs {
+		if r.Event != "rank_registered" && matches(r, step) {
+			out[r.Rank] = r
+		}
+	}
+	return out
+}
+
+// MissingNodes lists the nodes that have no agent log in the directory.
+func (w *Watcher) MissingNodes(nodes []string) []string {
+	names, _ := w.files()
+	var out []string
+	for _, n := range nodes {
+		if !slices.Contains(names, n+".jsonl") {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// RestoreSummaries groups restores by node, event and generation: one
+// recovery event each, with the ranks, their bytes, and the longest rank's
+// duration.
+func RestoreSummaries(rs map[int]agentRecord) []recoverylog.Event {
+	type key struct {
+		node, event string
+		gen         int64
+	}
+	groups := map[key]*recoverylog.Event{}
+	var order []key
+	ranks := make([]int, 0, len(rs))
+	for r := range rs {
+		ranks = append(ranks, r)
+	}
+	slices.Sort(ranks)
+	for _, rank := range ranks {
+		r := rs[rank]
+		k := key{r.Node, r.Event, r.Generation}
+		e, ok := groups[k]
+		if !ok {
+			e = &recoverylog.Event{Node: r.Node, Event: r.Event, Generation: r.Generation, Time: r.Time,
+				Cause: "served by the node's agent"}
+			groups[k] = e
+			order = append(order, k)
+		}
+		e.Ranks = append(e.Ranks, rank)
+		e.Bytes += r.Bytes
+		if s := r.Duration.Seconds(); s > e.DurationS {
+			e.DurationS = s
+		}
+		if r.Time.After(e.Time) {
+			e.Time = r.Time
+		}
+	}
+	slices.SortFunc(order, func(a, b key) int {
+		if c := strings.Compare(a.node, b.node); c != 0 {
+			return c
+		}
+		return strings.Compare(a.event, b.event)
+	})
+	out := make([]recoverylog.Event, 0, len(order))
+	for _, k := range order {
+		out = append(out, *groups[k])
+	}
+	return out
+}
