@@ -447,9 +447,10 @@ class Session:
     # --- restore ---------------------------------------------------------
 
     def generations(self, details=False):
-        """This rank's committed steps on this node, newest first (with
-        ``details``: the agent's dicts {step, seq, bytes}). Does not wait for
-        a save in progress."""
+        """This rank's committed steps, newest first: on this node, or only
+        in the job's persistent directory (with ``details``: the agent's
+        dicts {step, seq, bytes, source}, source "memory" or "persistent";
+        later agents may add keys). Does not wait for a save in progress."""
         self._check_usable("generations()")
         with self._op_lock:
             if not self.enabled:

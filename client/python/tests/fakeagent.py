@@ -237,7 +237,8 @@ class FakeAgent:
 
     def _generations(self, conn, st, p):
         return {"rank": conn["rank"], "generations": [
-            {"step": g["step"], "seq": g["seq"], "bytes": g["bytes"]} for g in reversed(st.gens)] or None}
+            {"step": g["step"], "seq": g["seq"], "bytes": g["bytes"], "source": "memory"}
+            for g in reversed(st.gens)] or None}
 
     def _restore(self, conn, st, p):
         step = p.get("step", -1)
