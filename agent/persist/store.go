@@ -390,6 +390,16 @@ func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
 		return Generation{}, fmt.Errorf("manifest is for job %s rank %d step %d (%d bytes), found as job %s rank %d step %d (%d bytes)",
 			m.JobID, m.Rank, m.Step, m.ArenaSize, s.job, rank, step, mk.DataBytes)
 	}
+	// Every byte a restore copies must be covered by a checksum.
+	var end int64
+	for _, b := range g.Manifest.Buffers {
+		if b.Offset < end || b.Size < 0 || b.Offset+b.Size > g.Manifest.ArenaSize ||
+			int64(len(b.CRC32C)) != (b.Size+g.Manifest.ChunkSize-1)/g.Manifest.ChunkSize {
+			return Generation{}, fmt.Errorf("manifest: buffer %q at %d+%d with %d checksums does not fit the %d-byte arena in %d-byte chunks",
+				b.Name, b.Offset, b.Size, len(b.CRC32C), g.Manifest.ArenaSize, g.Manifest.ChunkSize)
+		}
+		end = b.Offset + b.Size
+	}
 	_, err = os.Stat(filepath.Join(dir, badFile))
 	g.Bad = err == nil
 	return g, nil

@@ -3,6 +3,7 @@ package persist
 import (
 	"encoding/json"
 	"errors"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"slices"
@@ -247,6 +248,19 @@ func TestCorruptPersisted(t *testing.T) {
 		}, true, "the data file has 1000 bytes", nil},
 		{"torn manifest", func(t *testing.T, g Generation) {
 			flip(t, filepath.Join(g.Dir, manifestFile), 10)
+		}, false, "", nil},
+		{"manifest with too few checksums, marker rewritten to match", func(t *testing.T, g Generation) {
+			m := g.Manifest
+			m.Buffers = slices.Clone(m.Buffers)
+			m.Buffers[0].CRC32C = m.Buffers[0].CRC32C[:1] // bytes past chunk 0 would go unchecked
+			raw, _ := json.Marshal(m)
+			os.WriteFile(filepath.Join(g.Dir, manifestFile), raw, 0o600)
+			var mk marker
+			old, _ := os.ReadFile(filepath.Join(g.Dir, markerFile))
+			json.Unmarshal(old, &mk)
+			mk.ManifestBytes, mk.ManifestCRC = len(raw), crc32.Checksum(raw, castagnoli)
+			newMk, _ := json.Marshal(mk)
+			os.WriteFile(filepath.Join(g.Dir, markerFile), newMk, 0o600)
 		}, false, "", nil},
 		{"no commit marker", func(t *testing.T, g Generation) {
 			os.Remove(filepath.Join(g.Dir, markerFile))
