@@ -31,6 +31,12 @@ import (
 // the next server gets another root).
 func persistServer(t *testing.T, root, pdir, specStr string, logs *bytes.Buffer) (sock string, p *persist.Persister, stop func()) {
 	t.Helper()
+	return persistServerBudget(t, root, pdir, specStr, logs, 0)
+}
+
+// persistServerBudget is persistServer with a memory budget (0: none).
+func persistServerBudget(t *testing.T, root, pdir, specStr string, logs *bytes.Buffer, budget int64) (sock string, p *persist.Persister, stop func()) {
+	t.Helper()
 	sp, err := spec.Parse(specStr)
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +47,15 @@ func persistServer(t *testing.T, root, pdir, specStr string, logs *bytes.Buffer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	alloc, err := hostmem.NewAllocator(hostmem.Config{NoPin: true})
+	cfg := hostmem.Config{NoPin: true}
+	if budget > 0 {
+		b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: budget}, Headroom: 1}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Budget = b
+	}
+	alloc, err := hostmem.NewAllocator(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,6 +271,20 @@ func TestPersistentRestoreErrors(t *testing.T) {
 			t.Fatalf("no BAD marker: %v", err)
 		}
 	})
+}
+
+// The fourth arena counts against the budget: a registration it does not
+// fit fails at once and says how to do without it.
+func TestPersistentArenaOverBudget(t *testing.T) {
+	const arena = 20480 // twoBufs, page-aligned
+	sock, _, _ := persistServerBudget(t, t.TempDir(), t.TempDir(), "arc,persist=2", new(bytes.Buffer), 3*arena+arena/2)
+	c := newClient(t, sock)
+	c.id++
+	err := proto.Call(c.c, proto.TRegister, c.id, regReq(0, twoBufs...), nil)
+	var perr *proto.Error
+	if !errors.As(err, &perr) || perr.Code != proto.CodeNoSpace || !strings.Contains(perr.Message, "persist=off in --reft frees it") {
+		t.Fatalf("register over budget with persistence on: %v", err)
+	}
 }
 
 // reft-agent says once whether persistent checkpoints are on, which

@@ -148,7 +148,11 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	key := tmpfs.Key{Rank: req.Rank, Shard: tmpfs.DefaultShard}
 	if err := s.store.Preallocate(key, spec); err != nil {
 		log.Error().Err(err).Int("rank", req.Rank).Int64("arena_size", size).Msg("register: arena allocation failed")
-		return replyErr(c, id, storeErr(err), "register rank %d (%d bytes per generation): %v", req.Rank, size, err)
+		hint := ""
+		if s.persist != nil {
+			hint = "; with persistent checkpoints each rank holds one more arena (persist=off in --reft frees it)"
+		}
+		return replyErr(c, id, storeErr(err), "register rank %d (%d bytes per generation): %v%s", req.Rank, size, err, hint)
 	}
 	rc.registered, rc.key, rc.spec, rc.arenaSize = true, key, spec, size
 	if s.persist != nil {
