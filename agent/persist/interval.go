@@ -119,13 +119,18 @@ func (iv *Interval) Commit(rank int, step int64, at time.Time) bool {
 }
 
 // Wrote records the outcome of persisting step: d is the time its
-// successful writes took. After a failed first write of a time-based
-// policy it returns how long until the next try.
-func (iv *Interval) Wrote(step int64, d time.Duration, ok bool, at time.Time) time.Duration {
+// successful writes took (ok: there was one); failed: a write failed.
+// After a failed first write of a time-based policy it returns how long
+// until the next try. A first step that needed no write (already
+// persisted) measured nothing: the next commit is tried at once.
+func (iv *Interval) Wrote(step int64, d time.Duration, ok, failed bool, at time.Time) time.Duration {
 	if !ok {
 		if iv.policy.Kind != spec.PersistSteps && iv.period == 0 && step == iv.first {
-			iv.first, iv.retryAt = -1, at.Add(FirstRetry)
-			return FirstRetry
+			iv.first = -1
+			if failed {
+				iv.retryAt = at.Add(FirstRetry)
+				return FirstRetry
+			}
 		}
 		return 0
 	}

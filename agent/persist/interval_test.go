@@ -50,10 +50,10 @@ func TestIntervalPolicies(t *testing.T) {
 	// N f / (2 o) = 1/64^2  =>  f = 2 o 86400 / (N 64^2) per node-day.
 	const fFor64s = 2 * 2 * 86400.0 / (4 * 64 * 64)
 	type write struct {
-		step int64
-		d    time.Duration
-		ok   bool
-		at   float64
+		step       int64
+		d          time.Duration
+		ok, failed bool
+		at         float64
 	}
 	tests := []struct {
 		name    string
@@ -105,9 +105,15 @@ func TestIntervalPolicies(t *testing.T) {
 		},
 		{
 			name: "auto, first write fails", persist: "auto", f: fFor64s, world: 4, commits: steady([]int{0}, 1, 700, 1, 1),
-			writes: []write{{step: 1, ok: false, at: 1.5}, {step: 302, d: 2 * time.Second, ok: true, at: 302.5}},
+			writes: []write{{step: 1, failed: true, at: 1.5}, {step: 302, d: 2 * time.Second, ok: true, at: 302.5}},
 			// retried with the first commit 5 minutes after the failure
 			want: map[int][]int64{0: {1, 302, 320, 384, 448, 512, 576, 640}}, period: 64,
+		},
+		{
+			name: "auto, first step already persisted", persist: "auto", f: fFor64s, world: 4, commits: steady([]int{0}, 1, 200, 1, 1),
+			writes: []write{{step: 1, at: 1.5}, {step: 2, d: 2 * time.Second, ok: true, at: 2.5}},
+			// nothing measured: the next commit is the first write
+			want: map[int][]int64{0: {1, 2, 64, 128, 192}}, period: 64,
 		},
 	}
 	for _, tc := range tests {
@@ -127,7 +133,7 @@ func TestIntervalPolicies(t *testing.T) {
 				for len(writes) > 0 && writes[0].at <= c.at {
 					w := writes[0]
 					writes = writes[1:]
-					iv.Wrote(w.step, w.d, w.ok, at(w.at))
+					iv.Wrote(w.step, w.d, w.ok, w.failed, at(w.at))
 				}
 				if iv.Commit(c.rank, c.step, at(c.at)) {
 					got[c.rank] = append(got[c.rank], c.step)

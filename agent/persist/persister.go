@@ -43,7 +43,8 @@ type Persister struct {
 	busyStep  int64
 	queue     []*tmpfs.Reader
 	roundTime time.Duration // successful writes of the running round
-	roundOK   bool
+	roundOK   bool // a write of the round succeeded
+	roundErr  bool // a write of the round failed
 	abandoned map[int]int64 // rank -> lowest step restored since its last write
 	idle      *sync.Cond
 }
@@ -118,7 +119,7 @@ func (p *Persister) Committed(g tmpfs.Generation) {
 	}
 	p.queue = append(p.queue, r)
 	if !p.busy {
-		p.busy, p.busyStep, p.roundTime, p.roundOK = true, g.Step, 0, false
+		p.busy, p.busyStep, p.roundTime, p.roundOK, p.roundErr = true, g.Step, 0, false, false
 		p.wg.Add(1)
 		go p.run()
 	}
@@ -134,7 +135,7 @@ func (p *Persister) run() {
 				r.Close()
 			}
 			p.queue = nil
-			if retry := p.iv.Wrote(p.busyStep, p.roundTime, p.roundOK, p.now()); retry > 0 {
+			if retry := p.iv.Wrote(p.busyStep, p.roundTime, p.roundOK, p.roundErr, p.now()); retry > 0 {
 				p.log.Warn().Str("event", "persist_retry").Int64("step", p.busyStep).Dur("retry_in", retry).
 					Msgf("the first persistent write failed; trying again with the first generation committed after %s", retry)
 			}
@@ -163,6 +164,7 @@ func (p *Persister) run() {
 			p.log.Info().Str("event", "persist_stopped").Int("rank", m.Rank).Int64("step", m.Step).
 				Msg("persistent write stopped: the agent is stopping; the temporary copy was removed")
 		case err != nil:
+			p.roundErr = true
 			p.log.Error().Str("event", "persist_failed").Int("rank", m.Rank).Int64("step", m.Step).Err(err).
 				Msg("persistent write failed; the node-local snapshots are unaffected, the next due step is tried again")
 		case w.Already:
