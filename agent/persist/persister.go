@@ -43,8 +43,8 @@ type Persister struct {
 	busyStep  int64
 	queue     []*tmpfs.Reader
 	roundTime time.Duration // successful writes of the running round
-	roundOK   bool // a write of the round succeeded
-	roundErr  bool // a write of the round failed
+	roundOK   bool          // a write of the round succeeded
+	roundErr  bool          // a write of the round failed
 	abandoned map[int]int64 // rank -> lowest step restored since its last write
 	idle      *sync.Cond
 }
