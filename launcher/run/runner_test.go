@@ -1,0 +1,567 @@
+package run
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/launcher/recoverylog"
+	"github.com/reft-hpc/reft/pmix/hostlist"
+)
+
+// fakeAttempt is what one srun of the step does in a test.
+type fakeAttempt struct {
+	stderr []string
+	exit   int
+	// agentLog: per node, lines the node's agent logs once the step runs.
+	agentLog map[string][]string
+	// block: srun runs until it gets a signal, then exits 143.
+	block bool
+}
+
+// fakeSlurm plays Slurm for the Runner. Each Start plays the next attempt.
+type fakeSlurm struct {
+	mu        sync.Mutex
+	attempts  []fakeAttempt
+	states    func(n int, nodes []string) map[string]string // n: attempts started so far
+	probe     func(n int, nodes []string) (map[string]AgentReport, error)
+	logDir    string
+	argvs     [][]string
+	envs      [][]string
+	probed    [][]string
+	comments  []string
+	requeued  int
+	signals   []os.Signal
+	stepNo    int
+	running   string
+	listed    chan struct{} // closed once Steps has seen the running step
+	started   chan struct{} // gets a value when a step starts
+	cancelled []string
+}
+
+func (f *fakeSlurm) Hostnames(_ context.Context, list string) ([]string, error) {
+	return hostlist.Expand(list)
+}
+
+func (f *fakeSlurm) NodeStates(_ context.Context, _ string, nodes []string) (map[string]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.states != nil {
+		return f.states(len(f.argvs), nodes), nil
+	}
+	out := map[string]string{}
+	for _, n := range nodes {
+		out[n] = "ALLOCATED"
+	}
+	return out, nil
+}
+
+func (f *fakeSlurm) Probe(_ context.Context, _ string, nodes []string) (map[string]AgentReport, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.probed = append(f.probed, slices.Clone(nodes))
+	if f.probe != nil {
+		return f.probe(len(f.argvs), nodes)
+	}
+	return committedReports(nodes, 6), nil
+}
+
+// committedReports: every node's agent answers; rank i (on node i) has
+// committed up to newest.
+func committedReports(nodes []string, newest int64) map[string]AgentReport {
+	out := map[string]AgentReport{}
+	for i, n := range nodes {
+		st := &proto.Status{Node: n}
+		if newest >= 0 {
+			st.Ranks = []proto.RankStatus{{Rank: i, Newest: newest, Generations: []int64{newest, newest - 1}, Bytes: 100}}
+		}
+		out[n] = AgentReport{Node: n, OK: true, Status: st}
+	}
+	return out
+}
+
+func (f *fakeSlurm) Steps(_ context.Context, job string) (map[string]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]string{job + ".batch": "batch", job + ".extern": "extern"}
+	if f.running != "" {
+		out[f.running] = "train"
+		if f.listed != nil {
+			close(f.listed)
+			f.listed = nil
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeSlurm) SetComment(_ context.Context, _, text string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.comments = append(f.comments, text)
+	return nil
+}
+
+func (f *fakeSlurm) Requeue(context.Context, string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.requeued++
+	return nil
+}
+
+func (f *fakeSlurm) Cancel(_ context.Context, step string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cancelled = append(f.cancelled, step)
+	return nil
+}
+
+type fakeProc struct {
+	f    *fakeSlurm
+	exit int
+	wait chan struct{} // closed when srun "exits"
+}
+
+func (p *fakeProc) Wait() int {
+	<-p.wait
+	p.f.mu.Lock()
+	p.f.running = ""
+	p.f.mu.Unlock()
+	return p.exit
+}
+
+func (p *fakeProc) Signal(sig os.Signal) error {
+	p.f.mu.Lock()
+	p.f.signals = append(p.f.signals, sig)
+	p.f.mu.Unlock()
+	select {
+	case <-p.wait:
+	default:
+		close(p.wait)
+	}
+	return nil
+}
+
+func (f *fakeSlurm) Start(l Launch) (Proc, error) {
+	f.mu.Lock()
+	n := len(f.argvs)
+	if n >= len(f.attempts) {
+		f.mu.Unlock()
+		return nil, fmt.Errorf("fake srun: no attempt %d scripted", n)
+	}
+	at := f.attempts[n]
+	f.argvs = append(f.argvs, l.Argv)
+	f.envs = append(f.envs, l.Env)
+	f.running = fmt.Sprintf("42.%d", f.stepNo)
+	f.stepNo += 2 // the probe takes a step id too
+	listed := make(chan struct{})
+	f.listed = listed
+	f.mu.Unlock()
+	for node, lines := range at.agentLog {
+		fh, err := os.OpenFile(filepath.Join(f.logDir, node+".jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, err
+		}
+		fh.WriteString(strings.Join(lines, "\n") + "\n")
+		fh.Close()
+	}
+	p := &fakeProc{f: f, exit: at.exit, wait: make(chan struct{})}
+	if at.block {
+		p.exit = 143
+	}
+	go func() {
+		<-listed // srun lives until reft run has seen the step
+		for _, line := range at.stderr {
+			l.OnStderr(line, time.Now())
+		}
+		if !at.block {
+			close(p.wait)
+		}
+	}()
+	if f.started != nil {
+		f.started <- struct{}{}
+	}
+	return p, nil
+}
+
+// restoreLog is what a node's agent logs for a rank that registers and
+// restores generation gen in step "1" (gen < 0: registers only).
+func restoreLog(node string, rank int, step string, gen int64) []string {
+	pid := 1000 + rank
+	lines := []string{
+		fmt.Sprintf(`{"level":"info","job":"42","step":"agent","node":%q,"peer_pid":%d,"client":"reft-go/0.1","client_step":%q,"rank":%d,"time":"2026-05-01T12:00:01Z","message":"hello"}`, node, pid, step, rank),
+		fmt.Sprintf(`{"level":"info","job":"42","node":%q,"peer_pid":%d,"event":"rank_registered","rank":%d,"world":4,"time":"2026-05-01T12:00:02Z","message":"rank registered"}`, node, pid, rank),
+	}
+	if gen >= 0 {
+		lines = append(lines, fmt.Sprintf(`{"level":"info","job":"42","node":%q,"peer_pid":%d,"event":"restore_local","rank":%d,"generation":%d,"seq":4,"bytes":100,"verify":0.25,"time":"2026-05-01T12:00:03.%dZ","message":"serving a local restore"}`, node, pid, rank, gen, rank))
+	}
+	return lines
+}
+
+func resumeLogs(step string, gen int64, nodes ...string) map[string][]string {
+	out := map[string][]string{}
+	for i, n := range nodes {
+		out[n] = restoreLog(n, i, step, gen)
+	}
+	return out
+}
+
+var killed2 = []string{
+	"reft-train: rank 2: --fail-at 7:2: SIGKILL",
+	"srun: error: n3: task 2: Killed",
+	"srun: launch/slurm: _step_signal: Terminating StepId=42.0",
+	"slurmstepd-n1: error: *** STEP 42.0 ON n1 CANCELLED AT 2026-11-21T21:58:30 ***",
+	"srun: error: n2: task 1: Terminated",
+	"srun: error: n1: task 0: Terminated",
+	"srun: Force Terminated StepId=42.0",
+}
+
+type harness struct {
+	t      *testing.T
+	f      *fakeSlurm
+	r      *Runner
+	logDir string
+	sigs   chan os.Signal
+	out    strings.Builder
+}
+
+func newHarness(t *testing.T, alloc []string, spares int, policy config.Run, attempts ...fakeAttempt) *harness {
+	dir := filepath.Join(t.TempDir(), "42")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w, err := recoverylog.Open(filepath.Dir(dir), "42")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	plan, err := NewPlan(alloc, spares, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, logDir: dir, sigs: make(chan os.Signal, 2)}
+	h.f = &fakeSlurm{attempts: attempts, logDir: dir}
+	h.r = &Runner{Slurm: h.f, Log: w, Stdout: io.Discard, Stderr: &h.out, Env: []string{"PATH=/bin", "SLURM_HOSTFILE=/old"},
+		Job: "42", Spec: "arc", Plan: plan, Policy: policy, Srun: "srun", SrunOpts: []string{"--mpi=pmix"},
+		Command: []string{"train", "--steps", "9"}, JobLogDir: dir, Signals: h.sigs, Tick: time.Millisecond}
+	return h
+}
+
+// events reads the recovery log back.
+func (h *harness) events() []recoverylog.Event {
+	ev, bad, err := recoverylog.ReadFile(filepath.Join(h.logDir, recoverylog.FileName))
+	if err != nil || len(bad) > 0 {
+		h.t.Fatalf("recovery log: %v %v", err, bad)
+	}
+	return ev
+}
+
+func names(ev []recoverylog.Event) []string {
+	var out []string
+	for _, e := range ev {
+		out = append(out, e.Event)
+	}
+	return out
+}
+
+func find(ev []recoverylog.Event, name string) []recoverylog.Event {
+	var out []recoverylog.Event
+	for _, e := range ev {
+		if e.Event == name {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func fastPolicy() config.Run {
+	return config.Run{MaxRestarts: 10, MaxStalled: 3, Backoff: 0, BackoffMax: 0, ProbeTimeout: config.Duration(time.Second)}
+}
+
+var four = []string{"n1", "n2", "n3", "n4"}
+
+func TestRunRankFailureResumes(t *testing.T) {
+	h := newHarness(t, four, 0, fastPolicy(),
+		fakeAttempt{stderr: killed2, exit: 143},
+		fakeAttempt{exit: 0, agentLog: resumeLogs("2", 5, four...)})
+	if code := h.r.Run(context.Background()); code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, h.out.String())
+	}
+	ev := h.events()
+	want := []string{"step_launched", "failure_detected", "step_relaunched", "restore_local", "restore_local", "restore_local",
+		"restore_local", "resumed", "completed"}
+	if !slices.Equal(names(ev), want) {
+		t.Fatalf("events %v, want %v\n%s", names(ev), want, h.out.String())
+	}
+	f := ev[1]
+	if f.Kind != recoverylog.KindRank || !slices.Equal(f.Ranks, []int{2}) || f.Node != "n3" || f.Step != "42.0" ||
+		f.Generation != 6 || f.Bytes != 400 || *f.ExitCode != 143 || f.Cause != "task 2 on n3: Killed" || f.Job != "42" || f.Spec != "arc" {
+		t.Errorf("failure_detected %+v", f)
+	}
+	if ev[2].Step != "42.2" || ev[2].Relaunch != 1 || !slices.Equal(ev[2].Nodes, four) || !strings.HasPrefix(ev[2].Cause, "rank failure: same nodes") {
+		t.Errorf("step_relaunched %+v", ev[2])
+	}
+	r := ev[3]
+	if r.Node != "n1" || !slices.Equal(r.Ranks, []int{0}) || r.Generation != 5 || r.Bytes != 100 || r.DurationS != 0.00025 {
+		t.Errorf("restore_local %+v", r)
+	}
+	res := ev[7]
+	if res.Generation != 5 || res.LostSteps == nil || *res.LostSteps != 1 || res.Bytes != 400 || res.Step != "42.2" ||
+		!res.Time.Equal(time.Date(2026, 5, 1, 12, 0, 3, 3e8, time.UTC)) {
+		t.Errorf("resumed %+v", res)
+	}
+	// Same nodes, the job's SPEC, --kill-on-bad-exit, the user's options,
+	// and the hostfile in the environment.
+	argv := strings.Join(h.f.argvs[1], " ")
+	if argv != "srun --nodes=4 --ntasks=4 --distribution=arbitrary --kill-on-bad-exit=1 --reft=arc --mpi=pmix train --steps 9" {
+		t.Errorf("relaunch argv %s", argv)
+	}
+	hf := filepath.Join(h.logDir, "hostfile.1")
+	if !slices.Contains(h.f.envs[1], "SLURM_HOSTFILE="+hf) || slices.Contains(h.f.envs[1], "SLURM_HOSTFILE=/old") {
+		t.Errorf("env %v", h.f.envs[1])
+	}
+	if b, _ := os.ReadFile(hf); string(b) != "n1\nn2\nn3\nn4\n" {
+		t.Errorf("hostfile %q", b)
+	}
+	if last := h.f.comments[len(h.f.comments)-1]; !strings.HasPrefix(last, "reft: 1 failure (rank 2 on n3), resumed from step 5 in ") ||
+		!strings.HasSuffix(last, ", lost 1 step") {
+		t.Errorf("comment %q (all: %q)", last, h.f.comments)
+	}
+	if len(h.f.probed) != 1 || !slices.Equal(h.f.probed[0], four) {
+		t.Errorf("probed %v", h.f.probed)
+	}
+}
+
+func TestRunNodeFailureTakesSpare(t *testing.T) {
+	alloc := []string{"n1", "n2", "n3", "n4", "n5"}
+	h := newHarness(t, alloc, 1, fastPolicy(),
+		fakeAttempt{stderr: []string{"srun: error: Node failure on n2", "srun: error: n2: task 1: Killed"}, exit: 1},
+		fakeAttempt{exit: 0, agentLog: resumeLogs("2", 5, "n1", "n5", "n3", "n4")})
+	h.f.states = func(_ int, nodes []string) map[string]string {
+		out := map[string]string{}
+		for _, n := range nodes {
+			if n != "n2" { // gone from the shrunken allocation
+				out[n] = "ALLOCATED"
+			}
+		}
+		return out
+	}
+	if code := h.r.Run(context.Background()); code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, h.out.String())
+	}
+	ev := h.events()
+	f := find(ev, recoverylog.FailureDetected)
+	if len(f) != 1 || f[0].Kind != recoverylog.KindNode || !slices.Equal(f[0].Nodes, []string{"n2"}) ||
+		!strings.Contains(f[0].Cause, "n2: srun reported a node failure") {
+		t.Fatalf("failure %+v", f)
+	}
+	x := find(ev, recoverylog.NodeExcluded)
+	if len(x) != 1 || x[0].Node != "n2" || x[0].Replacement != "n5" || !slices.Equal(x[0].Ranks, []int{1}) {
+		t.Errorf("node_excluded %+v", x)
+	}
+	// The lost node is not probed; the spare takes its ranks.
+	if !slices.Equal(h.f.probed[0], []string{"n1", "n3", "n4"}) {
+		t.Errorf("probed %v", h.f.probed)
+	}
+	if b, _ := os.ReadFile(filepath.Join(h.logDir, "hostfile.1")); string(b) != "n1\nn5\nn3\nn4\n" {
+		t.Errorf("hostfile %q", b)
+	}
+	rl := find(ev, recoverylog.StepRelaunched)
+	if len(rl) != 1 || !slices.Equal(rl[0].Nodes, []string{"n1", "n5", "n3", "n4"}) || !strings.Contains(rl[0].Cause, "n5 in n2's place") {
+		t.Errorf("relaunch %+v", rl)
+	}
+	if len(find(ev, recoverylog.Resumed)) != 1 {
+		t.Errorf("no resumed event: %v", names(ev))
+	}
+	if c := h.f.comments[len(h.f.comments)-1]; !strings.HasPrefix(c, "reft: 1 failure (node n2 lost, replaced by n5), resumed from step 5") {
+		t.Errorf("comment %q", c)
+	}
+}
+
+func TestRunNodeFailureNoSpareRequeues(t *testing.T) {
+	h := newHarness(t, four, 0, fastPolicy(), fakeAttempt{exit: 1, stderr: []string{"srun: error: n4: task 3: Killed"}})
+	h.f.states = func(_ int, nodes []string) map[string]string {
+		return map[string]string{"n1": "MIXED", "n2": "MIXED", "n3": "MIXED", "n4": "DOWN+NOT_RESPONDING"}
+	}
+	if code := h.r.Run(context.Background()); code != ExitRequeued {
+		t.Fatalf("exit %d, want %d\n%s", code, ExitRequeued, h.out.String())
+	}
+	ev := h.events()
+	if !slices.Equal(names(ev), []string{"step_launched", "failure_detected", "job_requeued"}) {
+		t.Fatalf("events %v", names(ev))
+	}
+	if ev[1].Kind != recoverylog.KindNode || !strings.Contains(ev[1].Cause, "n4: not responding (State=DOWN+NOT_RESPONDING)") {
+		t.Errorf("failure %+v", ev[1])
+	}
+	if h.f.requeued != 1 || *ev[2].ExitCode != ExitRequeued || ev[2].Node != "n4" {
+		t.Errorf("requeued %d times; event %+v", h.f.requeued, ev[2])
+	}
+	if c := h.f.comments[len(h.f.comments)-1]; c != "reft: 1 failure (node n4 lost), no spare left, job requeued" {
+		t.Errorf("comment %q", c)
+	}
+}
+
+func TestRunAgentFailure(t *testing.T) {
+	h := newHarness(t, four, 0, fastPolicy(),
+		fakeAttempt{exit: 1, stderr: []string{"srun: error: n2: task 1: Exited with exit code 1", "srun: error: n1: task 0: Exited with exit code 1"}},
+		fakeAttempt{exit: 0, agentLog: resumeLogs("2", 6, four...)})
+	h.f.probe = func(_ int, nodes []string) (map[string]AgentReport, error) {
+		r := committedReports(nodes, 6)
+		r["n2"] = AgentReport{Node: "n2", Error: "no agent answers on /run/reft/42/agent.sock: connection refused"}
+		return r, nil
+	}
+	if code := h.r.Run(context.Background()); code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, h.out.String())
+	}
+	ev := h.events()
+	f := find(ev, recoverylog.FailureDetected)[0]
+	if f.Kind != recoverylog.KindAgent || f.Node != "n2" || !strings.Contains(f.Cause, "connection refused") {
+		t.Errorf("failure %+v", f)
+	}
+	rl := find(ev, recoverylog.StepRelaunched)[0]
+	if !slices.Equal(rl.Nodes, four) || !strings.HasPrefix(rl.Cause, "agent failure: same nodes") {
+		t.Errorf("relaunch %+v", rl)
+	}
+	res := find(ev, recoverylog.Resumed)[0]
+	if res.Generation != 6 || *res.LostSteps != 0 {
+		t.Errorf("resumed %+v", res)
+	}
+}
+
+func TestRunGivesUpWithoutProgress(t *testing.T) {
+	p := fastPolicy()
+	p.MaxStalled = 2
+	fail := fakeAttempt{exit: 2, stderr: []string{"srun: error: n1: task 0: Exited with exit code 2"}}
+	h := newHarness(t, four, 0, p, fail, fail, fail, fail)
+	if code := h.r.Run(context.Background()); code != ExitStalled {
+		t.Fatalf("exit %d, want %d\n%s", code, ExitStalled, h.out.String())
+	}
+	if len(h.f.argvs) != 3 {
+		t.Errorf("%d launches, want 3 (the first and 2 relaunches without progress)", len(h.f.argvs))
+	}
+	g := find(h.events(), recoverylog.GaveUp)
+	if len(g) != 1 || !strings.Contains(g[0].Cause, "2 relaunch(es) in a row committed no snapshot newer than step 6 (run.max_stalled = 2)") ||
+		*g[0].ExitCode != ExitStalled || g[0].Level != "error" {
+		t.Errorf("gave_up %+v", g)
+	}
+}
+
+func TestRunProgressResetsStalled(t *testing.T) {
+	p := fastPolicy()
+	p.MaxStalled, p.MaxRestarts = 1, 3
+	fail := fakeAttempt{exit: 1, stderr: []string{"srun: error: n1: task 0: Killed"}}
+	h := newHarness(t, four, 0, p, fail, fail, fail, fail)
+	h.f.probe = func(n int, nodes []string) (map[string]AgentReport, error) {
+		return committedReports(nodes, int64(10*n)), nil // every attempt commits something newer
+	}
+	if code := h.r.Run(context.Background()); code != ExitLimit {
+		t.Fatalf("exit %d, want %d\n%s", code, ExitLimit, h.out.String())
+	}
+	if len(h.f.argvs) != 4 {
+		t.Errorf("%d launches, want 4", len(h.f.argvs))
+	}
+	g := find(h.events(), recoverylog.GaveUp)
+	if len(g) != 1 || !strings.Contains(g[0].Cause, "relaunch limit reached: 3 relaunch(es)") {
+		t.Errorf("gave_up %+v", g)
+	}
+}
+
+func TestRunNoRelaunches(t *testing.T) {
+	p := fastPolicy()
+	p.MaxRestarts = 0
+	h := newHarness(t, four, 0, p, fakeAttempt{exit: 1, stderr: killed2})
+	if code := h.r.Run(context.Background()); code != ExitLimit {
+		t.Fatalf("exit %d, want %d", code, ExitLimit)
+	}
+}
+
+func TestRunStartsOverWhenNothingCommitted(t *testing.T) {
+	h := newHarness(t, four, 0, fastPolicy(), fakeAttempt{exit: 1, stderr: killed2},
+		fakeAttempt{exit: 0, agentLog: resumeLogs("2", -1, four...)})
+	h.f.probe = func(_ int, nodes []string) (map[string]AgentReport, error) { return committedReports(nodes, -1), nil }
+	if code := h.r.Run(context.Background()); code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, h.out.String())
+	}
+	res := find(h.events(), recoverylog.Resumed)
+	if len(res) != 1 || res[0].Generation != -1 || res[0].LostSteps != nil || !strings.Contains(res[0].Cause, "nothing was committed") {
+		t.Errorf("resumed %+v", res)
+	}
+}
+
+func TestRunStepFailureWithoutTasks(t *testing.T) {
+	h := newHarness(t, four, 0, fastPolicy(), fakeAttempt{exit: 1, stderr: []string{"srun: error: Unable to create step for job 42: Invalid generic resource (gres) specification"}},
+		fakeAttempt{exit: 0})
+	h.f.probe = func(int, []string) (map[string]AgentReport, error) {
+		return nil, fmt.Errorf("asking the agents: srun: exit status 1")
+	}
+	if code := h.r.Run(context.Background()); code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	f := find(h.events(), recoverylog.FailureDetected)[0]
+	if f.Kind != recoverylog.KindStep || !strings.Contains(f.Cause, "srun exited with status 1 and named no failed task; asking the agents") {
+		t.Errorf("failure %+v", f)
+	}
+}
+
+func TestRunSignalStopsTheStep(t *testing.T) {
+	h := newHarness(t, four, 0, fastPolicy(), fakeAttempt{block: true})
+	h.f.started = make(chan struct{}, 1)
+	go func() {
+		<-h.f.started
+		h.sigs <- syscall.SIGINT
+	}()
+	if code := h.r.Run(context.Background()); code != 128+int(syscall.SIGINT) {
+		t.Fatalf("exit %d, want 130\n%s", code, h.out.String())
+	}
+	if len(h.f.signals) != 1 || h.f.signals[0] != syscall.SIGTERM {
+		t.Errorf("srun got %v, want one SIGTERM", h.f.signals)
+	}
+	ev := h.events()
+	if last := ev[len(ev)-1]; last.Event != recoverylog.Stopped || last.Cause != "received interrupt" || *last.ExitCode != 130 {
+		t.Errorf("last event %+v", last)
+	}
+	if len(h.f.argvs) != 1 || len(h.f.cancelled) != 0 {
+		t.Errorf("relaunched after a signal, or cancelled: %d launches, %v", len(h.f.argvs), h.f.cancelled)
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	tests := []struct {
+		base, max time.Duration
+		stalled   int
+		want      time.Duration
+	}{
+		{time.Second, time.Minute, 0, time.Second},
+		{time.Second, time.Minute, 1, 2 * time.Second},
+		{time.Second, time.Minute, 3, 8 * time.Second},
+		{time.Second, time.Minute, 6, time.Minute},
+		{time.Second, time.Minute, 1000, time.Minute},
+		{0, time.Minute, 5, 0},
+		{time.Second, time.Second, 2, time.Second},
+	}
+	for _, tt := range tests {
+		if got := Backoff(tt.base, tt.max, tt.stalled); got != tt.want {
+			t.Errorf("Backoff(%v, %v, %d) = %v, want %v", tt.base, tt.max, tt.stalled, got, tt.want)
+		}
+	}
+}
+
+func TestNewStep(t *testing.T) {
+	before := map[string]string{"42.batch": "batch", "42.0": "train"}
+	now := map[string]string{"42.batch": "batch", "42.0": "train", "42.3": "reft-probe", "42.5": "train", "42.4": "train", "7.9": "x"}
+	if got := newStep(before, now, "42"); got != "42.4" {
+		t.Errorf("newStep = %q, want 42.4", got)
+	}
+	if got := newStep(before, before, "42"); got != "" {
+		t.Errorf("no new step: %q", got)
+	}
+}

@@ -1,0 +1,97 @@
+package run
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/reft-hpc/reft/launcher/recoverylog"
+)
+
+func appendLines(t *testing.T, path string, text string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(text); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWatcher(t *testing.T) {
+	dir := t.TempDir()
+	n1, n2 := filepath.Join(dir, "n1.jsonl"), filepath.Join(dir, "n2.jsonl")
+	// Before the relaunch: the first step's restores, which must not count.
+	appendLines(t, n1, strings.Join(restoreLog("n1", 0, "0", 3), "\n")+"\n")
+	appendLines(t, filepath.Join(dir, recoverylog.FileName), `{"event":"restore_local","rank":0,"node":"n1"}`+"\n")
+	w := NewWatcher(dir)
+	if err := w.Mark(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Poll(); err != nil || len(w.Restores("")) != 0 {
+		t.Fatalf("old lines seen: %v %v", w.Restores(""), err)
+	}
+
+	// The relaunch (step 2): n1 completely, n2 with a torn last line.
+	appendLines(t, n1, strings.Join(restoreLog("n1", 0, "2", 5), "\n")+"\n")
+	n2lines := restoreLog("n2", 1, "2", 5)
+	appendLines(t, n2, strings.Join(n2lines[:2], "\n")+"\n"+n2lines[2][:40])
+	// Another step's client on n2 (an unrelated srun of the job).
+	appendLines(t, n1, strings.Join(restoreLog("n1", 7, "9", 1), "\n")+"\n")
+	if err := w.Poll(); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.Restores("2"); len(got) != 1 || got[0].Generation != 5 || got[0].Step != "2" {
+		t.Fatalf("restores of step 2 %+v", got)
+	}
+	if w.Registered("2") != 2 || w.Registered("") != 3 {
+		t.Errorf("registered: step 2 %d, all %d", w.Registered("2"), w.Registered(""))
+	}
+	appendLines(t, n2, n2lines[2][40:]+"\n")
+	if err := w.Poll(); err != nil {
+		t.Fatal(err)
+	}
+	got := w.Restores("2")
+	if len(got) != 2 || got[1].Node != "n2" || got[1].Bytes != 100 || got[1].Duration != 250*time.Microsecond ||
+		!got[1].Time.Equal(time.Date(2026, 5, 1, 12, 0, 3, 1e8, time.UTC)) {
+		t.Fatalf("restores after the rest of the line: %+v", got)
+	}
+	if miss := w.MissingNodes([]string{"n1", "n2", "n5"}); !slices.Equal(miss, []string{"n5"}) {
+		t.Errorf("missing %v", miss)
+	}
+	// Mark forgets what was read.
+	if w.Mark(); len(w.Restores("")) != 0 {
+		t.Error("Mark kept old restores")
+	}
+	// A log directory that does not exist (yet) is no error.
+	if err := NewWatcher(filepath.Join(dir, "none")).Poll(); err != nil {
+		t.Errorf("missing directory: %v", err)
+	}
+}
+
+func TestRestoreSummaries(t *testing.T) {
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	rs := map[int]agentRecord{
+		0: {Event: recoverylog.RestoreLocal, Node: "n1", Rank: 0, Generation: 5, Bytes: 10, Duration: time.Millisecond, Time: t0},
+		1: {Event: recoverylog.RestoreLocal, Node: "n1", Rank: 1, Generation: 5, Bytes: 10, Duration: 3 * time.Millisecond, Time: t0.Add(time.Second)},
+		2: {Event: recoverylog.RestorePeer, Node: "n5", Rank: 2, Generation: 5, Bytes: 20, Duration: time.Second, Time: t0},
+		3: {Event: recoverylog.RestoreLocal, Node: "n3", Rank: 3, Generation: 5, Bytes: 10, Time: t0},
+	}
+	got := RestoreSummaries(rs)
+	if len(got) != 3 {
+		t.Fatalf("%d summaries: %+v", len(got), got)
+	}
+	a := got[0]
+	if a.Node != "n1" || a.Event != recoverylog.RestoreLocal || !slices.Equal(a.Ranks, []int{0, 1}) || a.Bytes != 20 ||
+		a.DurationS != 0.003 || !a.Time.Equal(t0.Add(time.Second)) || a.Generation != 5 {
+		t.Errorf("n1 summary %+v", a)
+	}
+	if got[1].Node != "n3" || got[2].Node != "n5" || got[2].Event != recoverylog.RestorePeer {
+		t.Errorf("order %+v", got)
+	}
+}
