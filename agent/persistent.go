@@ -64,7 +64,7 @@ func (s *Server) restorePersistent(c net.Conn, rc *rankConn, id uint32, step int
 		return g, false, false, nil
 	}
 	pg := gens[i]
-	if err := sameBuffers(pg.Manifest.Buffers, rc.places); err != nil {
+	if err := sameSources(pg.Manifest.SourceList(), rc.bufs); err != nil {
 		return g, false, true, replyErr(c, id, proto.CodeMismatch, "restore of step %d (persistent, %s): %v", pg.Step, pg.Dir, err)
 	}
 	reason := fmt.Sprintf("rank %d has no in-memory generation of step %d on %s (it has steps %v)", rc.key.Rank, pg.Step, s.info.Node, have)
@@ -72,7 +72,7 @@ func (s *Server) restorePersistent(c net.Conn, rc *rankConn, id uint32, step int
 		reason = fmt.Sprintf("rank %d has no in-memory generation on %s", rc.key.Rank, s.info.Node)
 	}
 	t0 := time.Now()
-	g, err = s.persist.Load(pg, rc.key, rc.spec)
+	g, err = s.persist.Load(pg, rc.key, manifestSpec(&pg.Manifest)) // its own layout, not this registration's
 	if err != nil {
 		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", pg.Step).Str("dir", pg.Dir).Msg("restore from the persistent directory failed")
 		return g, false, true, replyErr(c, id, storeErr(err), "restore of rank %d step %d from %s: %v", rc.key.Rank, pg.Step, pg.Dir, err)

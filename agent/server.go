@@ -54,6 +54,10 @@ type Server struct {
 	badFrames   atomic.Uint64
 	closed      atomic.Bool
 	connTimeout time.Duration
+
+	// layout lays registered buffers out in the arena; nil: identity
+	// (SetTestLayout).
+	layout layoutFunc
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path

@@ -22,8 +22,9 @@ const maxChunkSize = 256 << 20
 type rankConn struct {
 	registered bool
 	key        tmpfs.Key
-	spec       tmpfs.Spec
-	places     []proto.BufferPlace
+	spec       tmpfs.Spec         // sections, sources and regions of every save
+	bufs       []proto.BufferSpec // as registered
+	layout     replyLayout        // of every save, in its replies
 	arenaSize  int64
 	open       *tmpfs.Ongoing
 	restored   map[int64]*tmpfs.Reader
@@ -137,13 +138,17 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	case req.ChunkSize != 0 && (req.ChunkSize < 4096 || req.ChunkSize > maxChunkSize):
 		return replyErr(c, id, proto.CodeInvalid, "register: chunk_size = %d must be 0 (the agent's) or from 4096 to %d", req.ChunkSize, maxChunkSize)
 	}
-	spec := tmpfs.Spec{Layout: req.Layout, ChunkSize: req.ChunkSize}
-	for _, b := range req.Buffers {
-		spec.Buffers = append(spec.Buffers, tmpfs.BufferSpec{Name: b.Name, Size: b.Size, Replicated: b.Replicated})
+	if err := checkBuffers(req.Buffers); err != nil {
+		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
-	bufs, size, err := tmpfs.Plan(spec)
+	spec, secs, size, err := s.planLayout(req)
 	if err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
+	}
+	layout := newReplyLayout(spec.Sources, secs, spec.Regions)
+	if err := layout.check(size, true); err != nil {
+		log.Error().Err(err).Int("rank", req.Rank).Msg("register refused")
+		return replyErr(c, id, proto.CodeInternal, "register: %v", err)
 	}
 	key := tmpfs.Key{Rank: req.Rank, Shard: tmpfs.DefaultShard}
 	if err := s.store.Preallocate(key, spec); err != nil {
@@ -155,21 +160,19 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 		return replyErr(c, id, storeErr(err), "register rank %d (%d bytes per generation): %v%s", req.Rank, size, err, hint)
 	}
 	rc.registered, rc.key, rc.spec, rc.arenaSize = true, key, spec, size
+	rc.bufs, rc.layout = slices.Clone(req.Buffers), layout
 	if s.persist != nil {
 		s.persist.Registered(req.Rank, req.World)
-	}
-	rc.places = make([]proto.BufferPlace, len(bufs))
-	for i, b := range bufs {
-		rc.places[i] = proto.BufferPlace{Name: b.Name, Offset: b.Offset, Size: b.Size, Replicated: b.Replicated}
 	}
 	cs := req.ChunkSize
 	if cs == 0 {
 		cs = s.store.ChunkSize()
 	}
 	log.Info().Str("event", "rank_registered").Int("rank", req.Rank).Int("world", req.World).Int("local_rank", req.LocalRank).
-		Str("layout", req.Layout).Int("buffers", len(bufs)).Int64("bytes", payloadBytes(bufs)).Int64("arena_size", size).Msg("rank registered")
+		Str("layout", req.Layout).Int("buffers", len(req.Buffers)).Int("regions", len(spec.Regions)).Int("sections", len(secs)).
+		Int64("bytes", payloadBytes(secs)).Int64("arena_size", size).Msg("rank registered")
 	return proto.WriteMsg(c, proto.TRegister|proto.ReplyBit, id, proto.RegisterReply{
-		Rank: req.Rank, ChunkSize: cs, ArenaSize: size, Buffers: rc.places})
+		Rank: req.Rank, ChunkSize: cs, ArenaSize: size, Buffers: layout.places})
 }
 
 func (s *Server) save(c net.Conn, rc *rankConn, id uint32, step int64, log zerolog.Logger) error {
@@ -188,7 +191,8 @@ func (s *Server) save(c net.Conn, rc *rankConn, id uint32, step int64, log zerol
 	}
 	rc.open = o
 	return proto.WriteMsg(c, proto.TSave|proto.ReplyBit, id, proto.ArenaReply{
-		Step: step, Arena: o.ArenaPath(), ArenaSize: o.Arena().Size(), Buffers: rc.places})
+		Step: step, Arena: o.ArenaPath(), ArenaSize: o.Arena().Size(),
+		Buffers: rc.layout.places, Regions: rc.layout.regions, Sections: rc.layout.sections})
 }
 
 func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, log zerolog.Logger) error {
@@ -197,25 +201,32 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 		return replyErr(c, id, proto.CodeBadState, "commit of step %d: no save of that step is open on this connection", step)
 	}
 	o := rc.open
+	// Checksums are per section of the save reply (with the identity
+	// layout a section is the buffer of its name, as before sections).
+	secs := rc.layout.sections
 	if req.CRC32C != nil {
-		for _, b := range rc.places {
-			if err := o.SetChecksums(b.Name, req.CRC32C[b.Name]); err != nil {
-				return replyErr(c, id, proto.CodeInvalid, "commit of step %d: crc32c: %v (send one checksum per chunk_size chunk of every buffer, or none)", step, err)
+		for _, sec := range secs {
+			crcs, ok := req.CRC32C[sec.Name]
+			if !ok {
+				return replyErr(c, id, proto.CodeInvalid, "commit of step %d: crc32c has no entry for section %q (send one list per section of the save reply, keyed by its name, or no crc32c)", step, sec.Name)
+			}
+			if err := o.SetChecksums(sec.Name, crcs); err != nil {
+				return replyErr(c, id, proto.CodeInvalid, "commit of step %d: crc32c: %v (send one checksum per chunk_size chunk of every section, or no crc32c)", step, err)
 			}
 		}
-		if len(req.CRC32C) != len(rc.places) {
-			return replyErr(c, id, proto.CodeInvalid, "commit of step %d: crc32c names %d buffers, %d are registered", step, len(req.CRC32C), len(rc.places))
+		if len(req.CRC32C) != len(secs) {
+			return replyErr(c, id, proto.CodeInvalid, "commit of step %d: crc32c names %d sections, the save has %d (key the checksums by the save reply's section names)", step, len(req.CRC32C), len(secs))
 		}
 	}
 	rc.open = nil
 	t0 := time.Now()
-	for _, b := range rc.places {
+	for _, sec := range secs {
 		if req.CRC32C != nil {
 			break
 		}
-		if err := o.ComputeChecksums(b.Name); err != nil {
+		if err := o.ComputeChecksums(sec.Name); err != nil {
 			o.Abort()
-			return replyErr(c, id, proto.CodeInternal, "commit of step %d: checksum of %q: %v", step, b.Name, err)
+			return replyErr(c, id, proto.CodeInternal, "commit of step %d: checksum of section %q: %v", step, sec.Name, err)
 		}
 	}
 	crcTime := time.Since(t0)
@@ -267,8 +278,15 @@ func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log ze
 		return replyErr(c, id, proto.CodeNotFound, "restore of step %d: rank %d has no committed generation of that step on %s (it has steps %v)",
 			step, rc.key.Rank, s.info.Node, have)
 	}
-	if err := sameBuffers(g.Manifest.Buffers, rc.places); err != nil {
+	// The generation's own layout: it may predate this registration's.
+	m := &g.Manifest
+	if err := sameSources(m.SourceList(), rc.bufs); err != nil {
 		return replyErr(c, id, proto.CodeMismatch, "restore of step %d: %v", g.Step, err)
+	}
+	layout := newReplyLayout(m.SourceList(), m.Buffers, m.RegionList())
+	if err := layout.check(m.ArenaSize, false); err != nil {
+		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", g.Step).Msg("restore refused")
+		return replyErr(c, id, proto.CodeInternal, "restore of step %d: %v", g.Step, err)
 	}
 	t0 := time.Now()
 	r, err := s.store.Verify(g)
@@ -289,36 +307,6 @@ func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log ze
 	log.Info().Str("event", "restore_local").Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
 		Int64("bytes", payloadBytes(g.Manifest.Buffers)).Dur("verify", time.Since(t0)).Msg("serving a local restore")
 	return proto.WriteMsg(c, proto.TRestore|proto.ReplyBit, id, proto.ArenaReply{
-		Step: g.Step, Seq: g.Seq, Arena: g.ArenaPath, ArenaSize: g.Manifest.ArenaSize, Buffers: rc.places})
-}
-
-// sameBuffers checks that a generation holds exactly the registered buffers
-// at the registered places.
-func sameBuffers(have []tmpfs.Buffer, want []proto.BufferPlace) error {
-	if len(have) != len(want) {
-		names := func(n int, f func(int) string) []string {
-			out := make([]string, n)
-			for i := range out {
-				out[i] = f(i)
-			}
-			return out
-		}
-		return fmt.Errorf("the generation has buffers %v, this rank registered %v: register the same buffers as when it was saved",
-			names(len(have), func(i int) string { return have[i].Name }), names(len(want), func(i int) string { return want[i].Name }))
-	}
-	for i, w := range want {
-		h := have[i]
-		if h.Name != w.Name || h.Size != w.Size || h.Offset != w.Offset {
-			j := slices.IndexFunc(have, func(b tmpfs.Buffer) bool { return b.Name == w.Name })
-			if j < 0 {
-				return fmt.Errorf("the generation has no buffer %q: register the same buffers as when it was saved", w.Name)
-			}
-			if have[j].Size == w.Size {
-				return fmt.Errorf("buffer %q: registered in another order than when the generation was saved; register in the same order", w.Name)
-			}
-			return fmt.Errorf("buffer %q: the generation has %d bytes, this rank registered %d; the model or optimizer changed since the snapshot",
-				w.Name, have[j].Size, w.Size)
-		}
-	}
-	return nil
+		Step: g.Step, Seq: g.Seq, Arena: g.ArenaPath, ArenaSize: g.Manifest.ArenaSize,
+		Buffers: layout.places, Regions: layout.regions, Sections: layout.sections})
 }

@@ -2,13 +2,16 @@ package agent
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -315,5 +318,328 @@ func TestSnapshotDisabled(t *testing.T) {
 	c := newClient(t, sock)
 	if code := c.call(proto.TRegister, regReq(0, twoBufs...), nil); code != proto.CodeDisabled {
 		t.Fatalf("register without a store: %q, want disabled", code)
+	}
+}
+
+// layoutServer runs a server with the given test layout over the store at
+// root; stop ends it (and its store) before the test does.
+func layoutServer(t *testing.T, root, layout string) (sock string, stop func()) {
+	t.Helper()
+	sock = filepath.Join(t.TempDir(), "agent.sock")
+	s, err := Listen(sock, Info{Job: "42", Node: "n1", Spec: "arc", Version: "test", UID: os.Getuid()}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetTestLayout(layout); err != nil {
+		t.Fatal(err)
+	}
+	alloc, err := hostmem.NewAllocator(hostmem.Config{NoPin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := tmpfs.Open(tmpfs.Options{Root: root, JobID: "42", Keep: 1, Alloc: alloc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.AttachStore(st)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			st.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return sock, stop
+}
+
+// layoutBufs have sizes that are not multiples of the 4096-byte chunks,
+// and an empty buffer.
+var layoutBufs = []proto.BufferSpec{{Name: "params", Size: 10_000, Replicated: true}, {Name: "adam", Size: 5_001}, {Name: "none", Size: 0}}
+
+func patterned(bufs []proto.BufferSpec, seed byte) map[string][]byte {
+	out := map[string][]byte{}
+	for k, b := range bufs {
+		p := make([]byte, b.Size)
+		for i := range p {
+			p[i] = byte(i*7+k*31) ^ seed
+		}
+		out[b.Name] = p
+	}
+	return out
+}
+
+func sizesOf(bufs []proto.BufferSpec) map[string]int64 {
+	out := map[string]int64{}
+	for _, b := range bufs {
+		out[b.Name] = b.Size
+	}
+	return out
+}
+
+// saveRegions saves data through the reply's regions, as a client does,
+// and commits with crcs(arena, reply) as crc32c.
+func (c *client) saveRegions(step int64, data map[string][]byte, crcs func([]byte, proto.ArenaReply) map[string][]uint32) (proto.ArenaReply, string) {
+	c.t.Helper()
+	var ar proto.ArenaReply
+	c.must(proto.TSave, proto.StepReq{Step: step}, &ar)
+	m := mapArena(c.t, ar.Arena, ar.ArenaSize, unix.PROT_READ|unix.PROT_WRITE)
+	for _, r := range ar.Regions {
+		copy(m[r.ArenaOffset:r.ArenaOffset+r.Size], data[r.Buffer][r.Offset:])
+	}
+	req := proto.Commit{Step: step}
+	if crcs != nil {
+		req.CRC32C = crcs(m, ar)
+	}
+	return ar, c.call(proto.TCommit, req, nil)
+}
+
+// sectionCRCs are the right checksums: per section, per 4096-byte chunk.
+func sectionCRCs(m []byte, ar proto.ArenaReply) map[string][]uint32 {
+	out := map[string][]uint32{}
+	for _, s := range ar.Sections {
+		out[s.Name] = tmpfs.ChunkCRCs(m[s.ArenaOffset:s.ArenaOffset+s.Size], 4096, 1)
+	}
+	return out
+}
+
+// restoreRegions restores step and copies it out through the reply's
+// regions.
+func (c *client) restoreRegions(step int64, bufs []proto.BufferSpec) (proto.ArenaReply, map[string][]byte) {
+	c.t.Helper()
+	var ar proto.ArenaReply
+	c.must(proto.TRestore, proto.StepReq{Step: step}, &ar)
+	m := mapArena(c.t, ar.Arena, ar.ArenaSize, unix.PROT_READ)
+	out := patterned(bufs, 0xEE) // anything but the saved bytes
+	for _, r := range ar.Regions {
+		copy(out[r.Buffer][r.Offset:r.Offset+r.Size], m[r.ArenaOffset:])
+	}
+	c.must(proto.TRelease, proto.StepReq{Step: ar.Step}, nil)
+	return ar, out
+}
+
+// TestSnapshotLayouts: save and restore replies name regions and sections
+// that keep the protocol's rules, with the identity layout (one region and
+// one section per buffer, of its name, at the buffer's offset) and the
+// scatter test layout (pieces in permuted order across two sections,
+// straddling chunks), and a round trip through the regions restores every
+// buffer.
+func TestSnapshotLayouts(t *testing.T) {
+	for _, tc := range []struct {
+		layout string
+		check  func(t *testing.T, ar proto.ArenaReply)
+	}{
+		{"", func(t *testing.T, ar proto.ArenaReply) {
+			if len(ar.Sections) != len(layoutBufs) || len(ar.Regions) != 2 {
+				t.Fatalf("identity: %d sections, %d regions; want one section per buffer, one region per non-empty one", len(ar.Sections), len(ar.Regions))
+			}
+			for i, b := range layoutBufs {
+				s := ar.Sections[i]
+				if s.Name != b.Name || s.Size != b.Size || ar.Buffers[i].Offset != s.ArenaOffset && b.Size > 0 {
+					t.Errorf("identity: buffer %+v, section %+v", ar.Buffers[i], s)
+				}
+				if b.Size > 0 && !slices.Contains(ar.Regions, proto.Region{Buffer: b.Name, Size: b.Size, ArenaOffset: s.ArenaOffset}) {
+					t.Errorf("identity: no whole region of %q at %d in %+v", b.Name, s.ArenaOffset, ar.Regions)
+				}
+			}
+		}},
+		{"scatter", func(t *testing.T, ar proto.ArenaReply) {
+			if len(ar.Sections) != 2 || len(ar.Regions) <= len(layoutBufs) {
+				t.Fatalf("scatter: %d sections, %d regions", len(ar.Sections), len(ar.Regions))
+			}
+			for _, p := range ar.Buffers {
+				if p.Size > 0 && p.Offset != -1 {
+					t.Errorf("scatter: buffer %+v has an offset; a client without regions must refuse it", p)
+				}
+			}
+			// Some chunk is filled by more than one region, and some
+			// region crosses a chunk boundary.
+			shared, crossing := false, false
+			for _, r := range ar.Regions {
+				s := ar.Sections[slices.IndexFunc(ar.Sections, func(s proto.Section) bool {
+					return s.ArenaOffset <= r.ArenaOffset && r.ArenaOffset < s.ArenaOffset+s.Size
+				})]
+				lo, hi := r.ArenaOffset-s.ArenaOffset, r.ArenaOffset-s.ArenaOffset+r.Size
+				shared = shared || lo%4096 != 0 && lo > 0
+				crossing = crossing || lo/4096 != (hi-1)/4096
+			}
+			if !shared || !crossing {
+				t.Errorf("scatter: regions %+v: chunk shared %v, boundary crossed %v", ar.Regions, shared, crossing)
+			}
+			inArena := slices.SortedFunc(slices.Values(ar.Regions), func(a, b proto.Region) int { return cmp.Compare(a.ArenaOffset, b.ArenaOffset) })
+			for i := 1; i < len(inArena); i++ {
+				if inArena[i].Buffer == inArena[i-1].Buffer && inArena[i].Offset < inArena[i-1].Offset {
+					return // the arena holds the buffers' bytes in another order
+				}
+			}
+			t.Errorf("scatter: regions %+v lie in the arena in buffer order", ar.Regions)
+		}},
+	} {
+		t.Run("layout="+tc.layout, func(t *testing.T) {
+			sock, _ := layoutServer(t, t.TempDir(), tc.layout)
+			c := newClient(t, sock)
+			c.must(proto.TRegister, regReq(0, layoutBufs...), nil)
+			for step, crcs := range []func([]byte, proto.ArenaReply) map[string][]uint32{sectionCRCs, nil} {
+				data := patterned(layoutBufs, byte(step))
+				ar, code := c.saveRegions(int64(step), data, crcs)
+				if code != "" {
+					t.Fatalf("commit of step %d: %s", step, code)
+				}
+				if err := proto.CheckLayout(sizesOf(layoutBufs), ar.ArenaSize, ar.Sections, ar.Regions, true); err != nil {
+					t.Fatalf("save reply: %v", err)
+				}
+				tc.check(t, ar)
+				rr, got := c.restoreRegions(int64(step), layoutBufs)
+				if err := proto.CheckLayout(sizesOf(layoutBufs), rr.ArenaSize, rr.Sections, rr.Regions, false); err != nil {
+					t.Fatalf("restore reply: %v", err)
+				}
+				if !slices.Equal(rr.Regions, ar.Regions) || !slices.Equal(rr.Sections, ar.Sections) || !slices.Equal(rr.Buffers, ar.Buffers) {
+					t.Fatalf("restore layout %+v differs from the save's %+v", rr, ar)
+				}
+				for name, want := range data {
+					if !bytes.Equal(got[name], want) {
+						t.Fatalf("step %d: buffer %q differs after the round trip", step, name)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestSnapshotSectionChecksums: a commit's crc32c is keyed by section:
+// the agent records what the client sends (a wrong CRC makes the
+// generation corrupt at restore) and refuses a crc32c that does not have
+// one list per section with one CRC per chunk.
+func TestSnapshotSectionChecksums(t *testing.T) {
+	byBuffer := func(m []byte, ar proto.ArenaReply) map[string][]uint32 {
+		out := map[string][]uint32{}
+		for _, b := range ar.Buffers {
+			out[b.Name] = make([]uint32, (b.Size+4095)/4096)
+		}
+		return out
+	}
+	edit := func(f func(map[string][]uint32)) func([]byte, proto.ArenaReply) map[string][]uint32 {
+		return func(m []byte, ar proto.ArenaReply) map[string][]uint32 {
+			crcs := sectionCRCs(m, ar)
+			f(crcs)
+			return crcs
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		layout  string
+		crcs    func([]byte, proto.ArenaReply) map[string][]uint32
+		commit  string // error code of the commit
+		restore string // error code of the restore after a commit
+	}{
+		{"right", "scatter", sectionCRCs, "", ""},
+		{"right, identity (sections are the buffers)", "", sectionCRCs, "", ""},
+		{"identity keyed by buffer", "", byBuffer, "", proto.CodeCorrupt}, // the names fit; the zero CRCs do not
+		{"wrong value", "scatter", edit(func(c map[string][]uint32) { c["scatter-1"][0]++ }), "", proto.CodeCorrupt},
+		{"keyed by buffer", "scatter", byBuffer, proto.CodeInvalid, ""},
+		{"section missing", "scatter", edit(func(c map[string][]uint32) { delete(c, "scatter-0") }), proto.CodeInvalid, ""},
+		{"extra entry", "scatter", edit(func(c map[string][]uint32) { c["params"] = nil }), proto.CodeInvalid, ""},
+		{"a chunk short", "scatter", edit(func(c map[string][]uint32) { c["scatter-0"] = c["scatter-0"][1:] }), proto.CodeInvalid, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock, _ := layoutServer(t, t.TempDir(), tc.layout)
+			c := newClient(t, sock)
+			c.must(proto.TRegister, regReq(0, layoutBufs...), nil)
+			if _, code := c.saveRegions(1, patterned(layoutBufs, 1), tc.crcs); code != tc.commit {
+				t.Fatalf("commit: %q, want %q", code, tc.commit)
+			}
+			if tc.commit != "" {
+				c.must(proto.TAbort, proto.StepReq{Step: 1}, nil) // a refused commit leaves the save open
+				return
+			}
+			if code := c.call(proto.TRestore, proto.StepReq{Step: 1}, nil); code != tc.restore {
+				t.Fatalf("restore: %q, want %q", code, tc.restore)
+			}
+		})
+	}
+}
+
+// TestSnapshotRestoreUsesTheSavedLayout: a generation is restored through
+// the regions it was saved with, whatever the agent's layout is now, and
+// a manifest from before regions (no sources, no regions) restores as
+// whole buffers.
+func TestSnapshotRestoreUsesTheSavedLayout(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		saved, now    string
+		stripManifest bool
+	}{
+		{"scatter, then identity", "scatter", "", false},
+		{"identity, then scatter", "", "scatter", false},
+		{"manifest from before regions", "", "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			sock, stop := layoutServer(t, root, tc.saved)
+			c := newClient(t, sock)
+			c.must(proto.TRegister, regReq(3, layoutBufs...), nil)
+			data := patterned(layoutBufs, 5)
+			saved, code := c.saveRegions(5, data, sectionCRCs)
+			if code != "" {
+				t.Fatalf("commit: %s", code)
+			}
+			c.c.Close()
+			stop()
+			if tc.stripManifest {
+				stripRegions(t, root, 3, 5)
+			}
+			sock, _ = layoutServer(t, root, tc.now)
+			d := newClient(t, sock)
+			d.must(proto.TRegister, regReq(3, layoutBufs...), nil)
+			ar, got := d.restoreRegions(5, layoutBufs)
+			if !slices.Equal(ar.Regions, saved.Regions) || !slices.Equal(ar.Sections, saved.Sections) {
+				t.Fatalf("restore regions %+v sections %+v, saved with %+v %+v", ar.Regions, ar.Sections, saved.Regions, saved.Sections)
+			}
+			for name, want := range data {
+				if !bytes.Equal(got[name], want) {
+					t.Fatalf("buffer %q differs after the restore", name)
+				}
+			}
+		})
+	}
+}
+
+// stripRegions rewrites a generation's manifest as an agent from before
+// regions wrote it, with a commit marker to match.
+func stripRegions(t *testing.T, root string, rank int, step int64) {
+	t.Helper()
+	dirs, _ := filepath.Glob(filepath.Join(tmpfs.JobPath(root, os.Getuid(), "42"), fmt.Sprintf("r%d", rank), "state", fmt.Sprintf("g%d-*", step)))
+	if len(dirs) != 1 {
+		t.Fatalf("generations of step %d: %v", step, dirs)
+	}
+	raw, err := os.ReadFile(filepath.Join(dirs[0], "MANIFEST"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m["sources"] == nil || m["regions"] == nil {
+		t.Fatalf("the manifest has no sources or regions to strip: %s", raw)
+	}
+	delete(m, "sources")
+	delete(m, "regions")
+	raw, _ = json.Marshal(m)
+	var mk map[string]any
+	mraw, err := os.ReadFile(filepath.Join(dirs[0], "COMMITTED"))
+	if err != nil || json.Unmarshal(mraw, &mk) != nil {
+		t.Fatalf("commit marker: %v", err)
+	}
+	mk["manifest_bytes"], mk["manifest_crc32c"] = len(raw), tmpfs.CRC(raw)
+	mraw, _ = json.Marshal(mk)
+	for name, data := range map[string][]byte{"MANIFEST": raw, "COMMITTED": mraw} {
+		if err := os.WriteFile(filepath.Join(dirs[0], name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
