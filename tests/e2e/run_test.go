@@ -1,0 +1,412 @@
+//go:build e2e
+
+package e2e
+
+// End-to-end tests of reft run (issue 7): a batch job runs reft-train under
+// `reft run`; a rank, or a node's agent, dies during training; reft run
+// classifies the failure, relaunches the step on the same nodes, the ranks
+// restore from their nodes' stores, and the job completes with the bits of
+// an uninterrupted run. The recovery log, the job's Comment (through sacct)
+// and `reft log` tell the story.
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// recoveryEvent is the part of a recovery.jsonl line the tests read.
+type recoveryEvent struct {
+	Job        string   `json:"job"`
+	Step       string   `json:"step"`
+	Relaunch   int      `json:"relaunch"`
+	Node       string   `json:"node"`
+	Event      string   `json:"event"`
+	Spec       string   `json:"spec"`
+	Generation int64    `json:"generation"`
+	Bytes      int64    `json:"bytes"`
+	DurationS  float64  `json:"duration_s"`
+	Cause      string   `json:"cause"`
+	Kind       string   `json:"kind"`
+	Nodes      []string `json:"nodes"`
+	Ranks      []int    `json:"ranks"`
+	LostSteps  *int64   `json:"lost_steps"`
+	ExitCode   *int     `json:"exit_code"`
+}
+
+func recoveryEvents(t *testing.T, job string) []recoveryEvent {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(clusterDir, "log", "reft", job, "recovery.jsonl"))
+	if err != nil {
+		t.Fatalf("recovery log of job %s: %v", job, err)
+	}
+	var out []recoveryEvent
+	for _, l := range lines(string(b)) {
+		var e recoveryEvent
+		if err := json.Unmarshal([]byte(l), &e); err != nil {
+			t.Fatalf("recovery log line %q: %v", l, err)
+		}
+		for _, f := range []string{`"job"`, `"step"`, `"restart"`, `"node"`, `"event"`, `"spec"`, `"generation"`, `"bytes"`, `"duration_s"`, `"cause"`} {
+			if !strings.Contains(l, f+":") {
+				t.Errorf("recovery log line without %s: %s", f, l)
+			}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func eventNames(ev []recoveryEvent) []string {
+	var out []string
+	for _, e := range ev {
+		out = append(out, e.Event)
+	}
+	return out
+}
+
+func eventsNamed(ev []recoveryEvent, name string) []recoveryEvent {
+	var out []recoveryEvent
+	for _, e := range ev {
+		if e.Event == name {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// reftRunJob is a batch job of four nodes that runs reft-train under reft
+// run, then removes its node-local stores (they outlive jobs by design;
+// the nodes' tmpfs is small).
+func reftRunJob(t *testing.T, trainArgs ...string) (job, dir string) {
+	t.Helper()
+	u, err := user.Lookup(alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = sharedDir(t, alice)
+	conf := filepath.Join(clusterDir, "etc", "reft-e2e.toml")
+	script := fmt.Sprintf(`#!/bin/bash
+#SBATCH -N4 --reft=arc --requeue
+%s run --config %s --backoff 500ms -- %s %s
+rc=$?
+echo "reft run exit $rc"
+srun --reft=off --ntasks-per-node=1 rm -rf %s
+exit $rc
+`, bin("reft"), conf, bin("reft-train"), strings.Join(trainArgs, " "), filepath.Join(reftStoreRoot, u.Uid, "$SLURM_JOB_ID"))
+	return sbatchIn(t, dir, script), dir
+}
+
+// reference trains without reft in its own job: the bits to match.
+func reference(t *testing.T, flags []string) string {
+	t.Helper()
+	ref := mustRun(t, 3*time.Minute, alice, append([]string{"srun", "--mpi=pmix", "-N4", "-n4", bin("reft-train")}, flags...)...)
+	m := hashRe.FindStringSubmatch(ref.Stdout)
+	if m == nil {
+		t.Fatalf("the uninterrupted run printed no final-params-sha256:\n%s", ref)
+	}
+	return m[1]
+}
+
+// jobComment waits for accounting to show the job's Comment.
+func jobComment(t *testing.T, job string) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := run(t, 30*time.Second, alice, "sacct", "-n", "-X", "-P", "-j", job, "-o", "JobID,State,Comment%120")
+		f := strings.SplitN(strings.TrimSpace(r.Stdout), "|", 3)
+		if len(f) == 3 && f[2] != "" {
+			return f[2]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sacct shows no Comment for job %s:\n%s", job, r)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// mpiInitCrash is how reft-train's output shows a rank that crashed in
+// MPI_Init (PC 0 in cgo). OpenMPI does that about once in 25 launches on
+// this host when its two cores are busy, with or without reft; reft run
+// handles it as a rank failure, which would add events to the story under
+// test.
+const mpiInitCrash = "_Cfunc_MPI_Init"
+
+// untilNoInitCrash runs scenario (which submits a job and returns once it
+// has ended) again when a rank crashed in MPI_Init, at most three times.
+func untilNoInitCrash(t *testing.T, scenario func() (job, dir string)) (job, dir string) {
+	t.Helper()
+	for i := 1; ; i++ {
+		job, dir = scenario()
+		if out := jobOutput(t, dir, job); !strings.Contains(out, mpiInitCrash) || i == 3 {
+			return job, dir
+		}
+		t.Logf("job %s: a rank crashed in MPI_Init (an OpenMPI flake under load, not the failure under test); running the scenario again", job)
+	}
+}
+
+// checkResume checks what both tests share: the job completed, its bits
+// match, and the recovery log and the Comment describe one failure of kind
+// on node, a relaunch on the same nodes and every rank's local restore.
+func checkResume(t *testing.T, job, dir, refHash, kind, node string) []recoveryEvent {
+	t.Helper()
+	if st := waitJob(t, job, 5*time.Minute); st != "COMPLETED" {
+		t.Fatalf("job %s ended %s:\n%s", job, st, jobOutput(t, dir, job))
+	}
+	out := jobOutput(t, dir, job)
+	if !strings.Contains(out, "reft run exit 0\n") {
+		t.Fatalf("reft run did not exit 0:\n%s", out)
+	}
+	h := hashRe.FindAllStringSubmatch(out, -1)
+	if len(h) != 1 || h[0][1] != refHash {
+		t.Fatalf("final-params-sha256 %v, uninterrupted %s:\n%s", h, refHash, out)
+	}
+	if n := len(resumedRe.FindAllString(out, -1)); n != 1 {
+		t.Errorf("%d 'resumed from step' lines, want 1:\n%s", n, out)
+	}
+
+	ev := recoveryEvents(t, job)
+	want := []string{"step_launched", "failure_detected", "step_relaunched",
+		"restore_local", "restore_local", "restore_local", "restore_local", "resumed", "completed"}
+	if !slices.Equal(eventNames(ev), want) {
+		t.Fatalf("recovery events %v, want %v\n%s", eventNames(ev), want, out)
+	}
+	nodes := []string{"n1", "n2", "n3", "n4"}
+	launched, failed, relaunched, resumed := ev[0], ev[1], ev[2], ev[7]
+	if !slices.Equal(launched.Nodes, nodes) || launched.Spec != "arc" || launched.Job != job || launched.Step != job+".0" {
+		t.Errorf("step_launched %+v", launched)
+	}
+	if failed.Kind != kind || failed.Node != node || failed.Step != launched.Step || failed.Generation < 1 {
+		t.Errorf("failure_detected %+v, want kind %s on %s", failed, kind, node)
+	}
+	if !slices.Equal(relaunched.Nodes, nodes) || relaunched.Relaunch != 1 || relaunched.Step == "" || relaunched.Step == launched.Step {
+		t.Errorf("step_relaunched %+v: want the same nodes in a new step", relaunched)
+	}
+	var restored []int
+	for i, e := range ev[3:7] {
+		if e.Node != nodes[i] || e.Generation != resumed.Generation || e.Step != relaunched.Step || e.Bytes <= 0 {
+			t.Errorf("restore_local %+v", e)
+		}
+		restored = append(restored, e.Ranks...)
+	}
+	if slices.Sort(restored); !slices.Equal(restored, []int{0, 1, 2, 3}) {
+		t.Errorf("restored ranks %v, want every rank", restored)
+	}
+	// At most the step in flight when the failure hit is redone.
+	if resumed.LostSteps == nil || *resumed.LostSteps > 1 || resumed.Generation != failed.Generation-*resumed.LostSteps {
+		t.Errorf("resumed %+v after a failure with step %d committed", resumed, failed.Generation)
+	}
+	if m := regexp.MustCompile(`(?m)^resumed from step (\d+)$`).FindStringSubmatch(out); m == nil || m[1] != strconv.FormatInt(resumed.Generation, 10) {
+		t.Errorf("the trainer says %v, the agents' restores say step %d", m, resumed.Generation)
+	}
+	t.Logf("job %s: %s failure on %s detected with step %d committed; relaunched %.2f s later; every rank restored step %d %.2f s after the failure (%d step(s) lost)",
+		job, kind, node, failed.Generation, relaunched.DurationS, resumed.Generation, resumed.DurationS, *resumed.LostSteps)
+
+	// The Comment, as sacct shows it.
+	desc := map[string]string{"rank": `rank \d+ on ` + node, "agent": "agent on " + node}[kind]
+	commentRe := regexp.MustCompile(`^reft: 1 failure \(` + desc + `\), resumed from step ` + strconv.FormatInt(resumed.Generation, 10) +
+		` in \d+\.\d s, lost [01] steps?$`)
+	if c := jobComment(t, job); !commentRe.MatchString(c) {
+		t.Errorf("Comment %q does not match %s", c, commentRe)
+	} else {
+		t.Logf("sacct Comment: %s", c)
+	}
+
+	// reft log: the timeline joins sacct's steps with the events.
+	conf := filepath.Join(clusterDir, "etc", "reft-e2e.toml")
+	lg := mustRun(t, time.Minute, alice, bin("reft"), "log", "--config", conf, job)
+	for _, want := range []string{
+		"job " + job + ": COMPLETED",
+		"slurm  step_start          step " + launched.Step + " (reft-train) started on n[1-4] (4 nodes)",
+		"reft   failure_detected    failure: ",
+		"reft   step_relaunched     relaunch 1 on n1,n2,n3,n4",
+		"reft   resumed             resumed from step " + strconv.FormatInt(resumed.Generation, 10),
+		"slurm  step_end            step " + relaunched.Step + " ended COMPLETED",
+		"reft   completed           the step completed after 1 relaunch(es)",
+	} {
+		if !strings.Contains(lg.Stdout, want) {
+			t.Errorf("reft log lacks %q:\n%s", want, lg.Stdout)
+		}
+	}
+	if strings.Contains(lg.Stdout, "reft-probe") || strings.Contains(lg.Stdout, ".extern") {
+		t.Errorf("reft log shows probe or extern steps:\n%s", lg.Stdout)
+	}
+	js := mustRun(t, time.Minute, alice, bin("reft"), "log", "--json", "--config", conf, job)
+	var rep struct {
+		Job      string `json:"job"`
+		State    string `json:"state"`
+		Comment  string `json:"comment"`
+		Timeline []struct {
+			Source   string          `json:"source"`
+			Event    string          `json:"event"`
+			Step     string          `json:"step"`
+			Sacct    json.RawMessage `json:"sacct"`
+			Recovery json.RawMessage `json:"recovery"`
+		} `json:"timeline"`
+	}
+	if err := json.Unmarshal([]byte(js.Stdout), &rep); err != nil {
+		t.Fatalf("reft log --json: %v\n%s", err, js.Stdout)
+	}
+	var slurmN, reftN int
+	for _, e := range rep.Timeline {
+		switch e.Source {
+		case "slurm":
+			slurmN++
+		case "reft":
+			reftN++
+		}
+	}
+	if rep.Job != job || rep.State != "COMPLETED" || !commentRe.MatchString(rep.Comment) || reftN != len(ev) || slurmN < 6 {
+		t.Errorf("reft log --json: job %s state %s comment %q, %d reft and %d slurm entries (want %d reft)",
+			rep.Job, rep.State, rep.Comment, reftN, slurmN, len(ev))
+	}
+	return ev
+}
+
+// TestReftRunRankFailure: rank 2 SIGKILLs itself at step 7; reft run
+// relaunches on the same nodes and every rank restores locally.
+func TestReftRunRankFailure(t *testing.T) {
+	enableReft(t)
+	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
+	refHash := reference(t, flags)
+	job, dir := untilNoInitCrash(t, func() (string, string) {
+		job, dir := reftRunJob(t, append(flags, "--dp", "4", "--fail-at", "7:2")...)
+		waitJob(t, job, 5*time.Minute)
+		return job, dir
+	})
+	ev := checkResume(t, job, dir, refHash, "rank", "n3")
+	if f := ev[1]; !slices.Equal(f.Ranks, []int{2}) || f.Cause != "task 2 on n3: Killed" {
+		t.Errorf("failure_detected %+v: want rank 2 killed on n3", f)
+	}
+}
+
+// TestReftRunAgentKill: the agent of n2 is SIGKILLed during training; its
+// rank's next commit fails, the step fails; the probe finds no agent on
+// n2, reft run relaunches on the same nodes, the step starts a new agent
+// there, which re-indexes the node's store, and every rank restores
+// locally.
+func TestReftRunAgentKill(t *testing.T) {
+	enableReft(t)
+	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
+	flags = append(flags, "--steps", "150")
+	refHash := reference(t, flags)
+	job, dir := untilNoInitCrash(t, func() (string, string) {
+		job, dir := reftRunJob(t, append(flags, "--dp", "4")...)
+
+		// Training has begun: the agent of n2 (its pid in the job's run dir,
+		// read on the node itself) dies.
+		out := filepath.Join(dir, "slurm-"+job+".out")
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			b, _ := os.ReadFile(out)
+			if strings.Contains(string(b), "\nstep 10 loss") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("job %s did not reach step 10:\n%s", job, b)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		lock := filepath.Join(reftRunDir, job, "agent.lock")
+		r := mustRun(t, time.Minute, alice, "srun", "--jobid="+job, "--overlap", "--reft=off", "-w", "n2", "-N1", "-n1", "cat", lock)
+		pid, err := strconv.Atoi(strings.TrimSpace(r.Stdout))
+		if err != nil || !slices.Contains(agentPIDs(t, job)["n2"], pid) {
+			t.Fatalf("%s on n2 holds %q, not the pid of n2's agent %v", lock, r.Stdout, agentPIDs(t, job))
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("killed the agent of n2 (pid %d)", pid)
+		waitJob(t, job, 5*time.Minute)
+		return job, dir
+	})
+	ev := checkResume(t, job, dir, refHash, "agent", "n2")
+	if f := ev[1]; !strings.Contains(f.Cause, "n2: no agent answers on "+filepath.Join(reftRunDir, job, "agent.sock")) {
+		t.Errorf("failure_detected cause %q", f.Cause)
+	}
+	// n2's relaunched rank was served by a new agent.
+	if started := agentEvents(t, job, "n2")["agent_started"]; len(started) != 2 {
+		t.Errorf("n2's agent started %d times, want 2 (the first and the relaunch's)", len(started))
+	}
+}
+
+// jobProcesses lists the processes (other than Slurm's own daemons) whose
+// environment names job: the step's tasks, srun, reft run.
+func jobProcesses(job string) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil || !slices.Contains(strings.Split(string(env), "\x00"), "SLURM_JOB_ID="+job) {
+			continue
+		}
+		stat, _ := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if strings.Contains(string(stat), ") Z ") {
+			continue
+		}
+		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		out = append(out, e.Name()+" "+strings.ReplaceAll(string(cmd), "\x00", " "))
+	}
+	return out
+}
+
+// TestReftRunScancel: scancel during training ends reft run (it records
+// that it was stopped) and leaves no process of the job behind.
+func TestReftRunScancel(t *testing.T) {
+	enableReft(t)
+	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
+	job, dir := untilNoInitCrash(t, func() (string, string) {
+		job, dir := reftRunJob(t, append(flags, "--dp", "4", "--steps", "100000")...)
+		out := filepath.Join(dir, "slurm-"+job+".out")
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			b, _ := os.ReadFile(out)
+			if strings.Contains(string(b), "\nstep 5 loss") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("job %s did not reach step 5:\n%s", job, b)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if len(jobProcesses(job)) == 0 {
+			t.Fatal("found no process of the running job: the check below would prove nothing")
+		}
+		mustRun(t, time.Minute, alice, "scancel", job)
+		if st := waitJob(t, job, 2*time.Minute); !strings.HasPrefix(st, "CANCELLED") {
+			t.Fatalf("job %s ended %s", job, st)
+		}
+		// The script's cleanup did not run: remove the job's stores here.
+		u, _ := user.Lookup(alice)
+		run(t, time.Minute, alice, "srun", "-N4", "--ntasks-per-node=1", "-w", "n[1-4]", "rm", "-rf", filepath.Join(reftStoreRoot, u.Uid, job))
+		return job, dir
+	})
+	var left []string
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if left = jobProcesses(job); len(left) == 0 {
+			break
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("processes of job %s left after scancel:\n%s", job, strings.Join(left, "\n"))
+	}
+	ev := recoveryEvents(t, job)
+	last := ev[len(ev)-1]
+	if last.Event != "stopped" || last.Cause != "received terminated" || last.ExitCode == nil || *last.ExitCode != 143 {
+		t.Errorf("last recovery event %+v, want stopped by SIGTERM; all: %v\n%s", last, eventNames(ev), jobOutput(t, dir, job))
+	}
+	if n := len(eventsNamed(ev, "failure_detected")) + len(eventsNamed(ev, "step_relaunched")); n != 0 {
+		t.Errorf("reft run treated the cancel as a failure: %v", eventNames(ev))
+	}
+}
