@@ -3,7 +3,10 @@
 // (client/conformance). It prints the socket's path as its first line of
 // stdout, serves until its stdin is closed, then removes its directory.
 //
-//	conformance-agent [--job 4242] [--dir /dev/shm] [--verbose]
+//	conformance-agent [--job 4242] [--dir /dev/shm] [--layout scatter] [--verbose]
+//
+// --layout defaults to $REFT_CONFORMANCE_AGENT, through which a runner
+// passes a vectors scenario's "agent" field (client/conformance/README.md).
 package main
 
 import (
@@ -19,6 +22,10 @@ import (
 	"github.com/reft-hpc/reft/tests/conformance-agent/agenttest"
 )
 
+// LayoutEnv carries a vectors scenario's "agent" field from a
+// conformance runner to this command: the default of --layout.
+const LayoutEnv = "REFT_CONFORMANCE_AGENT"
+
 func main() {
 	if err := run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "conformance-agent:", err)
@@ -32,6 +39,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	job := fs.String("job", "4242", "Slurm job id the agent serves")
 	dir := fs.String("dir", "", "where to make the temporary directory (default /dev/shm when writable, else the temp dir)")
 	verbose := fs.Bool("verbose", false, "log the agent's events to stderr")
+	layout := fs.String("layout", os.Getenv(LayoutEnv), "arena layout: \"\" (the agent's own) or \"scatter\" (a test layout); default $"+LayoutEnv)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -39,7 +47,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if *verbose {
 		log = zerolog.New(stderr).With().Timestamp().Logger()
 	}
-	a, err := agenttest.Start(agenttest.Options{Job: *job, Dir: *dir, Log: log})
+	a, err := agenttest.Start(agenttest.Options{Job: *job, Dir: *dir, Log: log, Layout: *layout})
 	if err != nil {
 		return err
 	}

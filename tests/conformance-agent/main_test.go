@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -67,5 +68,69 @@ func TestBadFlag(t *testing.T) {
 	var stderr bytes.Buffer
 	if err := run([]string{"--nope"}, strings.NewReader(""), io.Discard, &stderr); err == nil {
 		t.Fatal("an unknown flag was accepted")
+	}
+}
+
+// TestLayout: --layout, or $REFT_CONFORMANCE_AGENT without it, picks the
+// agent's arena layout; an unknown one is refused.
+func TestLayout(t *testing.T) {
+	for _, tc := range []struct {
+		name, env string
+		args      []string
+		sections  []string // of a save of buffers "a" and "b"; nil: refused
+	}{
+		{"default", "", nil, []string{"a", "b"}},
+		{"flag", "", []string{"--layout", "scatter"}, []string{"scatter-0", "scatter-1"}},
+		{"environment", "scatter", nil, []string{"scatter-0", "scatter-1"}},
+		{"flag wins", "scatter", []string{"--layout", "identity"}, []string{"a", "b"}},
+		{"unknown", "", []string{"--layout", "nope"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(LayoutEnv, tc.env)
+			inR, inW := io.Pipe()
+			outR, outW := io.Pipe()
+			done := make(chan error, 1)
+			go func() {
+				done <- run(append([]string{"--dir", t.TempDir()}, tc.args...), inR, outW, io.Discard)
+				outW.Close()
+			}()
+			defer func() {
+				inW.Close()
+				if err := <-done; (err != nil) != (tc.sections == nil) {
+					t.Errorf("run: %v", err)
+				}
+			}()
+			line, err := bufio.NewReader(outR).ReadString('\n')
+			if tc.sections == nil {
+				if err == nil {
+					t.Fatalf("layout %v accepted: socket %q", tc.args, line)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := net.Dial("unix", strings.TrimSpace(line))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			reg := proto.Register{World: 1, Buffers: []proto.BufferSpec{{Name: "a", Size: 5000}, {Name: "b", Size: 7000}}}
+			var ar proto.ArenaReply
+			if err := proto.Call(c, proto.TRegister, 1, reg, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := proto.Call(c, proto.TSave, 2, proto.StepReq{Step: 1}, &ar); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, s := range ar.Sections {
+				got = append(got, s.Name)
+			}
+			if !slices.Equal(got, tc.sections) {
+				t.Fatalf("sections %v, want %v", got, tc.sections)
+			}
+		})
 	}
 }

@@ -27,6 +27,10 @@ type Options struct {
 	// else the system's temp directory.
 	Dir string
 	Log zerolog.Logger
+	// Layout is the agent's arena layout: "" (its own) or a test layout
+	// (agent.Server.SetTestLayout: "scatter" splits every buffer into
+	// regions in permuted order), for a vectors scenario's "agent".
+	Layout string
 }
 
 // Agent is a running agent server and its store.
@@ -67,9 +71,10 @@ func Start(opt Options) (a *Agent, err error) {
 		return nil, fmt.Errorf("agenttest: %w", err)
 	}
 	a = &Agent{Socket: filepath.Join(dir, "agent.sock"), Dir: dir, done: make(chan error, 1)}
+	made := a // a failed Start returns a nil a; its directory and store still go
 	defer func() {
 		if err != nil {
-			a.cleanup()
+			made.cleanup()
 		}
 	}()
 	// No pinning: tests must not depend on RLIMIT_MEMLOCK.
@@ -86,6 +91,9 @@ func Start(opt Options) (a *Agent, err error) {
 	a.srv, err = agent.Listen(a.Socket, agent.Info{Job: opt.Job, Node: node, Spec: "arc", Version: "agenttest",
 		UID: os.Getuid(), StoreDir: a.Store.Dir()}, opt.Log)
 	if err != nil {
+		return nil, fmt.Errorf("agenttest: %w", err)
+	}
+	if err := a.srv.SetTestLayout(opt.Layout); err != nil {
 		return nil, fmt.Errorf("agenttest: %w", err)
 	}
 	a.srv.AttachStore(a.Store)
