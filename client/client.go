@@ -246,33 +246,57 @@ func (c *Client) register(ctx context.Context) error {
 	if err := c.conn.call(ctx, proto.TRegister, req, &rep); err != nil {
 		return fmt.Errorf("registering %d buffers: %w", len(c.bufs), err)
 	}
-	if _, err := c.place(rep.Buffers, rep.ArenaSize); err != nil {
+	if err := c.sameBuffers(rep.Buffers); err != nil {
 		return fmt.Errorf("register reply: %w", err)
 	}
 	c.layout = &rep
 	return nil
 }
 
-// place matches the agent's arena layout to the registered buffers: the
-// arena slice of buffer i is [off[i], off[i]+len(bufs[i].data)).
-func (c *Client) place(bufs []proto.BufferPlace, arenaSize int64) ([]int64, error) {
+// sameBuffers checks that the agent lists the registered buffers, in order.
+func (c *Client) sameBuffers(bufs []proto.BufferPlace) error {
 	if len(bufs) != len(c.bufs) {
-		return nil, fmt.Errorf("the agent lists %d buffers, %d are registered", len(bufs), len(c.bufs))
+		return fmt.Errorf("the agent lists %d buffers, %d are registered", len(bufs), len(c.bufs))
 	}
-	off := make([]int64, len(bufs))
 	for i, b := range c.bufs {
-		w := bufs[i]
-		if w.Name != b.name || w.Size != int64(len(b.data)) {
-			return nil, fmt.Errorf("the agent's buffer %d is %q of %d bytes, registered is %q of %d bytes",
+		if w := bufs[i]; w.Name != b.name || w.Size != int64(len(b.data)) {
+			return fmt.Errorf("the agent's buffer %d is %q of %d bytes, registered is %q of %d bytes",
 				i, w.Name, w.Size, b.name, len(b.data))
 		}
-		if w.Offset < 0 || w.Offset > arenaSize || w.Size > arenaSize-w.Offset {
-			return nil, fmt.Errorf("buffer %q at [%d, %d) does not fit the arena of %d bytes",
-				w.Name, w.Offset, w.Offset+w.Size, arenaSize)
-		}
-		off[i] = w.Offset
 	}
-	return off, nil
+	return nil
+}
+
+// layoutOf checks a save or restore reply against the registration and
+// the protocol's rules, and returns the regions to copy and the sections
+// to checksum. An agent from before regions sends neither: every buffer
+// is then copied whole at its offset, as a section of its name.
+func (c *Client) layoutOf(rep *proto.ArenaReply, save bool) ([]proto.Region, []proto.Section, error) {
+	if err := c.sameBuffers(rep.Buffers); err != nil {
+		return nil, nil, err
+	}
+	regions, sections := rep.Regions, rep.Sections
+	switch {
+	case regions == nil && sections == nil:
+		for i, b := range c.bufs {
+			n, off := int64(len(b.data)), rep.Buffers[i].Offset
+			sections = append(sections, proto.Section{Name: b.name, ArenaOffset: off, Size: n})
+			if n > 0 {
+				regions = append(regions, proto.Region{Buffer: b.name, Size: n, ArenaOffset: off})
+			}
+		}
+	case regions == nil || sections == nil:
+		return nil, nil, fmt.Errorf("the agent sent %d regions and %d sections; it must send both or neither (docs/PROTOCOL.md, \"Regions and sections\")",
+			len(regions), len(sections))
+	}
+	sizes := make(map[string]int64, len(c.bufs))
+	for _, b := range c.bufs {
+		sizes[b.name] = int64(len(b.data))
+	}
+	if err := proto.CheckLayout(sizes, rep.ArenaSize, sections, regions, save); err != nil {
+		return nil, nil, fmt.Errorf("the agent's arena layout breaks the protocol: %w (use a client from the agent's release, %s)", err, c.hello.AgentVersion)
+	}
+	return regions, sections, nil
 }
 
 // Close finishes the outstanding save (copying the rest at once), closes

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/reft-hpc/reft/client"
+	"github.com/reft-hpc/reft/tests/conformance-agent/agenttest"
 )
 
 func TestOpenWithoutSocket(t *testing.T) {
@@ -192,15 +193,22 @@ func TestSaveRestore(t *testing.T) {
 		sizes   []int
 		chunk   int64
 		workers int
+		layout  string // the agent's arena layout (agenttest.Options.Layout)
 	}{
-		{"one buffer", []int{5000}, 0, 0},
-		{"several, small chunks", []int{100_000, 12_345, 0, 1}, 4096, 1},
-		{"several, workers", []int{300_000, 4096, 70_001}, 8192, 3},
-		{"more workers than chunks", []int{10}, 0, 8},
+		{"one buffer", []int{5000}, 0, 0, ""},
+		{"several, small chunks", []int{100_000, 12_345, 0, 1}, 4096, 1, ""},
+		{"several, workers", []int{300_000, 4096, 70_001}, 8192, 3, ""},
+		{"more workers than chunks", []int{10}, 0, 8, ""},
+		// Regions in permuted order across two sections, straddling
+		// chunks: the agent verifies the client's section checksums at
+		// every restore.
+		{"scatter, small chunks", []int{100_000, 12_345, 0, 1}, 4096, 1, "scatter"},
+		{"scatter, workers", []int{300_000, 4096, 70_001}, 8192, 3, "scatter"},
+		{"scatter, default chunks", []int{9 << 20, 3}, 0, 2, "scatter"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a := startAgent(t)
+			a := startAgentWith(t, agenttest.Options{Layout: tt.layout})
 			ctx := ctxT(t)
 			opt := client.Options{ChunkSize: tt.chunk, Workers: tt.workers, Layout: "dp=1"}
 			c := open(t, a, opt)

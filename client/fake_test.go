@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/client"
+	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // fakeAgent answers each request with what reply returns: frames to send,
@@ -117,6 +119,25 @@ func standard(arena string, other func(f proto.Frame) ([]proto.Frame, bool)) fun
 	}
 }
 
+// saveReplying answers hello, register (one 4096-byte buffer "w") and
+// save, whose reply has the given JSON fields besides step, arena and
+// arena_size; anything else (the abort) gets an empty reply.
+func saveReplying(arena, fields string) func(f proto.Frame) ([]proto.Frame, bool) {
+	std := standard(arena, func(f proto.Frame) ([]proto.Frame, bool) {
+		return []proto.Frame{msg(f.Type|proto.ReplyBit, f.ID, `{"step":1}`)}, false
+	})
+	return func(f proto.Frame) ([]proto.Frame, bool) {
+		if f.Type == proto.TSave {
+			return []proto.Frame{msg(f.Type|proto.ReplyBit, f.ID, `{"step":1,"arena":"`+arena+`","arena_size":4096,`+fields+`}`)}, false
+		}
+		return std(f)
+	}
+}
+
+func save1(_ *testing.T, c *client.Client, _ *fakeAgent) error {
+	return c.Save(1).Wait(context.Background())
+}
+
 func arenaFile(t *testing.T) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "arena-0")
@@ -196,15 +217,24 @@ func TestProtocolEdges(t *testing.T) {
 				_, err = c.Generations(context.Background())
 				return err
 			}, match: "unusable"},
-		{name: "layout that does not fit", fa: &fakeAgent{reply: func(f proto.Frame) ([]proto.Frame, bool) {
-			if f.Type == proto.TRegister {
-				return []proto.Frame{msg(f.Type|proto.ReplyBit, f.ID,
-					`{"arena_size":4096,"buffers":[{"name":"w","offset":4000,"size":4096}]}`)}, false
-			}
-			return []proto.Frame{msg(f.Type|proto.ReplyBit, f.ID, helloOK)}, false
-		}}, run: func(t *testing.T, c *client.Client, _ *fakeAgent) error {
-			return c.Save(1).Wait(context.Background())
-		}, match: "does not fit"},
+		// Save replies that break the layout rules are refused (and the
+		// save aborted) before anything is copied.
+		{name: "layout that does not fit", fa: &fakeAgent{reply: saveReplying(arena,
+			`"buffers":[{"name":"w","offset":4000,"size":4096}]`)}, run: save1, match: "does not fit"},
+		{name: "buffer offset -1 without regions", fa: &fakeAgent{reply: saveReplying(arena,
+			`"buffers":[{"name":"w","offset":-1,"size":4096}]`)}, run: save1, match: "does not fit"},
+		{name: "regions without sections", fa: &fakeAgent{reply: saveReplying(arena,
+			`"buffers":[{"name":"w","offset":-1,"size":4096}],"regions":[{"buffer":"w","offset":0,"size":4096,"arena_offset":0}]`)},
+			run: save1, match: "both or neither"},
+		{name: "regions that overlap", fa: &fakeAgent{reply: saveReplying(arena, `"buffers":[{"name":"w","offset":-1,"size":4096}],`+
+			`"regions":[{"buffer":"w","offset":0,"size":2048,"arena_offset":0},{"buffer":"w","offset":2048,"size":2048,"arena_offset":2000}],`+
+			`"sections":[{"name":"s","arena_offset":0,"size":4096}]`)}, run: save1, match: "overlap"},
+		{name: "section not filled", fa: &fakeAgent{reply: saveReplying(arena, `"buffers":[{"name":"w","offset":-1,"size":4096}],`+
+			`"regions":[{"buffer":"w","offset":0,"size":2048,"arena_offset":0}],"sections":[{"name":"s","arena_offset":0,"size":4096}]`)},
+			run: save1, match: "must fill every section"},
+		{name: "region of an unregistered buffer", fa: &fakeAgent{reply: saveReplying(arena, `"buffers":[{"name":"w","offset":-1,"size":4096}],`+
+			`"regions":[{"buffer":"x","offset":0,"size":4096,"arena_offset":0}],"sections":[{"name":"s","arena_offset":0,"size":4096}]`)},
+			run: save1, match: "not registered"},
 		{name: "save reply naming a missing arena", fa: &fakeAgent{reply: standard("/nonexistent/arena", func(f proto.Frame) ([]proto.Frame, bool) {
 			return []proto.Frame{msg(f.Type|proto.ReplyBit, f.ID, `{"step":1}`)}, false // the abort
 		})}, run: func(t *testing.T, c *client.Client, _ *fakeAgent) error {
@@ -237,6 +267,73 @@ func TestProtocolEdges(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tt.match) {
 				t.Errorf("error %q does not contain %q", err, tt.match)
+			}
+		})
+	}
+}
+
+// TestCommitChecksums: the commit's crc32c is keyed by the save reply's
+// sections, one CRC-32C per chunk of the section as filled through the
+// regions; an agent from before regions gets them keyed by buffer, whole
+// buffers copied at their offsets.
+func TestCommitChecksums(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		fields string
+		want   map[string][2]int // section: its arena range
+		place  [][3]int          // buffer offset, size, arena offset
+	}{
+		{"agent without regions", `"buffers":[{"name":"w","offset":0,"size":4096}]`,
+			map[string][2]int{"w": {0, 4096}}, [][3]int{{0, 4096, 0}}},
+		{"regions in two sections", `"buffers":[{"name":"w","offset":-1,"size":4096}],` +
+			`"regions":[{"buffer":"w","offset":3096,"size":1000,"arena_offset":0},{"buffer":"w","offset":0,"size":3096,"arena_offset":1000}],` +
+			`"sections":[{"name":"b","arena_offset":1000,"size":3096},{"name":"a","arena_offset":0,"size":1000}]`,
+			map[string][2]int{"a": {0, 1000}, "b": {1000, 4096}}, [][3]int{{3096, 1000, 0}, {0, 3096, 1000}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			arena := arenaFile(t)
+			commits := make(chan proto.Commit, 1)
+			reply := saveReplying(arena, tc.fields)
+			fa := &fakeAgent{reply: func(f proto.Frame) ([]proto.Frame, bool) {
+				if f.Type == proto.TCommit {
+					var cm proto.Commit
+					if err := f.Unmarshal(&cm); err != nil {
+						t.Errorf("commit: %v", err)
+					}
+					commits <- cm
+				}
+				return reply(f)
+			}}
+			c, err := client.Open(context.Background(), client.Options{Socket: fa.start(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			buf := make([]byte, 4096)
+			for i := range buf {
+				buf[i] = byte(i * 13)
+			}
+			c.Register("w", buf, client.Replicated)
+			if err := c.Save(1).Wait(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(arena)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range tc.place {
+				if !bytes.Equal(data[p[2]:p[2]+p[1]], buf[p[0]:p[0]+p[1]]) {
+					t.Fatalf("buffer bytes [%d, +%d) are not at arena offset %d", p[0], p[1], p[2])
+				}
+			}
+			cm := <-commits
+			if len(cm.CRC32C) != len(tc.want) {
+				t.Fatalf("crc32c %v, want sections %v", cm.CRC32C, tc.want)
+			}
+			for name, r := range tc.want {
+				if got, want := cm.CRC32C[name], tmpfs.CRC(data[r[0]:r[1]]); len(got) != 1 || got[0] != want {
+					t.Errorf("crc32c[%q] = %v, want [%d]", name, got, want)
+				}
 			}
 		})
 	}

@@ -15,7 +15,12 @@ import (
 // startAgent runs a real agent over a fresh store for the test.
 func startAgent(t testing.TB) *agenttest.Agent {
 	t.Helper()
-	a, err := agenttest.Start(agenttest.Options{})
+	return startAgentWith(t, agenttest.Options{})
+}
+
+func startAgentWith(t testing.TB, opt agenttest.Options) *agenttest.Agent {
+	t.Helper()
+	a, err := agenttest.Start(opt)
 	if err != nil {
 		t.Fatal(err)
 	}

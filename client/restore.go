@@ -131,7 +131,7 @@ func (c *Client) restore(ctx context.Context, step int64) error {
 	if err := c.conn.call(ctx, proto.TRestore, proto.StepReq{Step: step}, &rep); err != nil {
 		return fmt.Errorf("restore of step %d: %w", step, err)
 	}
-	off, err := c.place(rep.Buffers, rep.ArenaSize)
+	regions, _, err := c.layoutOf(&rep, false)
 	if err == nil && rep.Step != step {
 		err = fmt.Errorf("the agent restored step %d", rep.Step)
 	}
@@ -140,7 +140,7 @@ func (c *Client) restore(ctx context.Context, step int64) error {
 		arena, err = c.maps.get(rep.Arena, rep.ArenaSize, false)
 	}
 	if err == nil {
-		if cerr := copyChunks(c.chunks(arena, off, false), c.opt.Workers, nil); cerr != nil {
+		if cerr := copyChunks(c.restoreTasks(arena, regions), c.opt.Workers, nil); cerr != nil {
 			err = fmt.Errorf("copying out of the arena: %w", cerr)
 		}
 	}

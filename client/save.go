@@ -1,10 +1,12 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,7 +113,7 @@ func (c *Client) Save(step int64) *Handle {
 	if err := c.conn.call(ctx, proto.TSave, proto.StepReq{Step: step}, &rep); err != nil {
 		return fail(err)
 	}
-	off, err := c.place(rep.Buffers, rep.ArenaSize)
+	regions, sections, err := c.layoutOf(&rep, true)
 	if err == nil && rep.Step != step {
 		err = fmt.Errorf("the agent opened step %d", rep.Step)
 	}
@@ -124,23 +126,10 @@ func (c *Client) Save(step int64) *Handle {
 	}
 	h := newHandle(step)
 	c.last = h
-	tasks := c.chunks(arena, off, true)
 	// The checksum of every chunk is computed as it is copied (the bytes
 	// cross the memory bus once) and sent with the commit, so the agent does
 	// not read the arena again.
-	n := make(map[string]int, len(c.bufs))
-	for _, t := range tasks {
-		n[t.buf]++
-	}
-	crcs := make(map[string][]uint32, len(c.bufs))
-	for _, b := range c.bufs {
-		crcs[b.name] = make([]uint32, n[b.name])
-	}
-	for i := range tasks {
-		b := tasks[i].buf
-		tasks[i].crc = &crcs[b][len(crcs[b])-n[b]]
-		n[b]--
-	}
+	tasks, crcs := c.saveTasks(arena, regions, sections)
 	go func() {
 		t := time.Now()
 		err := copyChunks(tasks, c.opt.Workers, func() { c.gate.wait(h.hurry) })
@@ -244,36 +233,91 @@ func (g *gate) wait(hurry <-chan struct{}) {
 	}
 }
 
-// task is one chunk to copy; crc, when set, receives the CRC-32C of the
-// bytes copied.
+// piece is one contiguous copy.
+type piece struct{ dst, src []byte }
+
+// task is one chunk to copy, as pieces in arena order; crc, when set,
+// receives the CRC-32C of the bytes copied, continued from piece to piece,
+// so that it is the chunk's whichever regions fill it.
 type task struct {
-	dst, src []byte
-	buf      string
-	crc      *uint32
+	pieces []piece
+	crc    *uint32
 }
 
-// chunks splits the copy of every registered buffer to (save) or from
-// (restore) the arena into the agent's checksum chunks (the ChunkSize asked
-// for at registration, or the agent's default).
-func (c *Client) chunks(arena []byte, off []int64, save bool) []task {
-	cs := c.layout.ChunkSize
-	if cs <= 0 {
-		cs = DefaultChunkSize
+func (c *Client) chunkSize() int64 {
+	if cs := c.layout.ChunkSize; cs > 0 {
+		return cs
 	}
-	var out []task
-	for i, b := range c.bufs {
-		n := int64(len(b.data))
-		for o := int64(0); o < n; o += cs {
-			e := min(o+cs, n)
-			a, m := arena[off[i]+o:off[i]+e], b.data[o:e]
-			if save {
-				out = append(out, task{dst: a, src: m, buf: b.name})
-			} else {
-				out = append(out, task{dst: m, src: a})
-			}
-		}
+	return DefaultChunkSize
+}
+
+func (c *Client) data() map[string][]byte {
+	out := make(map[string][]byte, len(c.bufs))
+	for _, b := range c.bufs {
+		out[b.name] = b.data
 	}
 	return out
+}
+
+func byArena(a, b proto.Region) int { return cmp.Compare(a.ArenaOffset, b.ArenaOffset) }
+
+// saveTasks cuts a save into the agent's checksum chunks of every section
+// (the ChunkSize asked for at registration, or the agent's default), in
+// arena order, and returns them with the checksum lists they fill, keyed
+// by section. A save's regions fill its sections exactly (layoutOf checked
+// it), so a chunk's pieces, copied in arena order, are all of its bytes.
+func (c *Client) saveTasks(arena []byte, regions []proto.Region, sections []proto.Section) ([]task, map[string][]uint32) {
+	cs, bufs := c.chunkSize(), c.data()
+	regs := slices.SortedFunc(slices.Values(regions), byArena)
+	secs := slices.SortedFunc(slices.Values(sections), func(a, b proto.Section) int { return cmp.Compare(a.ArenaOffset, b.ArenaOffset) })
+	crcs := make(map[string][]uint32, len(secs))
+	n := 0
+	for _, s := range secs {
+		crcs[s.Name] = make([]uint32, (s.Size+cs-1)/cs)
+		n += len(crcs[s.Name])
+	}
+	// A piece ends where a region or a chunk ends, so there are at most
+	// this many: all never grows, and the tasks' slices of it stay valid.
+	all := make([]piece, 0, len(regs)+n)
+	tasks := make([]task, 0, n)
+	j := 0 // the first region not copied to its end
+	for _, s := range secs {
+		for k := range crcs[s.Name] {
+			lo := s.ArenaOffset + int64(k)*cs
+			hi := min(lo+cs, s.ArenaOffset+s.Size)
+			first := len(all)
+			for ; j < len(regs) && regs[j].ArenaOffset < hi; j++ {
+				r := regs[j]
+				a, b := max(lo, r.ArenaOffset), min(hi, r.ArenaOffset+r.Size)
+				at := r.Offset - r.ArenaOffset // buffer offset = arena offset + at
+				all = append(all, piece{dst: arena[a:b], src: bufs[r.Buffer][a+at : b+at]})
+				if r.ArenaOffset+r.Size > hi {
+					break // the rest of it is in the next chunk
+				}
+			}
+			tasks = append(tasks, task{pieces: all[first:len(all):len(all)], crc: &crcs[s.Name][k]})
+		}
+	}
+	return tasks, crcs
+}
+
+// restoreTasks cuts a restore into pieces of at most a chunk of every
+// region, in arena order.
+func (c *Client) restoreTasks(arena []byte, regions []proto.Region) []task {
+	cs, bufs := c.chunkSize(), c.data()
+	regs := slices.SortedFunc(slices.Values(regions), byArena)
+	var all []piece
+	for _, r := range regs {
+		for o := int64(0); o < r.Size; o += cs {
+			e := min(o+cs, r.Size)
+			all = append(all, piece{dst: bufs[r.Buffer][r.Offset+o : r.Offset+e], src: arena[r.ArenaOffset+o : r.ArenaOffset+e]})
+		}
+	}
+	tasks := make([]task, len(all))
+	for i := range all {
+		tasks[i].pieces = all[i : i+1 : i+1]
+	}
+	return tasks
 }
 
 // copyChunks copies the tasks with the given number of goroutines, calling
@@ -301,9 +345,15 @@ func copyChunks(tasks []task, workers int, before func()) error {
 				before()
 			}
 			if t := &tasks[i]; t.crc != nil {
-				*t.crc = tmpfs.CopyCRC(0, t.dst, t.src)
+				var crc uint32
+				for _, p := range t.pieces {
+					crc = tmpfs.CopyCRC(crc, p.dst, p.src)
+				}
+				*t.crc = crc
 			} else {
-				copy(t.dst, t.src)
+				for _, p := range t.pieces {
+					copy(p.dst, p.src)
+				}
 			}
 		}
 	}
