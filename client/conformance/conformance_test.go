@@ -48,8 +48,12 @@ type scenario struct {
 	Rank      int    `json:"rank"`
 	World     int    `json:"world"`
 	ChunkSize int64  `json:"chunk_size"`
+	Agent     string `json:"agent"` // the agent's arena layout: "" or "scatter"
 	Ops       []op   `json:"ops"`
 }
+
+// agents are the values of a scenario's "agent" (README.md).
+var agents = []string{"", "scatter"}
 
 type bufSpec struct {
 	Name       string `json:"name"`
@@ -163,6 +167,9 @@ func TestBadFrames(t *testing.T) {
 // the new bytes, and pass or fail by timing).
 func TestScenarioRules(t *testing.T) {
 	for i, sc := range load(t).Scenarios {
+		if !slices.Contains(agents, sc.Agent) {
+			t.Errorf("vectors.json scenario %d %q: agent %q is none of %q; teach the harnesses and conformance-agent the new one", i, sc.Name, sc.Agent, agents)
+		}
 		saving := false
 		for j, o := range sc.Ops {
 			switch o.Op {
@@ -182,7 +189,7 @@ func TestScenarioRules(t *testing.T) {
 func TestScenarios(t *testing.T) {
 	for i, sc := range load(t).Scenarios {
 		t.Run(sc.Name, func(t *testing.T) {
-			a, err := agenttest.Start(agenttest.Options{})
+			a, err := agenttest.Start(agenttest.Options{Layout: sc.Agent})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -390,6 +397,8 @@ func (r *runner) expect(o op, v any) {
 type manifest struct {
 	Arena   string           `json:"arena"` // file name next to the generation's directory
 	Buffers []manifestBuffer `json:"buffers"`
+	Sources []struct{}       `json:"sources"`
+	Regions []proto.Region   `json:"regions"` // nil (with Sources): each buffer whole
 }
 
 type manifestBuffer struct {
@@ -424,16 +433,24 @@ func (r *runner) corrupt(o op) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		r.fatalf("%s: %v", ms[0], err)
 	}
-	i := slices.IndexFunc(m.Buffers, func(x manifestBuffer) bool { return x.Name == o.Buffer })
-	if i < 0 || o.Offset >= m.Buffers[i].Size {
-		r.fatalf("buffer %q offset %d is not in the manifest %s", o.Buffer, o.Offset, ms[0])
+	regions := m.Regions
+	if regions == nil && m.Sources == nil { // from before regions
+		for _, b := range m.Buffers {
+			regions = append(regions, proto.Region{Buffer: b.Name, Size: b.Size, ArenaOffset: b.Offset})
+		}
+	}
+	i := slices.IndexFunc(regions, func(x proto.Region) bool {
+		return x.Buffer == o.Buffer && x.Offset <= o.Offset && o.Offset < x.Offset+x.Size
+	})
+	if i < 0 {
+		r.fatalf("buffer %q offset %d is in no region of the manifest %s", o.Buffer, o.Offset, ms[0])
 	}
 	f, err := os.OpenFile(filepath.Join(dir, m.Arena), os.O_RDWR, 0)
 	if err != nil {
 		r.fatalf("%v", err)
 	}
 	defer f.Close()
-	at := m.Buffers[i].Offset + o.Offset
+	at := regions[i].ArenaOffset + o.Offset - regions[i].Offset
 	one := make([]byte, 1)
 	if _, err := f.ReadAt(one, at); err != nil {
 		r.fatalf("%v", err)

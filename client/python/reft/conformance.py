@@ -6,9 +6,10 @@ Python client.
 
 frames and bad_frames run in process. Every scenario runs on a fresh agent:
 the runner starts the shell command with REFT_CONFORMANCE_SCENARIO=<index>
-in its environment; the command prints the socket path of an agent with an
-empty store on its first stdout line and keeps running until its stdin is
-closed. One line per case, "PASS <kind>: <name>" or "FAIL <kind>: <name>:
+and REFT_CONFORMANCE_AGENT=<the scenario's "agent", or empty> in its
+environment; the command prints the socket path of an agent with an empty
+store (in that arena layout) on its first stdout line and keeps running
+until its stdin is closed. One line per case, "PASS <kind>: <name>" or "FAIL <kind>: <name>:
 <why>"; the exit status is 0 iff every case passed (--no-scenarios runs
 only the in-process cases).
 """
@@ -68,8 +69,9 @@ def check_bad_frame(v):
 class _Agent:
     """One run of --agent-cmd."""
 
-    def __init__(self, cmd, index):
-        env = dict(os.environ, REFT_CONFORMANCE_SCENARIO=str(index))
+    def __init__(self, cmd, index, agent=None):
+        env = dict(os.environ, REFT_CONFORMANCE_SCENARIO=str(index),
+                   REFT_CONFORMANCE_AGENT=agent or "")
         # Own session, so the whole command (shell and children) is stopped
         # by its process group id if it does not exit on its own.
         self.proc = subprocess.Popen(cmd, shell=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -220,14 +222,21 @@ class _Scenario:
             raise Failure("want one manifest at %s, found %d" % (pattern, len(found)))
         with open(found[0]) as f:
             man = json.load(f)
-        b = next((b for b in man["buffers"] if b["name"] == op["buffer"]), None)
-        if b is None or not 0 <= op["offset"] < b["size"]:
-            raise Failure("manifest %s has no buffer %s with byte %d" % (found[0], op["buffer"], op["offset"]))
+        # The byte's region (a manifest without regions: its buffer, whole).
+        regions = man.get("regions")
+        if regions is None and man.get("sources") is None:
+            regions = [{"buffer": b["name"], "offset": 0, "size": b["size"], "arena_offset": b["offset"]}
+                       for b in man["buffers"]]
+        at = next((r["arena_offset"] + op["offset"] - r["offset"] for r in regions or []
+                   if r["buffer"] == op["buffer"] and 0 <= op["offset"] - r["offset"] < r["size"]), None)
+        if at is None:
+            raise Failure("manifest %s has no region of buffer %s with byte %d"
+                          % (found[0], op["buffer"], op["offset"]))
         arena = os.path.join(os.path.dirname(os.path.dirname(found[0])), man["arena"])
         with open(arena, "r+b") as f:
-            f.seek(b["offset"] + op["offset"])
+            f.seek(at)
             byte = f.read(1)
-            f.seek(b["offset"] + op["offset"])
+            f.seek(at)
             f.write(bytes([byte[0] ^ 0xFF]))
 
 
@@ -251,7 +260,7 @@ def run(vectors, agent_cmd, scenarios=True, out=sys.stdout):
         return failures
     for i, sc in enumerate(vectors.get("scenarios", [])):
         def one(sc=sc, i=i):
-            agent = _Agent(agent_cmd, i)
+            agent = _Agent(agent_cmd, i, sc.get("agent"))
             try:
                 _Scenario(sc, agent.path).run()
             finally:

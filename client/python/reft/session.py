@@ -5,6 +5,7 @@ The contract is docs/PROTOCOL.md, "Snapshots".
 """
 
 import atexit
+import bisect
 import ctypes
 import os
 import sys
@@ -65,6 +66,85 @@ def _check_step(what, step):
         raise Error("%s: step must be an int, not %s" % (what, type(step).__name__))
     if step < 0:
         raise Error("%s: step %d is negative; steps are >= 0" % (what, step))
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class _LayoutError(Exception):
+    pass
+
+
+def _check_layout(buffers, arena_size, sections, regions, save):
+    """Check regions and sections (lists of the reply's dicts) against the
+    rules of docs/PROTOCOL.md, "Regions and sections", as agent/proto's
+    CheckLayout does; buffers maps names to _Buffer. Returns the regions as
+    (buffer, offset, size, arena_offset), in arena order. Sections have
+    unique names, lie in the arena and never overlap; a region is non-empty,
+    lies within its buffer and within one section, and overlaps no other in
+    the arena; a save's regions fill their sections (a byte nobody copies
+    would hold an older generation's), a restore's never overlap within a
+    buffer."""
+    if not isinstance(sections, list) or not isinstance(regions, list):
+        raise _LayoutError("it sent regions %r and sections %r; send both lists or neither"
+                           % (type(regions).__name__, type(sections).__name__))
+    names, secs = set(), []
+    for s in sections:
+        name = s.get("name") if isinstance(s, dict) else None
+        off = s.get("arena_offset") if isinstance(s, dict) else None
+        size = s.get("size") if isinstance(s, dict) else None
+        if not isinstance(name, str) or not name or name in names:
+            raise _LayoutError("section name %r is empty or not unique" % (name,))
+        if not _is_int(off) or not _is_int(size) or off < 0 or size < 0 or off + size > arena_size:
+            raise _LayoutError("section %r at [%r, +%r) does not fit the arena of %d bytes"
+                               % (name, off, size, arena_size))
+        names.add(name)
+        if size:
+            secs.append((off, size, name))
+    secs.sort()
+    for (o1, s1, n1), (o2, _, n2) in zip(secs, secs[1:]):
+        if o1 + s1 > o2:
+            raise _LayoutError("sections %r and %r overlap in the arena" % (n1, n2))
+    out = []
+    for r in regions:
+        r = r if isinstance(r, dict) else {}
+        b, off, size, at = buffers.get(r.get("buffer")), r.get("offset"), r.get("size"), r.get("arena_offset")
+        if b is None:
+            raise _LayoutError("a region names buffer %r, which is not registered" % (r.get("buffer"),))
+        if not all(_is_int(v) for v in (off, size, at)) or size <= 0:
+            raise _LayoutError("a region of buffer %r is empty or not numbers: %r" % (b.name, r))
+        if off < 0 or off + size > b.size:
+            raise _LayoutError("region [%d, +%d) of buffer %r leaves the buffer of %d bytes"
+                               % (off, size, b.name, b.size))
+        if at < 0 or at + size > arena_size:
+            raise _LayoutError("region [%d, +%d) of buffer %r at arena offset %d leaves the arena "
+                               "of %d bytes" % (off, size, b.name, at, arena_size))
+        out.append((at, size, b, off))
+    out.sort(key=lambda x: x[0])
+    starts = [o for o, _, _ in secs]
+    filled = [0] * len(secs)
+    for i, (at, size, b, off) in enumerate(out):
+        if i and out[i - 1][0] + out[i - 1][1] > at:
+            raise _LayoutError("regions of buffers %r and %r overlap in the arena at offset %d"
+                               % (out[i - 1][2].name, b.name, at))
+        j = bisect.bisect_right(starts, at) - 1
+        if j < 0 or at + size > secs[j][0] + secs[j][1]:
+            raise _LayoutError("region [%d, +%d) of buffer %r at arena offset %d is not inside one "
+                               "section" % (off, size, b.name, at))
+        filled[j] += size
+    if save:
+        for (_, size, name), n in zip(secs, filled):
+            if n != size:
+                raise _LayoutError("section %r: the regions fill %d of its %d bytes; a save's "
+                                   "regions must fill every section" % (name, n, size))
+    else:
+        by_buf = sorted(out, key=lambda x: (x[2].name, x[3]))
+        for p, q in zip(by_buf, by_buf[1:]):
+            if p[2] is q[2] and p[3] + p[1] > q[3]:
+                raise _LayoutError("two regions restore bytes %d.. of buffer %r; a restore's "
+                                   "regions must not overlap in a buffer" % (q[3], q[2].name))
+    return [(b, off, size, at) for at, size, b, off in out]
 
 
 def _env_int(name, default):
@@ -310,13 +390,13 @@ class Session:
                 raise Error("register: the reft agent has no snapshot store (%s); run with "
                             "srun --reft=arc or pass optional=True" % e.message, code=e.code) from None
             raise
-        self._check_places("register", reply.get("buffers"), reply.get("arena_size"))
+        self._check_buffers("register", reply.get("buffers"), reply.get("arena_size"))
         self.registration = reply
         self._registered = True
 
-    def _check_places(self, what, places, arena_size):
-        """The agent's arena layout must be ours, in order, inside the arena."""
-        if not isinstance(arena_size, int) or not isinstance(places, list) or \
+    def _check_buffers(self, what, places, arena_size):
+        """The agent must list our buffers, in order, in an arena of a size."""
+        if not _is_int(arena_size) or not isinstance(places, list) or \
                 len(places) != len(self._buffers):
             raise Error("%s: the agent's reply lists %s buffers in an arena of %r bytes, this "
                         "session registered %d" % (what, len(places) if isinstance(places, list)
@@ -325,10 +405,28 @@ class Session:
             if not isinstance(p, dict) or p.get("name") != b.name or p.get("size") != b.size:
                 raise Error("%s: the agent's layout has %r where this session registered "
                             "buffer %r of %d bytes" % (what, p, b.name, b.size))
-            off = p.get("offset")
-            if not isinstance(off, int) or off < 0 or off + b.size > arena_size:
-                raise Error("%s: the agent put buffer %r at offset %r, outside the %d-byte arena"
-                            % (what, b.name, off, arena_size))
+
+    def _layout(self, what, reply, save):
+        """The regions of a save or restore reply to copy, as (buffer,
+        offset, size, arena_offset) in arena order, checked against the
+        protocol's rules (docs/PROTOCOL.md, "Regions and sections"). An agent
+        from before regions sends none: every buffer whole at its offset."""
+        places, arena_size = reply.get("buffers"), reply.get("arena_size")
+        self._check_buffers(what, places, arena_size)
+        regions, sections = reply.get("regions"), reply.get("sections")
+        if regions is None and sections is None:
+            regions, sections = [], []
+            for b, p in zip(self._buffers, places):
+                off = p.get("offset")
+                sections.append({"name": b.name, "arena_offset": off, "size": b.size})
+                if b.size:
+                    regions.append({"buffer": b.name, "offset": 0, "size": b.size, "arena_offset": off})
+        try:
+            return _check_layout({b.name: b for b in self._buffers}, arena_size, sections, regions, save)
+        except _LayoutError as e:
+            raise Error("%s: the agent's arena layout breaks the protocol: %s; install the Python "
+                        "client of the reft version the cluster runs (agent %s)"
+                        % (what, e, (self.agent or {}).get("agent_version"))) from None
 
     # --- save ------------------------------------------------------------
 
@@ -353,15 +451,13 @@ class Session:
                 return SaveHandle._finished(self, step)
             reply = self._conn.call(W.T_SAVE, {"step": step})
             try:
-                size = reply.get("arena_size")
-                self._check_places("save(%d)" % step, reply.get("buffers"), size)
-                arena = self._arenas.get(reply.get("arena"), size, writable=True)
+                regions = self._layout("save(%d)" % step, reply, save=True)
+                arena = self._arenas.get(reply.get("arena"), reply.get("arena_size"), writable=True)
             except Error:
                 self._abort_quietly(step)
                 raise
             handle = SaveHandle(self, step)
-            jobs = [(arena.addr + p["offset"], b.addr, b.size)
-                    for b, p in zip(self._buffers, reply["buffers"]) if b.size]
+            jobs = [(arena.addr + at, b.addr + off, size) for b, off, size, at in regions]
             # The thread holds the mapping and the buffers, so that an
             # interrupted close() cannot unmap or release them under it.
             t = threading.Thread(target=self._copy, args=(handle, jobs, (arena, list(self._buffers))),
@@ -371,8 +467,9 @@ class Session:
             return handle
 
     def _copy(self, handle, jobs, keepalive):
-        """The copier: chunk by chunk into the arena (ctypes.memmove drops
-        the GIL, so training goes on), then commit."""
+        """The copier: region by region in arena order, chunk by chunk, into
+        the arena (ctypes.memmove drops the GIL, so training goes on), then
+        commit."""
         step = handle.step
         try:
             cs = self.chunk_size
@@ -528,17 +625,15 @@ class Session:
         reply = self._conn.call(W.T_RESTORE, {"step": step})
         got = reply.get("step", step)
         try:
-            size = reply.get("arena_size")
-            self._check_places("restore(%d)" % step, reply.get("buffers"), size)
-            arena = self._arenas.get(reply.get("arena"), size, writable=False)
+            regions = self._layout("restore(%d)" % step, reply, save=False)
+            arena = self._arenas.get(reply.get("arena"), reply.get("arena_size"), writable=False)
             cs = self.chunk_size
             with memoryview(arena.mm) as src:
-                for b, p in zip(self._buffers, reply["buffers"]):
-                    base = p["offset"]
+                for b, off, size, at in regions:
                     # Chunked, so other threads get the GIL between chunks.
-                    for off in range(0, b.size, cs):
-                        n = min(cs, b.size - off)
-                        b.view[off:off + n] = src[base + off:base + off + n]
+                    for o in range(0, size, cs):
+                        n = min(cs, size - o)
+                        b.view[off + o:off + o + n] = src[at + o:at + o + n]
         except BaseException:
             try:
                 self._conn.call(W.T_RELEASE, {"step": got})

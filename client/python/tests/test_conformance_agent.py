@@ -2,6 +2,8 @@
 reft agent over a fresh temporary store) built from this tree. Skipped when
 that program or the go tool is missing."""
 
+import glob
+import json
 import os
 import shutil
 import subprocess
@@ -77,6 +79,32 @@ class RealAgent(unittest.TestCase):
         b[:] = bytes(len(b))
         self.assertEqual(s.restore(), 10)
         self.assertTrue(a == want_a and b == want_b)
+
+    def test_scatter_layout(self):
+        # REFT_CONFORMANCE_AGENT reaches the agent: its arena holds two
+        # scatter sections, and buffers larger than the default chunk
+        # survive the round trip through regions in permuted order.
+        self.agent.stop()
+        self.agent = conformance._Agent(agent_binary(), 0, "scatter")
+        self.addCleanup(self.agent.stop)
+        s = self.session()
+        a = bytearray(os.urandom(9 << 20))
+        b = pattern(12345, 7)
+        s.register("a", a)
+        s.register("b", b, replicated=False)
+        want = (bytes(a), bytes(b))
+        self.assertTrue(s.save(3).wait(timeout=60))
+        store = s.status()["store_dir"]
+        mans = glob.glob(os.path.join(store, "r0", "state", "g3-*", "MANIFEST"))
+        self.assertEqual(len(mans), 1, mans)
+        with open(mans[0]) as f:
+            man = json.load(f)
+        self.assertEqual([x["name"] for x in man["buffers"]], ["scatter-0", "scatter-1"])
+        self.assertEqual(len(man["regions"]), 6)
+        a[:] = bytes(len(a))
+        b[:] = bytes(len(b))
+        self.assertEqual(s.restore(), 3)
+        self.assertTrue((bytes(a), bytes(b)) == want)
 
     def test_hints_and_reconnect(self):
         s = self.session(chunk_size=4096)
