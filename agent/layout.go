@@ -151,13 +151,17 @@ func newReplyLayout(sources []tmpfs.Source, secs []tmpfs.Buffer, regions []tmpfs
 	// offset and checksums it as the section of the buffer's name: right
 	// only for the identity layout. Otherwise the offsets are -1, which it
 	// refuses.
+	whole := make(map[tmpfs.Region]bool, len(regions))
+	for _, r := range regions {
+		whole[r] = true
+	}
 	identity := len(secs) == len(sources)
 	n := 0
 	for i := 0; identity && i < len(secs); i++ {
 		b, src := secs[i], sources[i]
 		identity = b.Name == src.Name && b.Size == src.Size
 		if src.Size > 0 {
-			identity = identity && slices.Contains(regions, tmpfs.Region{Buffer: src.Name, Size: src.Size, ArenaOffset: b.Offset})
+			identity = identity && whole[tmpfs.Region{Buffer: src.Name, Size: src.Size, ArenaOffset: b.Offset}]
 			n++
 		}
 	}

@@ -96,8 +96,10 @@ func (m *Manifest) RegionList() []Region {
 }
 
 // checkRegions checks that every region lies within its source and
-// inside one of bufs (sorted by offset, not overlapping), and that no two
-// overlap in the arena.
+// inside one of bufs (laid out by plan: in arena order, not overlapping),
+// and that no two overlap in the arena. It runs at every save, so it
+// sorts and searches rather than compare all pairs (a model may register
+// thousands of tensors).
 func checkRegions(sources []Source, bufs []Buffer, regions []Region) error {
 	size := make(map[string]int64, len(sources))
 	for _, s := range sources {
@@ -105,6 +107,8 @@ func checkRegions(sources []Source, bufs []Buffer, regions []Region) error {
 	}
 	regs := slices.Clone(regions)
 	slices.SortFunc(regs, func(a, b Region) int { return cmp.Compare(a.ArenaOffset, b.ArenaOffset) })
+	secs := slices.DeleteFunc(slices.Clone(bufs), func(b Buffer) bool { return b.Size == 0 })
+	slices.SortFunc(secs, func(a, b Buffer) int { return cmp.Compare(a.Offset, b.Offset) })
 	for i, r := range regs {
 		n, ok := size[r.Buffer]
 		if !ok || r.Size <= 0 || r.Offset < 0 || r.Offset > n || r.Size > n-r.Offset {
@@ -113,9 +117,12 @@ func checkRegions(sources []Source, bufs []Buffer, regions []Region) error {
 		if i > 0 && regs[i-1].ArenaOffset+regs[i-1].Size > r.ArenaOffset {
 			return fmt.Errorf("regions of %q and %q overlap at arena offset %d", regs[i-1].Buffer, r.Buffer, r.ArenaOffset)
 		}
-		if !slices.ContainsFunc(bufs, func(b Buffer) bool {
-			return b.Offset <= r.ArenaOffset && r.ArenaOffset <= b.Offset+b.Size && r.Size <= b.Offset+b.Size-r.ArenaOffset
-		}) {
+		// The last section starting at or before the region must hold it.
+		j, found := slices.BinarySearchFunc(secs, r.ArenaOffset, func(b Buffer, at int64) int { return cmp.Compare(b.Offset, at) })
+		if !found {
+			j--
+		}
+		if j < 0 || r.ArenaOffset < secs[j].Offset || r.Size > secs[j].Offset+secs[j].Size-r.ArenaOffset {
 			return fmt.Errorf("region [%d, +%d) of %q at arena offset %d is not inside one section", r.Offset, r.Size, r.Buffer, r.ArenaOffset)
 		}
 	}
