@@ -238,12 +238,14 @@ func intList(v []int) string {
 
 // Committed summarizes the agents' reports: the newest committed snapshot
 // step of any rank (-1: none), and the payload bytes of the newest one.
-func Committed(h Health) (newest int64, bytes int64) {
+// known is false when no agent answered: then nothing is known.
+func Committed(h Health) (newest int64, bytes int64, known bool) {
 	newest = -1
 	for _, r := range h.Agents {
-		if r.Status == nil {
+		if !r.OK || r.Status == nil {
 			continue
 		}
+		known = true
 		for _, rs := range r.Status.Ranks {
 			if rs.Newest > newest {
 				newest, bytes = rs.Newest, 0
@@ -253,5 +255,21 @@ func Committed(h Health) (newest int64, bytes int64) {
 			}
 		}
 	}
-	return newest, bytes
+	return newest, bytes, known
+}
+
+// SilentAgents names the probed nodes whose agent did not answer, with
+// why, when that is not already the failure's verdict.
+func SilentAgents(h Health, f Failure) string {
+	if f.Kind == recoverylog.KindAgent {
+		return ""
+	}
+	var why []string
+	for n, r := range h.Agents {
+		if !r.OK && !slices.Contains(f.Nodes, n) {
+			why = append(why, n+": "+r.Error)
+		}
+	}
+	sort.Strings(why)
+	return strings.Join(why, "; ")
 }

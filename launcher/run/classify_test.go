@@ -157,15 +157,32 @@ func TestCommitted(t *testing.T) {
 		"n2": {OK: true, Status: &proto.Status{Ranks: []proto.RankStatus{{Rank: 2, Newest: 6, Bytes: 7}}}},
 		"n3": {Error: "down"},
 	}}
-	if n, b := Committed(h); n != 6 || b != 17 {
-		t.Errorf("Committed = %d, %d; want 6, 17", n, b)
+	if n, b, known := Committed(h); n != 6 || b != 17 || !known {
+		t.Errorf("Committed = %d, %d, %v; want 6, 17, true", n, b, known)
 	}
-	if n, b := Committed(Health{}); n != -1 || b != 0 {
-		t.Errorf("nothing: %d, %d", n, b)
+	if n, b, known := Committed(Health{}); n != -1 || b != 0 || known {
+		t.Errorf("no agent: %d, %d, %v", n, b, known)
+	}
+	silent := Health{Agents: map[string]AgentReport{"n1": {Error: "down"}}}
+	if _, _, known := Committed(silent); known {
+		t.Error("known without an answer")
 	}
 	none := Health{Agents: map[string]AgentReport{"n1": {OK: true, Status: &proto.Status{Ranks: []proto.RankStatus{{Rank: 0, Newest: -1}}}}}}
-	if n, _ := Committed(none); n != -1 {
-		t.Errorf("a rank without generations: %d", n)
+	if n, _, known := Committed(none); n != -1 || !known {
+		t.Errorf("a rank without generations: %d %v", n, known)
+	}
+	for _, tc := range []struct {
+		f    Failure
+		want string
+	}{
+		{Failure{Kind: recoverylog.KindNode, Nodes: []string{"n9"}}, "n3: down"},
+		{Failure{Kind: recoverylog.KindNode, Nodes: []string{"n3"}}, ""}, // the node's loss says it
+		{Failure{Kind: recoverylog.KindAgent, Nodes: []string{"n3"}}, ""},
+		{Failure{Kind: recoverylog.KindRank, Nodes: []string{"n1"}}, "n3: down"},
+	} {
+		if got := SilentAgents(h, tc.f); got != tc.want {
+			t.Errorf("SilentAgents(%+v) = %q, want %q", tc.f, got, tc.want)
+		}
 	}
 }
 

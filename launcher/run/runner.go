@@ -59,6 +59,7 @@ type attempt struct {
 	// newest snapshot committed then, and how the relaunch recovers.
 	failedAt        time.Time
 	newestAtFailure int64
+	committedKnown  bool // some agent answered after the failure
 	why             string
 }
 
@@ -172,9 +173,15 @@ func (r *Runner) Run(ctx context.Context) int {
 		}
 		h := r.health(ctx, a)
 		f := Classify(a.outcome, r.Plan, h)
-		newest, bytes := Committed(h)
+		newest, bytes, known := Committed(h)
 		fe := r.event(recoverylog.FailureDetected, relaunch)
 		fe.Time, fe.Step, fe.Kind, fe.Nodes, fe.Ranks, fe.Cause = failedAt, a.stepID, f.Kind, f.Nodes, f.Ranks, f.Cause
+		if s := SilentAgents(h, f); s != "" {
+			fe.Cause += "; also no agent answer from " + s
+		}
+		if !known {
+			fe.Cause += "; no agent answered, so the newest committed snapshot is unknown"
+		}
 		fe.Generation, fe.Bytes, fe.ExitCode = newest, bytes, ptr(a.outcome.Exit)
 		fe.DurationS = failedAt.Sub(a.start).Seconds()
 		if len(f.Nodes) == 1 {
@@ -182,11 +189,12 @@ func (r *Runner) Run(ctx context.Context) int {
 		}
 		fe.Level = "warn"
 		r.emit(ctx, fe)
-		next = &attempt{failedAt: failedAt, newestAtFailure: newest, why: relaunchWhy(f)}
+		next = &attempt{failedAt: failedAt, newestAtFailure: newest, committedKnown: known, why: relaunchWhy(f)}
 
 		// Progress: a relaunched attempt must have committed something newer
-		// than what existed when it started.
-		if relaunch > 0 {
+		// than what existed when it started. Without an agent's answer there
+		// is no verdict either way; the relaunch limit still holds.
+		if relaunch > 0 && known {
 			if newest > committedAtLaunch {
 				stalled = 0
 			} else {
@@ -214,7 +222,9 @@ func (r *Runner) Run(ctx context.Context) int {
 		if sig := r.wait(delay); sig != nil {
 			return r.stopped(ctx, a, sig)
 		}
-		committedAtLaunch = newest
+		if known {
+			committedAtLaunch = newest
+		}
 		relaunch++
 	}
 }
@@ -337,11 +347,11 @@ func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[
 		if len(gens) > 1 {
 			e.Cause = fmt.Sprintf("the %d ranks restored different steps (%v); the oldest is %d", world, keys(gens), gen)
 		}
-		if newestAtFailure >= gen {
+		if a.committedKnown && newestAtFailure >= gen {
 			e.LostSteps = ptr(newestAtFailure - gen)
 		}
 		r.emit(ctx, e)
-	case newestAtFailure < 0 && w.Registered(step) >= world:
+	case a.committedKnown && newestAtFailure < 0 && w.Registered(step) >= world:
 		// Nothing was committed before the failure: the ranks start over.
 		a.resumed = true
 		e := r.event(recoverylog.Resumed, a.relaunch)
