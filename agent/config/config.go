@@ -77,6 +77,9 @@ type Agent struct {
 	// SlurmConf is slurm.conf's path for the agent's scontrol calls (the
 	// job's nodes and their addresses); "": scontrol's default.
 	SlurmConf string `toml:"slurm_conf"`
+	// GPUHealth watches the node's NVIDIA GPUs through NVML
+	// (agent/gpuhealth); off by itself where there is no NVIDIA driver.
+	GPUHealth bool `toml:"gpu_health"`
 }
 
 // Heartbeat is the failure detector between agents.
@@ -124,6 +127,7 @@ func Default() Config {
 			PortRange:    [2]int{47000, 47999},
 			PeerAuth:     "munge",
 			StartTimeout: Duration(10 * time.Second),
+			GPUHealth:    true,
 		},
 		Heartbeat: Heartbeat{
 			Interval: Duration(500 * time.Millisecond),

@@ -55,6 +55,8 @@ func TestParseValid(t *testing.T) {
 		{"peer secret", "[agent]\npeer_auth = \"secret\"\npeer_secret = \"/home/u/.reft/%j.key\"\npeer_bind = \"10.0.0.1\"", func(c Config) bool {
 			return c.Agent.PeerAuth == "secret" && c.Agent.PeerSecret == "/home/u/.reft/%j.key" && c.Agent.PeerBind == "10.0.0.1"
 		}},
+		{"gpu health off", "[agent]\ngpu_health = false", func(c Config) bool { return !c.Agent.GPUHealth }},
+		{"gpu health default", "[agent]\nrun_dir = \"/x\"", func(c Config) bool { return c.Agent.GPUHealth }},
 		{"dotted", "agent.run_dir = \"/x\"", func(c Config) bool { return c.Agent.RunDir == "/x" }},
 		{"failure rate", "[persist]\nfailures_per_node_day = 0.5", func(c Config) bool { return c.Persist.FailuresPerNodeDay == 0.5 }},
 		{"failure rate int", "[persist]\nfailures_per_node_day = 2", func(c Config) bool { return c.Persist.FailuresPerNodeDay == 2 }},
@@ -91,6 +93,8 @@ func TestParseInvalid(t *testing.T) {
 		{"relative dir", "[store]\ntmpfs_root = \"shm\"", "store.tmpfs_root = \"shm\": must be an absolute path"},
 		{"bad ports", "[agent]\nport_range = [9, 1]", "agent.port_range = [9, 1]"},
 		{"bad peer auth", "[agent]\npeer_auth = \"kerberos\"", "valid methods: munge, secret"},
+		{"gpu health string", "[agent]\ngpu_health = \"yes\"", "gpu_health"},
+		{"gpu health miscased", "[agent]\nGPU_Health = false", `unknown key "agent.GPU_Health"`},
 		{"secret without file", "[agent]\npeer_auth = \"secret\"", "needs agent.peer_secret"},
 		{"zero failure rate", "[persist]\nfailures_per_node_day = 0.0", "persist.failures_per_node_day = 0: want failures per node per day, > 0"},
 		{"negative failure rate", "[persist]\nfailures_per_node_day = -1.0", "persist.failures_per_node_day = -1"},
