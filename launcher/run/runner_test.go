@@ -565,3 +565,27 @@ func TestNewStep(t *testing.T) {
 		t.Errorf("no new step: %q", got)
 	}
 }
+
+func TestRunNoAgentAnswerGivesNoProgressVerdict(t *testing.T) {
+	p := fastPolicy()
+	p.MaxStalled, p.MaxRestarts = 1, 2
+	fail := fakeAttempt{exit: 1, stderr: []string{"srun: error: n1: task 0: Exited with exit code 1"}}
+	h := newHarness(t, four, 0, p, fail, fail, fail)
+	h.f.probe = func(_ int, nodes []string) (map[string]AgentReport, error) {
+		out := map[string]AgentReport{}
+		for _, n := range nodes {
+			out[n] = AgentReport{Node: n, Error: "no agent answers"}
+		}
+		return out, nil
+	}
+	// Every agent down: the verdict is an agent failure, and with nothing
+	// known about commits, only the relaunch limit ends it.
+	if code := h.r.Run(context.Background()); code != ExitLimit {
+		t.Fatalf("exit %d, want %d\n%s", code, ExitLimit, h.out.String())
+	}
+	fs := find(h.events(), recoverylog.FailureDetected)
+	if len(fs) != 3 || fs[0].Kind != recoverylog.KindAgent || fs[0].Generation != -1 ||
+		!strings.Contains(fs[0].Cause, "the newest committed snapshot is unknown") {
+		t.Errorf("failures %+v", fs)
+	}
+}
