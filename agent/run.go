@@ -135,6 +135,7 @@ func Run(ctx context.Context, o Options) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	srv.AttachGPU(startGPUHealth(ctx, cfg, logger)) // in the background: start-up does not wait
 	go watchSocket(ctx, cancel, sock, logger)
 	err = srv.Serve(ctx)
 	srv.Close()

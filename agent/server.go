@@ -39,6 +39,7 @@ type Server struct {
 	info    Info
 	store   *tmpfs.Store          // nil: snapshots disabled
 	peering func() *proto.Peering // nil: no peering (snapshots disabled)
+	gpu     func() *proto.GPU     // nil: no GPU section
 	// persist is the persistent tier (agent/persist); nil: off.
 	persist *persist.Persister
 	log     zerolog.Logger
@@ -92,6 +93,10 @@ func (s *Server) AttachStore(st *tmpfs.Store) { s.store = st }
 // AttachPeering gives the status reply its peering section; call it
 // before Serve.
 func (s *Server) AttachPeering(f func() *proto.Peering) { s.peering = f }
+
+// AttachGPU gives the status reply its GPU health section; call it before
+// Serve.
+func (s *Server) AttachGPU(f func() *proto.GPU) { s.gpu = f }
 
 // Path returns the socket path.
 func (s *Server) Path() string { return s.path }
@@ -247,8 +252,15 @@ func (s *Server) Status() proto.Status {
 		PID: os.Getpid(), UptimeSeconds: time.Since(s.start).Seconds(),
 		Clients: int(s.clients.Load()), Connections: s.accepted.Load(), BadFrames: s.badFrames.Load(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
-		Peering: s.peeringStatus(),
+		Peering: s.peeringStatus(), GPU: s.gpuStatus(),
 	}
+}
+
+func (s *Server) gpuStatus() *proto.GPU {
+	if s.gpu == nil {
+		return nil
+	}
+	return s.gpu()
 }
 
 func (s *Server) peeringStatus() *proto.Peering {

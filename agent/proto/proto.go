@@ -226,6 +226,35 @@ type Status struct {
 	Ranks []RankStatus `json:"ranks,omitempty"`
 	// Peering is the connections to the job's other agents.
 	Peering *Peering `json:"peering,omitempty"`
+	// GPU is the node's GPU health (agent/gpuhealth).
+	GPU *GPU `json:"gpu,omitempty"`
+}
+
+// GPU states, of the node and of a device.
+const (
+	GPUStarting  = "starting"  // NVML not initialized yet
+	GPUOK        = "ok"        // watched, nothing wrong seen
+	GPUFailing   = "failing"   // a GPU fault that needs a reset or repair
+	GPUOff       = "off"       // not watched (reason)
+	GPUUnwatched = "unwatched" // a device without events: polled only
+)
+
+// GPU is the status reply's GPU health section.
+type GPU struct {
+	State   string      `json:"state"`
+	Reason  string      `json:"reason,omitempty"`
+	Devices []GPUDevice `json:"devices,omitempty"`
+}
+
+// GPUDevice is one GPU in the status reply.
+type GPUDevice struct {
+	Index        int    `json:"index"`
+	UUID         string `json:"uuid,omitempty"`
+	State        string `json:"state"` // ok, failing or unwatched
+	Reason       string `json:"reason,omitempty"`
+	XID          uint64 `json:"xid,omitempty"`            // the XID that made it fail
+	Since        string `json:"since,omitempty"`          // RFC 3339: when it started failing
+	SingleBitECC uint64 `json:"single_bit_ecc,omitempty"` // corrected ECC errors seen
 }
 
 // RankStatus is one rank's snapshots on this node, in a status reply.
