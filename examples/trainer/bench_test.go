@@ -283,17 +283,21 @@ func trainRound(cfg train.Config, v int, clock *stepClock) (err error) {
 	return nil
 }
 
-func median(v []float64) float64 {
-	v = slices.Clone(v)
-	slices.Sort(v)
-	n := len(v)
-	if n == 0 {
+func median(v []float64) float64 { return quantile(v, 0.5) }
+
+// quantile interpolates linearly between the closest ranks; 0 for none.
+func quantile(v []float64, q float64) float64 {
+	if len(v) == 0 {
 		return 0
 	}
-	if n%2 == 1 {
-		return v[n/2]
+	v = slices.Clone(v)
+	slices.Sort(v)
+	pos := q * float64(len(v)-1)
+	i := int(pos)
+	if i+1 >= len(v) {
+		return v[len(v)-1]
 	}
-	return (v[n/2-1] + v[n/2]) / 2
+	return v[i] + (pos-float64(i))*(v[i+1]-v[i])
 }
 
 // labelled runs f with a profiler label naming the variant, so that a
@@ -319,12 +323,12 @@ func describe(b *testing.B, cfg train.Config, what string) {
 // hints a save's copy waits for the idle window of its trainer's next
 // step, so it never runs in the other trainer's turn. x_off and x_off_cpu
 // are the medians over the step pairs of on/off, in wall time (pairs that
-// other processes left alone) and in this process's CPU time. See
-// docs/BENCHMARKS.md.
+// other processes left alone; _p25 and _p75 their quartiles; _all: every
+// pair) and in this process's CPU time. See docs/BENCHMARKS.md.
 func BenchmarkSnapshotOverhead(b *testing.B) {
 	cfg := benchConfig(b, 10)
 	describe(b, cfg, fmt.Sprintf("steps %d to %d measured", benchWarmup+1, cfg.Steps-1))
-	var wallX, cpuX, offMs []float64
+	var wallX, allX, cpuX, offMs []float64
 	pairs := 0
 	for i := range b.N {
 		runtime.GC() // the previous op's garbage is not this op's cost
@@ -355,6 +359,7 @@ func BenchmarkSnapshotOverhead(b *testing.B) {
 		for k := range off {
 			pairs++
 			cpuX = append(cpuX, on[k].cpu/off[k].cpu)
+			allX = append(allX, on[k].wall/off[k].wall)
 			if off[k].quiet() && on[k].quiet() {
 				wallX = append(wallX, on[k].wall/off[k].wall)
 				opWall = append(opWall, wallX[len(wallX)-1])
@@ -368,6 +373,9 @@ func BenchmarkSnapshotOverhead(b *testing.B) {
 		b.Log("the machine was too busy in every step for a wall-time ratio")
 	}
 	b.ReportMetric(median(wallX), "x_off")
+	b.ReportMetric(quantile(wallX, 0.25), "x_off_p25")
+	b.ReportMetric(quantile(wallX, 0.75), "x_off_p75")
+	b.ReportMetric(median(allX), "x_off_all")
 	b.ReportMetric(median(cpuX), "x_off_cpu")
 	b.ReportMetric(float64(len(wallX))/float64(max(pairs, 1)), "quiet_pairs")
 	b.ReportMetric(median(offMs), "off_ms/step")
