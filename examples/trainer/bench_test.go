@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -285,6 +286,19 @@ func trainRound(cfg train.Config, v int, clock *stepClock) (err error) {
 
 func median(v []float64) float64 { return quantile(v, 0.5) }
 
+// medianCI is the distribution-free 95 % confidence interval of the
+// median: the order statistics n/2 -+ 0.98 sqrt(n); 0s for fewer than 6.
+func medianCI(v []float64) (lo, hi float64) {
+	n := len(v)
+	if n < 6 {
+		return 0, 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	d := 0.98 * math.Sqrt(float64(n))
+	return v[max(int(math.Floor(float64(n)/2-d)), 0)], v[min(int(math.Ceil(float64(n)/2+d)), n-1)]
+}
+
 // quantile interpolates linearly between the closest ranks; 0 for none.
 func quantile(v []float64, q float64) float64 {
 	if len(v) == 0 {
@@ -323,8 +337,9 @@ func describe(b *testing.B, cfg train.Config, what string) {
 // hints a save's copy waits for the idle window of its trainer's next
 // step, so it never runs in the other trainer's turn. x_off and x_off_cpu
 // are the medians over the step pairs of on/off, in wall time (pairs that
-// other processes left alone; _p25 and _p75 their quartiles; _all: every
-// pair) and in this process's CPU time. See docs/BENCHMARKS.md.
+// other processes left alone; _lo95 and _hi95 the median's 95 % confidence
+// interval, _p25 and _p75 the quartiles; _all: every pair) and in this
+// process's CPU time. See docs/BENCHMARKS.md.
 func BenchmarkSnapshotOverhead(b *testing.B) {
 	cfg := benchConfig(b, 10)
 	describe(b, cfg, fmt.Sprintf("steps %d to %d measured", benchWarmup+1, cfg.Steps-1))
@@ -373,6 +388,9 @@ func BenchmarkSnapshotOverhead(b *testing.B) {
 		b.Log("the machine was too busy in every step for a wall-time ratio")
 	}
 	b.ReportMetric(median(wallX), "x_off")
+	lo, hi := medianCI(wallX)
+	b.ReportMetric(lo, "x_off_lo95")
+	b.ReportMetric(hi, "x_off_hi95")
 	b.ReportMetric(quantile(wallX, 0.25), "x_off_p25")
 	b.ReportMetric(quantile(wallX, 0.75), "x_off_p75")
 	b.ReportMetric(median(allX), "x_off_all")
