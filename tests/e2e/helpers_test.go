@@ -119,6 +119,23 @@ func command(ctx context.Context, user string, args ...string) *exec.Cmd {
 // when the command cannot be started or outlives timeout.
 func run(t *testing.T, timeout time.Duration, user string, args ...string) result {
 	t.Helper()
+	for attempt := 1; ; attempt++ {
+		r := runOnce(t, timeout, user, args...)
+		// OpenMPI 4.1 here crashes in MPI_Init (PC 0, inside cgo) in about
+		// one launch in 30 when both cores are busy, with or without reft,
+		// its memory patcher or Go's async preemption. That is not what
+		// any test is about: run the command again, at most twice, and
+		// say so.
+		crashed := strings.Contains(r.Stdout+r.Stderr, "_Cfunc_MPI_Init") && strings.Contains(r.Stdout+r.Stderr, "SIGSEGV")
+		if !crashed || attempt == 3 {
+			return r
+		}
+		t.Logf("%s: a rank crashed in MPI_Init (OpenMPI flake under load, not the behaviour under test); running it again", strings.Join(args, " "))
+	}
+}
+
+func runOnce(t *testing.T, timeout time.Duration, user string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := command(ctx, user, args...)
