@@ -16,6 +16,7 @@ import (
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/logging"
 	"github.com/reft-hpc/reft/agent/persist"
+	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -41,6 +42,11 @@ type Options struct {
 	Restart    int
 	StartedBy  string // "extern" or "step <id>": for the log
 	Version    string
+	// GPU starts the GPU health monitor (gpuhealth.StatusFunc in
+	// reft-agent) and returns the status reply's gpu section; nil: none.
+	// It is injected so that this package, which the SPANK plugin links,
+	// never links NVML.
+	GPU func(ctx context.Context, enabled bool, log zerolog.Logger) func() *proto.GPU
 }
 
 // ErrAlreadyRunning means another agent holds the job's lock on this node.
@@ -135,7 +141,9 @@ func Run(ctx context.Context, o Options) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	srv.AttachGPU(startGPUHealth(ctx, cfg, logger)) // in the background: start-up does not wait
+	if o.GPU != nil {
+		srv.AttachGPU(o.GPU(ctx, cfg.Agent.GPUHealth, logger)) // in the background: start-up does not wait
+	}
 	go watchSocket(ctx, cancel, sock, logger)
 	err = srv.Serve(ctx)
 	srv.Close()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent"
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/gpuhealth"
 	"github.com/reft-hpc/reft/launcher/version"
 )
 
@@ -35,6 +36,7 @@ func main() {
 		os.Exit(2)
 	}
 	o.Version = version.Version
+	o.GPU = gpuhealth.StatusFunc
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
