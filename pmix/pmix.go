@@ -7,6 +7,7 @@ package pmix
 import (
 	"errors"
 	"fmt"
+	"github.com/reft-hpc/reft/pmix/hostlist"
 	"os"
 	"strconv"
 )
@@ -77,7 +78,7 @@ func FromSlurm(getenv func(string) string) (Topology, error) {
 		return Topology{}, fmt.Errorf("pmix: SLURM_PROCID=%d is not below SLURM_NTASKS=%d", t.Rank, t.Size)
 	}
 	nodelist := firstSet(getenv, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-	hosts, err := ExpandHostlist(nodelist)
+	hosts, err := hostlist.Expand(nodelist)
 	if err != nil {
 		return Topology{}, fmt.Errorf("pmix: node list %q: %w", nodelist, err)
 	}

@@ -6,39 +6,6 @@ import (
 	"testing"
 )
 
-func TestExpandHostlist(t *testing.T) {
-	tests := []struct {
-		in      string
-		want    []string
-		wantErr string
-	}{
-		{"n1", []string{"n1"}, ""},
-		{"n[1-3]", []string{"n1", "n2", "n3"}, ""},
-		{"n[1-2,5],gpu7", []string{"n1", "n2", "n5", "gpu7"}, ""},
-		{"node[08-10]", []string{"node08", "node09", "node10"}, ""},
-		{"a[1-2]-ib", []string{"a1-ib", "a2-ib"}, ""},
-		{"", nil, "empty host list"},
-		{"n[3-1]", nil, "bad range"},
-		{"n[1-x]", nil, "bad range"},
-		{"n]1[", nil, "unbalanced"},
-		{"n[1-2][3]", nil, "more than one bracket group"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.in, func(t *testing.T) {
-			got, err := ExpandHostlist(tt.in)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("ExpandHostlist(%q) err %v, want %q", tt.in, err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil || !reflect.DeepEqual(got, tt.want) {
-				t.Fatalf("ExpandHostlist(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
-			}
-		})
-	}
-}
-
 func TestExpandTasksPerNode(t *testing.T) {
 	tests := []struct {
 		in      string

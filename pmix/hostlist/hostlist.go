@@ -2,7 +2,7 @@
 //
 // It is pure Go with no cgo, so packages that must stay cgo-free (agent/sg,
 // the CLI) can parse node lists without importing package pmix, whose PMIx
-// binding is cgo. The syntax is the one pmix.ExpandHostlist accepts: items
+// binding is cgo. The syntax: items
 // separated by commas outside brackets, at most one bracket group per item,
 // ranges "lo-hi" or single numbers, zero padding taken from lo.
 package hostlist
