@@ -15,6 +15,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/logging"
+	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/hostmem"
@@ -48,6 +49,10 @@ type Options struct {
 	// never links NVML.
 	GPU func(ctx context.Context, enabled bool, log zerolog.Logger) func() *proto.GPU
 }
+
+// jobWatchInterval is how often the agent asks slurmctld whether its job
+// still runs (watchJob).
+const jobWatchInterval = 15 * time.Second
 
 // ErrAlreadyRunning means another agent holds the job's lock on this node.
 var ErrAlreadyRunning = errors.New("another agent already serves this job on this node")
@@ -145,6 +150,7 @@ func Run(ctx context.Context, o Options) error {
 		srv.AttachGPU(o.GPU(ctx, cfg.Agent.GPUHealth, logger)) // in the background: start-up does not wait
 	}
 	go watchSocket(ctx, cancel, sock, logger)
+	go watchJob(ctx, cancel, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, jobWatchInterval, logger)
 	err = srv.Serve(ctx)
 	srv.Close()
 	logger.Info().Str("event", "agent_stopped").Msg("agent stopped")

@@ -200,3 +200,32 @@ func nodeAddrs(out []byte) map[string]string {
 	}
 	return m
 }
+
+var jobStateRe = regexp.MustCompile(`(?:^|\s)JobState=(\S+)`)
+
+// JobState is the job's state as slurmctld reports it (RUNNING, PENDING,
+// COMPLETED, ...). gone is true when slurmctld no longer knows the job.
+func (s Slurm) JobState(ctx context.Context) (state string, gone bool, err error) {
+	prog := s.Scontrol
+	if prog == "" {
+		if prog, err = exec.LookPath("scontrol"); err != nil {
+			return "", false, fmt.Errorf("scontrol is not on PATH: %w", err)
+		}
+	}
+	out, err := s.run(ctx, prog, "show", "job", "-o", s.Job)
+	if err != nil {
+		if strings.Contains(err.Error(), "Invalid job id") {
+			return "", true, nil
+		}
+		return "", false, err
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if m := jobIDRe.FindStringSubmatch(line); m == nil || m[1] != s.Job {
+			continue
+		}
+		if m := jobStateRe.FindStringSubmatch(line); m != nil {
+			return m[1], false, nil
+		}
+	}
+	return "", false, fmt.Errorf("scontrol show job -o %s: no JobState for job %s", s.Job, s.Job)
+}
