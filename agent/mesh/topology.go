@@ -201,7 +201,10 @@ func nodeAddrs(out []byte) map[string]string {
 	return m
 }
 
-var jobStateRe = regexp.MustCompile(`(?:^|\s)JobState=(\S+)`)
+// jobStateRe is anchored on QOS, the field before JobState (with WCKey
+// between them when the site tracks WCKeys), so that a job name
+// containing " JobState=" cannot stand in for it.
+var jobStateRe = regexp.MustCompile(`\sQOS=\S*(?:\s+WCKey=\S*)?\s+JobState=(\S+)`)
 
 // JobState is the job's state as slurmctld reports it (RUNNING, PENDING,
 // COMPLETED, ...). gone is true when slurmctld no longer knows the job.

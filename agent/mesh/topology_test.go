@@ -16,9 +16,9 @@ const fakeScontrol = `#!/bin/sh
 [ "$SLURM_CONF" = /etc/site/slurm.conf ] || { echo "scontrol: error: s_p_parse_file: unable to read $SLURM_CONF" >&2; exit 1; }
 case "$*" in
 "show job -o 812")
-	echo 'JobId=812 JobName=x NodeList=evil UserId=alice(1001) JobState=RUNNING ReqNodeList=(null) ExcNodeList=(null) NodeList=n[2-3],gpu01 BatchHost=n2 NumNodes=3' ;;
+	echo 'JobId=812 JobName=x NodeList=evil JobState=COMPLETED UserId=alice(1001) Account=a QOS=normal JobState=RUNNING ReqNodeList=(null) ExcNodeList=(null) NodeList=n[2-3],gpu01 BatchHost=n2 NumNodes=3' ;;
 "show job -o 813")
-	echo 'JobId=813 JobName=p JobState=PENDING ReqNodeList=(null) ExcNodeList=(null) NodeList=(null) NumNodes=2' ;;
+	echo 'JobId=813 JobName=p QOS=(null) WCKey=*x JobState=PENDING ReqNodeList=(null) ExcNodeList=(null) NodeList=(null) NumNodes=2' ;;
 "show hostnames n[2-3],gpu01")
 	printf 'n2\nn3\ngpu01\n' ;;
 "show node -o n[2-3],gpu01")
@@ -75,6 +75,29 @@ func TestTopologyCheck(t *testing.T) {
 	} {
 		if err := tc.t.check(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.t, err, tc.want)
+		}
+	}
+}
+
+func TestSlurmJobState(t *testing.T) {
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "scontrol")
+	if err := os.WriteFile(prog, []byte(fakeScontrol), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	for _, tc := range []struct {
+		job, conf, state string
+		gone, err        bool
+	}{
+		{"812", "/etc/site/slurm.conf", "RUNNING", false, false},
+		{"813", "/etc/site/slurm.conf", "PENDING", false, false},
+		{"814", "/etc/site/slurm.conf", "", true, false}, // purged: "Invalid job id"
+		{"812", "/etc/other.conf", "", false, true},      // scontrol fails: not a verdict on the job
+	} {
+		state, gone, err := Slurm{Job: tc.job, Conf: tc.conf}.JobState(context.Background())
+		if state != tc.state || gone != tc.gone || (err != nil) != tc.err {
+			t.Errorf("job %s conf %s: %q gone=%v err=%v; want %q gone=%v err=%v", tc.job, tc.conf, state, gone, err, tc.state, tc.gone, tc.err)
 		}
 	}
 }
