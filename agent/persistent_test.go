@@ -21,7 +21,6 @@ import (
 
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
-	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -47,22 +46,7 @@ func persistServerBudget(t *testing.T, root, pdir, specStr string, logs *bytes.B
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := hostmem.Config{NoPin: true}
-	if budget > 0 {
-		b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: budget}, Headroom: 1}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Budget = b
-	}
-	alloc, err := hostmem.NewAllocator(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := tmpfs.Open(tmpfs.Options{Root: root, JobID: "42", Keep: 1, Spare: 1, Alloc: alloc})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := openTestStore(t, root, budget, 1)
 	s.AttachStore(st)
 	p, err = persist.New(persist.Options{Dir: pdir, Job: "42", Node: "n1", UID: os.Getuid(), Policy: sp.Persist,
 		FailuresPerNodeDay: 0.016, Store: st, Log: log})

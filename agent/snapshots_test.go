@@ -22,16 +22,10 @@ import (
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
-// storeServer runs a server with a snapshot store under a temp root.
-// budget 0: no cap.
-func storeServer(t *testing.T, root string, budget int64) string {
+// openTestStore opens job 42's store under root without pinning, with one
+// older generation kept, spare extra arenas, and a memory budget (0: none).
+func openTestStore(t *testing.T, root string, budget int64, spare int) *tmpfs.Store {
 	t.Helper()
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "agent.sock")
-	s, err := Listen(sock, Info{Job: "42", Node: "n1", Spec: "arc", Version: "test", UID: os.Getuid()}, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := hostmem.Config{NoPin: true}
 	if budget > 0 {
 		b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: budget}, Headroom: 1}, nil)
@@ -44,10 +38,24 @@ func storeServer(t *testing.T, root string, budget int64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := tmpfs.Open(tmpfs.Options{Root: root, JobID: "42", Keep: 1, Alloc: alloc})
+	st, err := tmpfs.Open(tmpfs.Options{Root: root, JobID: "42", Keep: 1, Spare: spare, Alloc: alloc})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return st
+}
+
+// storeServer runs a server with a snapshot store under a temp root.
+// budget 0: no cap.
+func storeServer(t *testing.T, root string, budget int64) string {
+	t.Helper()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	s, err := Listen(sock, Info{Job: "42", Node: "n1", Spec: "arc", Version: "test", UID: os.Getuid()}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := openTestStore(t, root, budget, 0)
 	s.AttachStore(st)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

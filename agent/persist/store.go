@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"slices"
@@ -27,8 +26,6 @@ const (
 	tmpPrefix    = ".tmp-"
 	trashPrefix  = ".trash-"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // marker is the COMMITTED file: it pins the manifest by length and
 // checksum and the data file by length, so a torn or altered copy never
@@ -226,7 +223,7 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, e
 			if err != nil {
 				return fail("read arena", err)
 			}
-			if got := crc32.Checksum(p, castagnoli); got != want {
+			if got := tmpfs.CRC(p); got != want {
 				return fail("arena", fmt.Errorf("%w: buffer %q chunk %d stored %#08x, memory now %#08x; not persisted (host memory corrupted since the commit)",
 					tmpfs.ErrCorrupt, b.Name, i, want, got))
 			}
@@ -255,7 +252,7 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, e
 	if err := writeSynced(filepath.Join(tmp, manifestFile), raw); err != nil {
 		return fail("write manifest", err)
 	}
-	mk, _ := json.Marshal(marker{Step: m.Step, Seq: m.Seq, ManifestBytes: len(raw), ManifestCRC: crc32.Checksum(raw, castagnoli),
+	mk, _ := json.Marshal(marker{Step: m.Step, Seq: m.Seq, ManifestBytes: len(raw), ManifestCRC: tmpfs.CRC(raw),
 		DataBytes: off, Node: s.node, Written: time.Now().UTC()})
 	if err := writeSynced(filepath.Join(tmp, markerFile), mk); err != nil {
 		return fail("write commit marker", err)
@@ -379,7 +376,7 @@ func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
 	if err != nil {
 		return Generation{}, fmt.Errorf("no manifest: %w", err)
 	}
-	if len(raw) != mk.ManifestBytes || crc32.Checksum(raw, castagnoli) != mk.ManifestCRC || mk.Step != step {
+	if len(raw) != mk.ManifestBytes || tmpfs.CRC(raw) != mk.ManifestCRC || mk.Step != step {
 		return Generation{}, errors.New("manifest does not match its commit marker (torn or altered)")
 	}
 	g := Generation{Rank: rank, Step: step, Dir: dir}
@@ -467,7 +464,7 @@ func (s *Store) Load(g Generation, dst func(name string) ([]byte, error)) error 
 			if _, err := f.ReadAt(p[lo:hi], b.Offset+lo); err != nil {
 				return fmt.Errorf("persistent restore: read %s at %d: %w", path, b.Offset+lo, err)
 			}
-			if got := crc32.Checksum(p[lo:hi], castagnoli); got != want {
+			if got := tmpfs.CRC(p[lo:hi]); got != want {
 				cerr.Chunks = append(cerr.Chunks, tmpfs.BadChunk{Buffer: b.Name, Index: i, Offset: b.Offset + lo, Length: hi - lo, Want: want, Got: got})
 			}
 		}

@@ -3,7 +3,6 @@ package persist
 import (
 	"encoding/json"
 	"errors"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"slices"
@@ -258,7 +257,7 @@ func TestCorruptPersisted(t *testing.T) {
 			var mk marker
 			old, _ := os.ReadFile(filepath.Join(g.Dir, markerFile))
 			json.Unmarshal(old, &mk)
-			mk.ManifestBytes, mk.ManifestCRC = len(raw), crc32.Checksum(raw, castagnoli)
+			mk.ManifestBytes, mk.ManifestCRC = len(raw), tmpfs.CRC(raw)
 			newMk, _ := json.Marshal(mk)
 			os.WriteFile(filepath.Join(g.Dir, markerFile), newMk, 0o600)
 		}, false, "", nil},
