@@ -124,20 +124,7 @@ func torchCrashResume(t *testing.T, steps, failStep int64, failRank int, flags .
 
 	// 2. Relaunched by hand in the same allocation: every rank restores
 	// from its node's store, and the run finishes.
-	resumed := mustRun(t, 3*time.Minute, alice, step...)
-	rm := resumedRe.FindAllStringSubmatch(resumed.Stdout, -1)
-	if len(rm) != 1 {
-		t.Fatalf("%d 'resumed from step' lines in the relaunch, want 1:\n%s", len(rm), resumed)
-	}
-	from, _ := strconv.ParseInt(rm[0][1], 10, 64)
-	// Steps 1..failStep-1 were done; a save in flight when the rank died
-	// may be lost, not more.
-	redone := failStep - 1 - from
-	t.Logf("job %s: rank %d killed at the start of step %d; relaunch resumed from step %d: %d step(s) of work redone",
-		job, failRank, failStep, from, redone)
-	if redone < 0 || redone > 1 {
-		t.Errorf("resumed from step %d after a failure at step %d: %d steps of work redone, want at most 1", from, failStep, redone)
-	}
+	resumed, from := relaunch(t, job, step, failRank, failStep)
 	got := lossLines(resumed.Stdout)
 	if l := lossRe.FindStringSubmatch(resumed.Stdout); l == nil || l[1] != strconv.FormatInt(from+1, 10) {
 		t.Errorf("the relaunch's first step is %v, want %d (the one after the restored step)", l, from+1)

@@ -120,20 +120,7 @@ func crashResume(t *testing.T, nodes, ranks int, failStep int64, failRank int, f
 	}
 
 	// 2. Relaunched by hand in the same allocation: restores and finishes.
-	resumed := mustRun(t, 3*time.Minute, alice, step...)
-	rm := resumedRe.FindAllStringSubmatch(resumed.Stdout, -1)
-	if len(rm) != 1 {
-		t.Fatalf("%d 'resumed from step' lines in the relaunch, want 1:\n%s", len(rm), resumed)
-	}
-	from, _ := strconv.ParseInt(rm[0][1], 10, 64)
-	// Rank failRank died at the start of failedAt, so steps 1..failedAt-1
-	// were done; a save in flight when it died may be lost, not more.
-	redone := failedAt - 1 - from
-	t.Logf("job %s: rank %d killed at the start of step %d; relaunch resumed from step %d: %d step(s) of work redone",
-		job, failRank, failedAt, from, redone)
-	if redone < 0 || redone > 1 {
-		t.Errorf("resumed from step %d after a failure at step %d: %d steps of work redone, want at most 1", from, failedAt, redone)
-	}
+	resumed, from := relaunch(t, job, step, failRank, failedAt)
 	got := lossLines(resumed.Stdout)
 	first := int64(-1)
 	if l := lossRe.FindStringSubmatch(resumed.Stdout); l != nil {
@@ -156,6 +143,28 @@ func crashResume(t *testing.T, nodes, ranks int, failStep int64, failRank int, f
 
 // TestTrainerReftResumeDP: four data-parallel ranks on four nodes, rank 2
 // killed at step 7.
+// relaunch runs the step again by hand in the same allocation; it must log
+// "resumed from step N" once, with at most one step of work redone after a
+// rank died at the start of step failedAt (steps 1..failedAt-1 were done; a
+// save in flight when it died may be lost, not more). It returns the run
+// and N.
+func relaunch(t *testing.T, job string, step []string, failRank int, failedAt int64) (result, int64) {
+	t.Helper()
+	resumed := mustRun(t, 3*time.Minute, alice, step...)
+	rm := resumedRe.FindAllStringSubmatch(resumed.Stdout, -1)
+	if len(rm) != 1 {
+		t.Fatalf("%d 'resumed from step' lines in the relaunch, want 1:\n%s", len(rm), resumed)
+	}
+	from, _ := strconv.ParseInt(rm[0][1], 10, 64)
+	redone := failedAt - 1 - from
+	t.Logf("job %s: rank %d killed at the start of step %d; relaunch resumed from step %d: %d step(s) of work redone",
+		job, failRank, failedAt, from, redone)
+	if redone < 0 || redone > 1 {
+		t.Errorf("resumed from step %d after a failure at step %d: %d steps of work redone, want at most 1", from, failedAt, redone)
+	}
+	return resumed, from
+}
+
 func TestTrainerReftResumeDP(t *testing.T) {
 	crashResume(t, 4, 4, 7, 2, "--dp", "4")
 }
