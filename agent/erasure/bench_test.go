@@ -15,7 +15,8 @@ import (
 // Benchmarks of the codes against a baseline measured in the same run, on
 // the same machine (docs/BENCHMARKS.md records the figures):
 //
-//   - XOR/RS member encode (Codec.Encode) against memmove_GB/s: copy() of
+//   - XOR/RS member encode (Codec.Encode, and Codec.EncodeInputs from the
+//     gathered scratch) against memmove_GB/s: copy() of
 //     the same input bytes (the m-K pieces per parity unit the member
 //     reads) into one
 //     buffer, in 4 MiB chunks on the same GOMAXPROCS goroutines, so neither
@@ -184,6 +185,54 @@ func BenchmarkEncode(b *testing.B) {
 					for range pairsFor(in) {
 						p.run(b, i, in, in, func() {
 							if err := c.Encode(0, slice, parity); err != nil {
+								b.Fatal(err)
+							}
+						}, func() { chunkedCopy(dst, srcs, workers) })
+						i++
+					}
+				}
+				p.report(b, "encode", "memmove", "x_memmove")
+			})
+		}
+	}
+}
+
+// BenchmarkEncodeInputs: one member's parity from its gathered scratch
+// section (the sharded snapshot path), against memmove of the same input
+// bytes, as in BenchmarkEncode. The scratch is what the client copies, so
+// the baseline here is also that copy's cost.
+func BenchmarkEncodeInputs(b *testing.B) {
+	workers := runtime.GOMAXPROCS(0)
+	for _, w := range benchSlices {
+		for _, cc := range codeCases {
+			b.Run(fmt.Sprintf("%s/W=%s", cc, mib(w)), func(b *testing.B) {
+				slice := benchSlice(w)
+				l, err := NewLayout(Params{Members: cc.m, Parity: cc.k, Size: w})
+				if err != nil {
+					b.Fatal(err)
+				}
+				c, err := NewCodec(l, workers)
+				if err != nil {
+					b.Fatal(err)
+				}
+				parity := make([]byte, l.ParitySize())
+				var srcs [][]byte
+				for _, in := range l.Inputs(0) {
+					srcs = append(srcs, slice[in.Range.Off:in.Range.End()])
+				}
+				in := l.InputSize(0)
+				scratch := make([]byte, in)
+				chunkedCopy(scratch, srcs, workers) // the client's gather
+				dst := make([]byte, in)
+				chunkedCopy(dst, srcs, workers) // fault it in
+				if err := c.EncodeInputs(0, scratch, parity); err != nil {
+					b.Fatal(err)
+				}
+				var p pairs
+				for i := 0; b.Loop(); {
+					for range pairsFor(in) {
+						p.run(b, i, in, in, func() {
+							if err := c.EncodeInputs(0, scratch, parity); err != nil {
 								b.Fatal(err)
 							}
 						}, func() { chunkedCopy(dst, srcs, workers) })

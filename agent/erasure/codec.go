@@ -74,13 +74,23 @@ func (c *Codec) Encode(j int, slice, parity []byte) error {
 			r := l.Piece(i, l.PieceIn(i, s))
 			srcs[col] = slice[r.Off:r.End()]
 		}
-		if l.k == 1 {
-			XOR(out, srcs, c.workers)
-			continue
+		if err := c.encodeUnit(j, t, srcs, out); err != nil {
+			return err
 		}
-		if err := c.rsRow(t, srcs, out); err != nil {
-			return fmt.Errorf("erasure: member %d, parity unit %d (stripe %d): %w", j, t, s, err)
-		}
+	}
+	return nil
+}
+
+// encodeUnit computes parity unit t of member j (out, P bytes) from the data
+// pieces of its stripe, in StripeData order: XOR for K = 1, parity row t of
+// the Cauchy code otherwise. Short pieces count as zero-padded.
+func (c *Codec) encodeUnit(j, t int, srcs [][]byte, out []byte) error {
+	if c.l.k == 1 {
+		XOR(out, srcs, c.workers)
+		return nil
+	}
+	if err := c.rsRow(t, srcs, out); err != nil {
+		return fmt.Errorf("erasure: member %d, parity unit %d (stripe %d): %w", j, t, c.l.UnitStripe(j, t), err)
 	}
 	return nil
 }

@@ -40,6 +40,14 @@
 //     parity placed on the SG's own members, losing a member costs a data
 //     shard and a parity shard at once, which is why [Codec] rotates.
 //
+// Sharded snapshots: a member need not hold the whole slice to compute its
+// parity. [Layout.Inputs] lists the data pieces member j's K parity units
+// read (K·D pieces of other members' shards, none of its own; about K·W/m
+// bytes, [Layout.InputSize]); the client copies exactly those bytes,
+// concatenated in that order, into a scratch section, and
+// [Codec.EncodeInputs] computes from it the same parity [Codec.Encode]
+// computes from the slice.
+//
 // With m = 2 the XOR layout degenerates to ARC: each shard is one piece, the
 // stripe of member s holds only the other member's shard, so the "parity" is
 // a plain copy of the peer's shard (W/2 bytes, the same as arc).
