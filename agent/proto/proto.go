@@ -286,6 +286,10 @@ type BufferSpec struct {
 	Name       string `json:"name"`
 	Size       int64  `json:"size"`
 	Replicated bool   `json:"replicated"`
+	// AOR, when set, marks the buffer as this rank's ZeRO-1 shard of an
+	// optimizer state tensor and says how a replica of it is kept
+	// current from the gradients (REFT's AOR; see AOR and CheckAOR).
+	AOR *AOR `json:"aor,omitempty"`
 }
 
 // Register is the payload of a register request.
