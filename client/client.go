@@ -21,6 +21,7 @@ import (
 	"sync"
 
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/spank/spec"
 )
 
 // Kind says how a buffer relates to the other ranks' buffers of the same
@@ -130,6 +131,7 @@ type buffer struct {
 	name string
 	data []byte
 	kind Kind
+	aor  *proto.AOR // RegisterOptimizerState
 }
 
 // Open connects to the agent (Options.Socket, else $REFT_AGENT_SOCKET) and
@@ -205,6 +207,47 @@ func (c *Client) notice() {
 // registered before the first Save or Restore; the client keeps buf and
 // copies it on every Save and into it on every Restore.
 func (c *Client) Register(name string, buf []byte, kind Kind) error {
+	return c.add(buffer{name: name, data: buf, kind: kind})
+}
+
+// AOR describes a ZeRO-1 optimizer-state shard for
+// [Client.RegisterOptimizerState]: the register request's "aor" object
+// (docs/PROTOCOL.md). Optimizer is "momentum", "adam" or "adamw"; State
+// "m" or "v"; Grad the name of the registered Replicated float32 buffer
+// that holds the step's whole reduced gradient whenever Save is called;
+// Shards every DP rank's ZeRO-1 cut of it as [element offset, element
+// count], in DP order; Index this rank's DP index.
+type AOR = proto.AOR
+
+// RegisterOptimizerState registers buf, this rank's ZeRO-1 shard of one
+// optimizer state tensor (float32), as Sharded state that an agent
+// running --reft=...aor keeps an AOR replica of: the rank's ring
+// predecessor brings the replica forward from the gradient buffer a.Grad
+// at every save, with agent/aor's kernels, which the trainer must use for
+// its own update (bit-identical state is the point). Every state the
+// optimizer keeps (m; m and v) must be registered so, with the same a but
+// State, and a.Grad registered too; the first Save or Restore checks the
+// whole set (proto.CheckAOR) before asking the agent. An agent without
+// AOR treats the buffer as any Sharded one.
+func (c *Client) RegisterOptimizerState(name string, buf []byte, a AOR) error {
+	a.Shards = append([][2]int64(nil), a.Shards...)
+	return c.add(buffer{name: name, data: buf, kind: Sharded, aor: &a})
+}
+
+// AOR reports whether the agent's job runs with AOR (its SPEC, from the
+// hello reply, has the aor mode): only then is registering the gradient
+// and the optimizer state with RegisterOptimizerState worth the copy of
+// the gradient at every save. False for a disabled client.
+func (c *Client) AOR() bool {
+	if c.disabled {
+		return false
+	}
+	s, err := spec.Parse(c.hello.Spec)
+	return err == nil && s.AOR
+}
+
+func (c *Client) add(nb buffer) error {
+	name, kind := nb.name, nb.kind
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -222,7 +265,7 @@ func (c *Client) Register(name string, buf []byte, kind Kind) error {
 			return fmt.Errorf("register %q: a buffer of that name is already registered", name)
 		}
 	}
-	c.bufs = append(c.bufs, buffer{name: name, data: buf, kind: kind})
+	c.bufs = append(c.bufs, nb)
 	return nil
 }
 
@@ -236,12 +279,17 @@ func (c *Client) register(ctx context.Context) error {
 	if len(c.bufs) == 0 {
 		return errors.New("no buffers registered: call Register before Save or Restore")
 	}
-	c.frozen = true
 	req := proto.Register{Rank: c.opt.Rank, World: c.opt.World, LocalRank: c.opt.LocalRank,
 		Layout: c.opt.Layout, ChunkSize: c.opt.ChunkSize, Buffers: make([]proto.BufferSpec, len(c.bufs))}
 	for i, b := range c.bufs {
-		req.Buffers[i] = proto.BufferSpec{Name: b.name, Size: int64(len(b.data)), Replicated: b.kind == Replicated}
+		req.Buffers[i] = proto.BufferSpec{Name: b.name, Size: int64(len(b.data)), Replicated: b.kind == Replicated, AOR: b.aor}
 	}
+	// Checked here, not by Register: the set must be complete. Registration
+	// stays open after a failed check, so the caller may add what is missing.
+	if err := proto.CheckAOR(req.Buffers); err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
+	c.frozen = true
 	var rep proto.RegisterReply
 	if err := c.conn.call(ctx, proto.TRegister, req, &rep); err != nil {
 		return fmt.Errorf("registering %d buffers: %w", len(c.bufs), err)
