@@ -42,6 +42,17 @@ func (s *reftSnap) Register(name string, buf []byte, replicated bool) error {
 	return s.c.Register(name, buf, kind)
 }
 
+// AOR reports whether the job's SPEC has aor (the agent's hello reply).
+func (s *reftSnap) AOR() bool { return s.c.AOR() }
+
+// RegisterOptimizerState registers a ZeRO-1 optimizer shard with its aor
+// object (train.AORSnapshotter).
+func (s *reftSnap) RegisterOptimizerState(name string, buf []byte, st train.OptimizerState) error {
+	o := st.Optimizer
+	return s.c.RegisterOptimizerState(name, buf, client.AOR{Optimizer: o.Kind, State: st.State, Beta1: o.Beta1, Beta2: o.Beta2,
+		Momentum: o.Momentum, Grad: st.Grad, Shards: st.Shards, Index: st.Index})
+}
+
 // Save returns at once; the copy runs in the client's background copier
 // and its errors come from Wait.
 func (s *reftSnap) Save(step int64) (train.Waiter, error) {

@@ -143,16 +143,20 @@ var (
 // TestReftCrashResume: a rank dies at step 6; the relaunch restores every
 // rank from the agent's store, resumes at the step after the restored one
 // and ends with the bits of an uninterrupted run, for replicated and
-// sharded (ZeRO-1) optimizer state and for a pipeline.
+// sharded (ZeRO-1) optimizer state and for a pipeline; and in a job with
+// aor, whose ZeRO-1 ranks register the gradient and their optimizer shards
+// with aor objects (restored like any other buffer).
 func TestReftCrashResume(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		n      int
 		layout func(*train.Config)
+		spec   string // the agent's SPEC; "": agenttest's
 	}{
-		{"dp2", 2, func(c *train.Config) { c.DP = 2 }},
-		{"dp2-zero1-adamw", 2, func(c *train.Config) { c.DP, c.Zero1, c.Optimizer = 2, true, train.AdamW }},
-		{"dp2-pp2", 4, func(c *train.Config) { c.DP, c.PP = 2, 2 }},
+		{"dp2", 2, func(c *train.Config) { c.DP = 2 }, ""},
+		{"dp2-zero1-adamw", 2, func(c *train.Config) { c.DP, c.Zero1, c.Optimizer = 2, true, train.AdamW }, ""},
+		{"dp2-pp2", 4, func(c *train.Config) { c.DP, c.PP = 2, 2 }, ""},
+		{"dp2-zero1-adam-aor", 2, func(c *train.Config) { c.DP, c.Zero1, c.Optimizer = 2, true, train.Adam }, "aor"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := small()
@@ -161,11 +165,18 @@ func TestReftCrashResume(t *testing.T) {
 			if err := errors.Join(errs...); err != nil {
 				t.Fatal(err)
 			}
-			a, err := agenttest.Start(agenttest.Options{})
+			a, err := agenttest.Start(agenttest.Options{Spec: tc.spec})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { a.Close() })
+			if tc.spec == "aor" {
+				snap, err := openReft(context.Background(), client.Options{Socket: a.Socket})
+				if err != nil || !snap.AOR() {
+					t.Fatalf("a client of an aor agent: AOR false (%v)", err)
+				}
+				snap.Close()
+			}
 
 			crash := cfg
 			crash.FailStep, crash.FailRank = 6, tc.n-1

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/reft-hpc/reft/agent/aor"
 )
 
 // Snapshotter is what the trainer needs from the reft client. Buffers are
@@ -36,6 +38,29 @@ type Hinter interface {
 	Hint(d time.Duration)
 }
 
+// AORSnapshotter is an optional interface of a Snapshotter whose backend
+// keeps AOR replicas of ZeRO-1 optimizer shards (reft with --reft=...aor).
+// When AOR reports true, a ZeRO-1 trainer registers the step's whole
+// reduced gradient as a replicated float32 buffer and its optimizer
+// shards with RegisterOptimizerState, so that the rank's ring predecessor
+// can bring a replica of them forward from the gradient at every save.
+type AORSnapshotter interface {
+	AOR() bool
+	// RegisterOptimizerState registers buf, this rank's shard of one
+	// optimizer state tensor, as unique to this rank, with st.
+	RegisterOptimizerState(name string, buf []byte, st OptimizerState) error
+}
+
+// OptimizerState is what an AOR replica of a ZeRO-1 optimizer shard needs
+// (the register message's "aor" object, docs/PROTOCOL.md).
+type OptimizerState struct {
+	Optimizer aor.Optimizer
+	State     string     // aor.StateM or aor.StateV
+	Grad      string     // the registered gradient buffer
+	Shards    [][2]int64 // every DP rank's [element offset, element count] of Grad, in DP order
+	Index     int        // this rank's DP index
+}
+
 // Waiter reports the end of one Save.
 type Waiter interface {
 	Wait() error
@@ -46,13 +71,43 @@ type Waiter interface {
 // is restorable once all ranks have committed it.
 type MemStore struct {
 	world int
+	aor   bool // snapshotters report AOR
 	mu    sync.Mutex
 	gens  map[int64]map[int]map[string][]byte
+	opt   map[int]map[string]OptimizerState // rank -> buffer -> RegisterOptimizerState's st
 }
 
 // NewMemStore makes a store for a job of world ranks.
 func NewMemStore(world int) *MemStore {
-	return &MemStore{world: world, gens: map[int64]map[int]map[string][]byte{}}
+	return &MemStore{world: world, gens: map[int64]map[int]map[string][]byte{}, opt: map[int]map[string]OptimizerState{}}
+}
+
+// EnableAOR makes the store's snapshotters report AOR, as reft's client
+// does in a job whose SPEC has aor. Call it before the ranks start.
+func (s *MemStore) EnableAOR() { s.aor = true }
+
+// OptimizerStates returns what rank registered with RegisterOptimizerState,
+// by buffer name.
+func (s *MemStore) OptimizerStates(rank int) map[string]OptimizerState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.opt[rank]
+}
+
+// Generation returns a copy of rank's buffers of generation step, by name;
+// nil when the rank has not saved it.
+func (s *MemStore) Generation(step int64, rank int) map[string][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.gens[step][rank]
+	if g == nil {
+		return nil
+	}
+	out := make(map[string][]byte, len(g))
+	for k, v := range g {
+		out[k] = append([]byte(nil), v...)
+	}
+	return out
 }
 
 // Rank returns rank's Snapshotter over the store.
@@ -91,6 +146,21 @@ type memWait struct {
 }
 
 func (w *memWait) Wait() error { <-w.done; return nil }
+
+func (m *memSnap) AOR() bool { return m.store.aor }
+
+func (m *memSnap) RegisterOptimizerState(name string, buf []byte, st OptimizerState) error {
+	if err := m.Register(name, buf, false); err != nil {
+		return err
+	}
+	m.store.mu.Lock()
+	defer m.store.mu.Unlock()
+	if m.store.opt[m.rank] == nil {
+		m.store.opt[m.rank] = map[string]OptimizerState{}
+	}
+	m.store.opt[m.rank][name] = st
+	return nil
+}
 
 func (m *memSnap) Register(name string, buf []byte, replicated bool) error {
 	if m.saved {

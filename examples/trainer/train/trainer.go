@@ -10,6 +10,8 @@ import (
 	"math"
 	"time"
 	"unsafe"
+
+	"github.com/reft-hpc/reft/agent/aor"
 )
 
 // Options are the trainer's connections to the outside world.
@@ -60,8 +62,13 @@ type trainer struct {
 	layers      []*layer
 	params      []float32 // flat, padded to a multiple of DP
 	grads       []float32 // float gradient of one microbatch; then the step's gradient
-	acc         []int64   // fixed-point gradient sum; last element: loss
-	nParams     int       // unpadded length
+	// stepGrad is the step's whole reduced gradient, registered for AOR
+	// (AORSnapshotter): written only in update, after the previous save
+	// has finished reading it, so a save of step s carries the gradient
+	// that made its optimizer state. nil without AOR.
+	stepGrad    []float32
+	acc         []int64 // fixed-point gradient sum; last element: loss
+	nParams     int     // unpadded length
 	shardLen    int
 	opt         *optimizer
 	teach       *teacher
@@ -163,14 +170,37 @@ func (t *trainer) register(s Snapshotter) error {
 		}
 	}
 	replicated := !t.cfg.Zero1
+	as, useAOR := s.(AORSnapshotter)
+	useAOR = useAOR && t.cfg.Zero1 && t.cfg.DP > 1 && t.opt.m != nil && as.AOR()
+	if useAOR && t.cfg.SaveEvery != 1 {
+		fmt.Fprintf(t.log, "aor: optimizer shards registered without AOR: a replica needs every step's gradient, and --save-every is %d, not 1\n", t.cfg.SaveEvery)
+		useAOR = false
+	}
+	var shards [][2]int64
+	if useAOR {
+		t.stepGrad = make([]float32, len(t.params))
+		if err := s.Register("gradients", bytesOf(t.stepGrad), true); err != nil {
+			return err
+		}
+		for d := 0; d < t.cfg.DP; d++ {
+			shards = append(shards, [2]int64{int64(d * t.shardLen), int64(t.shardLen)})
+		}
+	}
 	for _, st := range []struct {
-		name string
-		buf  []float32
-	}{{"optimizer.m", t.opt.m}, {"optimizer.v", t.opt.v}} {
-		if st.buf != nil {
-			if err := s.Register(st.name, bytesOf(st.buf), replicated); err != nil {
-				return err
-			}
+		name, state string
+		buf         []float32
+	}{{"optimizer.m", aor.StateM, t.opt.m}, {"optimizer.v", aor.StateV, t.opt.v}} {
+		var err error
+		switch {
+		case st.buf == nil:
+		case useAOR:
+			err = as.RegisterOptimizerState(st.name, bytesOf(st.buf), OptimizerState{Optimizer: t.opt.st, State: st.state,
+				Grad: "gradients", Shards: shards, Index: t.dpIdx})
+		default:
+			err = s.Register(st.name, bytesOf(st.buf), replicated)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return s.Register("trainer.state", unsafe.Slice((*byte)(unsafe.Pointer(&t.state[0])), len(t.state)*8), true)
@@ -393,15 +423,25 @@ func (t *trainer) update() error {
 		lo, hi = t.dpIdx*t.shardLen, (t.dpIdx+1)*t.shardLen
 	}
 	p, g := t.params[lo:hi], t.grads[lo:hi]
-	fromFixed(t.acc[lo:hi], g)
+	if t.stepGrad != nil {
+		// AOR: every shard's gradient, for the replicas of the other
+		// ranks' optimizer shards; this rank's part is the same values.
+		n := len(t.stepGrad)
+		parallelFor(n, t.cfg.Threads, 2, func(a, b int) { fromFixed(t.acc[a:b], t.stepGrad[a:b]) })
+		g = t.stepGrad[lo:hi]
+	} else {
+		fromFixed(t.acc[lo:hi], g)
+	}
 	parallelFor(hi-lo, t.cfg.Threads, 16, func(a, b int) { t.opt.update(p, g, a, b) })
 	if !t.cfg.Zero1 || t.cfg.DP == 1 {
 		return nil
 	}
-	// g is spent now; it becomes the all-gather's send buffer (MPI forbids
-	// a send buffer inside the destination).
-	copy(g, p)
-	if err := t.dpc.AllGatherF32(t.params, g); err != nil {
+	// The microbatch gradient buffer is spent now; it becomes the
+	// all-gather's send buffer (MPI forbids a send buffer inside the
+	// destination).
+	send := t.grads[lo:hi]
+	copy(send, p)
+	if err := t.dpc.AllGatherF32(t.params, send); err != nil {
 		return fmt.Errorf("parameter all-gather: %w", err)
 	}
 	return nil

@@ -31,6 +31,9 @@ type Options struct {
 	// (agent.Server.SetTestLayout: "scatter" splits every buffer into
 	// regions in permuted order), for a vectors scenario's "agent".
 	Layout string
+	// Spec is the normalized --reft SPEC the agent reports in its hello
+	// and status replies; "": "arc".
+	Spec string
 }
 
 // Agent is a running agent server and its store.
@@ -58,6 +61,9 @@ func DefaultDir() string {
 func Start(opt Options) (a *Agent, err error) {
 	if opt.Job == "" {
 		opt.Job = "4242"
+	}
+	if opt.Spec == "" {
+		opt.Spec = "arc"
 	}
 	if opt.Dir == "" {
 		opt.Dir = DefaultDir()
@@ -88,7 +94,7 @@ func Start(opt Options) (a *Agent, err error) {
 		return nil, fmt.Errorf("agenttest: store: %w", err)
 	}
 	node, _ := os.Hostname()
-	a.srv, err = agent.Listen(a.Socket, agent.Info{Job: opt.Job, Node: node, Spec: "arc", Version: "agenttest",
+	a.srv, err = agent.Listen(a.Socket, agent.Info{Job: opt.Job, Node: node, Spec: opt.Spec, Version: "agenttest",
 		UID: os.Getuid(), StoreDir: a.Store.Dir()}, opt.Log)
 	if err != nil {
 		return nil, fmt.Errorf("agenttest: %w", err)
