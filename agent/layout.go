@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -95,6 +96,8 @@ func checkBuffers(bufs []proto.BufferSpec) error {
 		switch {
 		case b.Name == "" || len(b.Name) > 256:
 			return fmt.Errorf("buffer name %q must have 1 to 256 bytes", b.Name)
+		case strings.Contains(b.Name, "@"):
+			return fmt.Errorf("buffer name %q contains '@', which the agent's own section names use; rename the buffer", b.Name)
 		case seen[b.Name]:
 			return fmt.Errorf("buffer %q is registered twice; give every buffer its own name", b.Name)
 		case b.Size < 0:
@@ -108,12 +111,19 @@ func checkBuffers(bufs []proto.BufferSpec) error {
 // planLayout is the tmpfs spec every generation of a registration uses:
 // the layout's sections, the registered buffers as sources and the
 // regions at their arena offsets; and the laid-out sections.
-func (s *Server) planLayout(req proto.Register) (tmpfs.Spec, []tmpfs.Buffer, int64, error) {
+func (s *Server) planLayout(req proto.Register, si *sgInfo) (tmpfs.Spec, []tmpfs.Buffer, int64, []string, error) {
 	layout := s.layout
 	if layout == nil {
 		layout = identityLayout
 	}
-	sections, pieces := layout(req.Buffers)
+	var agentSecs []string
+	var sections []tmpfs.BufferSpec
+	var pieces []piece
+	if si != nil {
+		sections, pieces, agentSecs = si.sections()
+	} else {
+		sections, pieces = layout(req.Buffers)
+	}
 	spec := tmpfs.Spec{Layout: req.Layout, ChunkSize: req.ChunkSize, Buffers: sections,
 		Sources: make([]tmpfs.Source, len(req.Buffers)), Regions: make([]tmpfs.Region, len(pieces))}
 	for i, b := range req.Buffers {
@@ -121,12 +131,12 @@ func (s *Server) planLayout(req proto.Register) (tmpfs.Spec, []tmpfs.Buffer, int
 	}
 	secs, size, err := tmpfs.Plan(spec)
 	if err != nil {
-		return spec, nil, 0, err
+		return spec, nil, 0, nil, err
 	}
 	for i, p := range pieces {
 		spec.Regions[i] = tmpfs.Region{Buffer: p.buffer, Offset: p.offset, Size: p.size, ArenaOffset: secs[p.section].Offset + p.at}
 	}
-	return spec, secs, size, nil
+	return spec, secs, size, agentSecs, nil
 }
 
 // replyLayout is what save and restore replies say about the arena.

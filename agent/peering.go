@@ -36,6 +36,7 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 	p := &peering{done: make(chan struct{})}
 	ctx, p.cancel = context.WithCancel(ctx)
 	srv.AttachPeering(p.status)
+	srv.AttachMesh(p.get)
 	go func() {
 		defer close(p.done)
 		m, err := openMesh(ctx, cfg, o, store, log)
@@ -84,6 +85,13 @@ func checkAuth(ctx context.Context, a peer.Authenticator, uid int) error {
 		return fmt.Errorf("peer authentication (agent.peer_auth = %q): our own credential reads as uid %d, want %d", a.Method(), by, uid)
 	}
 	return nil
+}
+
+// get is the mesh once it runs; nil while it starts or when peering is off.
+func (p *peering) get() *mesh.Mesh {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m
 }
 
 // Close stops the mesh, waiting for a start in progress.

@@ -17,8 +17,10 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -59,6 +61,13 @@ type Server struct {
 	// layout lays registered buffers out in the arena; nil: identity
 	// (SetTestLayout).
 	layout layoutFunc
+
+	// mesh is the job's agent mesh, for sharded restores (AttachMesh).
+	mesh      func() *mesh.Mesh
+	viewMu    sync.Mutex
+	viewCache *storeView // the job's watermarks, briefly cached
+	specOnce  sync.Once
+	jobSpec   spec.Spec
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path

@@ -28,6 +28,7 @@ type rankConn struct {
 	arenaSize  int64
 	open       *tmpfs.Ongoing
 	restored   map[int64]*tmpfs.Reader
+	sg         *sgInfo // the sharded layout's geometry; nil: identity
 }
 
 // close aborts the connection's unfinished save and drops its restore pins.
@@ -77,7 +78,13 @@ func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zer
 		}
 		return s.register(c, rc, f.ID, req, log)
 	case proto.TGenerations:
-		out := proto.GenerationsReply{Rank: rc.key.Rank, Generations: s.generationList(rc.key.Rank, log)}
+		gens := []proto.GenInfo(nil)
+		if rc.sg != nil {
+			gens = s.shardedGenerations(rc, log)
+		} else {
+			gens = s.generationList(rc.key.Rank, log)
+		}
+		out := proto.GenerationsReply{Rank: rc.key.Rank, Generations: gens}
 		return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, out)
 	}
 	if f.Type == proto.TCommit {
@@ -141,11 +148,16 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	if err := checkBuffers(req.Buffers); err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
-	spec, secs, size, err := s.planLayout(req)
+	si, err := newSGInfo(s.spec(), req)
+	if err != nil {
+		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
+	}
+	spec, secs, size, agentSecs, err := s.planLayout(req, si)
 	if err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
 	layout := newReplyLayout(spec.Sources, secs, spec.Regions)
+	layout.sections = slices.DeleteFunc(layout.sections, func(sec proto.Section) bool { return slices.Contains(agentSecs, sec.Name) })
 	if err := layout.check(size, true); err != nil {
 		log.Error().Err(err).Int("rank", req.Rank).Msg("register refused")
 		return replyErr(c, id, proto.CodeInternal, "register: %v", err)
@@ -160,7 +172,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 		return replyErr(c, id, storeErr(err), "register rank %d (%d bytes per generation): %v%s", req.Rank, size, err, hint)
 	}
 	rc.registered, rc.key, rc.spec, rc.arenaSize = true, key, spec, size
-	rc.bufs, rc.layout = slices.Clone(req.Buffers), layout
+	rc.bufs, rc.layout, rc.sg = slices.Clone(req.Buffers), layout, si
 	if s.persist != nil {
 		s.persist.Registered(req.Rank, req.World)
 	}
@@ -169,7 +181,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 		cs = s.store.ChunkSize()
 	}
 	log.Info().Str("event", "rank_registered").Int("rank", req.Rank).Int("world", req.World).Int("local_rank", req.LocalRank).
-		Str("layout", req.Layout).Int("buffers", len(req.Buffers)).Int("regions", len(spec.Regions)).Int("sections", len(secs)).
+		Str("layout", req.Layout).Str("arena_layout", si.describe()).Int("buffers", len(req.Buffers)).Int("regions", len(spec.Regions)).Int("sections", len(secs)).
 		Int64("bytes", payloadBytes(secs)).Int64("arena_size", size).Msg("rank registered")
 	return proto.WriteMsg(c, proto.TRegister|proto.ReplyBit, id, proto.RegisterReply{
 		Rank: req.Rank, ChunkSize: cs, ArenaSize: size, Buffers: layout.places})
@@ -230,6 +242,13 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 		}
 	}
 	crcTime := time.Since(t0)
+	if rc.sg != nil {
+		if err := rc.sg.encode(o); err != nil {
+			o.Abort()
+			log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("commit failed")
+			return replyErr(c, id, proto.CodeInternal, "commit of step %d: %v", step, err)
+		}
+	}
 	g, err := o.Commit()
 	if err != nil {
 		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("commit failed")
@@ -242,6 +261,9 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 	if s.persist != nil {
 		s.persist.Committed(g) // queues a background write when due; never blocks
 	}
+	if rc.sg != nil {
+		s.invalidateView()
+	}
 	n := payloadBytes(g.Manifest.Buffers)
 	log.Debug().Str("event", "committed").Int("rank", rc.key.Rank).Int64("step", step).Uint64("seq", g.Seq).
 		Int64("bytes", n).Dur("checksum", crcTime).Msg("generation committed")
@@ -250,6 +272,18 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 }
 
 func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log zerolog.Logger) error {
+	if rc.sg != nil {
+		g, event, err := s.restoreSharded(c, rc, id, step, log)
+		if err != nil {
+			log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("restore failed")
+			what := "the newest restorable step"
+			if step >= 0 {
+				what = fmt.Sprintf("step %d", step)
+			}
+			return replyErr(c, id, storeErr(err), "restore of rank %d, %s: %v", rc.key.Rank, what, err)
+		}
+		return s.serveRestore(c, rc, id, g, event, log)
+	}
 	var (
 		g     tmpfs.Generation
 		found bool
@@ -278,6 +312,12 @@ func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log ze
 		return replyErr(c, id, proto.CodeNotFound, "restore of step %d: rank %d has no committed generation of that step on %s (it has steps %v)",
 			step, rc.key.Rank, s.info.Node, have)
 	}
+	return s.serveRestore(c, rc, id, g, "restore_local", log)
+}
+
+// serveRestore pins generation g of the rank and replies with its arena
+// and layout. event names the restore in the log ("" when already logged).
+func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Generation, event string, log zerolog.Logger) error {
 	// The generation's own layout: it may predate this registration's.
 	m := &g.Manifest
 	if err := sameSources(m.SourceList(), rc.bufs); err != nil {
@@ -304,8 +344,10 @@ func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log ze
 	if s.persist != nil {
 		s.persist.Restored(rc.key.Rank, g.Step)
 	}
-	log.Info().Str("event", "restore_local").Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
-		Int64("bytes", payloadBytes(g.Manifest.Buffers)).Dur("verify", time.Since(t0)).Msg("serving a local restore")
+	if rc.sg == nil {
+		log.Info().Str("event", event).Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
+			Int64("bytes", payloadBytes(g.Manifest.Buffers)).Dur("verify", time.Since(t0)).Msg("serving a local restore")
+	}
 	return proto.WriteMsg(c, proto.TRestore|proto.ReplyBit, id, proto.ArenaReply{
 		Step: g.Step, Seq: g.Seq, Arena: g.ArenaPath, ArenaSize: g.Manifest.ArenaSize,
 		Buffers: layout.places, Regions: layout.regions, Sections: layout.sections})

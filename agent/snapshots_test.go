@@ -98,8 +98,11 @@ func (c *client) must(typ proto.Type, req, resp any) {
 	}
 }
 
+// regReq registers a rank of a 4-stage pipeline (dp=1): no sharding group,
+// so these tests see the node-local store's whole-buffer layout; the
+// sharded layout has its own multi-agent tests (sharded_test.go).
 func regReq(rank int, bufs ...proto.BufferSpec) proto.Register {
-	return proto.Register{Rank: rank, World: 4, Layout: "dp=4", ChunkSize: 4096, Buffers: bufs}
+	return proto.Register{Rank: rank, World: 4, Layout: "dp=1,pp=4", ChunkSize: 4096, Buffers: bufs}
 }
 
 var twoBufs = []proto.BufferSpec{{Name: "params", Size: 10_000, Replicated: true}, {Name: "adam", Size: 5_000}}
@@ -191,7 +194,7 @@ func TestSnapshotSaveRestore(t *testing.T) {
 	}
 	raw, _ := os.ReadFile(gens[0])
 	var man tmpfs.Manifest
-	if err := json.Unmarshal(raw, &man); err != nil || !man.Buffers[0].Replicated || man.Layout != "dp=4" {
+	if err := json.Unmarshal(raw, &man); err != nil || !man.Buffers[0].Replicated || man.Layout != "dp=1,pp=4" {
 		t.Fatalf("manifest %s: %+v %v", raw, man, err)
 	}
 }

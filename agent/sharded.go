@@ -1,0 +1,325 @@
+package agent
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/reft-hpc/reft/agent/erasure"
+	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/sg"
+	"github.com/reft-hpc/reft/spank/spec"
+	"github.com/reft-hpc/reft/tmpfs"
+)
+
+// The sharded layout (REFT 4.1-4.2). With arc or aec in the SPEC and two
+// or more DP ranks, a rank no longer snapshots its replicated buffers
+// whole. Its replicated buffers, concatenated in registration order, are
+// the slice its sharding group (SG) shares; the slice is cut into m
+// balanced shards (sg.ShardRange), one per member, ring position = dp
+// index. A save copies
+//
+//   - rep@shard: the member's own shard;
+//   - rep@arc (arc): its ring successor's shard, cut from its own copy;
+//   - rep@in (aec): the data pieces its parity units need, gathered in
+//     erasure.Layout.Inputs order;
+//
+// and at commit the agent encodes rep@parity (aec) from rep@in, so the
+// parity costs no network either. Buffers that are not replicated are
+// saved whole, in sections of their names. Section names carry '@', which
+// registered buffer names may not.
+//
+// A restore assembles the whole slice again (restoreSharded): own shard
+// and ARC copy from the node's store, the other shards from the members'
+// agents, lost shards decoded from parity.
+const (
+	secShard  = "rep@shard"
+	secARC    = "rep@arc"
+	secIn     = "rep@in"
+	secParity = "rep@parity"
+	secRep    = "rep" // the whole slice, in an assembled restore
+	// restoreShard is the store key's shard of assembled restores.
+	restoreShard = "restore"
+	// persistedShard holds members' persisted generations loaded for a
+	// persistent-tier restore.
+	persistedShard = "persisted"
+)
+
+// sliceBuf is a replicated buffer's place in the SG's slice.
+type sliceBuf struct {
+	name      string
+	off, size int64
+}
+
+// sgInfo is a registration's sharding group and the geometry of its
+// slice: everything the sharded save, commit and restore need.
+type sgInfo struct {
+	spec    spec.Spec
+	layout  sg.Layout
+	world   int
+	rank    int
+	pos, m  int   // ring position (= dp) and members
+	members []int // member ranks by ring position
+	arc     bool
+	k       int // AEC parity units per stripe; 0 without aec
+	w       int64
+	slice   []sliceBuf
+	other   []proto.BufferSpec // not replicated: saved whole
+	el      *erasure.Layout
+	codec   *erasure.Codec
+}
+
+// jobLayout is the job's parallel layout: dp, pp and tp from the SPEC, else
+// from the client's layout string ("dp=4,pp=2,..."), else pure data
+// parallel over the world.
+func jobLayout(sp spec.Spec, clientLayout string, world int) (sg.Layout, error) {
+	l := sg.Layout{DP: sp.DP, PP: sp.PP, TP: sp.TP}
+	for _, f := range strings.FieldsFunc(clientLayout, func(r rune) bool { return r == ',' || r == ' ' || r == ';' }) {
+		k, v, ok := strings.Cut(f, "=")
+		n, err := strconv.Atoi(v)
+		if !ok || err != nil || n < 1 {
+			continue // other keys (zero1=...) are the client's own
+		}
+		switch k {
+		case "dp":
+			if l.DP == 0 {
+				l.DP = n
+			}
+		case "pp":
+			if l.PP == 0 {
+				l.PP = n
+			}
+		case "tp":
+			if l.TP == 0 {
+				l.TP = n
+			}
+		}
+	}
+	if l.PP == 0 {
+		l.PP = 1
+	}
+	if l.TP == 0 {
+		l.TP = 1
+	}
+	if l.DP == 0 {
+		l.DP = world / (l.PP * l.TP)
+	}
+	if l.World() != world {
+		return l, fmt.Errorf("layout dp=%d pp=%d tp=%d has %d ranks but the job has world = %d; give dp=, pp=, tp= in --reft or the client's layout so that dp*pp*tp = world",
+			l.DP, l.PP, l.TP, l.World(), world)
+	}
+	return l, l.Validate()
+}
+
+// newSGInfo decides whether a registration is sharded and lays it out;
+// nil without error means the identity layout (no arc or aec, a single DP
+// rank, or nothing replicated).
+func newSGInfo(sp spec.Spec, req proto.Register) (*sgInfo, error) {
+	if !sp.Enabled() || (!sp.ARC && !sp.AEC) {
+		return nil, nil
+	}
+	l, err := jobLayout(sp, req.Layout, req.World)
+	if err != nil {
+		return nil, err
+	}
+	if l.DP < 2 {
+		return nil, nil
+	}
+	si := &sgInfo{spec: sp, layout: l, world: req.World, rank: req.Rank, m: l.DP, arc: sp.ARC}
+	c := l.Coord(req.Rank)
+	si.pos = c.DP
+	for dp := 0; dp < l.DP; dp++ {
+		si.members = append(si.members, l.Rank(sg.Coord{DP: dp, PP: c.PP, TP: c.TP}))
+	}
+	for _, b := range req.Buffers {
+		if b.Replicated {
+			si.slice = append(si.slice, sliceBuf{name: b.Name, off: si.w, size: b.Size})
+			si.w += b.Size
+		} else {
+			si.other = append(si.other, b)
+		}
+	}
+	if si.w == 0 {
+		return nil, nil
+	}
+	if sp.AEC {
+		si.k = max(sp.AECParity, 1)
+		shards := sg.Shards(si.w, si.m)
+		cut := make([]erasure.Range, len(shards))
+		for i, r := range shards {
+			cut[i] = erasure.Range{Off: int(r.Off), Len: int(r.Len)}
+		}
+		el, err := erasure.NewLayout(erasure.Params{Members: si.m, Parity: si.k, Size: int(si.w), ARC: si.arc, Shards: cut})
+		if err != nil {
+			return nil, fmt.Errorf("--reft=%s with dp=%d: %w", sp, si.m, err)
+		}
+		si.el = &el
+		if si.codec, err = erasure.NewCodec(el, 0); err != nil {
+			return nil, err
+		}
+	}
+	return si, nil
+}
+
+// shard is the slice range of ring position q's shard.
+func (si *sgInfo) shard(q int) sg.Range { return sg.ShardRange(si.w, si.m, q) }
+
+// succ is the ring position after q: the shard q's ARC copy holds.
+func (si *sgInfo) succ(q int) int { return (q + 1) % si.m }
+
+// pred is the ring position before q: the holder of q's ARC copy.
+func (si *sgInfo) pred(q int) int { return (q - 1 + si.m) % si.m }
+
+// slicePieces cuts slice range r into pieces of the replicated buffers,
+// placed from offset at of section sec.
+func (si *sgInfo) slicePieces(r sg.Range, sec int, at int64) []piece {
+	var out []piece
+	for _, b := range si.slice {
+		lo, hi := max(r.Off, b.off), min(r.End(), b.off+b.size)
+		if hi <= lo {
+			continue
+		}
+		out = append(out, piece{buffer: b.name, offset: lo - b.off, size: hi - lo, section: sec, at: at + lo - r.Off})
+	}
+	return out
+}
+
+// sections lays out a save: the sections (agent-filled ones last) and the
+// pieces the client copies. agentSecs names the sections the agent fills
+// at commit, which the client never sees.
+func (si *sgInfo) sections() (secs []tmpfs.BufferSpec, pieces []piece, agentSecs []string) {
+	for _, b := range si.other {
+		if b.Size > 0 {
+			pieces = append(pieces, piece{buffer: b.Name, size: b.Size, section: len(secs)})
+		}
+		secs = append(secs, tmpfs.BufferSpec{Name: b.Name, Size: b.Size})
+	}
+	add := func(name string, r sg.Range) {
+		pieces = append(pieces, si.slicePieces(r, len(secs), 0)...)
+		secs = append(secs, tmpfs.BufferSpec{Name: name, Size: r.Len, Replicated: true})
+	}
+	add(secShard, si.shard(si.pos))
+	if si.arc {
+		add(secARC, si.shard(si.succ(si.pos)))
+	}
+	if si.el != nil {
+		var at int64
+		sec := len(secs)
+		for _, in := range si.el.Inputs(si.pos) {
+			if in.Range.Len == 0 {
+				continue
+			}
+			r := sg.Range{Off: int64(in.Range.Off), Len: int64(in.Range.Len)}
+			pieces = append(pieces, si.slicePieces(r, sec, at)...)
+			at += r.Len
+		}
+		secs = append(secs, tmpfs.BufferSpec{Name: secIn, Size: at, Replicated: true})
+		secs = append(secs, tmpfs.BufferSpec{Name: secParity, Size: int64(si.el.ParitySize()), Replicated: true})
+		agentSecs = append(agentSecs, secParity)
+	}
+	return secs, pieces, agentSecs
+}
+
+// encode fills the agent's sections of a save before it commits.
+func (si *sgInfo) encode(o *tmpfs.Ongoing) error {
+	if si.codec == nil {
+		return nil
+	}
+	in, err := o.Buffer(secIn)
+	if err != nil {
+		return err
+	}
+	par, err := o.Buffer(secParity)
+	if err != nil {
+		return err
+	}
+	if err := si.codec.EncodeInputs(si.pos, in, par); err != nil {
+		return fmt.Errorf("parity of ring position %d: %w", si.pos, err)
+	}
+	return o.ComputeChecksums(secParity)
+}
+
+// restoreSpec lays out an assembled restore: the whole slice in one
+// section, every replicated buffer a region of it, the others whole.
+func (si *sgInfo) restoreSpec(sources []tmpfs.Source, chunk int64) (tmpfs.Spec, error) {
+	spec := tmpfs.Spec{ChunkSize: chunk, Sources: sources, Layout: "reft-restore"}
+	spec.Buffers = append(spec.Buffers, tmpfs.BufferSpec{Name: secRep, Size: si.w, Replicated: true})
+	for _, b := range si.other {
+		spec.Buffers = append(spec.Buffers, tmpfs.BufferSpec{Name: b.Name, Size: b.Size})
+	}
+	secs, _, err := tmpfs.Plan(spec)
+	if err != nil {
+		return spec, err
+	}
+	for _, b := range si.slice {
+		if b.size > 0 {
+			spec.Regions = append(spec.Regions, tmpfs.Region{Buffer: b.name, Offset: 0, Size: b.size, ArenaOffset: secs[0].Offset + b.off})
+		}
+	}
+	for i, b := range si.other {
+		if b.Size > 0 {
+			spec.Regions = append(spec.Regions, tmpfs.Region{Buffer: b.Name, Size: b.Size, ArenaOffset: secs[i+1].Offset})
+		}
+	}
+	return spec, nil
+}
+
+// model is the failure analysis of the SG's slice at one step: rankNode[r]
+// is the node holding rank r's generation, "" when no agent reported it.
+// Ranks whose generation is gone are put on nodes of their own, failed.
+// The planner is agent/sg's, so a restore does what `reft explain` says.
+func (si *sgInfo) model(rankNode map[int]string) (*sg.Model, []string, error) {
+	top := sg.Topology{RankNode: make([]string, si.world)}
+	var failed []string
+	for r := range si.world {
+		n := rankNode[r]
+		if n == "" {
+			n = goneNode(r)
+			failed = append(failed, n)
+		}
+		top.RankNode[r] = n
+	}
+	// Ranks sharing a node in the store view is fine: the layout's ring is
+	// dp order, which FormGroups keeps when every member is on a node of
+	// its own; give co-located members distinct names so it does.
+	seen := map[string]int{}
+	for r, n := range top.RankNode {
+		if c := seen[n]; c > 0 {
+			top.RankNode[r] = n + "#" + strconv.Itoa(c)
+		}
+		seen[n]++
+	}
+	sp := si.spec
+	sp.DP, sp.PP, sp.TP = 0, 0, 0
+	md, err := sg.NewModel(sg.Job{Spec: sp, Layout: si.layout, Topology: top, Kinds: sg.Replicated})
+	return md, failed, err
+}
+
+// describe names the arena layout for the log.
+func (si *sgInfo) describe() string {
+	if si == nil {
+		return "whole buffers"
+	}
+	s := fmt.Sprintf("sharded: SG of %d (ranks %v), ring position %d, slice %d bytes, own shard", si.m, si.members, si.pos, si.w)
+	if si.arc {
+		s += " + ARC copy of position " + strconv.Itoa(si.succ(si.pos))
+	}
+	if si.el != nil {
+		s += fmt.Sprintf(" + %d parity unit(s) of %d bytes", si.k, si.el.PieceSize())
+	}
+	return s
+}
+
+// spec is the job's parsed SPEC (Info.Spec, normalized at start).
+func (s *Server) spec() spec.Spec {
+	s.specOnce.Do(func() {
+		if sp, err := spec.Parse(s.info.Spec); err == nil {
+			s.jobSpec = sp
+		}
+	})
+	return s.jobSpec
+}
+
+// goneNode names, for the failure analysis, the node of a rank whose
+// generation no agent reports: its node is no longer in the job.
+func goneNode(r int) string { return "gone(rank " + strconv.Itoa(r) + "'s node)" }

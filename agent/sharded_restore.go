@@ -1,0 +1,718 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/persist"
+	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/sg"
+	"github.com/reft-hpc/reft/tmpfs"
+)
+
+// How long a restore waits for the job's other agents to answer with
+// their watermarks, and how long one answer is reused: every rank of a
+// node asks for generations and then restores within moments.
+const (
+	gatherWait = 3 * time.Second
+	viewTTL    = 5 * time.Second
+)
+
+// genLoc is one place a rank's committed generation lives.
+type genLoc struct {
+	node string // "" for this node
+	key  peer.GenKey
+}
+
+// storeView is the job's committed generations as the agents report them
+// (commit watermarks): metadata only.
+type storeView struct {
+	at      time.Time
+	gens    map[int]map[int64][]genLoc // rank -> step -> where, this node first
+	missing []string                   // agents that did not answer, with why
+}
+
+func (v *storeView) add(node string, w peer.Watermark) {
+	if w.Shard != tmpfs.DefaultShard {
+		return // assembled restores and loaded persisted copies
+	}
+	if v.gens[w.Rank] == nil {
+		v.gens[w.Rank] = map[int64][]genLoc{}
+	}
+	v.gens[w.Rank][w.Step] = append(v.gens[w.Rank][w.Step], genLoc{node: node, key: peer.GenKey{Rank: w.Rank, Shard: w.Shard, Step: w.Step, Seq: w.Seq}})
+}
+
+// AttachMesh gives the server the job's mesh (nil while it starts or when
+// peering is off), for restores that read other agents' stores.
+func (s *Server) AttachMesh(f func() *mesh.Mesh) { s.mesh = f }
+
+// view returns the job's watermarks, at most viewTTL old.
+func (s *Server) view(ctx context.Context) *storeView {
+	s.viewMu.Lock()
+	defer s.viewMu.Unlock()
+	if s.viewCache != nil && time.Since(s.viewCache.at) < viewTTL {
+		return s.viewCache
+	}
+	v := &storeView{at: time.Now(), gens: map[int]map[int64][]genLoc{}}
+	for _, w := range (peer.StoreSource{Store: s.store}).Watermarks(nil) {
+		v.add("", w)
+	}
+	m := s.waitMesh(ctx)
+	if m == nil {
+		v.missing = append(v.missing, "peering is off or not started (status says why): only this node's store is used")
+	} else {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, n := range m.Nodes() {
+			if n.Name == m.Self().Name {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cctx, cancel := context.WithTimeout(ctx, gatherWait)
+				defer cancel()
+				rep, err := m.Watermarks(cctx, n.Name, nil)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					v.missing = append(v.missing, fmt.Sprintf("%s: %v", n.Name, err))
+					return
+				}
+				for _, w := range rep.Generations {
+					v.add(n.Name, w)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	for _, steps := range v.gens {
+		for st, locs := range steps {
+			slices.SortStableFunc(locs, func(a, b genLoc) int { // this node first
+				return boolInt(a.node != "") - boolInt(b.node != "")
+			})
+			steps[st] = locs
+		}
+	}
+	sort.Strings(v.missing)
+	s.viewCache = v
+	return v
+}
+
+// invalidateView drops the cached watermarks (after a commit the view is
+// stale; a restore after a failure must see what survives now).
+func (s *Server) invalidateView() {
+	s.viewMu.Lock()
+	s.viewCache = nil
+	s.viewMu.Unlock()
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// waitMesh waits up to gatherWait for peering to start.
+func (s *Server) waitMesh(ctx context.Context) *mesh.Mesh {
+	if s.mesh == nil {
+		return nil
+	}
+	deadline := time.Now().Add(gatherWait)
+	for {
+		if m := s.mesh(); m != nil {
+			return m
+		}
+		if st := s.peeringStatus(); st != nil && st.State == proto.PeeringOff {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// cand is one copy of a byte range: a section of a generation somewhere.
+type cand struct {
+	loc genLoc
+	sec string
+}
+
+// shardSource says how one shard of the slice comes back.
+type shardSource struct {
+	pos    int
+	rank   int
+	source sg.Source
+	cands  []cand // plain copies, nearest first; none for aec
+}
+
+// restorePlan is how a rank's whole state at one step comes back.
+type restorePlan struct {
+	step    int64
+	ok      bool
+	shards  []shardSource
+	decode  []int    // positions decoded from parity
+	parity  [][]cand // per position: its parity units; nil without
+	others  []cand   // the rank's unreplicated buffers: copies of its generation
+	reasons []string // why not ok
+}
+
+func (p restorePlan) sources() string {
+	var b strings.Builder
+	for _, sh := range p.shards {
+		if b.Len() > 0 {
+			b.WriteString(" ")
+		}
+		from := "decode"
+		if len(sh.cands) > 0 {
+			from = nodeName(sh.cands[0].loc.node)
+		}
+		fmt.Fprintf(&b, "%d:%s@%s", sh.pos, sh.source, from)
+	}
+	return b.String()
+}
+
+func nodeName(n string) string {
+	if n == "" {
+		return "local"
+	}
+	return n
+}
+
+// plan decides, from the watermarks, how rank si.rank's state at step
+// comes back, with agent/sg's failure analysis.
+func (s *Server) plan(si *sgInfo, v *storeView, step int64) restorePlan {
+	p := restorePlan{step: step}
+	rankNode := map[int]string{}
+	for r, steps := range v.gens {
+		if locs := steps[step]; len(locs) > 0 {
+			rankNode[r] = nodeName(locs[0].node)
+			if locs[0].node == "" {
+				rankNode[r] = s.info.Node
+			}
+		}
+	}
+	md, _, err := si.model(rankNode)
+	if err != nil {
+		p.reasons = append(p.reasons, fmt.Sprintf("failure analysis: %v", err))
+		return p
+	}
+	failed := []string{}
+	for r := range si.world {
+		if rankNode[r] == "" {
+			failed = append(failed, goneNode(r))
+		}
+	}
+	pl, err := md.Plan(failed)
+	if err != nil {
+		p.reasons = append(p.reasons, fmt.Sprintf("failure analysis: %v", err))
+		return p
+	}
+	c := si.layout.Coord(si.rank)
+	group := sg.Group{PP: c.PP, TP: c.TP}.Name()
+	locs := func(r int) []genLoc { return v.gens[r][step] }
+	p.parity = make([][]cand, si.m)
+	lost := false
+	for _, sh := range pl.Shards {
+		if sh.Kind != sg.Replicated || sh.Group != group {
+			continue
+		}
+		q := sh.Position
+		if q < 0 || q >= si.m || si.members[q] != sh.Rank {
+			p.reasons = append(p.reasons, fmt.Sprintf("the failure analysis puts rank %d at ring position %d of SG %s, the layout rank %d (a bug; report it)",
+				sh.Rank, q, group, si.members[min(max(q, 0), si.m-1)]))
+			return p
+		}
+		src := shardSource{pos: q, rank: sh.Rank, source: sh.Source}
+		for _, l := range locs(sh.Rank) {
+			src.cands = append(src.cands, cand{loc: l, sec: secShard})
+		}
+		if si.arc {
+			for _, l := range locs(si.members[si.pred(q)]) {
+				src.cands = append(src.cands, cand{loc: l, sec: secARC})
+			}
+		}
+		slices.SortStableFunc(src.cands, func(a, b cand) int { return boolInt(a.loc.node != "") - boolInt(b.loc.node != "") })
+		switch sh.Source {
+		case sg.SourceAEC:
+			src.cands = nil
+			p.decode = append(p.decode, q)
+		case sg.SourcePersistent:
+			lost = true
+		}
+		p.shards = append(p.shards, src)
+	}
+	if lost {
+		for _, r := range pl.Reasons {
+			if strings.HasPrefix(r, "SG "+group+" ") {
+				p.reasons = append(p.reasons, r)
+			}
+		}
+	}
+	if len(p.shards) != si.m {
+		p.reasons = append(p.reasons, fmt.Sprintf("the failure analysis gave %d shards of SG %s, want %d", len(p.shards), group, si.m))
+	}
+	if si.el != nil {
+		for q, r := range si.members {
+			for _, l := range locs(r) {
+				p.parity[q] = append(p.parity[q], cand{loc: l, sec: secParity})
+			}
+		}
+	}
+	if len(si.other) > 0 {
+		for _, l := range locs(si.rank) {
+			p.others = append(p.others, cand{loc: l})
+		}
+		if len(p.others) == 0 {
+			names := make([]string, len(si.other))
+			for i, b := range si.other {
+				names[i] = b.Name
+			}
+			p.reasons = append(p.reasons, fmt.Sprintf("rank %d's unreplicated buffers (%s) of step %d lived only on its own node, which no agent serves any more",
+				si.rank, strings.Join(names, ", "), step))
+		}
+	}
+	p.ok = len(p.reasons) == 0
+	return p
+}
+
+// candidateSteps are the steps any member of the SG (or the rank itself)
+// has, newest first.
+func (si *sgInfo) candidateSteps(v *storeView) []int64 {
+	set := map[int64]bool{}
+	for _, r := range append(slices.Clone(si.members), si.rank) {
+		for st := range v.gens[r] {
+			set[st] = true
+		}
+	}
+	out := slices.Collect(maps.Keys(set))
+	slices.SortFunc(out, func(a, b int64) int { return int(b - a) })
+	return out
+}
+
+// shardedGenerations is the generations reply of a sharded rank: the
+// steps its whole state can be assembled at from the job's memory, then
+// the persisted steps every member of its SG has.
+func (s *Server) shardedGenerations(rc *rankConn, log zerolog.Logger) []proto.GenInfo {
+	si := rc.sg
+	v := s.view(context.Background())
+	out := []proto.GenInfo{}
+	for _, st := range si.candidateSteps(v) {
+		if p := s.plan(si, v, st); p.ok {
+			out = append(out, proto.GenInfo{Step: st, Bytes: rc.registeredBytes(), Source: proto.SourceMemory})
+		}
+	}
+	for _, st := range s.persistedSteps(si, log) {
+		if !slices.ContainsFunc(out, func(g proto.GenInfo) bool { return g.Step == st }) {
+			out = append(out, proto.GenInfo{Step: st, Bytes: rc.registeredBytes(), Source: proto.SourcePersistent})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b proto.GenInfo) int { return int(b.Step - a.Step) })
+	return out
+}
+
+func (rc *rankConn) registeredBytes() int64 {
+	var n int64
+	for _, b := range rc.bufs {
+		n += b.Size
+	}
+	return n
+}
+
+// persistedSteps are the steps every SG member (and the rank, for its
+// unreplicated buffers) has in the persistent directory, newest first.
+func (s *Server) persistedSteps(si *sgInfo, log zerolog.Logger) []int64 {
+	if s.persist == nil {
+		return nil
+	}
+	var common map[int64]bool
+	for _, r := range si.members {
+		gens, err := s.persist.Generations(r)
+		if err != nil {
+			log.Warn().Err(err).Int("rank", r).Msg("the persistent directory cannot be listed")
+			return nil
+		}
+		have := map[int64]bool{}
+		for _, g := range gens {
+			if common == nil || common[g.Step] {
+				have[g.Step] = true
+			}
+		}
+		common = have
+	}
+	out := slices.Collect(maps.Keys(common))
+	slices.SortFunc(out, func(a, b int64) int { return int(b - a) })
+	return out
+}
+
+// restoreStats is what an assembled restore did.
+type restoreStats struct {
+	local, peer, decoded atomic.Int64
+	peers                sync.Map // node -> struct{}
+}
+
+// restoreSharded assembles the rank's state at step (< 0: the newest the
+// job can restore) from the node's store, the SG's agents and parity, or,
+// only when memory cannot, from the persistent directory; then serves it
+// like a local restore.
+func (s *Server) restoreSharded(c interface{ Write([]byte) (int, error) }, rc *rankConn, id uint32, step int64, log zerolog.Logger) (tmpfs.Generation, string, error) {
+	si := rc.sg
+	ctx := context.Background()
+	v := s.view(ctx)
+	var chosen *restorePlan
+	var first *restorePlan
+	steps := si.candidateSteps(v)
+	if step >= 0 {
+		steps = []int64{step}
+	}
+	for _, st := range steps {
+		p := s.plan(si, v, st)
+		if first == nil {
+			first = &p
+		}
+		if p.ok {
+			chosen = &p
+			break
+		}
+	}
+	event := "restore_local"
+	var reason string
+	if chosen == nil {
+		// Memory cannot: the persistent tier.
+		switch {
+		case first == nil:
+			reason = fmt.Sprintf("no agent of the job holds a generation of SG %s", strings.Join(intStrings(si.members), ","))
+		default:
+			reason = strings.Join(first.reasons, "; ")
+		}
+		if len(v.missing) > 0 {
+			reason += " (agents that did not answer: " + strings.Join(v.missing, "; ") + ")"
+		}
+		p, err := s.loadPersisted(si, step, log)
+		if err != nil {
+			return tmpfs.Generation{}, "", lostError{fmt.Sprintf("%s; %v", reason, err)}
+		}
+		chosen, event = p, "restore_persistent"
+		log.Warn().Str("event", "restore_fallback").Int("rank", si.rank).Int64("generation", p.step).Str("reason", reason).
+			Msg("in-memory restore is impossible; restoring from the persistent directory")
+	}
+	t0 := time.Now()
+	var st restoreStats
+	g, err := s.assemble(ctx, rc, si, chosen, &st, log)
+	if err != nil {
+		return g, "", err
+	}
+	if event != "restore_persistent" {
+		switch {
+		case st.decoded.Load() > 0:
+			event = "decode"
+		case st.peer.Load() > 0:
+			event = "restore_peer"
+		}
+	}
+	var peers []string
+	st.peers.Range(func(k, _ any) bool { peers = append(peers, k.(string)); return true })
+	sort.Strings(peers)
+	d := time.Since(t0)
+	total := st.local.Load() + st.peer.Load() + st.decoded.Load()
+	ev := log.Info().Str("event", event).Int("rank", si.rank).Int64("generation", chosen.step).Int64("bytes", total).
+		Int64("local_bytes", st.local.Load()).Int64("peer_bytes", st.peer.Load()).Int64("decoded_bytes", st.decoded.Load()).
+		Strs("peers", peers).Str("sources", chosen.sources()).Dur("duration", d).
+		Float64("rate_mb_s", float64(total)/1e6/max(d.Seconds(), 1e-9))
+	if reason != "" {
+		ev = ev.Str("reason", reason)
+	}
+	ev.Msg("restore assembled from the sharding group")
+	return g, event, nil
+}
+
+func intStrings(v []int) []string {
+	out := make([]string, len(v))
+	for i, x := range v {
+		out[i] = fmt.Sprint(x)
+	}
+	return out
+}
+
+// loadPersisted loads the newest persisted step (or step) that every SG
+// member has into this node's store and plans the restore from it.
+func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*restorePlan, error) {
+	if s.persist == nil {
+		return nil, errors.New("persistent checkpoints are off for this job (persist= in --reft), so the state is lost: train again from the start or from your own checkpoint")
+	}
+	steps := s.persistedSteps(si, log)
+	if step >= 0 {
+		steps = slices.DeleteFunc(steps, func(x int64) bool { return x != step })
+	}
+	if len(steps) == 0 {
+		return nil, fmt.Errorf("and the persistent directory %s has no step that every member (ranks %s) wrote", s.persist.Dir(), strings.Join(intStrings(si.members), ","))
+	}
+	st := steps[0]
+	p := &restorePlan{step: st, ok: true, parity: make([][]cand, si.m)}
+	loaded := map[int]genLoc{}
+	for _, r := range append(slices.Clone(si.members), si.rank) {
+		if _, ok := loaded[r]; ok {
+			continue
+		}
+		gens, err := s.persist.Generations(r)
+		if err != nil {
+			return nil, err
+		}
+		i := slices.IndexFunc(gens, func(g persist.Generation) bool { return g.Step == st })
+		if i < 0 {
+			return nil, fmt.Errorf("rank %d has no persisted step %d", r, st)
+		}
+		key := tmpfs.Key{Rank: r, Shard: persistedShard}
+		g, err := s.persist.Load(gens[i], key, manifestSpec(&gens[i].Manifest))
+		if err != nil {
+			return nil, err
+		}
+		loaded[r] = genLoc{key: peer.GenKey{Rank: r, Shard: persistedShard, Step: g.Step, Seq: g.Seq}}
+	}
+	for q, r := range si.members {
+		src := shardSource{pos: q, rank: r, source: sg.SourcePersistent, cands: []cand{{loc: loaded[r], sec: secShard}}}
+		p.shards = append(p.shards, src)
+	}
+	if len(si.other) > 0 {
+		p.others = []cand{{loc: loaded[si.rank]}}
+	}
+	return p, nil
+}
+
+// assemble writes the plan's state into a fresh generation of the rank's
+// restore key, every chunk verified on the way.
+func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *restorePlan, st *restoreStats, log zerolog.Logger) (tmpfs.Generation, error) {
+	spec, err := si.restoreSpec(rc.spec.Sources, s.store.ChunkSize())
+	if err != nil {
+		return tmpfs.Generation{}, err
+	}
+	spec.Step = p.step
+	o, err := s.store.Begin(tmpfs.Key{Rank: si.rank, Shard: restoreShard}, spec)
+	if err != nil {
+		return tmpfs.Generation{}, fmt.Errorf("an arena for the assembled state: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			o.Abort()
+		}
+	}()
+	rep, err := o.Buffer(secRep)
+	if err != nil {
+		return tmpfs.Generation{}, err
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	}
+	for _, sh := range p.shards {
+		if len(sh.cands) == 0 {
+			continue // decoded below
+		}
+		r := si.shard(sh.pos)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.fetchInto(ctx, rep[r.Off:r.End()], sh.cands, st); err != nil {
+				fail(fmt.Errorf("shard %d (rank %d, %s): %w", sh.pos, sh.rank, sh.source, err))
+			}
+		}()
+	}
+	for _, b := range si.other {
+		dst, err := o.Buffer(b.Name)
+		if err != nil {
+			return tmpfs.Generation{}, err
+		}
+		var cs []cand
+		for _, c := range p.others {
+			cs = append(cs, cand{loc: c.loc, sec: b.Name})
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.fetchInto(ctx, dst, cs, st); err != nil {
+				fail(fmt.Errorf("buffer %q: %w", b.Name, err))
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return tmpfs.Generation{}, errors.Join(errs...)
+	}
+	if len(p.decode) > 0 {
+		if err := s.decode(ctx, si, p, rep, st); err != nil {
+			return tmpfs.Generation{}, err
+		}
+	}
+	for _, b := range spec.Buffers {
+		if err := o.ComputeChecksums(b.Name); err != nil {
+			return tmpfs.Generation{}, err
+		}
+	}
+	g, err := o.Commit()
+	if err != nil {
+		return g, err
+	}
+	ok = true
+	return g, nil
+}
+
+// decode rebuilds the plan's lost shards in rep from the other shards
+// (already in rep) and the surviving members' parity.
+func (s *Server) decode(ctx context.Context, si *sgInfo, p *restorePlan, rep []byte, st *restoreStats) error {
+	shards := make([][]byte, si.m)
+	for q := range si.m {
+		r := si.shard(q)
+		shards[q] = rep[r.Off:r.End()]
+	}
+	parities := make([][]byte, si.m)
+	var wg sync.WaitGroup
+	for q := range si.m {
+		if slices.Contains(p.decode, q) || len(p.parity[q]) == 0 {
+			continue
+		}
+		buf := make([]byte, si.el.ParitySize())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.fetchInto(ctx, buf, p.parity[q], st); err == nil {
+				parities[q] = buf
+			}
+		}()
+	}
+	wg.Wait()
+	if err := si.codec.Reconstruct(p.decode, shards, parities); err != nil {
+		return fmt.Errorf("decoding shards %v from parity: %w", p.decode, err)
+	}
+	for _, q := range p.decode {
+		st.decoded.Add(si.shard(q).Len)
+	}
+	return nil
+}
+
+// fetchInto fills dst with a section that each candidate holds whole:
+// from this node's store if a local copy verifies, else from the peers, a
+// chunk that fails its checksum taken from the next copy.
+func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []cand, st *restoreStats) error {
+	var lastErr error
+	var remote []cand
+	for _, c := range cands {
+		if c.loc.node != "" {
+			remote = append(remote, c)
+			continue
+		}
+		if err := s.copyLocal(dst, c); err != nil {
+			lastErr = err
+			continue
+		}
+		st.local.Add(int64(len(dst)))
+		return nil
+	}
+	if len(remote) == 0 {
+		if lastErr == nil {
+			lastErr = errors.New("no copy of it survives")
+		}
+		return lastErr
+	}
+	m := s.waitMesh(ctx)
+	if m == nil {
+		return errors.Join(lastErr, errors.New("peering is off: the copies on other nodes cannot be read"))
+	}
+	var spec peer.FetchSpec
+	for _, c := range remote {
+		cctx, cancel := context.WithTimeout(ctx, gatherWait)
+		info, err := m.Manifest(cctx, c.loc.node, c.loc.key)
+		var src peer.Source
+		if err == nil {
+			src, err = m.Source(cctx, c.loc.node, peer.ChunkKey{GenKey: c.loc.key, Buffer: c.sec})
+		}
+		cancel()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		b := info.Buffer(c.sec)
+		if b == nil || b.Size != int64(len(dst)) {
+			lastErr = fmt.Errorf("%s on %s has no section %s of %d bytes", c.loc.key, c.loc.node, c.sec, len(dst))
+			continue
+		}
+		if spec.Sources == nil {
+			spec = peer.FetchSpec{ChunkSize: info.ChunkSize, Size: int64(len(dst)), CRC: b.CRC32C, Dst: dst}
+		} else if info.ChunkSize != spec.ChunkSize {
+			continue // another chunking: its checksums do not compare
+		}
+		spec.Sources = append(spec.Sources, src)
+		st.peers.Store(c.loc.node, struct{}{})
+	}
+	if len(spec.Sources) == 0 {
+		return lastErr
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	if _, err := m.Fetch(ctx, spec); err != nil {
+		return err
+	}
+	st.peer.Add(int64(len(dst)))
+	return nil
+}
+
+// copyLocal copies a section of a generation in this node's store,
+// verifying every chunk.
+func (s *Server) copyLocal(dst []byte, c cand) error {
+	k := tmpfs.Key{Rank: c.loc.key.Rank, Shard: c.loc.key.Shard}
+	i := slices.IndexFunc(s.store.Generations(k), func(g tmpfs.Generation) bool {
+		return g.Step == c.loc.key.Step && g.Seq == c.loc.key.Seq && !g.Bad
+	})
+	if i < 0 {
+		return fmt.Errorf("%s is no longer in this node's store", c.loc.key)
+	}
+	r, err := s.store.Open(s.store.Generations(k)[i])
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	var off int64
+	for n := 0; off < int64(len(dst)); n++ {
+		b, crc, err := r.Chunk(c.sec, n)
+		if err != nil {
+			return err
+		}
+		if tmpfs.CRC(b) != crc {
+			return fmt.Errorf("%s section %s chunk %d: %w", c.loc.key, c.sec, n, tmpfs.ErrCorrupt)
+		}
+		if off+int64(len(b)) > int64(len(dst)) {
+			return fmt.Errorf("%s section %s is larger than %d bytes", c.loc.key, c.sec, len(dst))
+		}
+		copy(dst[off:], b)
+		off += int64(len(b))
+	}
+	return nil
+}
+
+// lostError is a state that neither memory nor the persistent tier can
+// give back: the protocol's not_found.
+type lostError struct{ msg string }
+
+func (e lostError) Error() string { return e.msg }
+func (e lostError) Unwrap() error { return tmpfs.ErrNoGeneration }

@@ -1,0 +1,509 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/persist"
+	reftclient "github.com/reft-hpc/reft/client"
+	"github.com/reft-hpc/reft/hostmem"
+	"github.com/reft-hpc/reft/spank/spec"
+	"github.com/reft-hpc/reft/tmpfs"
+)
+
+// Several agents with real stores, meshes and loopback sockets, one rank
+// per node, DP = 4: ranks snapshot sharded, nodes are lost (their agents
+// stopped and their stores deleted), every agent restarts as a relaunched
+// step's would, spares take the lost ranks, and every rank must get back
+// exactly the bytes of the newest step.
+
+const shJob = "7700"
+
+var shKey = bytes.Repeat([]byte("reft-shard-secret"), 2)
+
+type shNode struct {
+	name, root string
+	srv        *Server
+	st         *tmpfs.Store
+	m          *mesh.Mesh
+	per        *persist.Persister
+	sock       string
+	log        *syncBuf
+	stop       func()
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *syncBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncBuf) events(ev string) []map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range strings.Split(l.b.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["event"] == ev {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// shPorts finds a port range whose candidates for n nodes are free now.
+func shPorts(t *testing.T, n int) int {
+	t.Helper()
+	for range 100 {
+		lo := 20000 + rand.IntN(30000)
+		ok := true
+		for i := 0; i < n && ok; i++ {
+			for _, p := range mesh.Candidates(shJob, lo, lo+63, i, n) {
+				ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+				if err != nil {
+					ok = false
+					break
+				}
+				ln.Close()
+			}
+		}
+		if ok {
+			return lo
+		}
+	}
+	t.Fatal("no free port range")
+	return 0
+}
+
+// shStart starts node name's agent over the store under root.
+func shStart(t *testing.T, name, root, spc string, topo mesh.Fixed, lo int, persistDir string) *shNode {
+	t.Helper()
+	n := &shNode{name: name, root: root, log: &syncBuf{}}
+	log := zerolog.New(n.log).With().Str("node", name).Logger()
+	alloc, err := hostmem.NewAllocator(hostmem.Config{NoPin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.st, err = tmpfs.Open(tmpfs.Options{Root: root, JobID: shJob, ChunkSize: 64 << 10, Keep: 1, Alloc: alloc}); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "reft-shard-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.sock = filepath.Join(dir, "agent.sock")
+	sp, err := spec.Parse(spc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.srv, err = Listen(n.sock, Info{Job: shJob, Node: name, Spec: sp.String(), Version: "test", UID: os.Getuid()}, log); err != nil {
+		t.Fatal(err)
+	}
+	n.srv.AttachStore(n.st)
+	if persistDir != "" {
+		if n.per, err = persist.New(persist.Options{Dir: persistDir, Job: shJob, Node: name, UID: os.Getuid(), Policy: sp.Persist,
+			Store: n.st, Log: log}); err != nil {
+			t.Fatal(err)
+		}
+		n.srv.AttachPersist(n.per)
+	}
+	auth, err := peer.NewSecret(shKey, os.Getuid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := peer.Config{Job: shJob, UID: os.Getuid(), Node: name, Auth: auth, Bind: "127.0.0.1", PortRange: [2]int{lo, lo + 63},
+		Heartbeat: 200 * time.Millisecond, Timeout: 2 * time.Second, Log: log}
+	if n.m, err = mesh.Start(context.Background(), mesh.Config{Peer: pc}, topo, n.st, log); err != nil {
+		t.Fatal(err)
+	}
+	n.srv.AttachMesh(func() *mesh.Mesh { return n.m })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.srv.Serve(ctx) }()
+	var once sync.Once
+	n.stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			n.srv.Close()
+			n.m.Close()
+			if n.per != nil {
+				n.per.Close()
+			}
+			n.st.Close()
+			os.RemoveAll(dir)
+		})
+	}
+	t.Cleanup(n.stop)
+	return n
+}
+
+// shJobRun is a job: its nodes by rank.
+type shJobRun struct {
+	t     *testing.T
+	spec  string
+	nodes []*shNode // by rank
+	pdir  string
+}
+
+// startJob starts one agent per name (rank i on names[i]); roots gives
+// each node's store root (kept across restarts for surviving nodes).
+func startJob(t *testing.T, spc string, names []string, roots map[string]string, pdir string) *shJobRun {
+	t.Helper()
+	topo := mesh.Topology{}
+	for i, nm := range names {
+		topo.Nodes = append(topo.Nodes, mesh.Node{Index: i, Name: nm, Addr: "127.0.0.1"})
+	}
+	lo := shPorts(t, len(names))
+	j := &shJobRun{t: t, spec: spc, pdir: pdir}
+	for _, nm := range names {
+		if roots[nm] == "" {
+			roots[nm] = filepath.Join(t.TempDir(), "shm")
+		}
+		j.nodes = append(j.nodes, shStart(t, nm, roots[nm], spc, mesh.Fixed(topo), lo, pdir))
+	}
+	return j
+}
+
+func (j *shJobRun) stop() {
+	for _, n := range j.nodes {
+		n.stop()
+	}
+}
+
+// shBuffers are a rank's registered buffers at step: replicated ones are
+// the same on every rank (a function of the step only), of odd sizes.
+func shBuffers(step int64, rank int, withLocal bool) map[string][]byte {
+	out := map[string][]byte{}
+	for _, b := range []struct {
+		name string
+		size int
+	}{{"layer0.weight", 300_007}, {"layer0.bias", 1_001}, {"trainer.state", 16}, {"opt.m", 77_777}} {
+		r := rand.New(rand.NewPCG(uint64(step), uint64(len(b.name))))
+		p := make([]byte, b.size)
+		for i := range p {
+			p[i] = byte(r.Uint32())
+		}
+		out[b.name] = p
+	}
+	if withLocal {
+		out["rng"] = []byte(fmt.Sprintf("rank %d step %d", rank, step))
+	}
+	return out
+}
+
+var shOrder = []string{"layer0.weight", "layer0.bias", "trainer.state", "opt.m", "rng"}
+
+func (j *shJobRun) open(rank int, bufs map[string][]byte) *reftclient.Client {
+	j.t.Helper()
+	c, err := reftclient.Open(context.Background(), reftclient.Options{Socket: j.nodes[rank].sock, Rank: rank, World: len(j.nodes),
+		Layout: "dp=" + strconv.Itoa(len(j.nodes)), ChunkSize: 64 << 10})
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	for _, name := range shOrder {
+		b, ok := bufs[name]
+		if !ok {
+			continue
+		}
+		kind := reftclient.Replicated
+		if name == "rng" {
+			kind = reftclient.Sharded
+		}
+		if err := c.Register(name, b, kind); err != nil {
+			j.t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// saveSteps has every rank save steps 1..n.
+func (j *shJobRun) saveSteps(n int64, withLocal bool) {
+	j.t.Helper()
+	var wg sync.WaitGroup
+	for r := range j.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			bufs := shBuffers(0, r, withLocal)
+			c := j.open(r, bufs)
+			defer c.Close()
+			for st := int64(1); st <= n; st++ {
+				for k, v := range shBuffers(st, r, withLocal) {
+					copy(bufs[k], v)
+				}
+				if err := c.Save(st).Wait(context.Background()); err != nil {
+					j.t.Errorf("rank %d save %d: %v", r, st, err)
+					return
+				}
+				if p := j.nodes[r].per; p != nil {
+					p.Wait() // every due step written, none skipped
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, n := range j.nodes {
+		if n.per != nil {
+			n.per.Wait()
+		}
+	}
+}
+
+// restoreAll has every rank agree on the newest common step and restore
+// it; it returns the step and each rank's error.
+func (j *shJobRun) restoreAll(withLocal bool) (int64, []error, []map[string][]byte) {
+	j.t.Helper()
+	w := len(j.nodes)
+	cs := make([]*reftclient.Client, w)
+	bufs := make([]map[string][]byte, w)
+	gens := make([][]int64, w)
+	errs := make([]error, w)
+	var wg sync.WaitGroup
+	for r := range w {
+		bufs[r] = shBuffers(0, r, withLocal)
+		cs[r] = j.open(r, bufs[r])
+		defer cs[r].Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			gens[r], errs[r] = cs[r].Generations(context.Background())
+		}()
+	}
+	wg.Wait()
+	step := int64(-1)
+	if gens[0] != nil {
+		for _, s := range gens[0] {
+			if !slices.ContainsFunc(gens, func(g []int64) bool { return !slices.Contains(g, s) }) && s > step {
+				step = s
+			}
+		}
+	}
+	if step < 0 {
+		return step, errs, bufs
+	}
+	for r := range w {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = cs[r].RestoreStep(context.Background(), step)
+		}()
+	}
+	wg.Wait()
+	return step, errs, bufs
+}
+
+// relaunch stops the job and starts it again with the failed nodes' stores
+// gone and spares s1, s2, ... in their places.
+func (j *shJobRun) relaunch(roots map[string]string, failed []int) *shJobRun {
+	j.t.Helper()
+	j.stop()
+	names := make([]string, len(j.nodes))
+	for r, n := range j.nodes {
+		names[r] = n.name
+	}
+	for i, r := range failed {
+		os.RemoveAll(roots[names[r]]) // the node's tmpfs is gone
+		names[r] = "s" + strconv.Itoa(i+1)
+	}
+	return startJob(j.t, j.spec, names, roots, j.pdir)
+}
+
+func subsets(m, k int) [][]int {
+	var out [][]int
+	var rec func(start int, cur []int)
+	rec = func(start int, cur []int) {
+		if len(cur) == k {
+			out = append(out, slices.Clone(cur))
+			return
+		}
+		for i := start; i < m; i++ {
+			rec(i+1, append(cur, i))
+		}
+	}
+	rec(0, nil)
+	return out
+}
+
+func checkRestored(t *testing.T, step int64, errs []error, bufs []map[string][]byte, withLocal bool) {
+	t.Helper()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		for name, got := range bufs[r] {
+			if want := shBuffers(step, r, withLocal)[name]; !bytes.Equal(got, want) {
+				t.Fatalf("rank %d buffer %s differs from step %d", r, name, step)
+			}
+		}
+	}
+}
+
+// TestShardedRestoreEveryFailureSet: for each mode and combination, every
+// set of failed members up to its tolerance (and arc's non-adjacent pair,
+// which it also survives) restores step 3 bit for bit.
+func TestShardedRestoreEveryFailureSet(t *testing.T) {
+	cases := []struct {
+		spec string
+		sets [][]int
+		want []string // restore events the replacement ranks may log
+	}{
+		{"arc", subsets(4, 1), []string{"restore_peer"}},
+		{"arc", [][]int{{0, 2}, {1, 3}}, []string{"restore_peer"}},
+		{"aec", subsets(4, 1), []string{"decode"}},
+		{"aec:2", subsets(4, 2), []string{"decode"}},
+		{"arc+aec", subsets(4, 2), []string{"restore_peer", "decode"}},
+		{"arc+aec:2", subsets(4, 3), []string{"restore_peer", "decode"}},
+	}
+	for _, tc := range cases {
+		for _, failed := range tc.sets {
+			t.Run(fmt.Sprintf("%s/lost=%v", tc.spec, failed), func(t *testing.T) {
+				roots := map[string]string{}
+				j := startJob(t, tc.spec, []string{"n1", "n2", "n3", "n4"}, roots, "")
+				j.saveSteps(3, false)
+				j = j.relaunch(roots, failed)
+				step, errs, bufs := j.restoreAll(false)
+				if step != 3 {
+					t.Fatalf("agreed on step %d, want 3 (errors %v)", step, errs)
+				}
+				checkRestored(t, step, errs, bufs, false)
+				for _, r := range failed {
+					var got []string
+					for _, ev := range []string{"restore_local", "restore_peer", "decode", "restore_persistent"} {
+						if len(j.nodes[r].log.events(ev)) > 0 {
+							got = append(got, ev)
+						}
+					}
+					if len(got) != 1 || !slices.Contains(tc.want, got[0]) {
+						t.Errorf("replacement of rank %d logged %v, want one of %v", r, got, tc.want)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestShardedRestoreBeyondTolerance: arc loses two ring neighbours. With a
+// persistent tier the job restores from it and says which shard memory
+// lost; without one, restore fails naming the lost shard and the fix.
+func TestShardedRestoreBeyondTolerance(t *testing.T) {
+	t.Run("persistent", func(t *testing.T) {
+		roots := map[string]string{}
+		j := startJob(t, "arc,persist=1", []string{"n1", "n2", "n3", "n4"}, roots, t.TempDir())
+		j.saveSteps(3, false)
+		j = j.relaunch(roots, []int{1, 2})
+		step, errs, bufs := j.restoreAll(false)
+		if step != 3 {
+			t.Fatalf("agreed on step %d, want the persisted step 3 (errors %v)", step, errs)
+		}
+		checkRestored(t, step, errs, bufs, false)
+		for r, n := range j.nodes {
+			evs := n.log.events("restore_persistent")
+			if len(evs) != 1 {
+				t.Fatalf("rank %d logged %d restore_persistent events", r, len(evs))
+			}
+			reason, _ := evs[0]["reason"].(string)
+			if !strings.Contains(reason, "SG (pp=0,tp=0)") || !strings.Contains(reason, "rank 1") && !strings.Contains(reason, "ranks 1") {
+				t.Errorf("rank %d: reason %q does not name the group and the lost ranks", r, reason)
+			}
+			if r == 0 {
+				t.Logf("reason: %s", reason)
+			}
+		}
+	})
+	t.Run("no persistent tier", func(t *testing.T) {
+		roots := map[string]string{}
+		j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "")
+		j.saveSteps(2, false)
+		j = j.relaunch(roots, []int{1, 2})
+		step, _, _ := j.restoreAll(false)
+		if step >= 0 {
+			t.Fatalf("agreed on step %d after losing two ring neighbours under arc", step)
+		}
+		c := j.open(0, shBuffers(0, 0, false))
+		defer c.Close()
+		err := c.RestoreStep(context.Background(), 2)
+		if err == nil || !strings.Contains(err.Error(), "persistent checkpoints are off") || !strings.Contains(err.Error(), "SG (pp=0,tp=0)") {
+			t.Fatalf("restore error %v: want the lost shards and that persistent checkpoints are off", err)
+		}
+		t.Logf("error: %v", err)
+	})
+}
+
+// TestShardedRestoreCorruptPeerChunk: a surviving owner's shard is
+// corrupted at rest; the ranks that fetch it take the chunk from the ARC
+// copy instead, and every rank gets the exact bytes.
+func TestShardedRestoreCorruptPeerChunk(t *testing.T) {
+	roots := map[string]string{}
+	j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "")
+	j.saveSteps(3, false)
+	// Flip a byte of rank 1's own shard of step 3 on n2.
+	st := j.nodes[1].st
+	g := st.Generations(tmpfs.Key{Rank: 1, Shard: tmpfs.DefaultShard})[0]
+	var off int64 = -1
+	for _, b := range g.Manifest.Buffers {
+		if b.Name == secShard {
+			off = b.Offset + b.Size/2
+		}
+	}
+	if g.Step != 3 || off < 0 {
+		t.Fatalf("generation %d has no %s", g.Step, secShard)
+	}
+	f, err := os.OpenFile(g.ArenaPath, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [1]byte
+	f.ReadAt(b[:], off)
+	b[0] ^= 0xff
+	f.WriteAt(b[:], off)
+	f.Close()
+	j = j.relaunch(roots, nil)
+	step, errs, bufs := j.restoreAll(false)
+	if step != 3 {
+		t.Fatalf("agreed on step %d, want 3 (%v)", step, errs)
+	}
+	checkRestored(t, step, errs, bufs, false)
+}
+
+// TestShardedUnreplicatedLost: a rank's own (Sharded) buffers have no
+// in-memory redundancy yet; losing its node names them.
+func TestShardedUnreplicatedLost(t *testing.T) {
+	roots := map[string]string{}
+	j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "")
+	j.saveSteps(2, true)
+	j = j.relaunch(roots, nil)
+	step, errs, bufs := j.restoreAll(true)
+	if step != 2 {
+		t.Fatalf("no node lost: agreed on step %d, want 2 (%v)", step, errs)
+	}
+	checkRestored(t, step, errs, bufs, true)
+	j = j.relaunch(roots, []int{3})
+	c := j.open(3, shBuffers(0, 3, true))
+	defer c.Close()
+	err := c.RestoreStep(context.Background(), 2)
+	if err == nil || !strings.Contains(err.Error(), "rank 3's unreplicated buffers (rng)") {
+		t.Fatalf("restore error %v: want rank 3's unreplicated buffers named", err)
+	}
+}
