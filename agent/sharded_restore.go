@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -413,6 +414,13 @@ func (s *Server) restoreSharded(c interface{ Write([]byte) (int, error) }, rc *r
 	t0 := time.Now()
 	var st restoreStats
 	g, err := s.assemble(ctx, rc, si, chosen, &st, log)
+	if event == "restore_persistent" {
+		for _, r := range append(slices.Clone(si.members), si.rank) {
+			if err := s.store.Drop(tmpfs.Key{Rank: r, Shard: persistedKey(si.rank)}); err != nil {
+				log.Warn().Err(err).Msg("restore: freeing the loaded persisted generations")
+			}
+		}
+	}
 	if err != nil {
 		return g, "", err
 	}
@@ -476,12 +484,12 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 		if i < 0 {
 			return nil, fmt.Errorf("rank %d has no persisted step %d", r, st)
 		}
-		key := tmpfs.Key{Rank: r, Shard: persistedShard}
+		key := tmpfs.Key{Rank: r, Shard: persistedKey(si.rank)}
 		g, err := s.persist.Load(gens[i], key, manifestSpec(&gens[i].Manifest))
 		if err != nil {
 			return nil, err
 		}
-		loaded[r] = genLoc{key: peer.GenKey{Rank: r, Shard: persistedShard, Step: g.Step, Seq: g.Seq}}
+		loaded[r] = genLoc{key: peer.GenKey{Rank: r, Shard: key.Shard, Step: g.Step, Seq: g.Seq}}
 	}
 	for q, r := range si.members {
 		src := shardSource{pos: q, rank: r, source: sg.SourcePersistent, cands: []cand{{loc: loaded[r], sec: secShard}}}
@@ -716,3 +724,8 @@ type lostError struct{ msg string }
 
 func (e lostError) Error() string { return e.msg }
 func (e lostError) Unwrap() error { return tmpfs.ErrNoGeneration }
+
+// persistedKey is the store shard under which rank's persistent-tier
+// restore loads the SG members' generations: one per restoring rank, so
+// the ranks of a node restore side by side.
+func persistedKey(rank int) string { return persistedShard + "-for-" + strconv.Itoa(rank) }

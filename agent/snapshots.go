@@ -118,6 +118,12 @@ func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zer
 		}
 		r.Close()
 		delete(rc.restored, req.Step)
+		if rc.sg != nil && len(rc.restored) == 0 {
+			// The assembled state was copied out: free its arena.
+			if err := s.store.Drop(tmpfs.Key{Rank: rc.key.Rank, Shard: restoreShard}); err != nil {
+				log.Warn().Err(err).Int("rank", rc.key.Rank).Msg("release: freeing the assembled restore")
+			}
+		}
 		return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, req)
 	}
 	return replyErr(c, f.ID, proto.CodeUnknownType, "unknown message type %s", f.Type)

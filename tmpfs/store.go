@@ -487,3 +487,34 @@ func classify(err error) error {
 	}
 	return err
 }
+
+// Drop releases every generation of k and frees its arenas, for keys whose
+// generations are transient (a restore assembled for one rank). Arenas a
+// reader still copies out of are freed by a later Drop. It refuses while a
+// save of k is open.
+func (s *Store) Drop(k Key) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ks := s.keys[k]
+	if ks == nil {
+		return nil
+	}
+	if ks.ongoing != nil {
+		return fmt.Errorf("tmpfs: drop %s: a save of step %d is open", k, ks.ongoing.m.Step)
+	}
+	for _, g := range ks.gens {
+		s.release(ks, g)
+	}
+	ks.gens = nil
+	for name, sl := range ks.arenas {
+		if !sl.free() {
+			continue
+		}
+		s.metrics.StoredBytes.Add(-sl.arena.Size())
+		if err := sl.arena.Remove(); err != nil {
+			s.log.Warn().Err(err).Msg("tmpfs: drop: free an arena")
+		}
+		delete(ks.arenas, name)
+	}
+	return nil
+}

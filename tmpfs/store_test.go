@@ -452,3 +452,43 @@ func TestRegionsInManifest(t *testing.T) {
 		t.Fatalf("a manifest without regions: sources %+v regions %+v, want %+v %+v", m.SourceList(), m.RegionList(), wantSrc, want)
 	}
 }
+
+func TestDropFreesTransientKey(t *testing.T) {
+	s := openStore(t, t.TempDir(), nil)
+	k := Key{Rank: 0, Shard: "restore"}
+	spec := Spec{Step: 1, Buffers: []BufferSpec{{Name: "rep", Size: 10_000}}}
+	o, err := s.Begin(k, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Drop(k); err == nil {
+		t.Fatal("Drop with a save open: no error")
+	}
+	if err := o.ComputeChecksums("rep"); err != nil {
+		t.Fatal(err)
+	}
+	g, err := o.Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Open(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Drop(k); err != nil {
+		t.Fatal(err)
+	}
+	if gens := s.Generations(k); len(gens) != 0 {
+		t.Fatalf("generations after Drop: %v", gens)
+	}
+	if _, err := os.Stat(g.ArenaPath); err != nil {
+		t.Fatalf("the arena a reader still uses is gone: %v", err)
+	}
+	r.Close()
+	if err := s.Drop(k); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(g.ArenaPath); !os.IsNotExist(err) {
+		t.Fatalf("arena %s still there after the reader closed and Drop: %v", g.ArenaPath, err)
+	}
+}
