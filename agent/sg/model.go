@@ -126,11 +126,15 @@ type Model struct {
 	groupNodes [][]int // per group: member node indices in ring order
 	patterns   [][]int // distinct groupNodes
 	arc, aor   bool
-	k          int // AEC parity pieces per stripe, 0 without aec
-	ec         *EC
-	stripes    []Stripe
-	tNet       int // peer copies the spec asks for sharded state
-	copies     int // peer copies given (tNet, or fewer with few nodes)
+	// whole: aor without arc or aec. The agent then keeps every member's
+	// replicated state whole (its slice is not sharded), so a member's
+	// replicated state survives while any member of its SG lives.
+	whole   bool
+	k       int // AEC parity pieces per stripe, 0 without aec
+	ec      *EC
+	stripes []Stripe
+	tNet    int // peer copies the spec asks for sharded state
+	copies  int // peer copies given (tNet, or fewer with few nodes)
 }
 
 // parity is the number of AEC parity pieces per stripe the spec asks for.
@@ -173,6 +177,7 @@ func NewModel(j Job) (*Model, error) {
 	}
 	if s.Enabled() {
 		md.arc, md.aor, md.k = s.ARC, s.AOR, parity(s)
+		md.whole = md.aor && !md.arc && md.k == 0
 	}
 	if l.DP == 1 {
 		if md.aor {
@@ -287,7 +292,12 @@ func (md *Model) protection() []Protection {
 		p := Protection{Kind: Replicated, Modes: md.repModes(), Unit: "members per SG"}
 		p.Tolerance = md.repTolerance()
 		var parts []string
-		parts = append(parts, fmt.Sprintf("each of the %d members of an SG keeps its 1/%d shard of the slice", m, m))
+		if md.whole {
+			p.Modes = "aor"
+			parts = append(parts, fmt.Sprintf("aor without arc or aec: each of the %d members of an SG keeps the whole slice (it is not sharded)", m))
+		} else {
+			parts = append(parts, fmt.Sprintf("each of the %d members of an SG keeps its 1/%d shard of the slice", m, m))
+		}
 		if md.arc {
 			parts = append(parts, "arc: and the next member's shard (ARC copy)")
 		}
@@ -341,6 +351,9 @@ func (md *Model) protection() []Protection {
 
 // repTolerance is the guaranteed failed members per SG for replicated state.
 func (md *Model) repTolerance() int {
+	if md.whole {
+		return md.Job.Layout.DP - 1
+	}
 	t := md.k
 	if md.arc {
 		t++

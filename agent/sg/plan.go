@@ -2,6 +2,7 @@ package sg
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,7 +24,9 @@ const (
 	// SourceAOR: the AOR replica of a ZeRO-1 optimizer shard, kept by the
 	// owner's ring predecessor.
 	SourceAOR Source = "aor"
-	// SourcePeer: a GEMINI placement copy of per-rank state on a peer node.
+	// SourcePeer: a GEMINI placement copy of per-rank state on a peer node;
+	// for replicated state under aor without arc or aec, a surviving SG
+	// member's whole copy (every member keeps the slice whole then).
 	SourcePeer Source = "peer"
 	// SourcePersistent: nothing in memory survived; the persistent tier.
 	SourcePersistent Source = "persistent"
@@ -197,6 +200,8 @@ func (md *Model) repSource(f []bool, pos int) Source {
 		return SourceARC
 	case md.ec != nil && md.decodable(f, pos) == -1:
 		return SourceAEC
+	case md.whole && slices.Contains(f, false):
+		return SourcePeer // any member's whole copy
 	}
 	return SourcePersistent
 }
@@ -281,6 +286,12 @@ func (md *Model) planGroups(p *Plan, dead []bool, kind Kind, shards bool) {
 				s.From = []string{holder.Node}
 			case SourceAEC:
 				s.From = md.decodeNodes(g, f, pos)
+			case SourcePeer:
+				for q := 1; q < m; q++ { // every surviving member, ring order from the owner on
+					if o := (pos + q) % m; !f[o] && !slices.Contains(s.From, g.Members[o].Node) {
+						s.From = append(s.From, g.Members[o].Node)
+					}
+				}
 			case SourcePersistent:
 				s.Reason = md.shardReason(g, f, pos, kind)
 				lost = append(lost, s.Reason)
@@ -336,6 +347,9 @@ func (md *Model) tolPhrase(kind Kind) string {
 		return "--reft=off keeps no redundancy"
 	}
 	t := md.repTolerance()
+	if md.whole {
+		return fmt.Sprintf("aor without arc or aec keeps the whole replicated slice on every member, so it tolerates %s per group", plural(t, "failure", "failures"))
+	}
 	if t == 0 {
 		return fmt.Sprintf("--reft=%s does not protect replicated state (arc or aec do)", md.Job.Spec)
 	}
@@ -354,6 +368,9 @@ func (md *Model) shardReason(g Group, f []bool, pos int, kind Kind) string {
 	fmt.Fprintf(&b, "%s was on %s", what, mem.Node)
 	if md.arc && m > 1 {
 		fmt.Fprintf(&b, " and its ARC copy on rank %d (%s)", holder.Rank, holder.Node)
+	}
+	if md.whole {
+		b.WriteString(", and every other member of its group, each with a whole copy, failed too")
 	}
 	if md.ec != nil {
 		a := md.decodable(f, pos)

@@ -14,7 +14,7 @@ var modes = []struct {
 	spec string
 	tol  int
 }{
-	{"off", 0}, {"aor", 0}, {"arc", 1}, {"aec", 1}, {"aec:2", 2}, {"aec:3", 3},
+	{"off", 0}, {"aor", -1}, {"arc", 1}, {"aec", 1}, {"aec:2", 2}, {"aec:3", 3},
 	{"arc+aec", 2}, {"arc+aec:2", 3}, {"arc+aec:3", 4}, {"arc+aor", 1}, {"arc+aec+aor", 2},
 }
 
@@ -30,6 +30,10 @@ func TestPlanMatchesBytes(t *testing.T) {
 			if mode.tol >= m {
 				continue
 			}
+			mode := mode
+			if mode.tol < 0 { // aor alone: every member keeps the whole slice
+				mode.tol = m - 1
+			}
 			t.Run(fmt.Sprintf("%s/m=%d", mode.spec, m), func(t *testing.T) {
 				md := mustModel(t, block(t, mode.spec, m, 1, 1, 1, Replicated, nil))
 				if got := md.Protection[0].Tolerance; got != mode.tol {
@@ -39,6 +43,7 @@ func TestPlanMatchesBytes(t *testing.T) {
 					t.Fatalf("node tolerance %d, want %d", got, mode.tol)
 				}
 				st := newStorage(t, m, md.arc, md.ec, int64(997+m), rng)
+				st.whole = md.whole
 				subsets(m, func(failed []bool, size int) {
 					plan, err := md.Plan(names(failed))
 					if err != nil {
@@ -153,8 +158,12 @@ func TestPlanKinds(t *testing.T) {
 		// aor: optimizer shards of rank 1 survive on rank 0.
 		{"aor", Optimizer, []string{"n2"}, true, "", []string{"optimizer/1:aor[n1]"}},
 		{"aor", Optimizer, []string{"n1", "n2"}, false, "aor keeps 1 replica of each ZeRO-1 optimizer shard", nil},
-		// aor alone does not cover replicated or sharded state.
-		{"aor", Replicated, []string{"n2"}, false, "does not protect replicated state", nil},
+		// aor alone keeps replicated state whole on every member (the
+		// agent does not shard the slice without arc or aec): any survivor
+		// has it. It does not cover sharded state.
+		{"aor", Replicated, []string{"n2"}, true, "", []string{"replicated/1:peer[n3 n4 n1]"}},
+		{"aor", Replicated, []string{"n1", "n2", "n3"}, true, "", []string{"replicated/0:peer[n4]"}},
+		{"aor", Replicated, []string{"n1", "n2", "n3", "n4"}, false, "every other member of its group, each with a whole copy, failed too", nil},
 		{"aor", Sharded, []string{"n2"}, false, "makes no peer copies of it", nil},
 		{"off", Sharded, []string{"n2"}, false, "--reft=off keeps no copies", nil},
 		{"off", Replicated, []string{"n4"}, false, "--reft=off keeps no redundancy", nil},

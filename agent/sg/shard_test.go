@@ -3,6 +3,7 @@ package sg
 import (
 	"bytes"
 	"math/rand"
+	"slices"
 	"testing"
 
 	"github.com/klauspost/reedsolomon"
@@ -156,6 +157,7 @@ type storage struct {
 	e      *EC
 	m      int
 	arc    bool
+	whole  bool // every member keeps the whole slice (aor without arc or aec)
 	w      int64
 	slice  []byte
 	parity map[[2]int][]byte // (stripe, parity index) -> bytes, held by Stripe.Parity[i]
@@ -212,7 +214,9 @@ func (s *storage) stripeShards(a int, have func(member int) bool) [][]byte {
 func (s *storage) rebuild(t *testing.T, failed []bool) []bool {
 	m := s.m
 	out := make([]bool, m)
-	plain := func(q int) bool { return !failed[q] || (s.arc && !failed[(q-1+m)%m]) }
+	plain := func(q int) bool {
+		return !failed[q] || (s.arc && !failed[(q-1+m)%m]) || (s.whole && slices.Contains(failed, false))
+	}
 	got := make([][]byte, m)
 	for q := 0; q < m; q++ {
 		if plain(q) {
