@@ -38,6 +38,13 @@ const (
 	secIn     = "rep@in"
 	secParity = "rep@parity"
 	secRep    = "rep" // the whole slice, in an assembled restore
+	// AOR (sharded_aor.go): secAORGrad+G is the client's copy of the
+	// ring successor's shard of gradient G; secAOR+B the agent's replica
+	// of the successor's state buffer B; secAORBase the step the replicas
+	// are valid for (int64, little endian; -1: invalid).
+	secAORGrad = "aor@grad@"
+	secAOR     = "aor@"
+	secAORBase = "aor@base"
 	// restoreShard is the store key's shard of assembled restores.
 	restoreShard = "restore"
 	// persistedShard holds members' persisted generations loaded for a
@@ -67,6 +74,11 @@ type sgInfo struct {
 	other   []proto.BufferSpec // not replicated: saved whole
 	el      *erasure.Layout
 	codec   *erasure.Codec
+	// whole: aor without arc or aec. The replicated buffers are saved
+	// whole, each in a section of its name (every member's copy is the
+	// same, so any member's restores a lost one); the slice is not cut.
+	whole bool
+	aor   []aorGroup // AOR optimizer shards, by gradient; nil without aor
 }
 
 // jobLayout is the job's parallel layout: dp, pp and tp from the SPEC, else
@@ -115,7 +127,7 @@ func jobLayout(sp spec.Spec, clientLayout string, world int) (sg.Layout, error) 
 // nil without error means the identity layout (no arc or aec, a single DP
 // rank, or nothing replicated).
 func newSGInfo(sp spec.Spec, req proto.Register) (*sgInfo, error) {
-	if !sp.Enabled() || (!sp.ARC && !sp.AEC) {
+	if !sp.Enabled() || (!sp.ARC && !sp.AEC && !(sp.AOR && hasAOR(req.Buffers))) {
 		return nil, nil
 	}
 	l, err := jobLayout(sp, req.Layout, req.World)
@@ -131,7 +143,15 @@ func newSGInfo(sp spec.Spec, req proto.Register) (*sgInfo, error) {
 	for dp := 0; dp < l.DP; dp++ {
 		si.members = append(si.members, l.Rank(sg.Coord{DP: dp, PP: c.PP, TP: c.TP}))
 	}
+	if sp.AOR {
+		if si.aor, err = newAORGroups(req.Buffers, si.pos, si.m); err != nil {
+			return nil, err
+		}
+	}
 	for _, b := range req.Buffers {
+		if si.isAORGrad(b.Name) {
+			continue // an input of the replicas, not state: only the successor's shard is saved
+		}
 		if b.Replicated {
 			si.slice = append(si.slice, sliceBuf{name: b.Name, off: si.w, size: b.Size})
 			si.w += b.Size
@@ -139,10 +159,11 @@ func newSGInfo(sp spec.Spec, req proto.Register) (*sgInfo, error) {
 			si.other = append(si.other, b)
 		}
 	}
-	if si.w == 0 {
+	if si.w == 0 && si.aor == nil {
 		return nil, nil
 	}
-	if sp.AEC {
+	si.whole = !sp.ARC && !sp.AEC || si.w == 0
+	if sp.AEC && !si.whole {
 		si.k = max(sp.AECParity, 1)
 		shards := sg.Shards(si.w, si.m)
 		cut := make([]erasure.Range, len(shards))
@@ -193,6 +214,34 @@ func (si *sgInfo) sections() (secs []tmpfs.BufferSpec, pieces []piece, agentSecs
 			pieces = append(pieces, piece{buffer: b.Name, size: b.Size, section: len(secs)})
 		}
 		secs = append(secs, tmpfs.BufferSpec{Name: b.Name, Size: b.Size})
+	}
+	for _, g := range si.aor {
+		r := g.shards[si.succ(si.pos)]
+		if r[1] > 0 {
+			pieces = append(pieces, piece{buffer: g.grad, offset: 4 * r[0], size: 4 * r[1], section: len(secs)})
+		}
+		secs = append(secs, tmpfs.BufferSpec{Name: secAORGrad + g.grad, Size: 4 * r[1], Replicated: true})
+	}
+	if si.aor != nil {
+		defer func() { // agent-filled, last
+			for _, g := range si.aor {
+				for _, st := range g.states {
+					secs = append(secs, tmpfs.BufferSpec{Name: secAOR + st.buf, Size: 4 * g.shards[si.succ(si.pos)][1]})
+					agentSecs = append(agentSecs, secAOR+st.buf)
+				}
+			}
+			secs = append(secs, tmpfs.BufferSpec{Name: secAORBase, Size: 8})
+			agentSecs = append(agentSecs, secAORBase)
+		}()
+	}
+	if si.whole {
+		for _, b := range si.slice {
+			if b.size > 0 {
+				pieces = append(pieces, piece{buffer: b.name, size: b.size, section: len(secs)})
+			}
+			secs = append(secs, tmpfs.BufferSpec{Name: b.name, Size: b.size, Replicated: true})
+		}
+		return secs, pieces, agentSecs
 	}
 	add := func(name string, r sg.Range) {
 		pieces = append(pieces, si.slicePieces(r, len(secs), 0)...)
@@ -291,7 +340,11 @@ func (si *sgInfo) model(rankNode map[int]string) (*sg.Model, []string, error) {
 	}
 	sp := si.spec
 	sp.DP, sp.PP, sp.TP = 0, 0, 0
-	md, err := sg.NewModel(sg.Job{Spec: sp, Layout: si.layout, Topology: top, Kinds: sg.Replicated})
+	kinds := sg.Replicated
+	if si.aor != nil {
+		kinds |= sg.Optimizer
+	}
+	md, err := sg.NewModel(sg.Job{Spec: sp, Layout: si.layout, Topology: top, Kinds: kinds})
 	return md, failed, err
 }
 
@@ -301,6 +354,12 @@ func (si *sgInfo) describe() string {
 		return "whole buffers"
 	}
 	s := fmt.Sprintf("sharded: SG of %d (ranks %v), ring position %d, slice %d bytes, own shard", si.m, si.members, si.pos, si.w)
+	if si.whole {
+		s = fmt.Sprintf("SG of %d (ranks %v), ring position %d, replicated buffers whole (%d bytes)", si.m, si.members, si.pos, si.w)
+	}
+	if si.aor != nil {
+		s += " + AOR replica of position " + strconv.Itoa(si.succ(si.pos)) + "'s optimizer shard"
+	}
 	if si.arc {
 		s += " + ARC copy of position " + strconv.Itoa(si.succ(si.pos))
 	}

@@ -170,6 +170,14 @@ type restorePlan struct {
 	parity  [][]cand // per position: its parity units; nil without
 	others  []cand   // the rank's unreplicated buffers: copies of its generation
 	reasons []string // why not ok
+	// whole: copies of generations that hold the replicated buffers
+	// whole (aor without arc or aec), the rank's own first.
+	whole []cand
+	// opt: per AOR state buffer, its copies (section named); optSource
+	// says which (local: the rank's own; aor: its predecessor's replica).
+	opt       map[string][]cand
+	optSource sg.Source
+	loaded    map[int]genLoc // a persistent-tier plan's loaded generations
 }
 
 func (p restorePlan) sources() string {
@@ -183,6 +191,11 @@ func (p restorePlan) sources() string {
 			from = nodeName(sh.cands[0].loc.node)
 		}
 		fmt.Fprintf(&b, "%d:%s@%s", sh.pos, sh.source, from)
+	}
+	for name, cs := range p.opt {
+		if len(cs) > 0 {
+			fmt.Fprintf(&b, " %s:%s@%s", name, p.optSource, nodeName(cs[0].loc.node))
+		}
 	}
 	return b.String()
 }
@@ -229,6 +242,9 @@ func (s *Server) plan(si *sgInfo, v *storeView, step int64) restorePlan {
 	p.parity = make([][]cand, si.m)
 	lost := false
 	for _, sh := range pl.Shards {
+		if sh.Kind == sg.Optimizer && sh.Group == group && sh.Rank == si.rank {
+			p.optSource = sh.Source
+		}
 		if sh.Kind != sg.Replicated || sh.Group != group {
 			continue
 		}
@@ -245,6 +261,13 @@ func (s *Server) plan(si *sgInfo, v *storeView, step int64) restorePlan {
 		if si.arc {
 			for _, l := range locs(si.members[si.pred(q)]) {
 				src.cands = append(src.cands, cand{loc: l, sec: secARC})
+			}
+		}
+		if si.whole { // any member's whole copy
+			for k := 1; k < si.m; k++ {
+				for _, l := range locs(si.members[(q+k)%si.m]) {
+					src.cands = append(src.cands, cand{loc: l})
+				}
 			}
 		}
 		slices.SortStableFunc(src.cands, func(a, b cand) int { return boolInt(a.loc.node != "") - boolInt(b.loc.node != "") })
@@ -274,15 +297,27 @@ func (s *Server) plan(si *sgInfo, v *storeView, step int64) restorePlan {
 			}
 		}
 	}
+	if si.whole {
+		for _, sh := range p.shards {
+			if sh.rank == si.rank {
+				p.whole = sh.cands
+			}
+		}
+	}
+	if si.aor != nil {
+		s.planAOR(si, &p, pl, group, locs, step)
+	}
 	if len(si.other) > 0 {
 		for _, l := range locs(si.rank) {
 			p.others = append(p.others, cand{loc: l})
 		}
-		if len(p.others) == 0 {
-			names := make([]string, len(si.other))
-			for i, b := range si.other {
-				names[i] = b.Name
+		var names []string
+		for _, b := range si.other {
+			if _, ok := si.aorStateOf(b.Name); !ok {
+				names = append(names, b.Name)
 			}
+		}
+		if len(p.others) == 0 && len(names) > 0 {
 			p.reasons = append(p.reasons, fmt.Sprintf("rank %d's unreplicated buffers (%s) of step %d lived only on its own node, which no agent serves any more",
 				si.rank, strings.Join(names, ", "), step))
 		}
@@ -414,6 +449,18 @@ func (s *Server) restoreSharded(c interface{ Write([]byte) (int, error) }, rc *r
 	t0 := time.Now()
 	var st restoreStats
 	g, err := s.assemble(ctx, rc, si, chosen, &st, log)
+	if err == nil && si.aor != nil { // before the loaded persisted generations go
+		locs := func(r int) []genLoc { return v.gens[r][chosen.step] }
+		if chosen.loaded != nil {
+			locs = func(r int) []genLoc {
+				if l, ok := chosen.loaded[r]; ok {
+					return []genLoc{l}
+				}
+				return nil
+			}
+		}
+		s.seedAOR(ctx, rc, chosen.step, locs, log)
+	}
 	if event == "restore_persistent" {
 		for _, r := range append(slices.Clone(si.members), si.rank) {
 			if err := s.store.Drop(tmpfs.Key{Rank: r, Shard: persistedKey(si.rank)}); err != nil {
@@ -495,6 +542,16 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 		src := shardSource{pos: q, rank: r, source: sg.SourcePersistent, cands: []cand{{loc: loaded[r], sec: secShard}}}
 		p.shards = append(p.shards, src)
 	}
+	p.loaded = loaded
+	if si.whole {
+		p.whole = []cand{{loc: loaded[si.rank]}}
+	}
+	if si.aor != nil {
+		p.opt, p.optSource = map[string][]cand{}, sg.SourcePersistent
+		for _, name := range si.aorStateNames() {
+			p.opt[name] = []cand{{loc: loaded[si.rank], sec: name}}
+		}
+	}
 	if len(si.other) > 0 {
 		p.others = []cand{{loc: loaded[si.rank]}}
 	}
@@ -533,9 +590,25 @@ func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *rest
 		errs = append(errs, err)
 		mu.Unlock()
 	}
+	for _, b := range si.slice {
+		if !si.whole || b.size == 0 {
+			continue
+		}
+		var cs []cand
+		for _, c := range p.whole {
+			cs = append(cs, cand{loc: c.loc, sec: b.name})
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.fetchInto(ctx, rep[b.off:b.off+b.size], cs, st); err != nil {
+				fail(fmt.Errorf("buffer %q: %w", b.name, err))
+			}
+		}()
+	}
 	for _, sh := range p.shards {
-		if len(sh.cands) == 0 {
-			continue // decoded below
+		if len(sh.cands) == 0 || si.whole {
+			continue // decoded below, or fetched whole above
 		}
 		r := si.shard(sh.pos)
 		wg.Add(1)
@@ -554,6 +627,9 @@ func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *rest
 		var cs []cand
 		for _, c := range p.others {
 			cs = append(cs, cand{loc: c.loc, sec: b.Name})
+		}
+		if _, ok := si.aorStateOf(b.Name); ok {
+			cs = p.opt[b.Name]
 		}
 		wg.Add(1)
 		go func() {
@@ -729,3 +805,52 @@ func (e lostError) Unwrap() error { return tmpfs.ErrNoGeneration }
 // restore loads the SG members' generations: one per restoring rank, so
 // the ranks of a node restore side by side.
 func persistedKey(rank int) string { return persistedShard + "-for-" + strconv.Itoa(rank) }
+
+// planAOR decides where the rank's AOR state buffers come from at step,
+// as the failure analysis says: its own generation (local), or its ring
+// predecessor's replica (aor) when that is valid for the step.
+func (s *Server) planAOR(si *sgInfo, p *restorePlan, pl sg.Plan, group string, locs func(int) []genLoc, step int64) {
+	names := si.aorStateNames()
+	p.opt = map[string][]cand{}
+	switch p.optSource {
+	case sg.SourceLocal:
+		for _, n := range names {
+			for _, l := range locs(si.rank) {
+				p.opt[n] = append(p.opt[n], cand{loc: l, sec: n})
+			}
+		}
+	case sg.SourceAOR:
+		pred := si.members[si.pred(si.pos)]
+		ctx, cancel := context.WithTimeout(context.Background(), 2*gatherWait)
+		defer cancel()
+		b, err := s.readBase(ctx, locs(pred))
+		switch {
+		case err != nil:
+			p.reasons = append(p.reasons, fmt.Sprintf("rank %d's optimizer state (%s) of step %d lived only on its node; the AOR replica rank %d keeps cannot be read: %v",
+				si.rank, strings.Join(names, ", "), step, pred, err))
+		case b != step:
+			p.reasons = append(p.reasons, fmt.Sprintf("rank %d's optimizer state (%s) of step %d lived only on its node, and the AOR replica rank %d keeps is not valid for that step (it could not be brought forward: a step was not saved, or rank %d restored without a replica; its agent's aor_invalid event says why)",
+				si.rank, strings.Join(names, ", "), step, pred, pred))
+		default:
+			for _, n := range names {
+				for _, l := range locs(pred) {
+					p.opt[n] = append(p.opt[n], cand{loc: l, sec: secAOR + n})
+				}
+			}
+		}
+	case sg.SourcePersistent:
+		for _, r := range pl.Reasons {
+			if strings.HasPrefix(r, "SG "+group+" ") && strings.Contains(r, "optimizer shard") && !slices.Contains(p.reasons, r) {
+				p.reasons = append(p.reasons, r)
+			}
+		}
+		if len(p.reasons) == 0 {
+			p.reasons = append(p.reasons, fmt.Sprintf("rank %d's optimizer state and its AOR replica of step %d are both gone", si.rank, step))
+		}
+	default:
+		p.reasons = append(p.reasons, fmt.Sprintf("the failure analysis gave no source for rank %d's optimizer shard (a bug; report it)", si.rank))
+	}
+	for _, n := range names {
+		slices.SortStableFunc(p.opt[n], func(a, b cand) int { return boolInt(a.loc.node != "") - boolInt(b.loc.node != "") })
+	}
+}

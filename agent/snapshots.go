@@ -29,6 +29,13 @@ type rankConn struct {
 	open       *tmpfs.Ongoing
 	restored   map[int64]*tmpfs.Reader
 	sg         *sgInfo // the sharded layout's geometry; nil: identity
+	// AOR (sharded_aor.go): the replica a restore seeded, whether this
+	// connection restored (and why no seed), and whether the last commit's
+	// replica was invalid.
+	aorSeed     *aorSeed
+	aorSeedWhy  string
+	aorRestored bool
+	aorInvalid  bool
 }
 
 // close aborts the connection's unfinished save and drops its restore pins.
@@ -154,6 +161,11 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	if err := checkBuffers(req.Buffers); err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
+	if s.spec().Enabled() && s.spec().AOR { // else aor objects are ignored: plain buffers
+		if err := proto.CheckAOR(req.Buffers); err != nil {
+			return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
+		}
+	}
 	si, err := newSGInfo(s.spec(), req)
 	if err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
@@ -249,7 +261,11 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 	}
 	crcTime := time.Since(t0)
 	if rc.sg != nil {
-		if err := rc.sg.encode(o); err != nil {
+		err := rc.sg.encode(o)
+		if err == nil {
+			err = s.aorCommit(rc, o, log)
+		}
+		if err != nil {
 			o.Abort()
 			log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("commit failed")
 			return replyErr(c, id, proto.CodeInternal, "commit of step %d: %v", step, err)

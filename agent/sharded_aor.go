@@ -1,0 +1,314 @@
+package agent
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/aor"
+	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/tmpfs"
+)
+
+// AOR (REFT's asynchronous optimizer recompute) on the agent. With aor in
+// the SPEC, a ZeRO-1 rank registers its optimizer-state shards with aor
+// objects and the step's reduced gradient (docs/PROTOCOL.md, "AOR
+// buffers"). The rank at ring position p keeps the replica of position
+// p+1's (succ's) shards:
+//
+//   - every save copies succ's shard of the gradient into aor@grad@G (a
+//     section the client fills, like any other);
+//   - at commit the agent brings the replica forward one optimizer step:
+//     aor@B (step S) = Update(aor@B of step S-1, aor@grad@G of step S),
+//     with agent/aor's kernels, the trainer's own, so the replica is
+//     bit-identical to succ's B; aor@base records S (-1 when the replica
+//     cannot be brought forward: a step was skipped, or the rank restored
+//     without a replica to start from);
+//   - a restore of a rank whose own generation is gone takes its state
+//     buffers from its predecessor's aor@B, when that replica is valid for
+//     the step, as agent/sg's failure analysis (source aor) says.
+//
+// The replica of step S-1 comes from the rank's previous generation, or
+// after a restore at S-1 from the seed the restore set (the rank's own
+// replica if its generation survived, else succ's own state buffers), or
+// is zero at step 1 of a fresh start (the optimizer's state starts at 0).
+
+// aorGroup is one gradient's optimizer: its state buffers of this rank.
+type aorGroup struct {
+	grad   string
+	opt    aor.Optimizer
+	shards [][2]int64 // every DP rank's cut, in float32 elements
+	states []aorState
+}
+
+type aorState struct {
+	buf, state string
+}
+
+// aorSeed is the replica of succ's state at a restored step: where the
+// next commit starts.
+type aorSeed struct {
+	step int64
+	bufs map[string][]byte // state buffer name -> replica bytes
+}
+
+// hasAOR reports whether a registration has aor buffers.
+func hasAOR(bufs []proto.BufferSpec) bool {
+	return slices.ContainsFunc(bufs, func(b proto.BufferSpec) bool { return b.AOR != nil })
+}
+
+// newAORGroups collects a registration's aor buffers (already checked by
+// proto.CheckAOR) by gradient, and checks them against the layout: one
+// shard per DP rank and this rank's ring position as the index.
+func newAORGroups(bufs []proto.BufferSpec, pos, m int) ([]aorGroup, error) {
+	var out []aorGroup
+	for _, b := range bufs {
+		a := b.AOR
+		if a == nil {
+			continue
+		}
+		if len(a.Shards) != m {
+			return nil, fmt.Errorf("buffer %q: aor.shards has %d entries, the job has dp=%d: give one ZeRO-1 shard per DP rank", b.Name, len(a.Shards), m)
+		}
+		if a.Index != pos {
+			return nil, fmt.Errorf("buffer %q: aor.index = %d, but this rank is DP index %d in the job's layout: send the rank's own DP index", b.Name, a.Index, pos)
+		}
+		i := slices.IndexFunc(out, func(g aorGroup) bool { return g.grad == a.Grad })
+		if i < 0 {
+			out = append(out, aorGroup{grad: a.Grad, opt: a.Opt(), shards: slices.Clone(a.Shards)})
+			i = len(out) - 1
+		}
+		out[i].states = append(out[i].states, aorState{buf: b.Name, state: a.State})
+	}
+	return out, nil
+}
+
+func (si *sgInfo) isAORGrad(name string) bool {
+	return slices.ContainsFunc(si.aor, func(g aorGroup) bool { return g.grad == name })
+}
+
+// aorState reports whether buffer name is an AOR state buffer, and its
+// group.
+func (si *sgInfo) aorStateOf(name string) (*aorGroup, bool) {
+	for i := range si.aor {
+		for _, st := range si.aor[i].states {
+			if st.buf == name {
+				return &si.aor[i], true
+			}
+		}
+	}
+	return nil, false
+}
+
+// aorStateNames lists the AOR state buffers.
+func (si *sgInfo) aorStateNames() []string {
+	var out []string
+	for _, g := range si.aor {
+		for _, st := range g.states {
+			out = append(out, st.buf)
+		}
+	}
+	return out
+}
+
+// succBytes is the size of succ's shard of a state buffer of g.
+func (si *sgInfo) succBytes(g *aorGroup) int64 { return 4 * g.shards[si.succ(si.pos)][1] }
+
+// aorCommit writes the replicas and their base into the open save of
+// step, then checksums them. A replica that cannot be brought forward is
+// marked invalid (base -1), which is logged once until it is valid again.
+func (s *Server) aorCommit(rc *rankConn, o *tmpfs.Ongoing, log zerolog.Logger) error {
+	si := rc.sg
+	if si == nil || si.aor == nil {
+		return nil
+	}
+	step := o.Step()
+	base, err := o.Buffer(secAORBase)
+	if err != nil {
+		return err
+	}
+	reps := map[string][]byte{}
+	for _, name := range si.aorStateNames() {
+		if reps[name], err = o.Buffer(secAOR + name); err != nil {
+			return err
+		}
+	}
+	why := s.aorPrevious(rc, step, reps)
+	valid := why == ""
+	if valid {
+		for _, g := range si.aor {
+			gb, err := o.Buffer(secAORGrad + g.grad)
+			if err != nil {
+				return err
+			}
+			grad, err := aor.Float32s(gb)
+			if err != nil {
+				return fmt.Errorf("gradient %q: %w", g.grad, err)
+			}
+			for _, st := range g.states {
+				rep, err := aor.Float32s(reps[st.buf])
+				if err != nil {
+					return fmt.Errorf("replica of %q: %w", st.buf, err)
+				}
+				if err := g.opt.Update(st.state, rep, grad); err != nil {
+					return fmt.Errorf("replica of %q: %w", st.buf, err)
+				}
+			}
+		}
+	}
+	b := step
+	if !valid {
+		b = -1
+	}
+	binary.LittleEndian.PutUint64(base, uint64(b))
+	for _, name := range si.aorStateNames() {
+		if err := o.ComputeChecksums(secAOR + name); err != nil {
+			return err
+		}
+	}
+	if err := o.ComputeChecksums(secAORBase); err != nil {
+		return err
+	}
+	switch {
+	case !valid && !rc.aorInvalid:
+		log.Warn().Str("event", "aor_invalid").Int("rank", si.rank).Int64("step", step).Int("of_rank", si.members[si.succ(si.pos)]).Str("reason", why).
+			Msg("the AOR replica cannot be brought forward: until a restore seeds it again, a loss of the successor's node needs the persistent tier for its optimizer state")
+	case valid && rc.aorInvalid:
+		log.Info().Str("event", "aor_valid").Int("rank", si.rank).Int64("step", step).Msg("the AOR replica is valid again")
+	}
+	rc.aorInvalid = !valid
+	return nil
+}
+
+// aorPrevious fills reps with the replicas of step-1, or says why there
+// are none.
+func (s *Server) aorPrevious(rc *rankConn, step int64, reps map[string][]byte) string {
+	if sd := rc.aorSeed; sd != nil && sd.step == step-1 {
+		for name, dst := range reps {
+			copy(dst, sd.bufs[name])
+		}
+		return ""
+	}
+	var prev *tmpfs.Generation
+	var steps []int64
+	for _, g := range s.store.Generations(rc.key) { // newest first
+		if g.Bad {
+			continue
+		}
+		steps = append(steps, g.Step)
+		if prev == nil && g.Step == step-1 {
+			prev = &g
+		}
+	}
+	if prev != nil {
+		loc := genLoc{key: peer.GenKey{Rank: rc.key.Rank, Shard: rc.key.Shard, Step: prev.Step, Seq: prev.Seq}}
+		var b [8]byte
+		if err := s.copyLocal(b[:], cand{loc: loc, sec: secAORBase}); err != nil {
+			return fmt.Sprintf("the replica of step %d cannot be read: %v", prev.Step, err)
+		}
+		if got := int64(binary.LittleEndian.Uint64(b[:])); got != prev.Step {
+			return fmt.Sprintf("the replica in the generation of step %d is invalid too", prev.Step)
+		}
+		for name, dst := range reps {
+			if err := s.copyLocal(dst, cand{loc: loc, sec: secAOR + name}); err != nil {
+				return fmt.Sprintf("the replica of %q of step %d cannot be read: %v", name, prev.Step, err)
+			}
+		}
+		return ""
+	}
+	if step == 1 && !rc.aorRestored {
+		for _, dst := range reps {
+			clear(dst) // a fresh start: the optimizer state starts at zero
+		}
+		return ""
+	}
+	if rc.aorRestored && rc.aorSeed == nil {
+		return "the restore found no replica to start from (" + rc.aorSeedWhy + ")"
+	}
+	return fmt.Sprintf("no generation of step %d to bring the replica forward from (this rank has steps %v): the replica advances one optimizer step per save, so save every step", step-1, steps)
+}
+
+// readBase reads the aor@base of a generation from the first candidate
+// that has it.
+func (s *Server) readBase(ctx context.Context, locs []genLoc) (int64, error) {
+	var cs []cand
+	for _, l := range locs {
+		cs = append(cs, cand{loc: l, sec: secAORBase})
+	}
+	var b [8]byte
+	if err := s.fetchInto(ctx, b[:], cs, &restoreStats{}); err != nil {
+		return 0, err
+	}
+	return int64(binary.LittleEndian.Uint64(b[:])), nil
+}
+
+// seedAOR sets, after a restore at step, the replica the rank's next
+// commit starts from: its own replica if its generation survived with a
+// valid one, else succ's own state buffers. locs gives a rank's copies of
+// its generation of step.
+func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs func(r int) []genLoc, log zerolog.Logger) {
+	si := rc.sg
+	rc.aorRestored, rc.aorSeed, rc.aorSeedWhy = true, nil, ""
+	sd := &aorSeed{step: step, bufs: map[string][]byte{}}
+	fill := func(ls []genLoc, sec func(string) string) error {
+		for _, g := range si.aor {
+			for _, st := range g.states {
+				buf := make([]byte, si.succBytes(&g))
+				var cs []cand
+				for _, l := range ls {
+					cs = append(cs, cand{loc: l, sec: sec(st.buf)})
+				}
+				if err := s.fetchInto(ctx, buf, cs, &restoreStats{}); err != nil {
+					return fmt.Errorf("%s: %w", sec(st.buf), err)
+				}
+				sd.bufs[st.buf] = buf
+			}
+		}
+		return nil
+	}
+	var whys []string
+	from := ""
+	if own := locs(si.rank); len(own) > 0 {
+		b, err := s.readBase(ctx, own)
+		switch {
+		case err != nil:
+			whys = append(whys, fmt.Sprintf("its own replica: %v", err))
+		case b != step:
+			whys = append(whys, fmt.Sprintf("its own replica of step %d is invalid", step))
+		default:
+			if err = fill(own, func(n string) string { return secAOR + n }); err == nil {
+				from = "own replica"
+			} else {
+				whys = append(whys, fmt.Sprintf("its own replica: %v", err))
+			}
+		}
+	} else {
+		whys = append(whys, "its own generation is gone")
+	}
+	succ := si.members[si.succ(si.pos)]
+	if from == "" {
+		if sl := locs(succ); len(sl) > 0 {
+			if err := fill(sl, func(n string) string { return n }); err == nil {
+				from = fmt.Sprintf("rank %d's own state", succ)
+			} else {
+				whys = append(whys, fmt.Sprintf("rank %d's state: %v", succ, err))
+			}
+		} else {
+			whys = append(whys, fmt.Sprintf("rank %d's generation of step %d is gone too", succ, step))
+		}
+	}
+	if from == "" {
+		rc.aorSeedWhy = strings.Join(whys, "; ")
+		log.Warn().Str("event", "aor_seed").Int("rank", si.rank).Int64("step", step).Str("reason", rc.aorSeedWhy).
+			Msg("no AOR replica to continue from after the restore")
+		return
+	}
+	rc.aorSeed = sd
+	log.Info().Str("event", "aor_seed").Int("rank", si.rank).Int64("step", step).Int("of_rank", succ).Str("from", from).
+		Msg("AOR replica seeded from the restored step")
+}
