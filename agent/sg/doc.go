@@ -44,7 +44,10 @@
 //     computed from its own replicated copy: no network either. arc
 //     survives any 1 failed member per SG, aec any 1, aec:K any K, and
 //     together they add up (REFT "collaborative protection"): arc+aec any 2,
-//     arc+aec:K any K+1. aor does not protect replicated state.
+//     arc+aec:K any K+1. aor alone (no arc or aec) makes the agent keep
+//     the slice whole on every member instead of sharding it, so a failed
+//     member's replicated state comes from any surviving member (source
+//     peer): any m-1 failed members per SG.
 //   - Optimizer (ZeRO-1 optimizer shards, unique per rank). With aor the
 //     ring predecessor keeps a replica, updated on the host from the gradients:
 //     any 1 failed member per SG, no network. State aor covers gets no
