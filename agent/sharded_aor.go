@@ -11,6 +11,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/aor"
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -299,7 +300,14 @@ func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs fun
 				whys = append(whys, fmt.Sprintf("rank %d's state: %v", succ, err))
 			}
 		} else {
-			whys = append(whys, fmt.Sprintf("rank %d's generation of step %d is gone too", succ, step))
+			whys = append(whys, fmt.Sprintf("rank %d's generation of step %d is not in memory", succ, step))
+		}
+	}
+	if from == "" && s.persist != nil { // succ's state came back from the persistent tier
+		if err := s.persistedState(succ, si.rank, step, func(l genLoc) error { return fill([]genLoc{l}, func(n string) string { return n }) }); err == nil {
+			from = fmt.Sprintf("rank %d's persisted state", succ)
+		} else {
+			whys = append(whys, fmt.Sprintf("rank %d's persisted state: %v", succ, err))
 		}
 	}
 	if from == "" {
@@ -311,4 +319,25 @@ func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs fun
 	rc.aorSeed = sd
 	log.Info().Str("event", "aor_seed").Int("rank", si.rank).Int64("step", step).Int("of_rank", succ).Str("from", from).
 		Msg("AOR replica seeded from the restored step")
+}
+
+// persistedState loads rank r's persisted generation of step into this
+// node's store (under the restoring rank's transient key), hands it to
+// use, and drops it again.
+func (s *Server) persistedState(r, forRank int, step int64, use func(genLoc) error) error {
+	gens, err := s.persist.Generations(r)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(gens, func(g persist.Generation) bool { return g.Step == step })
+	if i < 0 {
+		return fmt.Errorf("no persisted generation of step %d", step)
+	}
+	key := tmpfs.Key{Rank: r, Shard: persistedKey(forRank)}
+	g, err := s.persist.Load(gens[i], key, manifestSpec(&gens[i].Manifest))
+	if err != nil {
+		return err
+	}
+	defer s.store.Drop(key)
+	return use(genLoc{key: peer.GenKey{Rank: r, Shard: key.Shard, Step: g.Step, Seq: g.Seq}})
 }

@@ -355,3 +355,60 @@ func TestAORBadRegistration(t *testing.T) {
 		t.Errorf("index of another rank: %v", err)
 	}
 }
+
+// TestAORGapPersistent: the gap of TestAORGap with a persistent tier: rank
+// 1's state of step 3 comes from it (the others' from memory), every rank
+// gets step 3 bit for bit, and the replicas seeded by the restores carry
+// the job on: step 4 saved, rank 2's node lost, restored from memory.
+func TestAORGapPersistent(t *testing.T) {
+	roots := map[string]string{}
+	j := startJob(t, "aor,persist=1", []string{"n1", "n2", "n3", "n4"}, roots, t.TempDir())
+	var wg sync.WaitGroup
+	for r := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			bufs := aorRankBufs(t, 0, r)
+			c := aorOpen(t, j, r, bufs)
+			defer c.Close()
+			steps := []int64{1, 2, 3}
+			if r == 0 {
+				steps = []int64{1, 3}
+			}
+			for _, st := range steps {
+				if err := aorSave(t, c, r, bufs, st); err != nil {
+					t.Error(err)
+					return
+				}
+				j.nodes[r].per.Wait()
+			}
+		}()
+	}
+	wg.Wait()
+	j = aorRelaunch(t, j, roots, []int{1}, "a")
+	cs, bufs := aorRestore(t, j, 3)
+	if ev, fields := restoreEvent(t, j.nodes[1]); ev != "restore_persistent" {
+		t.Fatalf("replacement of rank 1 logged %s %v, want restore_persistent", ev, fields)
+	}
+	for r := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := aorSave(t, cs[r], r, bufs[r], 4); err != nil {
+				t.Error(err)
+			}
+			j.nodes[r].per.Wait()
+		}()
+	}
+	wg.Wait()
+	for r, n := range j.nodes {
+		if evs := n.log.events("aor_invalid"); len(evs) > 0 {
+			t.Fatalf("rank %d: replica invalid after the restore: %v", r, evs)
+		}
+	}
+	j = aorRelaunch(t, j, roots, []int{2}, "b")
+	aorRestore(t, j, 4)
+	if ev, _ := restoreEvent(t, j.nodes[2]); ev != "restore_peer" {
+		t.Fatalf("replacement of rank 2 logged %s, want restore_peer (from rank 1's seeded replica)", ev)
+	}
+}
