@@ -73,7 +73,7 @@ func (l *syncBuf) events(ev string) []map[string]any {
 }
 
 // shPorts finds a port range whose candidates for n nodes are free now.
-func shPorts(t *testing.T, n int) int {
+func shPorts(t testing.TB, n int) int {
 	t.Helper()
 	for range 100 {
 		lo := 20000 + rand.IntN(30000)
@@ -97,7 +97,7 @@ func shPorts(t *testing.T, n int) int {
 }
 
 // shStart starts node name's agent over the store under root.
-func shStart(t *testing.T, name, root, spc string, topo mesh.Fixed, lo int, persistDir string) *shNode {
+func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, persistDir string, chunk int64) *shNode {
 	t.Helper()
 	n := &shNode{name: name, root: root, log: &syncBuf{}}
 	log := zerolog.New(n.log).With().Str("node", name).Logger()
@@ -105,7 +105,7 @@ func shStart(t *testing.T, name, root, spc string, topo mesh.Fixed, lo int, pers
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.st, err = tmpfs.Open(tmpfs.Options{Root: root, JobID: shJob, ChunkSize: 64 << 10, Keep: 1, Alloc: alloc}); err != nil {
+	if n.st, err = tmpfs.Open(tmpfs.Options{Root: root, JobID: shJob, ChunkSize: chunk, Keep: 1, Alloc: alloc}); err != nil {
 		t.Fatal(err)
 	}
 	dir, err := os.MkdirTemp("", "reft-shard-")
@@ -161,27 +161,45 @@ func shStart(t *testing.T, name, root, spc string, topo mesh.Fixed, lo int, pers
 
 // shJobRun is a job: its nodes by rank.
 type shJobRun struct {
-	t     *testing.T
+	t     testing.TB
 	spec  string
 	nodes []*shNode // by rank
 	pdir  string
+	opt   shOpts
+	took  []time.Duration // each rank's RestoreStep in the last restoreAll
+}
+
+// shOpts change the harness's defaults (benchmarks).
+type shOpts struct {
+	chunk int64                                                        // store and client chunk size; 0: 64 KiB
+	bufs  func(step int64, rank int, withLocal bool) map[string][]byte // nil: shBuffers
 }
 
 // startJob starts one agent per name (rank i on names[i]); roots gives
 // each node's store root (kept across restarts for surviving nodes).
-func startJob(t *testing.T, spc string, names []string, roots map[string]string, pdir string) *shJobRun {
+func startJob(t testing.TB, spc string, names []string, roots map[string]string, pdir string, opt ...shOpts) *shJobRun {
 	t.Helper()
+	var o shOpts
+	if len(opt) > 0 {
+		o = opt[0]
+	}
+	if o.chunk == 0 {
+		o.chunk = 64 << 10
+	}
+	if o.bufs == nil {
+		o.bufs = shBuffers
+	}
 	topo := mesh.Topology{}
 	for i, nm := range names {
 		topo.Nodes = append(topo.Nodes, mesh.Node{Index: i, Name: nm, Addr: "127.0.0.1"})
 	}
 	lo := shPorts(t, len(names))
-	j := &shJobRun{t: t, spec: spc, pdir: pdir}
+	j := &shJobRun{t: t, spec: spc, pdir: pdir, opt: o}
 	for _, nm := range names {
 		if roots[nm] == "" {
 			roots[nm] = filepath.Join(t.TempDir(), "shm")
 		}
-		j.nodes = append(j.nodes, shStart(t, nm, roots[nm], spc, mesh.Fixed(topo), lo, pdir))
+		j.nodes = append(j.nodes, shStart(t, nm, roots[nm], spc, mesh.Fixed(topo), lo, pdir, o.chunk))
 	}
 	return j
 }
@@ -218,7 +236,7 @@ var shOrder = []string{"layer0.weight", "layer0.bias", "trainer.state", "opt.m",
 func (j *shJobRun) open(rank int, bufs map[string][]byte) *reftclient.Client {
 	j.t.Helper()
 	c, err := reftclient.Open(context.Background(), reftclient.Options{Socket: j.nodes[rank].sock, Rank: rank, World: len(j.nodes),
-		Layout: "dp=" + strconv.Itoa(len(j.nodes)), ChunkSize: 64 << 10})
+		Layout: "dp=" + strconv.Itoa(len(j.nodes)), ChunkSize: j.opt.chunk})
 	if err != nil {
 		j.t.Fatal(err)
 	}
@@ -246,11 +264,11 @@ func (j *shJobRun) saveSteps(n int64, withLocal bool) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			bufs := shBuffers(0, r, withLocal)
+			bufs := j.opt.bufs(0, r, withLocal)
 			c := j.open(r, bufs)
 			defer c.Close()
 			for st := int64(1); st <= n; st++ {
-				for k, v := range shBuffers(st, r, withLocal) {
+				for k, v := range j.opt.bufs(st, r, withLocal) {
 					copy(bufs[k], v)
 				}
 				if err := c.Save(st).Wait(context.Background()); err != nil {
@@ -282,7 +300,7 @@ func (j *shJobRun) restoreAll(withLocal bool) (int64, []error, []map[string][]by
 	errs := make([]error, w)
 	var wg sync.WaitGroup
 	for r := range w {
-		bufs[r] = shBuffers(0, r, withLocal)
+		bufs[r] = j.opt.bufs(0, r, withLocal)
 		cs[r] = j.open(r, bufs[r])
 		defer cs[r].Close()
 		wg.Add(1)
@@ -303,11 +321,14 @@ func (j *shJobRun) restoreAll(withLocal bool) (int64, []error, []map[string][]by
 	if step < 0 {
 		return step, errs, bufs
 	}
+	j.took = make([]time.Duration, w)
 	for r := range w {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			t0 := time.Now()
 			errs[r] = cs[r].RestoreStep(context.Background(), step)
+			j.took[r] = time.Since(t0)
 		}()
 	}
 	wg.Wait()
@@ -327,7 +348,7 @@ func (j *shJobRun) relaunch(roots map[string]string, failed []int) *shJobRun {
 		os.RemoveAll(roots[names[r]]) // the node's tmpfs is gone
 		names[r] = "s" + strconv.Itoa(i+1)
 	}
-	return startJob(j.t, j.spec, names, roots, j.pdir)
+	return startJob(j.t, j.spec, names, roots, j.pdir, j.opt)
 }
 
 func subsets(m, k int) [][]int {
