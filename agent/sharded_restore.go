@@ -776,6 +776,9 @@ func (s *Server) copyLocal(dst []byte, c cand) error {
 		return err
 	}
 	defer r.Close()
+	if b := slices.IndexFunc(r.Manifest().Buffers, func(b tmpfs.Buffer) bool { return b.Name == c.sec }); b < 0 || r.Manifest().Buffers[b].Size != int64(len(dst)) {
+		return fmt.Errorf("%s has no section %s of %d bytes: the sharding group's members registered different replicated buffers (is the layout, dp= pp= tp=, the trainer's?)", c.loc.key, c.sec, len(dst))
+	}
 	var off int64
 	for n := 0; off < int64(len(dst)); n++ {
 		b, crc, err := r.Chunk(c.sec, n)

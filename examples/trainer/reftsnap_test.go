@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rs/zerolog"
 	"regexp"
 	"slices"
 	"sync"
@@ -102,7 +103,7 @@ func runReft(t *testing.T, a *agenttest.Agent, cfg train.Config, n int) (*train.
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			snap, err := openReft(ctx, client.Options{Socket: a.Socket, Rank: r, World: n, LocalRank: r,
-				Layout: "test", Agree: agreeOver(n, slotGather(comm), nil)})
+				Layout: fmt.Sprintf("dp=%d,pp=%d", cfg.DP, cfg.PP), Agree: agreeOver(n, slotGather(comm), nil)})
 			if err != nil {
 				errs[r] = err
 				w.Abort()
@@ -165,7 +166,7 @@ func TestReftCrashResume(t *testing.T) {
 			if err := errors.Join(errs...); err != nil {
 				t.Fatal(err)
 			}
-			a, err := agenttest.Start(agenttest.Options{Spec: tc.spec})
+			a, err := agenttest.Start(agenttest.Options{Spec: tc.spec, Log: zerolog.New(zerolog.NewTestWriter(t))})
 			if err != nil {
 				t.Fatal(err)
 			}
