@@ -115,15 +115,11 @@ exit $rc
 	return sbatchIn(t, dir, script), dir
 }
 
-// reference trains without reft in its own job: the bits to match.
+// reference trains without reft in its own job (four ranks on four nodes):
+// the bits to match.
 func reference(t *testing.T, flags []string) string {
 	t.Helper()
-	ref := mustRun(t, 3*time.Minute, alice, append([]string{"srun", "--mpi=pmix", "-N4", "-n4", bin("reft-train")}, flags...)...)
-	m := hashRe.FindStringSubmatch(ref.Stdout)
-	if m == nil {
-		t.Fatalf("the uninterrupted run printed no final-params-sha256:\n%s", ref)
-	}
-	return m[1]
+	return referenceRun(t, 4, flags).hash
 }
 
 // jobComment waits for accounting to show the job's Comment.

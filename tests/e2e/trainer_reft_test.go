@@ -7,6 +7,7 @@ package e2e
 // node's store, and training ends with the bits of an uninterrupted run.
 
 import (
+	"fmt"
 	"os/user"
 	"path/filepath"
 	"regexp"
@@ -141,8 +142,6 @@ func crashResume(t *testing.T, nodes, ranks int, failStep int64, failRank int, f
 	t.Logf("final-params-sha256 %s, as uninterrupted", h[1])
 }
 
-// TestTrainerReftResumeDP: four data-parallel ranks on four nodes, rank 2
-// killed at step 7.
 // relaunch runs the step again by hand in the same allocation; it must log
 // "resumed from step N" once, with at most one step of work redone after a
 // rank died at the start of step failedAt (steps 1..failedAt-1 were done; a
@@ -151,20 +150,39 @@ func crashResume(t *testing.T, nodes, ranks int, failStep int64, failRank int, f
 func relaunch(t *testing.T, job string, step []string, failRank int, failedAt int64) (result, int64) {
 	t.Helper()
 	resumed := mustRun(t, 3*time.Minute, alice, step...)
-	rm := resumedRe.FindAllStringSubmatch(resumed.Stdout, -1)
-	if len(rm) != 1 {
-		t.Fatalf("%d 'resumed from step' lines in the relaunch, want 1:\n%s", len(rm), resumed)
-	}
-	from, _ := strconv.ParseInt(rm[0][1], 10, 64)
-	redone := failedAt - 1 - from
-	t.Logf("job %s: rank %d killed at the start of step %d; relaunch resumed from step %d: %d step(s) of work redone",
-		job, failRank, failedAt, from, redone)
-	if redone < 0 || redone > 1 {
-		t.Errorf("resumed from step %d after a failure at step %d: %d steps of work redone, want at most 1", from, failedAt, redone)
+	from, ok := checkResumed(t, job, resumed, fmt.Sprintf("rank %d killed at the start of step %d", failRank, failedAt), failedAt-1, failedAt-1, 1)
+	if !ok {
+		t.FailNow()
 	}
 	return resumed, from
 }
 
+// checkResumed checks a relaunch's output: exactly one "resumed from step
+// N" line, with at most maxRedone steps of committed work redone and
+// nothing restored that was never committed: lastDone is the newest step
+// every rank had committed when the failure (what) hit, newest the newest
+// step any rank had (>= lastDone), so N must lie in
+// [lastDone-maxRedone, newest]. It reports with t.Errorf and returns N; ok
+// is false when there is no single such line.
+func checkResumed(t *testing.T, job string, r result, what string, lastDone, newest, maxRedone int64) (from int64, ok bool) {
+	t.Helper()
+	rm := resumedRe.FindAllStringSubmatch(r.Stdout, -1)
+	if len(rm) != 1 {
+		t.Errorf("%d 'resumed from step' lines in the relaunch, want 1:\n%s", len(rm), r)
+		return -1, false
+	}
+	from, _ = strconv.ParseInt(rm[0][1], 10, 64)
+	redone := max(lastDone-from, 0)
+	t.Logf("job %s: %s; relaunch resumed from step %d: %d step(s) of work redone", job, what, from, redone)
+	if from < lastDone-maxRedone || from > newest {
+		t.Errorf("resumed from step %d after %s: want step %d to %d (at most %d step(s) of committed work redone, no step newer than any rank committed)",
+			from, what, lastDone-maxRedone, newest, maxRedone)
+	}
+	return from, true
+}
+
+// TestTrainerReftResumeDP: four data-parallel ranks on four nodes, rank 2
+// killed at step 7.
 func TestTrainerReftResumeDP(t *testing.T) {
 	crashResume(t, 4, 4, 7, 2, "--dp", "4")
 }
