@@ -415,10 +415,20 @@ func (s *Server) restoreSharded(c interface{ Write([]byte) (int, error) }, rc *r
 	if step >= 0 {
 		steps = []int64{step}
 	}
+	// Should memory fail, the reason given is that of the step the fewest
+	// members lack (the newest such): a step only some survivors reached
+	// would blame them too.
+	bestMissing := -1
 	for _, st := range steps {
 		p := s.plan(si, v, st)
-		if first == nil {
-			first = &p
+		missing := 0
+		for _, r := range si.members {
+			if len(v.gens[r][st]) == 0 {
+				missing++
+			}
+		}
+		if first == nil || missing < bestMissing {
+			first, bestMissing = &p, missing
 		}
 		if p.ok {
 			chosen = &p
