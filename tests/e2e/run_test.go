@@ -477,9 +477,9 @@ func killNode(t *testing.T, node string) time.Time {
 // TestReftRunNodeLossSpare: -N5 --no-kill with spares=1; n2 dies during
 // training. reft run classifies a node failure, excludes n2 and relaunches
 // with the spare n5 in n2's place (rank 1 moves there, the others stay).
-// The spare holds no snapshot yet (fetching the lost node's shards from
-// peers is the protection issue's), so the ranks find no common step and
-// train again from the start: the bits still match.
+// The spare holds no snapshot; its rank assembles its state from the
+// other agents' shards and ARC copies (restore_peer), so training resumes
+// near where it stopped, and the bits still match.
 func TestReftRunNodeLossSpare(t *testing.T) {
 	enableReft(t)
 	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
