@@ -40,6 +40,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	dir := fs.String("dir", "", "where to make the temporary directory (default /dev/shm when writable, else the temp dir)")
 	verbose := fs.Bool("verbose", false, "log the agent's events to stderr")
 	layout := fs.String("layout", os.Getenv(LayoutEnv), "arena layout: \"\" (the agent's own) or \"scatter\" (a test layout); default $"+LayoutEnv)
+	spc := fs.String("spec", "", "the --reft SPEC the agent serves (default agenttest's, arc)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -47,7 +48,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if *verbose {
 		log = zerolog.New(stderr).With().Timestamp().Logger()
 	}
-	a, err := agenttest.Start(agenttest.Options{Job: *job, Dir: *dir, Log: log, Layout: *layout})
+	a, err := agenttest.Start(agenttest.Options{Job: *job, Dir: *dir, Log: log, Layout: *layout, Spec: *spc})
 	if err != nil {
 		return err
 	}

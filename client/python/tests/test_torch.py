@@ -73,8 +73,9 @@ def tearDownModule():
 class Agent:
     """A real agent over a fresh store, serving until close()."""
 
-    def __init__(self):
-        self.proc = subprocess.Popen([_agent_bin], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    def __init__(self, spec=None):
+        args = [_agent_bin] + (["-spec", spec] if spec else [])
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.path = self.proc.stdout.readline().strip()
         if not self.path:
@@ -156,8 +157,8 @@ def perturb(model, opt):
 
 
 class TorchCase(unittest.TestCase):
-    def agent(self):
-        a = Agent()
+    def agent(self, spec=None):
+        a = Agent(spec)
         self.addCleanup(a.close)
         return a
 
@@ -419,6 +420,14 @@ _DIST_RANK = textwrap.dedent("""
 
 @needs_torch
 class TestDistributedAgreement(TorchCase):
+    # These tests give the ranks different sets of generations and check
+    # the client's job-wide agreement. Under arc or aec the agent shards
+    # the replicated state and rebuilds a rank's missing generation from
+    # the group's copies, so every step would be common; under aor (with no
+    # ZeRO-1 shards registered) each rank keeps its own whole buffers.
+    def agent(self, spec="aor"):
+        return super().agent(spec)
+
     def launch(self, agent, phase, last=(0, 0)):
         with socket.socket() as sk:
             sk.bind(("127.0.0.1", 0))
