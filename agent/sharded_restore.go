@@ -270,7 +270,7 @@ func (s *Server) plan(si *sgInfo, v *storeView, step int64) restorePlan {
 				}
 			}
 		}
-		slices.SortStableFunc(src.cands, func(a, b cand) int { return boolInt(a.loc.node != "") - boolInt(b.loc.node != "") })
+		localFirst(src.cands)
 		switch sh.Source {
 		case sg.SourceAEC:
 			src.cands = nil
@@ -405,7 +405,7 @@ type restoreStats struct {
 // job can restore) from the node's store, the SG's agents and parity, or,
 // only when memory cannot, from the persistent directory; then serves it
 // like a local restore.
-func (s *Server) restoreSharded(c interface{ Write([]byte) (int, error) }, rc *rankConn, id uint32, step int64, log zerolog.Logger) (tmpfs.Generation, string, error) {
+func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (tmpfs.Generation, string, error) {
 	si := rc.sg
 	ctx := context.Background()
 	v := s.view(ctx)
@@ -864,6 +864,12 @@ func (s *Server) planAOR(si *sgInfo, p *restorePlan, pl sg.Plan, group string, l
 		p.reasons = append(p.reasons, fmt.Sprintf("the failure analysis gave no source for rank %d's optimizer shard (a bug; report it)", si.rank))
 	}
 	for _, n := range names {
-		slices.SortStableFunc(p.opt[n], func(a, b cand) int { return boolInt(a.loc.node != "") - boolInt(b.loc.node != "") })
+		localFirst(p.opt[n])
 	}
+}
+
+// localFirst orders copies on this node before those on peers, keeping
+// the order otherwise.
+func localFirst(cs []cand) {
+	slices.SortStableFunc(cs, func(a, b cand) int { return boolInt(a.loc.node != "") - boolInt(b.loc.node != "") })
 }

@@ -295,7 +295,7 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 
 func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log zerolog.Logger) error {
 	if rc.sg != nil {
-		g, event, err := s.restoreSharded(c, rc, id, step, log)
+		g, event, err := s.restoreSharded(rc, step, log)
 		if err != nil {
 			log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("restore failed")
 			what := "the newest restorable step"
