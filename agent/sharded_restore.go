@@ -409,35 +409,20 @@ func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (t
 	si := rc.sg
 	ctx := context.Background()
 	v := s.view(ctx)
-	var chosen *restorePlan
-	var first *restorePlan
 	steps := si.candidateSteps(v)
 	if step >= 0 {
 		steps = []int64{step}
 	}
-	// Should memory fail, the reason given is that of the step the fewest
-	// members lack (the newest such): a step only some survivors reached
-	// would blame them too.
-	bestMissing := -1
-	for _, st := range steps {
-		p := s.plan(si, v, st)
-		missing := 0
-		for _, r := range si.members {
-			if len(v.gens[r][st]) == 0 {
-				missing++
-			}
-		}
-		if first == nil || missing < bestMissing {
-			first, bestMissing = &p, missing
-		}
-		if p.ok {
-			chosen = &p
-			break
-		}
-	}
+	chosen, first := s.firstRestorable(si, v, steps)
 	event := "restore_local"
 	var reason string
 	if chosen == nil {
+		if step >= 0 {
+			// The ranks agreed on a step memory cannot give (a persisted
+			// one, typically long released from memory): the reason that
+			// matters is why no newer step came back from memory.
+			_, first = s.firstRestorable(si, v, si.candidateSteps(v))
+		}
 		// Memory cannot: the persistent tier.
 		switch {
 		case first == nil:
@@ -503,6 +488,30 @@ func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (t
 	}
 	ev.Msg("restore assembled from the sharding group")
 	return g, event, nil
+}
+
+// firstRestorable plans steps in order and returns the first plan that
+// works, and the plan to blame should none: that of the step the fewest
+// members lack (the newest such), since a step only some survivors reached
+// would blame them too.
+func (s *Server) firstRestorable(si *sgInfo, v *storeView, steps []int64) (chosen, blame *restorePlan) {
+	bestMissing := -1
+	for _, st := range steps {
+		p := s.plan(si, v, st)
+		missing := 0
+		for _, r := range si.members {
+			if len(v.gens[r][st]) == 0 {
+				missing++
+			}
+		}
+		if blame == nil || missing < bestMissing {
+			blame, bestMissing = &p, missing
+		}
+		if p.ok {
+			return &p, blame
+		}
+	}
+	return nil, blame
 }
 
 func intStrings(v []int) []string {

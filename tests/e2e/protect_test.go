@@ -645,10 +645,10 @@ func TestProtectBeyondToleranceRestoresPersistent(t *testing.T) {
 			// an in-memory source.
 			// (The lost nodes left the job, so the agents name them by their
 			// ranks.)
-			// A replacement's agent may name more lost ranks than the two
-			// (open: its view of the survivors' steps), so only the group,
-			// the tolerance and a lost shard are required.
-			if !strings.HasPrefix(reason, "SG (pp=0,tp=0) lost ranks ") || !strings.Contains(reason, "arc tolerates 1 failure per group") ||
+			// The agreed persisted step may be long gone from the
+			// survivors' memory; the reason is still about the newest step
+			// memory could not give, so it names exactly ranks 1 and 2.
+			if !strings.HasPrefix(reason, "SG (pp=0,tp=0) lost ranks 1 and 2 ") || !strings.Contains(reason, "arc tolerates 1 failure per group") ||
 				!strings.Contains(reason, "'s shard was on") {
 				t.Errorf("rank %d's restore_persistent reason %q: want it to name the group, its lost ranks 1 and 2, the tolerance and the lost shard", rank, reason)
 			}
