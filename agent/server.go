@@ -66,8 +66,11 @@ type Server struct {
 	mesh      func() *mesh.Mesh
 	viewMu    sync.Mutex
 	viewCache *storeView // the job's watermarks, briefly cached
-	specOnce  sync.Once
-	jobSpec   spec.Spec
+	// progressEvery is how often a running restore reports progress
+	// (restoreProgressEvery; 0: at every arrival).
+	progressEvery time.Duration
+	specOnce      sync.Once
+	jobSpec       spec.Spec
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path
@@ -92,7 +95,7 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("chmod 0600 %s: %w", path, err)
 	}
 	return &Server{info: info, log: log, ln: ln, path: path, start: time.Now(),
-		conns: map[net.Conn]struct{}{}, connTimeout: 0}, nil
+		conns: map[net.Conn]struct{}{}, connTimeout: 0, progressEvery: restoreProgressEvery}, nil
 }
 
 // AttachStore gives the server the job's snapshot store; call it before
