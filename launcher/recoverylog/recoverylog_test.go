@@ -214,6 +214,8 @@ func TestFormat(t *testing.T) {
 			"n1: ranks 0,1 restored step 5 from its tmpfs (1.5 MiB, 0.2 ms)"},
 		{Event{Event: RestorePersistent, Node: "n5", Ranks: []int{3}, Generation: 500, Bytes: 100, DurationS: 2.5},
 			"n5: rank 3 restored step 500 from the persistent directory (100 B, 2.5 s)"},
+		{Event{Event: RestorePersistent, Node: "n5", Ranks: []int{3}, Generation: 500, Bytes: 100, DurationS: 2.5, Cause: "memory could not serve it: SG (pp=0,tp=0) lost ranks 2 and 3"},
+			"n5: rank 3 restored step 500 from the persistent directory (100 B, 2.5 s): memory could not serve it: SG (pp=0,tp=0) lost ranks 2 and 3"},
 		{Event{Event: Resumed, Generation: 5, DurationS: 1.43, LostSteps: i64(1)}, "resumed from step 5, 1.4 s after the failure, lost 1 step"},
 		{Event{Event: Resumed, Generation: -1, DurationS: 2}, "started over, nothing to restore, 2.0 s after the failure"},
 		{Event{Event: JobRequeued, Cause: "no spare"}, "requeued the job: no spare"},
