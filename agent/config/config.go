@@ -146,7 +146,7 @@ func Default() Config {
 			Timeout:  Duration(2 * time.Second),
 		},
 		Protect: Protect{BackgroundRate: 2 << 30, BackgroundBurst: 64 << 20},
-		Log: Log{Dir: "/var/log/reft", Level: "info"},
+		Log:     Log{Dir: "/var/log/reft", Level: "info"},
 		Run: Run{MaxRestarts: 10, MaxStalled: 3, Backoff: Duration(time.Second),
 			BackoffMax: Duration(time.Minute), ProbeTimeout: Duration(30 * time.Second)},
 	}
