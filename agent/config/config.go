@@ -91,8 +91,8 @@ type Heartbeat struct {
 
 // Protect is the redundancy the agents keep for each other.
 type Protect struct {
-	// BackgroundRate caps the bytes per second one agent sends and receives
-	// for background replication (GEMINI placement copies of the ranks'
+	// BackgroundRate caps the bytes per second one agent sends plus
+	// receives for background replication (GEMINI placement copies of the ranks'
 	// unreplicated buffers); 0: unlimited. Restores are never limited.
 	BackgroundRate Rate `toml:"background_rate"`
 	// BackgroundBurst is the token bucket's depth: how many bytes may pass
