@@ -71,6 +71,10 @@ type Server struct {
 	progressEvery time.Duration
 	specOnce      sync.Once
 	jobSpec       spec.Spec
+
+	// repl is background replication (replicate.go): the limiter, the
+	// communication phases and the copies of other nodes' ranks.
+	repl *replicator
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path
@@ -94,8 +98,10 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 		ln.Close()
 		return nil, fmt.Errorf("chmod 0600 %s: %w", path, err)
 	}
-	return &Server{info: info, log: log, ln: ln, path: path, start: time.Now(),
-		conns: map[net.Conn]struct{}{}, connTimeout: 0, progressEvery: restoreProgressEvery}, nil
+	s := &Server{info: info, log: log, ln: ln, path: path, start: time.Now(),
+		conns: map[net.Conn]struct{}{}, connTimeout: 0, progressEvery: restoreProgressEvery}
+	s.repl = newReplicator(s)
+	return s, nil
 }
 
 // AttachStore gives the server the job's snapshot store; call it before
@@ -145,6 +151,8 @@ func (s *Server) Serve(ctx context.Context) error {
 
 // Close stops accepting, closes every connection and removes the socket.
 func (s *Server) Close() error {
+	// Every caller waits for the replicator: the store closes after Close.
+	defer s.repl.stop()
 	if s.closed.Swap(true) {
 		return nil
 	}
@@ -204,6 +212,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	log.Debug().Msg("client connected")
 	rc := &rankConn{}
 	defer rc.close()
+	defer s.commPhase(rc, false, log) // a rank that died mid-collective must not hold replication paused
 	for {
 		f, err := proto.Decode(c)
 		if err != nil {
@@ -248,13 +257,23 @@ func (s *Server) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Log
 			AgentVersion: s.info.Version, Restart: s.info.Restart})
 	case proto.TStatus:
 		return proto.WriteMsg(c, proto.TStatusReply, f.ID, s.Status())
+	case proto.TComm:
+		// A notice: no reply, so a trainer pays no round trip for it.
+		var cm proto.Comm
+		if err := f.Unmarshal(&cm); err != nil {
+			s.badFrames.Add(1)
+			log.Warn().Err(err).Msg("malformed comm notice (not answered: comm has no reply)")
+			return nil
+		}
+		s.commPhase(rc, cm.Active, log)
+		return nil
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
 		return s.handleSnapshot(c, rc, f, log)
 	}
 	s.badFrames.Add(1)
 	log.Warn().Stringer("type", f.Type).Msg("unknown message type")
 	return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeUnknownType,
-		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows 0x01 to 0x09 (docs/PROTOCOL.md)", uint8(f.Type))})
+		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows 0x01 to 0x0a (docs/PROTOCOL.md)", uint8(f.Type))})
 }
 
 // Status is the payload of a status reply.

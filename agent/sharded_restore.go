@@ -43,16 +43,25 @@ type storeView struct {
 	at      time.Time
 	gens    map[int]map[int64][]genLoc // rank -> step -> where, this node first
 	missing []string                   // agents that did not answer, with why
+
+	// replicas are the placement peers' copies of ranks' unreplicated
+	// buffers (replicate.go): rank -> step -> where, this node first.
+	replicas map[int]map[int64][]genLoc
 }
 
 func (v *storeView) add(node string, w peer.Watermark) {
-	if w.Shard != tmpfs.DefaultShard {
+	gens := v.gens
+	switch w.Shard {
+	case tmpfs.DefaultShard:
+	case replicaShard:
+		gens = v.replicas
+	default:
 		return // assembled restores and loaded persisted copies
 	}
-	if v.gens[w.Rank] == nil {
-		v.gens[w.Rank] = map[int64][]genLoc{}
+	if gens[w.Rank] == nil {
+		gens[w.Rank] = map[int64][]genLoc{}
 	}
-	v.gens[w.Rank][w.Step] = append(v.gens[w.Rank][w.Step], genLoc{node: node, key: peer.GenKey{Rank: w.Rank, Shard: w.Shard, Step: w.Step, Seq: w.Seq}})
+	gens[w.Rank][w.Step] = append(gens[w.Rank][w.Step], genLoc{node: node, key: peer.GenKey{Rank: w.Rank, Shard: w.Shard, Step: w.Step, Seq: w.Seq}})
 }
 
 // AttachMesh gives the server the job's mesh (nil while it starts or when
@@ -66,7 +75,7 @@ func (s *Server) view(ctx context.Context) *storeView {
 	if s.viewCache != nil && time.Since(s.viewCache.at) < viewTTL {
 		return s.viewCache
 	}
-	v := &storeView{at: time.Now(), gens: map[int]map[int64][]genLoc{}}
+	v := &storeView{at: time.Now(), gens: map[int]map[int64][]genLoc{}, replicas: map[int]map[int64][]genLoc{}}
 	for _, w := range (peer.StoreSource{Store: s.store}).Watermarks(nil) {
 		v.add("", w)
 	}
@@ -99,12 +108,14 @@ func (s *Server) view(ctx context.Context) *storeView {
 		}
 		wg.Wait()
 	}
-	for _, steps := range v.gens {
-		for st, locs := range steps {
-			slices.SortStableFunc(locs, func(a, b genLoc) int { // this node first
-				return boolInt(a.node != "") - boolInt(b.node != "")
-			})
-			steps[st] = locs
+	for _, all := range []map[int]map[int64][]genLoc{v.gens, v.replicas} {
+		for _, steps := range all {
+			for st, locs := range steps {
+				slices.SortStableFunc(locs, func(a, b genLoc) int { // this node first
+					return boolInt(a.node != "") - boolInt(b.node != "")
+				})
+				steps[st] = locs
+			}
 		}
 	}
 	sort.Strings(v.missing)
@@ -168,7 +179,7 @@ type restorePlan struct {
 	shards  []shardSource
 	decode  []int    // positions decoded from parity
 	parity  [][]cand // per position: its parity units; nil without
-	others  []cand   // the rank's unreplicated buffers: copies of its generation
+	others  []cand   // the rank's unreplicated buffers: copies of its generation, or its placement peers' replicas
 	reasons []string // why not ok
 	// whole: copies of generations that hold the replicated buffers
 	// whole (aor without arc or aec), the rank's own first.
@@ -178,6 +189,10 @@ type restorePlan struct {
 	opt       map[string][]cand
 	optSource sg.Source
 	loaded    map[int]genLoc // a persistent-tier plan's loaded generations
+
+	// othersSource says where others are: local (the rank's own
+	// generation, wherever it survives) or peer (replicas, replicate.go).
+	othersSource sg.Source
 }
 
 func (p restorePlan) sources() string {
@@ -196,6 +211,9 @@ func (p restorePlan) sources() string {
 		if len(cs) > 0 {
 			fmt.Fprintf(&b, " %s:%s@%s", name, p.optSource, nodeName(cs[0].loc.node))
 		}
+	}
+	if len(p.others) > 0 {
+		fmt.Fprintf(&b, " unreplicated:%s@%s", p.othersSource, nodeName(p.others[0].loc.node))
 	}
 	return b.String()
 }
@@ -308,22 +326,43 @@ func (s *Server) plan(si *sgInfo, v *storeView, step int64) restorePlan {
 		s.planAOR(si, &p, pl, group, locs, step)
 	}
 	if len(si.other) > 0 {
-		for _, l := range locs(si.rank) {
-			p.others = append(p.others, cand{loc: l})
-		}
-		var names []string
-		for _, b := range si.other {
-			if _, ok := si.aorStateOf(b.Name); !ok {
-				names = append(names, b.Name)
-			}
-		}
-		if len(p.others) == 0 && len(names) > 0 {
-			p.reasons = append(p.reasons, fmt.Sprintf("rank %d's unreplicated buffers (%s) of step %d lived only on its own node, which no agent serves any more",
-				si.rank, strings.Join(names, ", "), step))
-		}
+		s.planOthers(si, v, &p, locs)
 	}
 	p.ok = len(p.reasons) == 0
 	return p
+}
+
+// planOthers decides where the rank's unreplicated buffers at p.step come
+// from: its own generation where one survives, else a placement peer's
+// replica of that very step (never another step: a restore does not mix
+// generations).
+func (s *Server) planOthers(si *sgInfo, v *storeView, p *restorePlan, locs func(int) []genLoc) {
+	p.othersSource = sg.SourceLocal
+	for _, l := range locs(si.rank) {
+		p.others = append(p.others, cand{loc: l})
+	}
+	names := si.placed()
+	if len(p.others) > 0 || len(names) == 0 {
+		return
+	}
+	p.othersSource = sg.SourcePeer
+	for _, l := range v.replicas[si.rank][p.step] {
+		p.others = append(p.others, cand{loc: l})
+	}
+	if len(p.others) > 0 {
+		return
+	}
+	what := fmt.Sprintf("rank %d's unreplicated buffers (%s) of step %d lived only on its own node, which no agent serves any more,", si.rank, strings.Join(names, ", "), p.step)
+	steps := v.replicaSteps(si.rank)
+	switch {
+	case len(steps) == 0:
+		p.reasons = append(p.reasons, what+" and no placement peer holds a replica of them (background replication had not copied any generation, or the peers holding one are lost too)")
+	case steps[0] < p.step:
+		p.reasons = append(p.reasons, fmt.Sprintf("%s and the newest replica on its placement peers is of step %d, older than step %d (background replication lags behind the commits)",
+			what, steps[0], p.step))
+	default:
+		p.reasons = append(p.reasons, fmt.Sprintf("%s and its placement peers hold replicas of steps %v, not of step %d", what, steps, p.step))
+	}
 }
 
 // candidateSteps are the steps any member of the SG (or the rank itself)

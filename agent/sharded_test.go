@@ -134,6 +134,7 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 	}
 	pc := peer.Config{Job: shJob, UID: os.Getuid(), Node: name, Auth: auth, Bind: "127.0.0.1", PortRange: [2]int{lo, lo + 63},
 		Heartbeat: 200 * time.Millisecond, Timeout: 2 * time.Second, Log: log}
+	n.srv.PeerHooks(&pc)
 	if n.m, err = mesh.Start(context.Background(), mesh.Config{Peer: pc}, topo, n.st, log); err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +258,10 @@ func (j *shJobRun) open(rank int, bufs map[string][]byte) *reftclient.Client {
 }
 
 // saveSteps has every rank save steps 1..n.
-func (j *shJobRun) saveSteps(n int64, withLocal bool) {
+func (j *shJobRun) saveSteps(n int64, withLocal bool) { j.t.Helper(); j.saveRange(1, n, withLocal) }
+
+// saveRange has every rank save steps from..to.
+func (j *shJobRun) saveRange(from, to int64, withLocal bool) {
 	j.t.Helper()
 	var wg sync.WaitGroup
 	for r := range j.nodes {
@@ -267,7 +271,7 @@ func (j *shJobRun) saveSteps(n int64, withLocal bool) {
 			bufs := j.opt.bufs(0, r, withLocal)
 			c := j.open(r, bufs)
 			defer c.Close()
-			for st := int64(1); st <= n; st++ {
+			for st := from; st <= to; st++ {
 				for k, v := range j.opt.bufs(st, r, withLocal) {
 					copy(bufs[k], v)
 				}
@@ -522,27 +526,6 @@ func TestShardedRestoreCorruptPeerChunk(t *testing.T) {
 		t.Fatalf("agreed on step %d, want 3 (%v)", step, errs)
 	}
 	checkRestored(t, step, errs, bufs, false)
-}
-
-// TestShardedUnreplicatedLost: a rank's own (Sharded) buffers have no
-// in-memory redundancy yet; losing its node names them.
-func TestShardedUnreplicatedLost(t *testing.T) {
-	roots := map[string]string{}
-	j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "")
-	j.saveSteps(2, true)
-	j = j.relaunch(roots, nil)
-	step, errs, bufs := j.restoreAll(true)
-	if step != 2 {
-		t.Fatalf("no node lost: agreed on step %d, want 2 (%v)", step, errs)
-	}
-	checkRestored(t, step, errs, bufs, true)
-	j = j.relaunch(roots, []int{3})
-	c := j.open(3, shBuffers(0, 3, true))
-	defer c.Close()
-	err := c.RestoreStep(context.Background(), 2)
-	if err == nil || !strings.Contains(err.Error(), "rank 3's unreplicated buffers (rng)") {
-		t.Fatalf("restore error %v: want rank 3's unreplicated buffers named", err)
-	}
 }
 
 // checkProgress: a restore's progress events never go backwards and end

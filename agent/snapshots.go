@@ -36,6 +36,9 @@ type rankConn struct {
 	aorSeedWhy  string
 	aorRestored bool
 	aorInvalid  bool
+	// comm: the connection is in a communication phase (replicate.go);
+	// guarded by the replicator's mutex.
+	comm bool
 }
 
 // close aborts the connection's unfinished save and drops its restore pins.
@@ -285,6 +288,7 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 	}
 	if rc.sg != nil {
 		s.invalidateView()
+		s.announce(rc, g, log) // background copies of the unreplicated buffers
 	}
 	n := payloadBytes(g.Manifest.Buffers)
 	log.Debug().Str("event", "committed").Int("rank", rc.key.Rank).Int64("step", step).Uint64("seq", g.Seq).

@@ -26,6 +26,8 @@ func (e *Error) Error() string { return "reft agent: " + e.Code + ": " + e.Messa
 // every reply is matched by id.
 type conn struct {
 	mu     sync.Mutex
+	wmu    sync.Mutex // one frame at a time on the socket: requests and notices
+	comm   bool       // the last comm notice sent (under wmu)
 	c      *net.UnixConn
 	r      *bufio.Reader
 	id     uint32
@@ -70,7 +72,9 @@ func (c *conn) call(ctx context.Context, t proto.Type, req, resp any) error {
 			c.c.SetDeadline(time.Time{})
 		}
 	}()
+	c.wmu.Lock()
 	werr := proto.WriteMsg(c.c, t, id, req)
+	c.wmu.Unlock()
 	f, rerr := proto.Decode(c.r)
 	if werr != nil && (rerr != nil || f.Type != proto.TError) {
 		// The agent may have refused the connection (an error frame, then
@@ -100,6 +104,23 @@ func (c *conn) call(ctx context.Context, t proto.Type, req, resp any) error {
 		return nil
 	}
 	return c.fail(ctx, fmt.Errorf("the agent answered a %s request with a frame of type 0x%02x", t, uint8(f.Type)))
+}
+
+// comm sends a comm notice when the phase changes. Notices are never
+// answered, so it does not wait for a request in flight, only for its
+// frame to be written.
+func (c *conn) commNotice(active bool) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.comm == active {
+		return nil
+	}
+	// id 0: no reply will name it.
+	if err := proto.WriteMsg(c.c, proto.TComm, 0, proto.Comm{Active: active}); err != nil {
+		return fmt.Errorf("sending a comm notice: %w", err)
+	}
+	c.comm = active
+	return nil
 }
 
 // fail marks the connection unusable: after a cut-off request or a reply

@@ -178,6 +178,21 @@ func (c *Client) finish(ctx context.Context) error {
 	return h.err
 }
 
+// CommPhase says that the rank enters (true) or leaves (false) a
+// communication phase, such as its gradient allreduce. The agent pauses
+// its background replication (the network copies of unreplicated buffers)
+// while any rank on the node is in one, so that replication uses the
+// network in the gaps (GEMINI's interleaving). It sends one small frame
+// that the agent does not answer, and nothing when the phase is unchanged,
+// so a trainer can call it around every collective. A broken connection
+// shows at the next Save or Restore. A disabled client does nothing.
+func (c *Client) CommPhase(active bool) {
+	if c.disabled || c.conn == nil {
+		return
+	}
+	_ = c.conn.commNotice(active)
+}
+
 // Hint announces that the trainer will leave the memory bus alone for d
 // from now (the forward and backward passes between optimizer steps, say).
 // Once a client has had a hint, its copier copies only inside announced

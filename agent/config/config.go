@@ -34,6 +34,7 @@ type Config struct {
 	Persist   Persist   `toml:"persist"`
 	Agent     Agent     `toml:"agent"`
 	Heartbeat Heartbeat `toml:"heartbeat"`
+	Protect   Protect   `toml:"protect"`
 	Log       Log       `toml:"log"`
 	Run       Run       `toml:"run"`
 }
@@ -88,6 +89,17 @@ type Heartbeat struct {
 	Timeout  Duration `toml:"timeout"`
 }
 
+// Protect is the redundancy the agents keep for each other.
+type Protect struct {
+	// BackgroundRate caps the bytes per second one agent sends plus
+	// receives for background replication (GEMINI placement copies of the ranks'
+	// unreplicated buffers); 0: unlimited. Restores are never limited.
+	BackgroundRate Rate `toml:"background_rate"`
+	// BackgroundBurst is the token bucket's depth: how many bytes may pass
+	// at once after an idle spell.
+	BackgroundBurst Size `toml:"background_burst"`
+}
+
 // Log is the agent's logging.
 type Log struct {
 	// Dir receives <jobid>/<node>.jsonl.
@@ -133,7 +145,8 @@ func Default() Config {
 			Interval: Duration(500 * time.Millisecond),
 			Timeout:  Duration(2 * time.Second),
 		},
-		Log: Log{Dir: "/var/log/reft", Level: "info"},
+		Protect: Protect{BackgroundRate: 2 << 30, BackgroundBurst: 64 << 20},
+		Log:     Log{Dir: "/var/log/reft", Level: "info"},
 		Run: Run{MaxRestarts: 10, MaxStalled: 3, Backoff: Duration(time.Second),
 			BackoffMax: Duration(time.Minute), ProbeTimeout: Duration(30 * time.Second)},
 	}
@@ -232,6 +245,12 @@ func (c Config) Validate() error {
 	if c.Heartbeat.Interval <= 0 || c.Heartbeat.Timeout <= c.Heartbeat.Interval {
 		return fmt.Errorf("heartbeat: want 0 < interval (%s) < timeout (%s)", c.Heartbeat.Interval, c.Heartbeat.Timeout)
 	}
+	if c.Protect.BackgroundRate < 0 {
+		return fmt.Errorf("protect.background_rate = %d: want bytes per second (\"2GiB/s\"), or \"unlimited\"", int64(c.Protect.BackgroundRate))
+	}
+	if c.Protect.BackgroundBurst <= 0 {
+		return fmt.Errorf("protect.background_burst = %d: want a positive size (\"64MiB\")", int64(c.Protect.BackgroundBurst))
+	}
 	switch c.Log.Level {
 	case "trace", "debug", "info", "warn", "error":
 	default:
@@ -284,6 +303,54 @@ func allowedKeys(t reflect.Type, prefix string) map[string]bool {
 
 func isLeaf(t reflect.Type) bool {
 	return t == reflect.TypeOf(MemoryBudget{})
+}
+
+// Size is a number of bytes: in TOML an integer, or a string with a unit
+// ("64MiB", "1G").
+type Size int64
+
+// UnmarshalTOML implements toml.Unmarshaler.
+func (z *Size) UnmarshalTOML(v any) error {
+	switch x := v.(type) {
+	case int64:
+		if x > 0 {
+			*z = Size(x)
+			return nil
+		}
+	case string:
+		if n, err := ParseSize(x); err == nil {
+			*z = Size(n)
+			return nil
+		}
+	}
+	return fmt.Errorf("%v is not a size: want bytes, > 0 (67108864, \"64MiB\", \"1G\")", v)
+}
+
+// Rate is bytes per second; 0 means unlimited. In TOML a size per second
+// ("2GiB/s", "500MiB/s"), "unlimited", or an integer (bytes per second).
+type Rate int64
+
+// UnmarshalTOML implements toml.Unmarshaler.
+func (r *Rate) UnmarshalTOML(v any) error {
+	switch x := v.(type) {
+	case int64:
+		if x >= 0 {
+			*r = Rate(x)
+			return nil
+		}
+	case string:
+		s := strings.TrimSpace(x)
+		if s == "unlimited" {
+			*r = 0
+			return nil
+		}
+		num, ok := strings.CutSuffix(s, "/s")
+		if n, err := ParseSize(num); ok && err == nil {
+			*r = Rate(n)
+			return nil
+		}
+	}
+	return fmt.Errorf("%v is not a rate: want a size per second (\"2GiB/s\", \"500MiB/s\"), \"unlimited\" or bytes per second", v)
 }
 
 func validLeafKeys(allowed map[string]bool) []string {
@@ -401,6 +468,17 @@ func ParseMemoryBudget(s string) (MemoryBudget, error) {
 		}
 		return MemoryBudget{Fraction: f / 100}, nil
 	}
+	n, err := ParseSize(s)
+	if err != nil {
+		return MemoryBudget{}, err
+	}
+	return MemoryBudget{Bytes: n}, nil
+}
+
+// ParseSize reads a byte count with an optional binary unit ("512MiB",
+// "100G", "4096").
+func ParseSize(s string) (uint64, error) {
+	s = strings.TrimSpace(s)
 	units := []struct {
 		suf  string
 		mult uint64
@@ -418,9 +496,9 @@ func ParseMemoryBudget(s string) (MemoryBudget, error) {
 	}
 	n, err := strconv.ParseUint(num, 10, 64)
 	if err != nil || n == 0 || n > (1<<62)/mult {
-		return MemoryBudget{}, fmt.Errorf("bad size %q", s)
+		return 0, fmt.Errorf("bad size %q", s)
 	}
-	return MemoryBudget{Bytes: n * mult}, nil
+	return n * mult, nil
 }
 
 // Resolve returns the budget in bytes for a node with memTotal bytes.

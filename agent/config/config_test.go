@@ -58,6 +58,13 @@ func TestParseValid(t *testing.T) {
 		{"gpu health off", "[agent]\ngpu_health = false", func(c Config) bool { return !c.Agent.GPUHealth }},
 		{"gpu health default", "[agent]\nrun_dir = \"/x\"", func(c Config) bool { return c.Agent.GPUHealth }},
 		{"dotted", "agent.run_dir = \"/x\"", func(c Config) bool { return c.Agent.RunDir == "/x" }},
+		{"background rate", "[protect]\nbackground_rate = \"500MiB/s\"\nbackground_burst = \"8MiB\"", func(c Config) bool {
+			return c.Protect.BackgroundRate == 500<<20 && c.Protect.BackgroundBurst == 8<<20
+		}},
+		{"background rate int", "[protect]\nbackground_rate = 1000\nbackground_burst = 4096", func(c Config) bool {
+			return c.Protect.BackgroundRate == 1000 && c.Protect.BackgroundBurst == 4096
+		}},
+		{"background unlimited", "[protect]\nbackground_rate = \"unlimited\"", func(c Config) bool { return c.Protect.BackgroundRate == 0 }},
 		{"failure rate", "[persist]\nfailures_per_node_day = 0.5", func(c Config) bool { return c.Persist.FailuresPerNodeDay == 0.5 }},
 		{"failure rate int", "[persist]\nfailures_per_node_day = 2", func(c Config) bool { return c.Persist.FailuresPerNodeDay == 2 }},
 		{"log", "[log]\nlevel = \"debug\"\ndir = \"/l\"", func(c Config) bool { return c.Log.Level == "debug" && c.Log.Dir == "/l" }},
@@ -109,6 +116,12 @@ func TestParseInvalid(t *testing.T) {
 		{"zero stalled", "[run]\nmax_stalled = 0", "run.max_stalled = 0: want >= 1"},
 		{"backoff above max", "[run]\nbackoff = \"2m\"", "run.backoff_max = 1m0s is below run.backoff = 2m0s"},
 		{"zero probe timeout", "[run]\nprobe_timeout = \"0s\"", "run.probe_timeout = 0s: want > 0"},
+		{"rate without per second", "[protect]\nbackground_rate = \"2GiB\"", "not a rate"},
+		{"negative rate", "[protect]\nbackground_rate = -5", "not a rate"},
+		{"rate word", "[protect]\nbackground_rate = \"fast\"", "not a rate"},
+		{"zero burst", "[protect]\nbackground_burst = 0", "not a size"},
+		{"burst word", "[protect]\nbackground_burst = \"big\"", "not a size"},
+		{"protect key miscased", "[protect]\nBackground_Rate = \"1GiB/s\"", `unknown key "protect.Background_Rate"`},
 		{"run key miscased", "[run]\nMax_Restarts = 1", `unknown key "run.Max_Restarts"`},
 	}
 	for _, tt := range tests {

@@ -269,6 +269,16 @@ func (m *Mesh) Watermarks(ctx context.Context, node string, ranks []int) (*peer.
 	return m.cl.Watermarks(ctx, addr, ranks)
 }
 
+// Replicate asks node's agent to copy sections of one of our generations
+// in the background (peer.Client.Replicate).
+func (m *Mesh) Replicate(ctx context.Context, node string, req peer.ReplicateRequest) error {
+	addr, err := m.Resolve(ctx, node)
+	if err != nil {
+		return err
+	}
+	return m.cl.Replicate(ctx, addr, req)
+}
+
 // Manifest asks node's agent for a generation's layout and checksums.
 func (m *Mesh) Manifest(ctx context.Context, node string, k peer.GenKey) (*peer.GenInfo, error) {
 	addr, err := m.Resolve(ctx, node)

@@ -253,7 +253,7 @@ func (cc *clientConn) loop() error {
 				c.writeError(0, CodeMalformed, err.Error(), nil)
 				return err
 			}
-		case TError, TWatermarksReply, TManifestReply:
+		case TError, TWatermarksReply, TManifestReply, TReplicateReply:
 			f, err := c.readPayload(h)
 			if err != nil {
 				return err
@@ -329,6 +329,20 @@ func (cl *Client) Watermarks(ctx context.Context, addr string, ranks []int) (*Wa
 		return nil, fmt.Errorf("watermarks from %s: %w", addr, err)
 	}
 	return r, nil
+}
+
+// Replicate asks the agent at addr to copy sections of generation k of
+// this agent's store in the background. It returns once the peer has
+// queued the request, not when the copy is done.
+func (cl *Client) Replicate(ctx context.Context, addr string, req ReplicateRequest) error {
+	cc, err := cl.conn(ctx, addr, 0)
+	if err != nil {
+		return err
+	}
+	if err := cc.call(ctx, TReplicate, &req, &ReplicateReply{}); err != nil {
+		return fmt.Errorf("replicate request to %s: %w", addr, err)
+	}
+	return nil
 }
 
 // Manifest asks the agent at addr for a generation's layout and checksums,

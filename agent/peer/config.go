@@ -56,6 +56,10 @@ type Config struct {
 	// Server, before each chunk is sent; on the Client, before credit is
 	// returned). Foreground fetches (restores) are never limited.
 	Background *Limiter
+	// Replicate, if set, takes the replicate requests of peers (from is
+	// the authenticated peer node); it must return at once. Without it a
+	// replicate request is answered unknown_type.
+	Replicate func(from string, req ReplicateRequest) error
 
 	Log zerolog.Logger
 }

@@ -40,12 +40,14 @@ const (
 	TFetch      Type = 0x06 // stream a chunk range
 	TCredit     Type = 0x07 // dialer -> listener: arg bytes of window freed
 	TCancel     Type = 0x08 // dialer -> listener: stop streaming request id
+	TReplicate  Type = 0x09 // dialer -> listener: a generation to copy in the background
 
 	ReplyBit         Type = 0x80
 	TChallenge            = THello | ReplyBit // listener nonce
 	TAuthReply            = TAuth | ReplyBit  // listener's sealed binding
 	TWatermarksReply      = TWatermarks | ReplyBit
 	TManifestReply        = TManifest | ReplyBit
+	TReplicateReply       = TReplicate | ReplyBit
 	TChunk                = TFetch | ReplyBit // arg: chunk index; payload: chunk bytes
 	TError           Type = 0xFF
 )
@@ -68,6 +70,10 @@ func (t Type) String() string {
 		return "credit"
 	case TCancel:
 		return "cancel"
+	case TReplicate:
+		return "replicate"
+	case TReplicateReply:
+		return "replicate-reply"
 	case TChallenge:
 		return "challenge"
 	case TAuthReply:

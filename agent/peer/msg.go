@@ -123,6 +123,18 @@ type FetchRequest struct {
 	Background bool  `json:"background,omitempty"` // rate-limited replication traffic
 }
 
+// ReplicateRequest tells a placement peer that the dialer's node committed
+// a generation whose Sections it should copy in the background (GEMINI
+// placement of a rank's unreplicated buffers). The listener only queues it
+// and answers at once; the copy is a background Fetch of its own.
+type ReplicateRequest struct {
+	GenKey
+	Sections []string `json:"sections"`
+}
+
+// ReplicateReply acknowledges a ReplicateRequest.
+type ReplicateReply struct{}
+
 // Error codes of an error frame.
 const (
 	CodeForbidden   = "forbidden"           // authentication failed; the connection is closed

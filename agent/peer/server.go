@@ -170,6 +170,7 @@ func (s *Server) accept() {
 type serverConn struct {
 	s    *Server
 	c    *conn
+	node string // the authenticated peer node
 	log  zerolog.Logger
 	mu   sync.Mutex
 	strs map[uint32]*sendStream
@@ -186,7 +187,7 @@ func (s *Server) serve(c *conn) {
 		return
 	}
 	s.stats.Accepted.Add(1)
-	sc := &serverConn{s: s, c: c, strs: map[uint32]*sendStream{},
+	sc := &serverConn{s: s, c: c, node: node, strs: map[uint32]*sendStream{},
 		log: s.log.With().Str("remote", remote).Str("peer_node", node).Logger()}
 	sc.log.Debug().Msg("peer connection authenticated")
 	go c.heartbeat(s.cfg.Heartbeat)
@@ -246,7 +247,7 @@ func (sc *serverConn) readLoop() error {
 				return err
 			}
 			return fmt.Errorf("dialer closed the connection: %w", e)
-		case TWatermarks, TManifest, TFetch:
+		case TWatermarks, TManifest, TFetch, TReplicate:
 			f, err := c.readPayload(h)
 			if err != nil {
 				c.writeError(h.ID, CodeMalformed, err.Error(), nil)
@@ -307,6 +308,21 @@ func (sc *serverConn) request(f Frame) {
 			return
 		}
 		sc.startFetch(f.ID, req)
+	case TReplicate:
+		var req ReplicateRequest
+		if err := unmarshal(f, &req); err != nil {
+			c.writeError(f.ID, CodeMalformed, err.Error(), nil)
+			return
+		}
+		if sc.s.cfg.Replicate == nil {
+			c.writeError(f.ID, CodeUnknownType, "this agent keeps no replicas (no replicate handler)", nil)
+			return
+		}
+		if err := sc.s.cfg.Replicate(sc.node, req); err != nil {
+			c.writeError(f.ID, CodeInvalid, err.Error(), nil)
+			return
+		}
+		c.writeMsg(TReplicateReply, f.ID, &ReplicateReply{})
 	}
 }
 

@@ -45,6 +45,7 @@ const (
 	TGenerations Type = 0x07
 	TRestore     Type = 0x08
 	TRelease     Type = 0x09
+	TComm        Type = 0x0A // a notice: never answered
 	ReplyBit     Type = 0x80
 	THelloReply       = THello | ReplyBit
 	TStatusReply      = TStatus | ReplyBit
@@ -53,7 +54,7 @@ const (
 
 var typeNames = map[Type]string{
 	THello: "hello", TStatus: "status", TRegister: "register", TSave: "save", TCommit: "commit",
-	TAbort: "abort", TGenerations: "generations", TRestore: "restore", TRelease: "release",
+	TAbort: "abort", TGenerations: "generations", TRestore: "restore", TRelease: "release", TComm: "comm",
 }
 
 func (t Type) String() string {
@@ -322,6 +323,13 @@ type RegisterReply struct {
 // requests, and of abort and release replies.
 type StepReq struct {
 	Step int64 `json:"step"`
+}
+
+// Comm is the payload of a comm notice: the rank enters (Active) or leaves
+// a communication phase (an allreduce). The agent pauses background
+// replication while any local rank is in one, and sends no reply.
+type Comm struct {
+	Active bool `json:"active"`
 }
 
 // Commit is the payload of a commit request. CRC32C, when the client sends

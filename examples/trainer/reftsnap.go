@@ -70,6 +70,10 @@ func (s *reftSnap) Close() error { return s.c.Close() }
 // Hint passes the trainer's idle windows to the client's copier.
 func (s *reftSnap) Hint(d time.Duration) { s.c.Hint(d) }
 
+// CommPhase passes the trainer's all-reduce to the client: the agent
+// pauses its background replication meanwhile (train.CommPhaser).
+func (s *reftSnap) CommPhase(active bool) { s.c.CommPhase(active) }
+
 type saveWaiter struct{ h *client.Handle }
 
 // Wait has no deadline: a save only waits on this node's agent, and a dead

@@ -25,13 +25,14 @@ T_ABORT = 0x06
 T_GENERATIONS = 0x07
 T_RESTORE = 0x08
 T_RELEASE = 0x09
+T_COMM = 0x0A  # a notice: the agent never answers it
 REPLY_BIT = 0x80
 T_ERROR = 0xFF
 
 TYPE_NAMES = {
     T_HELLO: "hello", T_STATUS: "status", T_REGISTER: "register", T_SAVE: "save",
     T_COMMIT: "commit", T_ABORT: "abort", T_GENERATIONS: "generations",
-    T_RESTORE: "restore", T_RELEASE: "release",
+    T_RESTORE: "restore", T_RELEASE: "release", T_COMM: "comm",
 }
 
 _HEADER = struct.Struct(">IBBHI")
@@ -138,6 +139,7 @@ class Connection:
         self.path = path
         self.requests = 0  # frames sent, for tests and the conformance runner
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()  # one frame at a time: requests and notices
         self._next_id = 0
         self._broken = None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -163,7 +165,8 @@ class Connection:
             frame = encode_msg(ftype, fid, payload)
             send_err = None
             try:
-                self._sock.sendall(frame)
+                with self._send_lock:
+                    self._sock.sendall(frame)
                 self.requests += 1
             except OSError as e:
                 # The agent may have refused us (forbidden) and closed before
@@ -204,6 +207,19 @@ class Connection:
                 self._close_socket()
                 raise Error(self._broken)
             return reply
+
+    def notify(self, ftype, payload=None):
+        """Send a notice, a frame the agent never answers (id 0). It waits
+        only for its own frame to be written, never for a request in flight."""
+        frame = encode_msg(ftype, 0, payload)
+        with self._send_lock:
+            if self._broken is not None:
+                raise Error(self._broken)
+            try:
+                self._sock.sendall(frame)
+            except OSError as e:
+                raise Error("sending a %s notice to the reft agent at %s: %s"
+                            % (type_name(ftype), self.path, e)) from None
 
     def _close_socket(self):
         try:

@@ -249,6 +249,8 @@ class Session:
         self._pending = None
         self._arenas = ArenaCache()
         self._warned = False
+        self._comm = False  # the last comm notice sent
+        self._comm_lock = threading.Lock()
         self.optional = bool(optional)
         self.enabled = True
         self.disabled_reason = None
@@ -540,6 +542,27 @@ class Session:
             self._hinted = True
             self._window_end = max(self._window_end, time.monotonic() + ms / 1000.0)
             self._cv.notify_all()
+
+    def comm_phase(self, active):
+        """Say that this rank enters (True) or leaves (False) a communication
+        phase, such as its gradient all-reduce. The agent pauses its background
+        replication (the network copies of unreplicated buffers) while any
+        rank of the node is in one, so that it uses the network in the gaps
+        (GEMINI's interleaving). One small frame the agent does not answer,
+        sent only when the phase changes: cheap enough around every
+        collective. A broken connection shows at the next save or restore."""
+        self._check_usable("comm_phase()")
+        active = bool(active)
+        if not self.enabled:
+            return
+        with self._comm_lock:
+            if self._comm == active:
+                return
+            try:
+                self._conn.notify(W.T_COMM, {"active": active})
+            except Error:
+                return  # the next request reports the broken connection
+            self._comm = active
 
     # --- restore ---------------------------------------------------------
 

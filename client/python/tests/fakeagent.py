@@ -117,6 +117,8 @@ class FakeAgent:
                     continue
                 with self.lock:
                     self.log.append((W.type_name(ftype), payload))
+                if ftype == W.T_COMM:
+                    continue  # a notice: never answered
                 try:
                     reply = self._handle(conn, ftype, payload)
                     sock.sendall(W.encode_msg(ftype | W.REPLY_BIT, fid, reply))

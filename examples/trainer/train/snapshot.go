@@ -38,6 +38,15 @@ type Hinter interface {
 	Hint(d time.Duration)
 }
 
+// CommPhaser is an optional method of a Snapshotter: the trainer says when
+// it enters (true) and leaves (false) a communication phase, its gradient
+// all-reduce, so that a backend that copies snapshots over the network in
+// the background (reft's replication of unreplicated buffers) keeps out of
+// its way. It is called twice a step and must not block.
+type CommPhaser interface {
+	CommPhase(active bool)
+}
+
 // AORSnapshotter is an optional interface of a Snapshotter whose backend
 // keeps AOR replicas of ZeRO-1 optimizer shards (reft with --reft=...aor).
 // When AOR reports true, a ZeRO-1 trainer registers the step's whole

@@ -295,6 +295,33 @@ func TestCrashResume(t *testing.T) {
 	}
 }
 
+// phaseSnap records the communication phases a trainer reports.
+type phaseSnap struct {
+	Snapshotter
+	phases []bool
+}
+
+func (p *phaseSnap) CommPhase(active bool) { p.phases = append(p.phases, active) }
+
+// TestCommPhases: every step's gradient all-reduce is bracketed by a
+// communication phase, on every rank, and nothing else is.
+func TestCommPhases(t *testing.T) {
+	c := small()
+	c.DP, c.SaveEvery = 2, 1
+	store := NewMemStore(2)
+	snaps := []*phaseSnap{{Snapshotter: store.Rank(0)}, {Snapshotter: store.Rank(1)}}
+	runOK(t, c, 2, func(r int) Options { return Options{Snap: snaps[r]} })
+	want := make([]bool, 0, 2*c.Steps)
+	for range c.Steps {
+		want = append(want, true, false)
+	}
+	for r, s := range snaps {
+		if fmt.Sprint(s.phases) != fmt.Sprint(want) {
+			t.Errorf("rank %d reported phases %v, want one (true, false) pair per step: %v", r, s.phases, want)
+		}
+	}
+}
+
 func TestRestoreRejectsOtherFlags(t *testing.T) {
 	c := small()
 	c.SaveEvery, c.Steps = 2, 2

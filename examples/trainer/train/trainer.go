@@ -78,6 +78,7 @@ type trainer struct {
 	gbuf, gbuf2 []float32
 	log         io.Writer
 	hint        Hinter        // nil: the snapshotter takes no hints
+	comm        CommPhaser    // nil: the snapshotter takes no communication phases
 	serial      time.Duration // the last single-threaded addFixed, the next window's estimate
 }
 
@@ -220,6 +221,7 @@ func (t *trainer) run(o Options) (*Result, error) {
 		if cfg.Hints {
 			t.hint, _ = o.Snap.(Hinter)
 		}
+		t.comm, _ = o.Snap.(CommPhaser)
 		if err := t.register(o.Snap); err != nil {
 			return nil, fmt.Errorf("register snapshot buffers: %w", err)
 		}
@@ -260,7 +262,14 @@ func (t *trainer) run(o Options) (*Result, error) {
 		if err := t.computeGradients(step); err != nil {
 			return nil, fmt.Errorf("step %d: %w", step, err)
 		}
-		if err := t.dpc.AllReduceSumI64(t.acc); err != nil {
+		if t.comm != nil {
+			t.comm.CommPhase(true)
+		}
+		err := t.dpc.AllReduceSumI64(t.acc)
+		if t.comm != nil {
+			t.comm.CommPhase(false)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("step %d: gradient allreduce: %w", step, err)
 		}
 		// The previous save must have read the buffers before they change.

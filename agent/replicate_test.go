@@ -1,0 +1,353 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/agent/peer"
+	reftclient "github.com/reft-hpc/reft/client"
+	"github.com/reft-hpc/reft/tmpfs"
+)
+
+// Background replication (replicate.go) over the sharded harness: every
+// rank registers "rng", a Sharded buffer that only its own generation
+// holds, so after a node loss only a placement peer's replica gives it back.
+
+// replicaHolders are the nodes (by name) that keep copies of node's
+// ranks' unreplicated buffers under spec.
+func (j *shJobRun) replicaHolders(node string, copies int) []string {
+	j.t.Helper()
+	var nodes []mesh.Node
+	for i, n := range j.nodes {
+		nodes = append(nodes, mesh.Node{Index: i, Name: n.name})
+	}
+	hs, err := holders(nodes, node, copies)
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	return hs
+}
+
+func (j *shJobRun) node(name string) *shNode {
+	for _, n := range j.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	j.t.Fatalf("no node %s", name)
+	return nil
+}
+
+// replicaStep is the newest replica step of rank on n; -1: none.
+func replicaStep(n *shNode, rank int) int64 {
+	g, ok := n.st.Latest(tmpfs.Key{Rank: rank, Shard: replicaShard})
+	if !ok {
+		return -1
+	}
+	return g.Step
+}
+
+// waitFor polls cond until it holds; the deadline only bounds a hung test.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+	}
+}
+
+// waitReplicas waits until every holder of every rank has its replica of
+// step.
+func (j *shJobRun) waitReplicas(t *testing.T, step int64, copies int) {
+	t.Helper()
+	for r, n := range j.nodes {
+		for _, h := range j.replicaHolders(n.name, copies) {
+			waitFor(t, fmt.Sprintf("%s's replica of rank %d step %d", h, r, step), func() bool { return replicaStep(j.node(h), r) == step })
+		}
+	}
+}
+
+// TestReplicaRestoresLostNode: the lost nodes' Sharded buffers come back
+// bit for bit from their placement peers' replicas, and the replacement's
+// restore event names the peer source.
+func TestReplicaRestoresLostNode(t *testing.T) {
+	cases := []struct {
+		spec   string
+		copies int
+		lost   []int
+	}{
+		{"arc", 1, []int{0}},
+		{"arc", 1, []int{3}},
+		{"aec", 1, []int{2}},
+		{"arc+aec", 2, []int{1, 2}},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%s/lost=%v", tc.spec, tc.lost), func(t *testing.T) {
+			roots := map[string]string{}
+			j := startJob(t, tc.spec, []string{"n1", "n2", "n3", "n4"}, roots, "")
+			j.saveSteps(3, true)
+			j.waitReplicas(t, 3, tc.copies)
+			j = j.relaunch(roots, tc.lost)
+			step, errs, bufs := j.restoreAll(true)
+			if step != 3 {
+				t.Fatalf("agreed on step %d, want 3 (errors %v)", step, errs)
+			}
+			checkRestored(t, step, errs, bufs, true)
+			for _, r := range tc.lost {
+				var sources []string
+				for _, ev := range []string{"restore_peer", "decode"} {
+					for _, e := range j.nodes[r].log.events(ev) {
+						sources = append(sources, fmt.Sprint(e["sources"]))
+					}
+				}
+				if len(sources) != 1 || !strings.Contains(sources[0], "unreplicated:peer@") {
+					t.Errorf("rank %d's replacement logged restore sources %q, want one restore naming unreplicated:peer@<holder>", r, sources)
+				}
+			}
+		})
+	}
+}
+
+// TestReplicaMissingOrLagging: a lost rank whose replica is missing, or
+// older than the step asked for, gets a reason that says so; with a
+// lagging replica the job restores the older step that every rank, the
+// replica included, still has.
+func TestReplicaMissingOrLagging(t *testing.T) {
+	t.Run("missing", func(t *testing.T) {
+		roots := map[string]string{}
+		j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "")
+		j.saveSteps(2, true)
+		j.waitReplicas(t, 2, 1)
+		for _, h := range j.replicaHolders("n4", 1) {
+			// No commit follows, so nothing copies it again.
+			if err := j.node(h).st.Drop(tmpfs.Key{Rank: 3, Shard: replicaShard}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		j = j.relaunch(roots, []int{3})
+		c := j.open(3, shBuffers(0, 3, true))
+		defer c.Close()
+		err := c.RestoreStep(context.Background(), 2)
+		if err == nil || !strings.Contains(err.Error(), "rank 3's unreplicated buffers (rng) of step 2") ||
+			!strings.Contains(err.Error(), "no placement peer holds a replica") {
+			t.Fatalf("restore error %v: want rank 3's unreplicated buffers named and no replica", err)
+		}
+		t.Logf("error: %v", err)
+	})
+	t.Run("lagging", func(t *testing.T) {
+		roots := map[string]string{}
+		j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "")
+		j.saveSteps(2, true)
+		j.waitReplicas(t, 2, 1)
+		// The holder of n4's ranks enters a communication phase: it takes
+		// step 3's request but copies nothing.
+		h := j.node(j.replicaHolders("n4", 1)[0])
+		side := sideClient(t, h)
+		side.CommPhase(true)
+		waitFor(t, h.name+"'s limiter paused", h.srv.repl.lim.Paused)
+		req := h.srv.repl.requested.Load()
+		j.saveRange(3, 3, true)
+		waitFor(t, h.name+" taking step 3's request", func() bool { return h.srv.repl.requested.Load() > req })
+		if got := replicaStep(h, 3); got != 2 {
+			t.Fatalf("%s holds rank 3's replica of step %d while paused, want 2", h.name, got)
+		}
+		j = j.relaunch(roots, []int{3})
+		c := j.open(3, shBuffers(0, 3, true))
+		err := c.RestoreStep(context.Background(), 3)
+		c.Close()
+		if err == nil || !strings.Contains(err.Error(), "newest replica on its placement peers is of step 2, older than step 3") {
+			t.Fatalf("restore error %v: want the replica's step 2 named as older than step 3", err)
+		}
+		t.Logf("error: %v", err)
+		step, errs, bufs := j.restoreAll(true)
+		if step != 2 {
+			t.Fatalf("agreed on step %d, want 2, the newest the replica has (errors %v)", step, errs)
+		}
+		checkRestored(t, step, errs, bufs, true)
+	})
+}
+
+// sideClient opens a connection to n's agent that registers nothing: a
+// rank's second client, used only for comm notices.
+func sideClient(t *testing.T, n *shNode) *reftclient.Client {
+	t.Helper()
+	c, err := reftclient.Open(context.Background(), reftclient.Options{Socket: n.sock, Rank: 0, World: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestReplicaPausedDuringCommPhase: while a rank on the holder's or on the
+// owner's node is in a communication phase, the holder takes the request
+// but commits no replica; it commits only after the phase ends, or after
+// the connection that began it closes.
+func TestReplicaPausedDuringCommPhase(t *testing.T) {
+	cases := []struct {
+		name  string
+		phase func(j *shJobRun, holder *shNode) *shNode // the node whose rank enters the phase
+		end   func(c *reftclient.Client)
+	}{
+		{"holder, phase ends", func(j *shJobRun, h *shNode) *shNode { return h }, func(c *reftclient.Client) { c.CommPhase(false) }},
+		{"owner, phase ends", func(j *shJobRun, h *shNode) *shNode { return j.nodes[0] }, func(c *reftclient.Client) { c.CommPhase(false) }},
+		{"holder, rank exits in the phase", func(j *shJobRun, h *shNode) *shNode { return h }, func(c *reftclient.Client) { c.Close() }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			roots := map[string]string{}
+			j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "")
+			h := j.node(j.replicaHolders("n1", 1)[0])
+			paused := tc.phase(j, h)
+			side := sideClient(t, paused)
+			side.CommPhase(true)
+			side.CommPhase(true) // unchanged: no second pause to undo
+			waitFor(t, paused.name+"'s limiter paused", paused.srv.repl.lim.Paused)
+			j.saveSteps(1, true)
+			waitFor(t, h.name+" taking rank 0's request", func() bool { return h.srv.repl.requested.Load() > 0 })
+			if paused == h {
+				waitFor(t, h.name+"'s copy waiting on the pause", func() bool { return h.srv.repl.pausedWaits.Load() > 0 })
+			} else {
+				waitFor(t, h.name+"'s fetch to start", func() bool { return h.srv.repl.fetching.Load() > 0 })
+			}
+			if got := replicaStep(h, 0); got != -1 || h.srv.repl.committed.Load() != 0 {
+				t.Fatalf("%s committed rank 0's replica of step %d during the communication phase", h.name, got)
+			}
+			tc.end(side)
+			waitFor(t, h.name+"'s replica of rank 0 after the phase", func() bool { return replicaStep(h, 0) == 1 })
+			if paused.srv.repl.lim.Paused() {
+				t.Errorf("%s's limiter still paused after the phase ended", paused.name)
+			}
+		})
+	}
+}
+
+// TestHolders: GEMINI placement over the job's nodes, in allocation order.
+func TestHolders(t *testing.T) {
+	nodes := func(names ...string) []mesh.Node {
+		var out []mesh.Node
+		for i, n := range names {
+			out = append(out, mesh.Node{Index: i, Name: n})
+		}
+		return out
+	}
+	cases := []struct {
+		nodes  []mesh.Node
+		self   string
+		copies int
+		want   []string
+		err    string
+	}{
+		{nodes("n1", "n2", "n3", "n4"), "n1", 1, []string{"n2"}, ""},
+		{nodes("n1", "n2", "n3", "n4"), "n4", 1, []string{"n3"}, ""},
+		{nodes("n1", "n2", "n3", "n4", "n5"), "n5", 1, []string{"n3"}, ""}, // mixed: ring n3 n4 n5
+		{nodes("n1", "n2", "n3", "n4"), "n3", 2, []string{"n4", "n1"}, ""}, // mixed: one ring of all four
+		{nodes("n1", "n2"), "n1", 3, []string{"n2"}, ""},                   // copies cut to the nodes there are
+		{nodes("n1"), "n1", 1, nil, "no other node"},
+	}
+	for _, tc := range cases {
+		got, err := holders(tc.nodes, tc.self, tc.copies)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("holders(%v, %s, %d) error %v, want %q", tc.nodes, tc.self, tc.copies, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("holders(%v, %s, %d) = %v, %v; want %v", tc.nodes, tc.self, tc.copies, got, err, tc.want)
+		}
+	}
+}
+
+// TestReplicateRequestChecks: the handler refuses requests that do not
+// name a rank's generation and its unreplicated sections.
+func TestReplicateRequestChecks(t *testing.T) {
+	roots := map[string]string{}
+	j := startJob(t, "arc", []string{"n1", "n2"}, roots, "")
+	r := j.nodes[1].srv.repl
+	good := peer.ReplicateRequest{GenKey: peer.GenKey{Rank: 0, Shard: tmpfs.DefaultShard, Step: 1}, Sections: []string{"rng"}}
+	cases := []struct {
+		name string
+		from string
+		edit func(*peer.ReplicateRequest)
+		want string
+	}{
+		{"no node", "", func(*peer.ReplicateRequest) {}, "did not name its node"},
+		{"other shard", "n1", func(q *peer.ReplicateRequest) { q.Shard = replicaShard }, "not a rank's generation"},
+		{"no sections", "n1", func(q *peer.ReplicateRequest) { q.Sections = nil }, "no sections"},
+		{"agent section", "n1", func(q *peer.ReplicateRequest) { q.Sections = []string{secShard} }, "not an unreplicated buffer"},
+	}
+	for _, tc := range cases {
+		q := good
+		tc.edit(&q)
+		if err := r.receive(tc.from, q); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if n := r.requested.Load(); n != 0 {
+		t.Errorf("%d refused requests counted as taken", n)
+	}
+}
+
+// BenchmarkReplication: background replication of a rank's unreplicated
+// buffer between two agents of the sharded harness (arc, DP = 2, 4 MiB
+// chunks, a 32 MiB Sharded buffer per rank). Every op saves one step on
+// both ranks and waits until each holder has committed its replica of it.
+// copy_ms is the holders' mean time from taking a request to committing
+// the replica (manifest, background fetch, commit); MB/s counts both
+// ranks' replicated bytes per op. The sub-benchmarks set the agents'
+// background_rate: unlimited, and a cap that the copy must honour.
+func BenchmarkReplication(b *testing.B) {
+	const size = 32 << 20
+	for _, tc := range []struct {
+		name string
+		rate int64
+	}{{"unlimited", 0}, {"rate=128MiB/s", 128 << 20}} {
+		b.Run(tc.name, func(b *testing.B) {
+			bufs := func(step int64, rank int, _ bool) map[string][]byte {
+				w := make([]byte, 4096)
+				w[0] = byte(step)
+				r := make([]byte, size)
+				r[0], r[size-1] = byte(step), byte(rank)
+				return map[string][]byte{"layer0.weight": w, "rng": r}
+			}
+			j := startJob(b, "arc", []string{"n1", "n2"}, map[string]string{}, "", shOpts{chunk: 4 << 20, bufs: bufs})
+			for _, n := range j.nodes {
+				n.srv.SetBackgroundRate(tc.rate, 8<<20)
+			}
+			b.SetBytes(2 * size)
+			b.ResetTimer()
+			for i := range b.N {
+				st := int64(i + 1)
+				j.saveRange(st, st, true)
+				for r, n := range j.nodes {
+					h := j.nodes[1-r]
+					for deadline := time.Now().Add(time.Minute); replicaStep(h, r) != st; time.Sleep(time.Millisecond) {
+						if time.Now().After(deadline) {
+							b.Fatalf("%s has no replica of %s's rank %d step %d", h.name, n.name, r, st)
+						}
+					}
+				}
+			}
+			b.StopTimer()
+			var sum float64
+			var cnt int
+			for _, n := range j.nodes {
+				for _, e := range n.log.events("replica_committed") {
+					if d, ok := e["duration"].(float64); ok {
+						sum, cnt = sum+d, cnt+1
+					}
+				}
+			}
+			if cnt > 0 {
+				b.ReportMetric(sum/float64(cnt), "copy_ms")
+			}
+		})
+	}
+}

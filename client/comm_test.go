@@ -1,0 +1,75 @@
+package client_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/client"
+)
+
+// TestCommPhase: a comm notice goes out only when the phase changes, is
+// never answered, and does not wait for a request in flight (here a
+// generations request the agent answers only after it saw the notice).
+func TestCommPhase(t *testing.T) {
+	comm := make(chan bool, 8)
+	asked := make(chan struct{})
+	release := make(chan struct{})
+	fa := &fakeAgent{reply: func(f proto.Frame) ([]proto.Frame, bool) {
+		switch f.Type {
+		case proto.THello:
+			return []proto.Frame{msg(proto.THelloReply, f.ID, helloOK)}, false
+		case proto.TComm:
+			var cm proto.Comm
+			if err := f.Unmarshal(&cm); err != nil {
+				t.Errorf("comm notice: %v", err)
+			}
+			comm <- cm.Active
+			return nil, false
+		case proto.TGenerations:
+			close(asked)
+			<-release
+			return []proto.Frame{msg(f.Type|proto.ReplyBit, f.ID, `{"rank":0,"generations":[]}`)}, false
+		}
+		t.Errorf("unexpected %s", f.Type)
+		return nil, true
+	}}
+	c, err := client.Open(context.Background(), client.Options{Socket: fa.start(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Generations(context.Background())
+		done <- err
+	}()
+	<-asked
+	// The fake agent reads frames in order, so it sees the notices only
+	// after answering; the calls must return without that answer.
+	for _, active := range []bool{true, true, false, false, true} {
+		c.CommPhase(active)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("generations around the notices: %v", err)
+	}
+	var got []bool
+	for len(got) < 3 {
+		select {
+		case a := <-comm:
+			got = append(got, a)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the agent got comm notices %v, want [true false true]", got)
+		}
+	}
+	if !slices.Equal(got, []bool{true, false, true}) {
+		t.Fatalf("comm notices %v, want [true false true] (one per change)", got)
+	}
+	c.Close()
+	if len(comm) != 0 {
+		t.Fatalf("more comm notices than changes: %v", <-comm)
+	}
+}
