@@ -378,4 +378,3 @@ func TestStepRing(t *testing.T) {
 		})
 	}
 }
-

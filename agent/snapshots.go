@@ -28,7 +28,7 @@ type rankConn struct {
 	arenaSize  int64
 	open       *tmpfs.Ongoing
 	restored   map[int64]*tmpfs.Reader
-	sg         *sgInfo // the sharded layout's geometry; nil: identity
+	sg         *sgInfo        // the sharded layout's geometry; nil: identity
 	req        proto.Register // the registration, to lay saves out again on another ring
 	// ringFixed: the saves are laid out on the group's fixed ring (ring.go).
 	ringFixed bool
