@@ -206,7 +206,7 @@ func (l replyLayout) check(arenaSize int64, save bool) error {
 // manifest says (a persisted generation loaded into the node-local store
 // keeps the layout it was saved with, whatever the agent's is now).
 func manifestSpec(m *tmpfs.Manifest) tmpfs.Spec {
-	spec := tmpfs.Spec{Step: m.Step, Layout: m.Layout, ChunkSize: m.ChunkSize, Sources: m.SourceList(), Regions: m.RegionList()}
+	spec := tmpfs.Spec{Step: m.Step, Layout: m.Layout, ChunkSize: m.ChunkSize, Sources: m.SourceList(), Regions: m.RegionList(), Ring: m.Ring}
 	for _, b := range m.Buffers {
 		spec.Buffers = append(spec.Buffers, tmpfs.BufferSpec{Name: b.Name, Size: b.Size, Replicated: b.Replicated})
 	}

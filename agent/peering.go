@@ -67,7 +67,7 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	if err := checkAuth(ctx, pc.Auth, o.UID); err != nil {
 		return nil, err
 	}
-	return mesh.Start(ctx, mesh.Config{Peer: pc}, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)
+	return mesh.Start(ctx, mesh.Config{Peer: pc, Hosted: srv.Hosted}, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)
 }
 
 // checkAuth makes and opens one credential, so that a broken MUNGE setup

@@ -124,6 +124,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		defer store.Close()
 		srv.AttachStore(store)
+		srv.AttachTopology(cfg.Topology)
 		peers := startPeering(ctx, cfg, o, store, srv, logger) // in the background: start-up does not wait
 		defer peers.Close()                                    // before store.Close: it serves the store
 		if pdir == "" {

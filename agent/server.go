@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
@@ -65,7 +66,7 @@ type Server struct {
 	// mesh is the job's agent mesh, for sharded restores (AttachMesh).
 	mesh      func() *mesh.Mesh
 	viewMu    sync.Mutex
-	viewCache *storeView // the job's watermarks, briefly cached
+	viewCache map[string]*storeView // per sharding group: its members' watermarks, briefly cached
 	// progressEvery is how often a running restore reports progress
 	// (restoreProgressEvery; 0: at every arrival).
 	progressEvery time.Duration
@@ -75,6 +76,19 @@ type Server struct {
 	// repl is background replication (replicate.go): the limiter, the
 	// communication phases and the copies of other nodes' ranks.
 	repl *replicator
+
+	// Sharding-group rings (ring.go): the site's failure domains, the
+	// groups this agent saves or restores for, the ranks registered here
+	// since it started (rank -> registrations) and their groups (a rank
+	// that finished, or whose process is between a crash and its restart,
+	// still ran here), and the bounded wait for a
+	// group's members to register (0: ringWaitDefault).
+	topo        config.Topology
+	groupsMu    sync.Mutex
+	groups      map[string]*groupState
+	hosted      map[int]int
+	hostedGroup map[int]string
+	ringWait    time.Duration
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path
@@ -283,7 +297,7 @@ func (s *Server) Status() proto.Status {
 		PID: os.Getpid(), UptimeSeconds: time.Since(s.start).Seconds(),
 		Clients: int(s.clients.Load()), Connections: s.accepted.Load(), BadFrames: s.badFrames.Load(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
-		Peering: s.peeringStatus(), GPU: s.gpuStatus(),
+		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.placementWarnings(),
 	}
 }
 

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -65,8 +66,8 @@ type sgInfo struct {
 	layout  sg.Layout
 	world   int
 	rank    int
-	pos, m  int   // ring position (= dp) and members
-	members []int // member ranks by ring position
+	pos, m  int   // ring position and members
+	members []int // member ranks by ring position (the group's ring; dp order until fixed)
 	arc     bool
 	k       int // AEC parity units per stripe; 0 without aec
 	w       int64
@@ -140,11 +141,9 @@ func newSGInfo(sp spec.Spec, req proto.Register) (*sgInfo, error) {
 	si := &sgInfo{spec: sp, layout: l, world: req.World, rank: req.Rank, m: l.DP, arc: sp.ARC}
 	c := l.Coord(req.Rank)
 	si.pos = c.DP
-	for dp := 0; dp < l.DP; dp++ {
-		si.members = append(si.members, l.Rank(sg.Coord{DP: dp, PP: c.PP, TP: c.TP}))
-	}
+	si.members = si.dpOrder()
 	if sp.AOR {
-		if si.aor, err = newAORGroups(req.Buffers, si.pos, si.m); err != nil {
+		if si.aor, err = newAORGroups(req.Buffers, c.DP, si.m); err != nil {
 			return nil, err
 		}
 	}
@@ -182,6 +181,44 @@ func newSGInfo(sp spec.Spec, req proto.Register) (*sgInfo, error) {
 	return si, nil
 }
 
+// dpOrder is the group's members by DP index.
+func (si *sgInfo) dpOrder() []int {
+	c := si.layout.Coord(si.rank)
+	out := make([]int, si.layout.DP)
+	for dp := range out {
+		out[dp] = si.layout.Rank(sg.Coord{DP: dp, PP: c.PP, TP: c.TP})
+	}
+	return out
+}
+
+// groupName is the group's name, "(pp=P,tp=T)".
+func (si *sgInfo) groupName() string {
+	c := si.layout.Coord(si.rank)
+	return sg.Group{PP: c.PP, TP: c.TP}.Name()
+}
+
+// withRing is si on ring (the members' ranks in ring order).
+func (si *sgInfo) withRing(ring []int) (*sgInfo, error) {
+	if len(ring) != si.m || !sameMembers(ring, si.members) {
+		return nil, fmt.Errorf("ring %v is not an order of SG %s's members %v", ring, si.groupName(), si.dpOrder())
+	}
+	c := *si
+	c.members = slices.Clone(ring)
+	c.pos = slices.Index(ring, si.rank)
+	return &c, nil
+}
+
+func sameMembers(a, b []int) bool {
+	x, y := slices.Clone(a), slices.Clone(b)
+	slices.Sort(x)
+	slices.Sort(y)
+	return slices.Equal(x, y) && len(slices.Compact(x)) == len(a)
+}
+
+// succDP is the DP index of the ring successor: its entry in an AOR
+// gradient's ZeRO-1 cuts, which are in DP order.
+func (si *sgInfo) succDP() int { return si.layout.Coord(si.members[si.succ(si.pos)]).DP }
+
 // shard is the slice range of ring position q's shard.
 func (si *sgInfo) shard(q int) sg.Range { return sg.ShardRange(si.w, si.m, q) }
 
@@ -216,7 +253,7 @@ func (si *sgInfo) sections() (secs []tmpfs.BufferSpec, pieces []piece, agentSecs
 		secs = append(secs, tmpfs.BufferSpec{Name: b.Name, Size: b.Size})
 	}
 	for _, g := range si.aor {
-		r := g.shards[si.succ(si.pos)]
+		r := g.shards[si.succDP()]
 		if r[1] > 0 {
 			pieces = append(pieces, piece{buffer: g.grad, offset: 4 * r[0], size: 4 * r[1], section: len(secs)})
 		}
@@ -226,7 +263,7 @@ func (si *sgInfo) sections() (secs []tmpfs.BufferSpec, pieces []piece, agentSecs
 		defer func() { // agent-filled, last
 			for _, g := range si.aor {
 				for _, st := range g.states {
-					secs = append(secs, tmpfs.BufferSpec{Name: secAOR + st.buf, Size: 4 * g.shards[si.succ(si.pos)][1]})
+					secs = append(secs, tmpfs.BufferSpec{Name: secAOR + st.buf, Size: 4 * g.shards[si.succDP()][1]})
 					agentSecs = append(agentSecs, secAOR+st.buf)
 				}
 			}
@@ -328,9 +365,9 @@ func (si *sgInfo) model(rankNode map[int]string) (*sg.Model, []string, error) {
 		}
 		top.RankNode[r] = n
 	}
-	// Ranks sharing a node in the store view is fine: the layout's ring is
-	// dp order, which FormGroups keeps when every member is on a node of
-	// its own; give co-located members distinct names so it does.
+	// Ranks sharing a node in the store view is fine: the ring is given
+	// (Rings) and failures are explicit; give co-located members distinct
+	// names so that the analysis counts them apart.
 	seen := map[string]int{}
 	for r, n := range top.RankNode {
 		if c := seen[n]; c > 0 {
@@ -344,7 +381,7 @@ func (si *sgInfo) model(rankNode map[int]string) (*sg.Model, []string, error) {
 	if si.aor != nil {
 		kinds |= sg.Optimizer
 	}
-	md, err := sg.NewModel(sg.Job{Spec: sp, Layout: si.layout, Topology: top, Kinds: kinds})
+	md, err := sg.NewModel(sg.Job{Spec: sp, Layout: si.layout, Topology: top, Kinds: kinds, Rings: map[string][]int{si.groupName(): si.members}})
 	return md, failed, err
 }
 
@@ -353,9 +390,9 @@ func (si *sgInfo) describe() string {
 	if si == nil {
 		return "whole buffers"
 	}
-	s := fmt.Sprintf("sharded: SG of %d (ranks %v), ring position %d, slice %d bytes, own shard", si.m, si.members, si.pos, si.w)
+	s := fmt.Sprintf("sharded: SG of %d (ring %v), ring position %d, slice %d bytes, own shard", si.m, si.members, si.pos, si.w)
 	if si.whole {
-		s = fmt.Sprintf("SG of %d (ranks %v), ring position %d, replicated buffers whole (%d bytes)", si.m, si.members, si.pos, si.w)
+		s = fmt.Sprintf("SG of %d (ring %v), ring position %d, replicated buffers whole (%d bytes)", si.m, si.members, si.pos, si.w)
 	}
 	if si.aor != nil {
 		s += " + AOR replica of position " + strconv.Itoa(si.succ(si.pos)) + "'s optimizer shard"

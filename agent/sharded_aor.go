@@ -65,7 +65,7 @@ func hasAOR(bufs []proto.BufferSpec) bool {
 
 // newAORGroups collects a registration's aor buffers (already checked by
 // proto.CheckAOR) by gradient, and checks them against the layout: one
-// shard per DP rank and this rank's ring position as the index.
+// shard per DP rank and this rank's DP index as the index.
 func newAORGroups(bufs []proto.BufferSpec, pos, m int) ([]aorGroup, error) {
 	var out []aorGroup
 	for _, b := range bufs {
@@ -118,7 +118,7 @@ func (si *sgInfo) aorStateNames() []string {
 }
 
 // succBytes is the size of succ's shard of a state buffer of g.
-func (si *sgInfo) succBytes(g *aorGroup) int64 { return 4 * g.shards[si.succ(si.pos)][1] }
+func (si *sgInfo) succBytes(g *aorGroup) int64 { return 4 * g.shards[si.succDP()][1] }
 
 // aorCommit writes the replicas and their base into the open save of
 // step, then checksums them. A replica that cannot be brought forward is

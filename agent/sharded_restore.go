@@ -35,10 +35,11 @@ const (
 type genLoc struct {
 	node string // "" for this node
 	key  peer.GenKey
+	ring []int // the SG ring it was saved with; nil: dp order (or unsharded)
 }
 
-// storeView is the job's committed generations as the agents report them
-// (commit watermarks): metadata only.
+// storeView is a sharding group's committed generations as the agents
+// report them (commit watermarks): metadata only, O(group).
 type storeView struct {
 	at      time.Time
 	gens    map[int]map[int64][]genLoc // rank -> step -> where, this node first
@@ -47,6 +48,10 @@ type storeView struct {
 	// replicas are the placement peers' copies of ranks' unreplicated
 	// buffers (replicate.go): rank -> step -> where, this node first.
 	replicas map[int]map[int64][]genLoc
+	// asked are the other nodes asked, and replyRanks the distinct ranks
+	// each reply carried (generations and hosted ranks).
+	asked      []string
+	replyRanks map[string]int
 }
 
 func (v *storeView) add(node string, w peer.Watermark) {
@@ -61,52 +66,92 @@ func (v *storeView) add(node string, w peer.Watermark) {
 	if gens[w.Rank] == nil {
 		gens[w.Rank] = map[int64][]genLoc{}
 	}
-	gens[w.Rank][w.Step] = append(gens[w.Rank][w.Step], genLoc{node: node, key: peer.GenKey{Rank: w.Rank, Shard: w.Shard, Step: w.Step, Seq: w.Seq}})
+	gens[w.Rank][w.Step] = append(gens[w.Rank][w.Step], genLoc{node: node, key: peer.GenKey{Rank: w.Rank, Shard: w.Shard, Step: w.Step, Seq: w.Seq}, ring: w.Ring})
 }
 
 // AttachMesh gives the server the job's mesh (nil while it starts or when
 // peering is off), for restores that read other agents' stores.
 func (s *Server) AttachMesh(f func() *mesh.Mesh) { s.mesh = f }
 
-// view returns the job's watermarks, at most viewTTL old.
-func (s *Server) view(ctx context.Context) *storeView {
+// view returns the watermarks of si's sharding group, at most viewTTL
+// old. It asks only the nodes that host the group's members or held
+// their generations (ring.go), for the members' ranks only, so that a
+// view is O(group) whatever the job's size; until a search of the job
+// has found every member (a fresh agent), it searches first.
+func (s *Server) view(ctx context.Context, si *sgInfo) *storeView {
 	s.viewMu.Lock()
 	defer s.viewMu.Unlock()
-	if s.viewCache != nil && time.Since(s.viewCache.at) < viewTTL {
-		return s.viewCache
+	name := si.groupName()
+	if v := s.viewCache[name]; v != nil && time.Since(v.at) < viewTTL {
+		return v
 	}
-	v := &storeView{at: time.Now(), gens: map[int]map[int64][]genLoc{}, replicas: map[int]map[int64][]genLoc{}}
-	for _, w := range (peer.StoreSource{Store: s.store}).Watermarks(nil) {
+	members := si.dpOrder()
+	v := &storeView{at: time.Now(), gens: map[int]map[int64][]genLoc{}, replicas: map[int]map[int64][]genLoc{}, replyRanks: map[string]int{}}
+	for _, w := range (peer.StoreSource{Store: s.store}).Watermarks(members) {
 		v.add("", w)
 	}
+	g := s.group(si)
 	m := s.waitMesh(ctx)
 	if m == nil {
 		v.missing = append(v.missing, "peering is off or not started (status says why): only this node's store is used")
 	} else {
+		nodes, searched := s.viewNodes(g)
+		if !searched {
+			s.searchGroup(ctx, si, g)
+			nodes, _ = s.viewNodes(g)
+		}
+		v.asked = nodes
 		var mu sync.Mutex
 		var wg sync.WaitGroup
-		for _, n := range m.Nodes() {
-			if n.Name == m.Self().Name {
-				continue
-			}
+		stale := false
+		for _, n := range nodes {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				cctx, cancel := context.WithTimeout(ctx, gatherWait)
 				defer cancel()
-				rep, err := m.Watermarks(cctx, n.Name, nil)
+				rep, err := m.Watermarks(cctx, n, members)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
-					v.missing = append(v.missing, fmt.Sprintf("%s: %v", n.Name, err))
+					v.missing = append(v.missing, fmt.Sprintf("%s: %v", n, err))
+					s.groupsMu.Lock()
+					delete(g.holders, n)
+					for r, hn := range g.hosts {
+						if hn == n {
+							delete(g.hosts, r) // found again by the next search
+						}
+					}
+					s.groupsMu.Unlock()
+					stale = true
 					return
 				}
+				ranks := map[int]bool{}
 				for _, w := range rep.Generations {
-					v.add(n.Name, w)
+					v.add(n, w)
+					ranks[w.Rank] = true
 				}
+				hosted := map[int]bool{}
+				for _, h := range rep.Hosted {
+					ranks[h.Rank], hosted[h.Rank] = true, true
+					s.noteHost(g, h.Rank, n)
+				}
+				v.replyRanks[n] = len(ranks)
+				s.groupsMu.Lock()
+				for r, hn := range g.hosts {
+					if hn == n && !hosted[r] {
+						stale = true // the member moved (a relaunch): search again next time
+					}
+				}
+				s.groupsMu.Unlock()
 			}()
 		}
 		wg.Wait()
+		if stale {
+			s.groupsMu.Lock()
+			g.searched = false
+			s.groupsMu.Unlock()
+		}
 	}
 	for _, all := range []map[int]map[int64][]genLoc{v.gens, v.replicas} {
 		for _, steps := range all {
@@ -119,7 +164,10 @@ func (s *Server) view(ctx context.Context) *storeView {
 		}
 	}
 	sort.Strings(v.missing)
-	s.viewCache = v
+	if s.viewCache == nil {
+		s.viewCache = map[string]*storeView{}
+	}
+	s.viewCache[name] = v
 	return v
 }
 
@@ -193,6 +241,7 @@ type restorePlan struct {
 	// othersSource says where others are: local (the rank's own
 	// generation, wherever it survives) or peer (replicas, replicate.go).
 	othersSource sg.Source
+	si           *sgInfo // the rank's group on the ring the step was saved with
 }
 
 func (p restorePlan) sources() string {
@@ -225,10 +274,46 @@ func nodeName(n string) string {
 	return n
 }
 
+// stepRing is the ring the group's generations of step were saved with:
+// the one their manifests record (none: dp order, as before rings). Members
+// that saved the step on different rings (agents that could not agree)
+// make the step unusable from memory.
+func stepRing(si *sgInfo, v *storeView, step int64) ([]int, error) {
+	var ring []int
+	var from int
+	for _, r := range si.dpOrder() {
+		for _, l := range v.gens[r][step] {
+			if l.ring == nil {
+				continue
+			}
+			if ring == nil {
+				ring, from = l.ring, r
+			} else if !slices.Equal(ring, l.ring) {
+				return nil, fmt.Errorf("SG %s saved step %d on different rings (rank %d on %v, rank %d on %v): its agents did not agree, so the copies do not fit together",
+					si.groupName(), step, from, ring, r, l.ring)
+			}
+		}
+	}
+	if ring == nil {
+		return si.dpOrder(), nil
+	}
+	return ring, nil
+}
+
 // plan decides, from the watermarks, how rank si.rank's state at step
-// comes back, with agent/sg's failure analysis.
+// comes back, with agent/sg's failure analysis, on the ring the step was
+// saved with (p.si).
 func (s *Server) plan(si *sgInfo, v *storeView, step int64) restorePlan {
 	p := restorePlan{step: step}
+	ring, err := stepRing(si, v, step)
+	if err == nil {
+		si, err = si.withRing(ring)
+	}
+	if err != nil {
+		p.reasons = append(p.reasons, err.Error())
+		return p
+	}
+	p.si = si
 	rankNode := map[int]string{}
 	for r, steps := range v.gens {
 		if locs := steps[step]; len(locs) > 0 {
@@ -384,7 +469,7 @@ func (si *sgInfo) candidateSteps(v *storeView) []int64 {
 // the persisted steps every member of its SG has.
 func (s *Server) shardedGenerations(rc *rankConn, log zerolog.Logger) []proto.GenInfo {
 	si := rc.sg
-	v := s.view(context.Background())
+	v := s.view(context.Background(), si)
 	out := []proto.GenInfo{}
 	for _, st := range si.candidateSteps(v) {
 		if p := s.plan(si, v, st); p.ok {
@@ -448,7 +533,7 @@ type restoreStats struct {
 func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (tmpfs.Generation, string, error) {
 	si := rc.sg
 	ctx := context.Background()
-	v := s.view(ctx)
+	v := s.view(ctx, si)
 	steps := si.candidateSteps(v)
 	if step >= 0 {
 		steps = []int64{step}
@@ -482,9 +567,17 @@ func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (t
 			Msg("in-memory restore is impossible; restoring from the persistent directory")
 	}
 	t0 := time.Now()
+	// The step's own ring, from here on: the assembly reads its shards by
+	// the positions they were saved at, the AOR seed takes the successor
+	// on it, and the group keeps it for the saves that follow.
+	si = chosen.si
+	rc.sg, rc.ringFixed = si, false
 	st := restoreStats{prog: newRestoreProgress(log, si.rank, chosen.step, rc.registeredBytes()+chosen.parityBytes(si), s.progressEvery)}
 	g, err := s.assemble(ctx, rc, si, chosen, &st, log)
 	st.prog.close()
+	if err == nil {
+		s.adoptRing(si, chosen.step, log)
+	}
 	if err == nil && si.aor != nil { // before the loaded persisted generations go
 		locs := func(r int) []genLoc { return v.gens[r][chosen.step] }
 		if chosen.loaded != nil {
@@ -577,8 +670,8 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 		return nil, fmt.Errorf("and the persistent directory %s has no step that every member (ranks %s) wrote", s.persist.Dir(), strings.Join(intStrings(si.members), ","))
 	}
 	st := steps[0]
-	p := &restorePlan{step: st, ok: true, parity: make([][]cand, si.m)}
 	loaded := map[int]genLoc{}
+	var ring []int
 	for _, r := range append(slices.Clone(si.members), si.rank) {
 		if _, ok := loaded[r]; ok {
 			continue
@@ -596,8 +689,21 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 		if err != nil {
 			return nil, err
 		}
-		loaded[r] = genLoc{key: peer.GenKey{Rank: r, Shard: key.Shard, Step: g.Step, Seq: g.Seq}}
+		loaded[r] = genLoc{key: peer.GenKey{Rank: r, Shard: key.Shard, Step: g.Step, Seq: g.Seq}, ring: g.Manifest.Ring}
+		if rg := g.Manifest.Ring; rg != nil && ring != nil && !slices.Equal(rg, ring) {
+			return nil, fmt.Errorf("the members persisted step %d on different rings (%v and %v): their agents did not agree, so the shards do not fit together", st, ring, rg)
+		} else if rg != nil {
+			ring = rg
+		}
 	}
+	if ring == nil {
+		ring = si.dpOrder()
+	}
+	si, err := si.withRing(ring)
+	if err != nil {
+		return nil, err
+	}
+	p := &restorePlan{step: st, ok: true, parity: make([][]cand, si.m), si: si}
 	for q, r := range si.members {
 		src := shardSource{pos: q, rank: r, source: sg.SourcePersistent, cands: []cand{{loc: loaded[r], sec: secShard}}}
 		p.shards = append(p.shards, src)

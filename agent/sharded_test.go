@@ -18,6 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/persist"
@@ -97,7 +98,8 @@ func shPorts(t testing.TB, n int) int {
 }
 
 // shStart starts node name's agent over the store under root.
-func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, persistDir string, chunk int64) *shNode {
+func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, persistDir string, o shOpts) *shNode {
+	chunk := o.chunk
 	t.Helper()
 	n := &shNode{name: name, root: root, log: &syncBuf{}}
 	log := zerolog.New(n.log).With().Str("node", name).Logger()
@@ -121,6 +123,8 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 		t.Fatal(err)
 	}
 	n.srv.AttachStore(n.st)
+	n.srv.AttachTopology(o.topo)
+	n.srv.ringWait = o.ringWait
 	if persistDir != "" {
 		if n.per, err = persist.New(persist.Options{Dir: persistDir, Job: shJob, Node: name, UID: os.Getuid(), Policy: sp.Persist,
 			Store: n.st, Log: log}); err != nil {
@@ -135,7 +139,7 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 	pc := peer.Config{Job: shJob, UID: os.Getuid(), Node: name, Auth: auth, Bind: "127.0.0.1", PortRange: [2]int{lo, lo + 63},
 		Heartbeat: 200 * time.Millisecond, Timeout: 2 * time.Second, Log: log}
 	n.srv.PeerHooks(&pc)
-	if n.m, err = mesh.Start(context.Background(), mesh.Config{Peer: pc}, topo, n.st, log); err != nil {
+	if n.m, err = mesh.Start(context.Background(), mesh.Config{Peer: pc, Hosted: n.srv.Hosted}, topo, n.st, log); err != nil {
 		t.Fatal(err)
 	}
 	n.srv.AttachMesh(func() *mesh.Mesh { return n.m })
@@ -174,10 +178,17 @@ type shJobRun struct {
 type shOpts struct {
 	chunk int64                                                        // store and client chunk size; 0: 64 KiB
 	bufs  func(step int64, rank int, withLocal bool) map[string][]byte // nil: shBuffers
+	// layout is the clients' layout string; "": dp = world.
+	layout string
+	// topo is every agent's [topology]; ringWait its bound on the wait for
+	// a group's members (0: the default).
+	topo     config.Topology
+	ringWait time.Duration
 }
 
-// startJob starts one agent per name (rank i on names[i]); roots gives
-// each node's store root (kept across restarts for surviving nodes).
+// startJob starts one agent per distinct name (rank i on names[i], so a
+// name given twice is a node with two ranks); roots gives each node's
+// store root (kept across restarts for surviving nodes).
 func startJob(t testing.TB, spc string, names []string, roots map[string]string, pdir string, opt ...shOpts) *shJobRun {
 	t.Helper()
 	var o shOpts
@@ -191,16 +202,22 @@ func startJob(t testing.TB, spc string, names []string, roots map[string]string,
 		o.bufs = shBuffers
 	}
 	topo := mesh.Topology{}
-	for i, nm := range names {
-		topo.Nodes = append(topo.Nodes, mesh.Node{Index: i, Name: nm, Addr: "127.0.0.1"})
+	for _, nm := range names {
+		if !slices.ContainsFunc(topo.Nodes, func(n mesh.Node) bool { return n.Name == nm }) {
+			topo.Nodes = append(topo.Nodes, mesh.Node{Index: len(topo.Nodes), Name: nm, Addr: "127.0.0.1"})
+		}
 	}
-	lo := shPorts(t, len(names))
+	lo := shPorts(t, len(topo.Nodes))
 	j := &shJobRun{t: t, spec: spc, pdir: pdir, opt: o}
+	started := map[string]*shNode{}
 	for _, nm := range names {
 		if roots[nm] == "" {
 			roots[nm] = filepath.Join(t.TempDir(), "shm")
 		}
-		j.nodes = append(j.nodes, shStart(t, nm, roots[nm], spc, mesh.Fixed(topo), lo, pdir, o.chunk))
+		if started[nm] == nil {
+			started[nm] = shStart(t, nm, roots[nm], spc, mesh.Fixed(topo), lo, pdir, o)
+		}
+		j.nodes = append(j.nodes, started[nm])
 	}
 	return j
 }
@@ -236,8 +253,12 @@ var shOrder = []string{"layer0.weight", "layer0.bias", "trainer.state", "opt.m",
 
 func (j *shJobRun) open(rank int, bufs map[string][]byte) *reftclient.Client {
 	j.t.Helper()
+	layout := j.opt.layout
+	if layout == "" {
+		layout = "dp=" + strconv.Itoa(len(j.nodes))
+	}
 	c, err := reftclient.Open(context.Background(), reftclient.Options{Socket: j.nodes[rank].sock, Rank: rank, World: len(j.nodes),
-		Layout: "dp=" + strconv.Itoa(len(j.nodes)), ChunkSize: j.opt.chunk})
+		Layout: layout, ChunkSize: j.opt.chunk})
 	if err != nil {
 		j.t.Fatal(err)
 	}

@@ -28,7 +28,10 @@ type rankConn struct {
 	arenaSize  int64
 	open       *tmpfs.Ongoing
 	restored   map[int64]*tmpfs.Reader
-	sg         *sgInfo // the sharded layout's geometry; nil: identity
+	sg         *sgInfo        // the sharded layout's geometry; nil: identity
+	req        proto.Register // the registration, to lay saves out again on another ring
+	// ringFixed: the saves are laid out on the group's fixed ring (ring.go).
+	ringFixed bool
 	// AOR (sharded_aor.go): the replica a restore seeded, whether this
 	// connection restored (and why no seed), and whether the last commit's
 	// replica was invalid.
@@ -173,27 +176,38 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	if err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
-	spec, secs, size, agentSecs, err := s.planLayout(req, si)
-	if err != nil {
+	if si != nil {
+		// A ring fixed already (another local rank's save, a restore)
+		// lays this rank out on it at once.
+		if ring := s.fixedRing(s.group(si)); ring != nil {
+			if rs, err := si.withRing(ring); err == nil {
+				si, rc.ringFixed = rs, true
+			}
+		}
+	}
+	rc.key = tmpfs.Key{Rank: req.Rank, Shard: tmpfs.DefaultShard}
+	if err := s.applyLayout(rc, req, si); err != nil {
+		var ae allocError
+		if errors.As(err, &ae) {
+			log.Error().Err(ae.err).Int("rank", req.Rank).Int64("arena_size", ae.size).Msg("register: arena allocation failed")
+			hint := ""
+			if s.persist != nil {
+				hint = "; with persistent checkpoints each rank holds one more arena (persist=off in --reft frees it)"
+			}
+			return replyErr(c, id, storeErr(ae.err), "register rank %d (%d bytes per generation): %v%s", req.Rank, ae.size, ae.err, hint)
+		}
+		var ie internalError
+		if errors.As(err, &ie) {
+			log.Error().Err(err).Int("rank", req.Rank).Msg("register refused")
+			return replyErr(c, id, proto.CodeInternal, "register: %v", err)
+		}
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
-	layout := newReplyLayout(spec.Sources, secs, spec.Regions)
-	layout.sections = slices.DeleteFunc(layout.sections, func(sec proto.Section) bool { return slices.Contains(agentSecs, sec.Name) })
-	if err := layout.check(size, true); err != nil {
-		log.Error().Err(err).Int("rank", req.Rank).Msg("register refused")
-		return replyErr(c, id, proto.CodeInternal, "register: %v", err)
-	}
-	key := tmpfs.Key{Rank: req.Rank, Shard: tmpfs.DefaultShard}
-	if err := s.store.Preallocate(key, spec); err != nil {
-		log.Error().Err(err).Int("rank", req.Rank).Int64("arena_size", size).Msg("register: arena allocation failed")
-		hint := ""
-		if s.persist != nil {
-			hint = "; with persistent checkpoints each rank holds one more arena (persist=off in --reft frees it)"
-		}
-		return replyErr(c, id, storeErr(err), "register rank %d (%d bytes per generation): %v%s", req.Rank, size, err, hint)
-	}
-	rc.registered, rc.key, rc.spec, rc.arenaSize = true, key, spec, size
-	rc.bufs, rc.layout, rc.sg = slices.Clone(req.Buffers), layout, si
+	spec, size, layout := rc.spec, rc.arenaSize, rc.layout
+	secs, _, _ := tmpfs.Plan(spec)
+	rc.registered, rc.req = true, req
+	rc.bufs = slices.Clone(req.Buffers)
+	s.host(req.Rank, si)
 	if s.persist != nil {
 		s.persist.Registered(req.Rank, req.World)
 	}
@@ -208,12 +222,51 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 		Rank: req.Rank, ChunkSize: cs, ArenaSize: size, Buffers: layout.places})
 }
 
+// allocError is an arena that could not be preallocated; internalError
+// a layout that breaks the protocol's rules (a bug).
+type (
+	allocError struct {
+		size int64
+		err  error
+	}
+	internalError struct{ err error }
+)
+
+func (e allocError) Error() string    { return e.err.Error() }
+func (e internalError) Error() string { return e.err.Error() }
+
+// applyLayout lays the registration out (sharded on si's ring, or
+// identity), preallocates its arenas and makes it rc's layout.
+func (s *Server) applyLayout(rc *rankConn, req proto.Register, si *sgInfo) error {
+	spec, secs, size, agentSecs, err := s.planLayout(req, si)
+	if err != nil {
+		return err
+	}
+	if si != nil {
+		spec.Ring = slices.Clone(si.members)
+	}
+	layout := newReplyLayout(spec.Sources, secs, spec.Regions)
+	layout.sections = slices.DeleteFunc(layout.sections, func(sec proto.Section) bool { return slices.Contains(agentSecs, sec.Name) })
+	if err := layout.check(size, true); err != nil {
+		return internalError{err}
+	}
+	if err := s.store.Preallocate(rc.key, spec); err != nil {
+		return allocError{size, err}
+	}
+	rc.spec, rc.arenaSize, rc.layout, rc.sg = spec, size, layout, si
+	return nil
+}
+
 func (s *Server) save(c net.Conn, rc *rankConn, id uint32, step int64, log zerolog.Logger) error {
 	if step < 0 {
 		return replyErr(c, id, proto.CodeInvalid, "save: step = %d must not be negative", step)
 	}
 	if rc.open != nil {
 		return replyErr(c, id, proto.CodeBadState, "save of step %d: the save of step %d is still open; commit or abort it first", step, rc.open.Step())
+	}
+	if err := s.ensureRing(rc, log); err != nil {
+		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("save failed")
+		return replyErr(c, id, storeErr(err), "save of rank %d step %d: %v", rc.key.Rank, step, err)
 	}
 	spec := rc.spec
 	spec.Step = step

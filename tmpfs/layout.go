@@ -79,6 +79,10 @@ type Spec struct {
 	// back exactly what the save copied in.
 	Sources []Source
 	Regions []Region
+	// Ring, when set, is recorded in the manifest: the ranks of the
+	// sharding group in the ring order the sharded layout used, so that a
+	// restore reads the generation with the ring it was saved with.
+	Ring []int
 }
 
 // bufferAlign keeps every buffer page-aligned in the arena, so a client can

@@ -49,6 +49,10 @@ type Manifest struct {
 	// a source, whole; see SourceList and RegionList.
 	Sources []Source `json:"sources,omitempty"`
 	Regions []Region `json:"regions,omitempty"`
+	// Ring is the sharding group's ranks in the ring order of a sharded
+	// layout (ring position i owns shard i); absent for other layouts and
+	// in manifests from before rings, which used dp order.
+	Ring []int `json:"ring,omitempty"`
 }
 
 // Source is a buffer the rank registered, as a generation saw it.

@@ -66,7 +66,7 @@ func (s *Store) Begin(k Key, spec Spec) (*Ongoing, error) {
 	o := &Ongoing{s: s, ks: ks, dir: filepath.Join(ks.dir, genName(spec.Step, seq)), m: &Manifest{
 		Format: manifestFormat, JobID: s.opt.JobID, Rank: k.Rank, Shard: k.Shard, Step: spec.Step, Seq: seq,
 		Layout: spec.Layout, ChunkSize: cs, Buffers: bufs,
-		Sources: slices.Clone(spec.Sources), Regions: slices.Clone(spec.Regions),
+		Sources: slices.Clone(spec.Sources), Regions: slices.Clone(spec.Regions), Ring: slices.Clone(spec.Ring),
 	}}
 	if err := s.mkdir(o.dir); err != nil {
 		return nil, s.saveFailed(k, spec.Step, size, err)

@@ -17,12 +17,15 @@ import (
 	"math"
 	"os"
 	"reflect"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/reft-hpc/reft/pmix/hostlist"
 )
 
 // DefaultPath is where the plugin and the agent look when nothing else is given.
@@ -37,6 +40,7 @@ type Config struct {
 	Protect   Protect   `toml:"protect"`
 	Log       Log       `toml:"log"`
 	Run       Run       `toml:"run"`
+	Topology  Topology  `toml:"topology"`
 }
 
 // Store is the node-local snapshot store.
@@ -124,6 +128,95 @@ type Run struct {
 	ProbeTimeout Duration `toml:"probe_timeout"`
 }
 
+// Topology is the site's failure domains: nodes that can fail together (a
+// rack, a switch, a PDU). Sharding-group rings are spread across them.
+type Topology struct {
+	// Domains maps a domain label to a Slurm host list (`n[1-16]`).
+	Domains map[string]string `toml:"domains"`
+	// DomainPattern is a regular expression matched against node names:
+	// its first capture group (the whole match without one) is the domain
+	// of a node that Domains does not list.
+	DomainPattern string `toml:"domain_pattern"`
+}
+
+// Validate checks the labels, host lists and pattern.
+func (t Topology) Validate() error {
+	_, err := t.resolver()
+	return err
+}
+
+// DomainsOf returns the failure domain of each of nodes that has one
+// (nodes without are domains of their own).
+func (t Topology) DomainsOf(nodes []string) (map[string]string, error) {
+	of, err := t.resolver()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, n := range nodes {
+		if d := of(n); d != "" {
+			out[n] = d
+		}
+	}
+	return out, nil
+}
+
+// resolver compiles the table and the pattern into a node -> domain
+// function.
+func (t Topology) resolver() (func(string) string, error) {
+	byNode := map[string]string{}
+	for _, label := range sortedLabels(t.Domains) {
+		if label == "" || strings.ContainsAny(label, "=[], \t") {
+			return nil, fmt.Errorf("topology.domains: label %q must be a plain name, as in rack1", label)
+		}
+		hosts, err := hostlist.Expand(t.Domains[label])
+		if err != nil {
+			return nil, fmt.Errorf("topology.domains.%s = %q: %w; write a Slurm host list, as in \"n[1-16]\"", label, t.Domains[label], err)
+		}
+		if len(hosts) == 0 {
+			return nil, fmt.Errorf("topology.domains.%s is empty; give its nodes as a Slurm host list, as in \"n[1-16]\"", label)
+		}
+		for _, h := range hosts {
+			if prev, dup := byNode[h]; dup {
+				return nil, fmt.Errorf("topology.domains puts node %s in both %s and %s; a node belongs to one domain", h, prev, label)
+			}
+			byNode[h] = label
+		}
+	}
+	var re *regexp.Regexp
+	if t.DomainPattern != "" {
+		var err error
+		if re, err = regexp.Compile(t.DomainPattern); err != nil {
+			return nil, fmt.Errorf("topology.domain_pattern = %q: %w", t.DomainPattern, err)
+		}
+		if re.NumSubexp() > 1 {
+			return nil, fmt.Errorf("topology.domain_pattern = %q has %d capture groups; use one, around the domain (as in \"^(r[0-9]+)n[0-9]+$\"), or none", t.DomainPattern, re.NumSubexp())
+		}
+	}
+	return func(node string) string {
+		if d, ok := byNode[node]; ok {
+			return d
+		}
+		if re == nil {
+			return ""
+		}
+		m := re.FindStringSubmatch(node)
+		if m == nil {
+			return ""
+		}
+		return m[len(m)-1]
+	}, nil
+}
+
+func sortedLabels(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
 // Default returns the configuration used for every key the file leaves out.
 func Default() Config {
 	return Config{
@@ -179,12 +272,12 @@ func Parse(path string, data []byte) (Config, error) {
 	allowed := allowedKeys(reflect.TypeOf(c), "")
 	var bad []string
 	for _, k := range md.Keys() {
-		if !allowed[k.String()] {
+		if !allowed[k.String()] && !allowed[strings.Join(k[:len(k)-1], ".")+".*"] {
 			bad = append(bad, k.String())
 		}
 	}
 	for _, k := range md.Undecoded() {
-		if allowed[k.String()] {
+		if allowed[k.String()] || allowed[strings.Join(k[:len(k)-1], ".")+".*"] {
 			continue // a table we know, decoded field by field
 		}
 		bad = append(bad, k.String())
@@ -194,6 +287,9 @@ func Parse(path string, data []byte) (Config, error) {
 		k := bad[0]
 		return Config{}, fmt.Errorf("reft config %s:%d: unknown key %q (keys are lower case; valid keys: %s)",
 			path, keyLine(data, k), k, strings.Join(validLeafKeys(allowed), ", "))
+	}
+	if len(c.Topology.Domains) == 0 {
+		c.Topology.Domains = nil // `domains = {}` is the default
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, fmt.Errorf("reft config %s: %w", path, err)
@@ -256,6 +352,9 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("log.level = %q: valid levels: trace, debug, info, warn, error", c.Log.Level)
 	}
+	if err := c.Topology.Validate(); err != nil {
+		return err
+	}
 	return c.Run.Validate()
 }
 
@@ -292,6 +391,9 @@ func allowedKeys(t reflect.Type, prefix string) map[string]bool {
 			full = prefix + "." + name
 		}
 		out[full] = true
+		if f.Type.Kind() == reflect.Map {
+			out[full+".*"] = true // any key of its own
+		}
 		if f.Type.Kind() == reflect.Struct && f.Type.NumField() > 0 && !isLeaf(f.Type) {
 			for k := range allowedKeys(f.Type, full) {
 				out[k] = true

@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,7 @@ func TestShippedFileIsTheDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c != Default() {
+	if !reflect.DeepEqual(c, Default()) {
 		t.Fatalf("etc/reft.toml decodes to %+v, Default() is %+v", c, Default())
 	}
 	// Uncommenting every "# key = value" line must also give the defaults,
@@ -33,7 +34,7 @@ func TestShippedFileIsTheDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c != Default() {
+	if !reflect.DeepEqual(c, Default()) {
 		t.Fatalf("uncommented etc/reft.toml gives %+v, Default() is %+v", c, Default())
 	}
 }
@@ -43,7 +44,7 @@ func TestParseValid(t *testing.T) {
 		name, text string
 		check      func(Config) bool
 	}{
-		{"empty", "", func(c Config) bool { return c == Default() }},
+		{"empty", "", func(c Config) bool { return reflect.DeepEqual(c, Default()) }},
 		{"bytes int", "[store]\nmemory_budget = 1073741824", func(c Config) bool { return c.Store.MemoryBudget.Bytes == 1<<30 }},
 		{"bytes unit", "[store]\nmemory_budget = \"64GiB\"", func(c Config) bool { return c.Store.MemoryBudget.Bytes == 64<<30 }},
 		{"fraction", "[store]\nmemory_budget = 0.25", func(c Config) bool { return c.Store.MemoryBudget.Fraction == 0.25 }},
@@ -70,6 +71,22 @@ func TestParseValid(t *testing.T) {
 		{"log", "[log]\nlevel = \"debug\"\ndir = \"/l\"", func(c Config) bool { return c.Log.Level == "debug" && c.Log.Dir == "/l" }},
 		{"run", "[run]\nmax_restarts = 0\nmax_stalled = 1\nbackoff = \"0s\"\nbackoff_max = \"0s\"\nprobe_timeout = \"5s\"", func(c Config) bool {
 			return c.Run == Run{MaxRestarts: 0, MaxStalled: 1, ProbeTimeout: Duration(5 * time.Second)}
+		}},
+		{"domains inline", "[topology]\ndomains = { rack1 = \"n[1-2]\", rack2 = \"n[3-4],x9\" }", func(c Config) bool {
+			d, err := c.Topology.DomainsOf([]string{"n1", "n2", "n3", "n4", "x9", "n5"})
+			return err == nil && reflect.DeepEqual(d, map[string]string{"n1": "rack1", "n2": "rack1", "n3": "rack2", "n4": "rack2", "x9": "rack2"})
+		}},
+		{"domains table", "[topology.domains]\nrackA = \"n1\"\n", func(c Config) bool {
+			d, err := c.Topology.DomainsOf([]string{"n1", "n2"})
+			return err == nil && reflect.DeepEqual(d, map[string]string{"n1": "rackA"})
+		}},
+		{"domain pattern", "[topology]\ndomain_pattern = \"^(r[0-9]+)n[0-9]+$\"\ndomains = { spare = \"r9n01\" }", func(c Config) bool {
+			d, err := c.Topology.DomainsOf([]string{"r12n03", "r12n04", "r2n1", "login1", "r9n01"})
+			return err == nil && reflect.DeepEqual(d, map[string]string{"r12n03": "r12", "r12n04": "r12", "r2n1": "r2", "r9n01": "spare"})
+		}},
+		{"domain pattern whole match", "[topology]\ndomain_pattern = \"^[a-z]+\"", func(c Config) bool {
+			d, err := c.Topology.DomainsOf([]string{"gpu01", "cpu7"})
+			return err == nil && reflect.DeepEqual(d, map[string]string{"gpu01": "gpu", "cpu7": "cpu"})
 		}},
 	}
 	for _, tt := range tests {
@@ -123,6 +140,13 @@ func TestParseInvalid(t *testing.T) {
 		{"burst word", "[protect]\nbackground_burst = \"big\"", "not a size"},
 		{"protect key miscased", "[protect]\nBackground_Rate = \"1GiB/s\"", `unknown key "protect.Background_Rate"`},
 		{"run key miscased", "[run]\nMax_Restarts = 1", `unknown key "run.Max_Restarts"`},
+		{"domain in two racks", "[topology]\ndomains = { a = \"n[1-3]\", b = \"n3\" }", "puts node n3 in both a and b"},
+		{"domain bad hostlist", "[topology]\ndomains = { a = \"n[1-\" }", "topology.domains.a"},
+		{"domain empty label", "[topology]\ndomains = { \"\" = \"n1\" }", "must be a plain name"},
+		{"domain not a string", "[topology]\ndomains = { a = 1 }", "domains"},
+		{"domain pattern syntax", "[topology]\ndomain_pattern = \"(\"", "topology.domain_pattern"},
+		{"domain pattern two groups", "[topology]\ndomain_pattern = \"(r)(n)\"", "2 capture groups"},
+		{"topology key unknown", "[topology]\ndomain = \"x\"", `unknown key "topology.domain"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -139,7 +163,7 @@ func TestParseInvalid(t *testing.T) {
 
 func TestLoadMissing(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "none.toml")
-	if c, err := Load(p, true); err != nil || c != Default() {
+	if c, err := Load(p, true); err != nil || !reflect.DeepEqual(c, Default()) {
 		t.Fatalf("Load(missing, true) = %+v, %v", c, err)
 	}
 	if _, err := Load(p, false); err == nil || !strings.Contains(err.Error(), p) {

@@ -40,6 +40,10 @@ type Config struct {
 	// starting: its failures are logged at info until then, at warn after.
 	// 0: 10 s.
 	Grace time.Duration
+	// Hosted, when set, lists the ranks (of those asked; nil: all) that
+	// run on this node now, with their sharding group's fixed ring; every
+	// watermarks reply then carries them (peer.HostedSource).
+	Hosted func(ranks []int) []peer.HostedRank
 }
 
 // Timers of the search for a peer.
@@ -99,8 +103,20 @@ func Start(ctx context.Context, cfg Config, topo TopologySource, store *tmpfs.St
 	if store == nil {
 		return nil, errors.New("mesh: no snapshot store to serve")
 	}
-	return start(ctx, cfg, topo, peer.StoreSource{Store: store}, log)
+	var src peer.ChunkSource = peer.StoreSource{Store: store}
+	if cfg.Hosted != nil {
+		src = hostedSource{src, cfg.Hosted}
+	}
+	return start(ctx, cfg, topo, src, log)
 }
+
+// hostedSource adds the agent's registered ranks to a ChunkSource.
+type hostedSource struct {
+	peer.ChunkSource
+	hosted func(ranks []int) []peer.HostedRank
+}
+
+func (h hostedSource) Hosted(ranks []int) []peer.HostedRank { return h.hosted(ranks) }
 
 func start(ctx context.Context, cfg Config, topo TopologySource, src peer.ChunkSource, log zerolog.Logger) (*Mesh, error) {
 	if cfg.MaxRetry <= 0 {

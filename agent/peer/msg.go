@@ -48,6 +48,14 @@ type WatermarksRequest struct {
 	Ranks []int `json:"ranks,omitempty"`
 }
 
+// HostedRank is a rank registered with the answering agent now (its rank
+// runs on that node), with the ring the agent fixed for the rank's
+// sharding group, if it has fixed one.
+type HostedRank struct {
+	Rank int   `json:"rank"`
+	Ring []int `json:"ring,omitempty"`
+}
+
 // Watermark is one committed, not corrupt generation a peer can serve.
 type Watermark struct {
 	Rank  int    `json:"rank"`
@@ -55,12 +63,17 @@ type Watermark struct {
 	Step  int64  `json:"step"`
 	Seq   uint64 `json:"seq"`
 	Bytes int64  `json:"bytes"`
+	// Ring is the sharding group's ring the generation was saved with
+	// (its manifest's); absent for unsharded generations.
+	Ring []int `json:"ring,omitempty"`
 }
 
-// WatermarksReply lists them, newest first per (rank, shard).
+// WatermarksReply lists them, newest first per (rank, shard), and which
+// of the asked ranks run on the answering node (HostedSource).
 type WatermarksReply struct {
-	Node        string      `json:"node,omitempty"`
-	Generations []Watermark `json:"generations"`
+	Node        string       `json:"node,omitempty"`
+	Generations []Watermark  `json:"generations"`
+	Hosted      []HostedRank `json:"hosted,omitempty"`
 }
 
 // GenKey names one generation on one peer. Seq is the peer's own commit

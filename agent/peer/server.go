@@ -23,6 +23,15 @@ type ChunkSource interface {
 	Open(k GenKey) (SourceGeneration, error)
 }
 
+// HostedSource is a ChunkSource that also knows which ranks run on its
+// node (the agent's registrations): a watermarks reply then lists the
+// asked ones in Hosted, which is how agents learn the job's rank-to-node
+// map for the sharding groups they need, without a job-wide exchange.
+type HostedSource interface {
+	ChunkSource
+	Hosted(ranks []int) []HostedRank
+}
+
 // SourceGeneration is a pinned generation.
 type SourceGeneration interface {
 	Info() *GenInfo
@@ -284,7 +293,11 @@ func (sc *serverConn) request(f Frame) {
 			c.writeError(f.ID, CodeMalformed, err.Error(), nil)
 			return
 		}
-		c.writeMsg(TWatermarksReply, f.ID, &WatermarksReply{Node: sc.s.cfg.Node, Generations: sc.s.src.Watermarks(req.Ranks)})
+		rep := &WatermarksReply{Node: sc.s.cfg.Node, Generations: sc.s.src.Watermarks(req.Ranks)}
+		if hs, ok := sc.s.src.(HostedSource); ok {
+			rep.Hosted = hs.Hosted(req.Ranks)
+		}
+		c.writeMsg(TWatermarksReply, f.ID, rep)
 	case TManifest:
 		var k GenKey
 		if err := unmarshal(f, &k); err != nil {

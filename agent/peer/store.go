@@ -28,7 +28,7 @@ func (s StoreSource) Watermarks(ranks []int) []Watermark {
 			for _, b := range g.Manifest.Buffers {
 				n += b.Size
 			}
-			out = append(out, Watermark{Rank: k.Rank, Shard: k.Shard, Step: g.Step, Seq: g.Seq, Bytes: n})
+			out = append(out, Watermark{Rank: k.Rank, Shard: k.Shard, Step: g.Step, Seq: g.Seq, Bytes: n, Ring: g.Manifest.Ring})
 		}
 	}
 	return out

@@ -229,6 +229,9 @@ type Status struct {
 	Peering *Peering `json:"peering,omitempty"`
 	// GPU is the node's GPU health (agent/gpuhealth).
 	GPU *GPU `json:"gpu,omitempty"`
+	// PlacementWarnings are the sharding-group placement problems this
+	// agent found (members of one group sharing this node), one line each.
+	PlacementWarnings []string `json:"placement_warnings,omitempty"`
 }
 
 // GPU states, of the node and of a device.

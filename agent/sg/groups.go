@@ -154,23 +154,75 @@ func FormGroups(l Layout, t Topology) ([]Group, []Warning, error) {
 	var warns []Warning
 	for pp := 0; pp < l.PP; pp++ {
 		for tp := 0; tp < l.TP; tp++ {
-			g := Group{PP: pp, TP: tp}
-			natural := make([]Member, l.DP)
-			items := make([]item, l.DP)
-			for dp := 0; dp < l.DP; dp++ {
-				r := l.Rank(Coord{DP: dp, PP: pp, TP: tp})
-				n := t.RankNode[r]
-				natural[dp] = Member{Rank: r, DP: dp, Node: n, Domain: t.domain(n)}
-				items[dp] = item{domain: natural[dp].Domain, node: n}
+			nodes := make([]string, l.DP)
+			for dp := range nodes {
+				nodes[dp] = t.RankNode[l.Rank(Coord{DP: dp, PP: pp, TP: tp})]
 			}
-			for _, i := range spread(items) {
-				g.Members = append(g.Members, natural[i])
-			}
+			g, w := formGroup(l, pp, tp, nodes, t)
 			groups = append(groups, g)
-			warns = append(warns, sharedNodes(g, natural)...)
+			warns = append(warns, w...)
 		}
 	}
 	return groups, warns, nil
+}
+
+// FormGroup builds one sharding group, (pp, tp), as FormGroups would,
+// from its members' nodes alone: nodes[dp] is the node of the member with
+// DP index dp. An agent knows where its own group's members run, not the
+// whole job's map.
+func FormGroup(l Layout, pp, tp int, nodes []string, domain map[string]string) (Group, []Warning, error) {
+	if err := l.Validate(); err != nil {
+		return Group{}, nil, err
+	}
+	if pp < 0 || pp >= l.PP || tp < 0 || tp >= l.TP {
+		return Group{}, nil, fmt.Errorf("group (pp=%d,tp=%d) is outside the layout's pp=%d tp=%d", pp, tp, l.PP, l.TP)
+	}
+	if len(nodes) != l.DP {
+		return Group{}, nil, fmt.Errorf("group (pp=%d,tp=%d): %d member nodes given for dp=%d", pp, tp, len(nodes), l.DP)
+	}
+	for dp, n := range nodes {
+		if n == "" {
+			return Group{}, nil, fmt.Errorf("group (pp=%d,tp=%d): rank %d has no node", pp, tp, l.Rank(Coord{DP: dp, PP: pp, TP: tp}))
+		}
+	}
+	g, w := formGroup(l, pp, tp, nodes, Topology{Domain: domain})
+	return g, w, nil
+}
+
+// formGroup orders group (pp, tp)'s members, on nodes[dp], into a ring
+// spread across t's failure domains, and warns about shared nodes.
+func formGroup(l Layout, pp, tp int, nodes []string, t Topology) (Group, []Warning) {
+	g := Group{PP: pp, TP: tp}
+	natural := make([]Member, l.DP)
+	items := make([]item, l.DP)
+	for dp := 0; dp < l.DP; dp++ {
+		n := nodes[dp]
+		natural[dp] = Member{Rank: l.Rank(Coord{DP: dp, PP: pp, TP: tp}), DP: dp, Node: n, Domain: t.domain(n)}
+		items[dp] = item{domain: natural[dp].Domain, node: n}
+	}
+	for _, i := range spread(items) {
+		g.Members = append(g.Members, natural[i])
+	}
+	return g, sharedNodes(g, natural)
+}
+
+// Reorder puts g's members in the ring order ring (member ranks), which
+// must be a permutation of them: a ring recorded with a generation.
+func (g Group) Reorder(ring []int) (Group, error) {
+	if len(ring) != len(g.Members) {
+		return g, fmt.Errorf("%s: ring %v has %d ranks, the group %d", g, ring, len(ring), len(g.Members))
+	}
+	out := Group{PP: g.PP, TP: g.TP, Members: make([]Member, len(ring))}
+	used := make([]bool, len(ring))
+	for i, r := range ring {
+		j := g.Position(r)
+		if j < 0 || used[j] {
+			return g, fmt.Errorf("%s: ring %v is not an order of its members %v", g, ring, g.Ranks())
+		}
+		used[j] = true
+		out.Members[i] = g.Members[j]
+	}
+	return out, nil
 }
 
 // sharedNodes warns about each node that hosts several members of g.

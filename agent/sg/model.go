@@ -92,6 +92,10 @@ type Job struct {
 	Topology Topology
 	// Kinds are the buffer kinds the job registers; 0 means DefaultKinds.
 	Kinds Kind
+	// Rings fixes the ring order of some groups (by Group.Name, the member
+	// ranks in ring order) instead of the spread FormGroups computes: the
+	// agent analyses generations with the ring they were saved with.
+	Rings map[string][]int
 }
 
 // Protection says what protects one kind of buffer.
@@ -201,6 +205,13 @@ func NewModel(j Job) (*Model, error) {
 	md.Groups, md.Warnings, err = FormGroups(l, j.Topology)
 	if err != nil {
 		return nil, err
+	}
+	for i, g := range md.Groups {
+		if ring, ok := j.Rings[g.Name()]; ok {
+			if md.Groups[i], err = g.Reorder(ring); err != nil {
+				return nil, err
+			}
+		}
 	}
 	seen := map[string]bool{}
 	for _, g := range md.Groups {

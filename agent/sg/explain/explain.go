@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/sg"
 	"github.com/reft-hpc/reft/pmix/hostlist"
 	"github.com/reft-hpc/reft/spank/spec"
@@ -35,7 +36,9 @@ it survives from memory; for each set it does not survive, why.
   --map FILE     one line per rank: "RANK NODE", "RANK: NODE" (the output of
                  'srun -l hostname') or "FIRST-LAST NODE"; '#' starts a comment
   --domains LIST failure domains as HOSTLIST=LABEL items, as in
-                 n[1-4]=rackA,n[5-8]=rackB; every node needs a label
+                 n[1-4]=rackA,n[5-8]=rackB; every node needs a label.
+                 Without it, the [topology] labels of reft.toml (--config)
+                 are used, as the agents use them
 
 See docs/EXPLAIN.md for how to read the output.
 
@@ -55,6 +58,8 @@ const (
 
 type options struct {
 	spec, nodes, order, mapFile, domains, buffers string
+	config                                        string
+	configGiven                                   bool
 	dp, pp, tp, rpn, failures, maxSets            int
 	json                                          bool
 }
@@ -78,6 +83,7 @@ func Command(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.rpn, "ranks-per-node", 0, "ranks per node `N`, placed in rank order (Slurm's block distribution; default: ranks / nodes)")
 	fs.StringVar(&o.mapFile, "map", "", "rank-to-node map `FILE` instead of --ranks-per-node")
 	fs.StringVar(&o.domains, "domains", "", "failure domains `LIST`, as in n[1-4]=rackA,n[5-8]=rackB")
+	fs.StringVar(&o.config, "config", config.DefaultPath, "reft configuration `file`, for its [topology] failure domains when --domains is not given")
 	fs.StringVar(&o.buffers, "buffers", "", "buffer kinds the job registers, `LIST` of "+sg.ValidKinds+" (default: replicated,sharded, plus optimizer with aor)")
 	fs.IntVar(&o.failures, "failures", -1, "check every set of up to `K` failed nodes (default: the guaranteed tolerance + 1)")
 	fs.IntVar(&o.maxSets, "max-sets", defaultMaxSets, "check at most `N` sets per size; larger sizes are sampled")
@@ -89,6 +95,7 @@ func Command(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "reft explain: run 'reft explain -h' for the flags\n")
 		return 2
 	}
+	fs.Visit(func(f *flag.Flag) { o.configGiven = o.configGiven || f.Name == "config" })
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "reft explain: unexpected argument %q; every input is a --flag (run 'reft explain -h')\n", fs.Arg(0))
 		return 2
@@ -190,6 +197,26 @@ func explain(o options) (*report, error) {
 	domains, err := parseDomains(o.domains, nodes)
 	if err != nil {
 		return nil, err
+	}
+	if domains == nil && o.config != "" {
+		// The site's labels, as the agents see them (a missing default
+		// file is no error: then there are none).
+		cfg, err := config.Load(o.config, !o.configGiven)
+		if err != nil {
+			return nil, fmt.Errorf("--config: %w", err)
+		}
+		if domains, err = cfg.Topology.DomainsOf(nodes); err != nil {
+			return nil, err
+		}
+		if len(domains) == 0 {
+			domains = nil
+		} else {
+			for _, n := range nodes { // a node without a label is a domain of its own
+				if domains[n] == "" {
+					domains[n] = n
+				}
+			}
+		}
 	}
 	var kinds sg.Kind
 	if o.buffers != "" {

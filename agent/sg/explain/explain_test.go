@@ -123,6 +123,37 @@ func TestDomainsAndSpares(t *testing.T) {
 	}
 }
 
+// TestDomainsFromConfig: without --domains, reft.toml's [topology] labels
+// apply (a node without one is a domain of its own); --domains wins over
+// them; a --config that is given must exist.
+func TestDomainsFromConfig(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "reft.toml")
+	if err := os.WriteFile(conf, []byte("[topology]\ndomains = { rackA = \"n[1-2]\" }\ndomain_pattern = \"^(rack[B-Z])-\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"labels and pattern", []string{"--nodes", "n1,n2,rackB-1,rackB-2", "--config", conf},
+			[]string{"nodes n1,rackB-1,n2,rackB-2  domains rackA,rackB,rackA,rackB"}},
+		{"unlabelled node", []string{"--nodes", "n1,n2,x1,x2", "--config", conf},
+			[]string{"nodes n1,x1,n2,x2  domains rackA,x1,rackA,x2"}},
+		{"--domains wins", []string{"--nodes", "n1,n2,rackB-1,rackB-2", "--config", conf, "--domains", "n1,rackB-1=A,n2,rackB-2=B"},
+			[]string{"nodes n1,n2,rackB-1,rackB-2  domains A,B,A,B"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			wantLines(t, mustRun(t, append([]string{"--spec", "arc", "--dp", "4"}, tc.args...)...), tc.want...)
+		})
+	}
+	code, _, errs := run("--spec", "arc", "--dp", "4", "--nodes", "n[1-4]", "--config", filepath.Join(t.TempDir(), "none.toml"))
+	if code != 2 || !strings.Contains(errs, "none.toml") {
+		t.Errorf("a missing --config: exit %d, %q", code, errs)
+	}
+}
+
 func TestSharedNodes(t *testing.T) {
 	out := mustRun(t, "--spec", "arc", "--dp", "4", "--nodes", "n[1-2]")
 	wantLines(t, out,
