@@ -27,10 +27,14 @@ func Summarize(events []Event) string {
 	}
 	f := events[last]
 	what := Describe(f)
+	var spares []string
 	for _, e := range events[last+1:] {
 		if e.Event == NodeExcluded && e.Replacement != "" {
-			what += ", replaced by " + e.Replacement
+			spares = append(spares, e.Replacement)
 		}
+	}
+	if len(spares) > 0 {
+		what += ", replaced by " + strings.Join(spares, ",")
 	}
 	var b strings.Builder
 	if failures == 1 {
