@@ -39,7 +39,7 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 	srv.AttachMesh(p.get)
 	go func() {
 		defer close(p.done)
-		m, err := openMesh(ctx, cfg, o, store, log)
+		m, err := openMesh(ctx, cfg, o, store, srv, log)
 		if ctx.Err() != nil { // the agent is stopping: nothing to report
 			if m != nil {
 				m.Close()
@@ -57,7 +57,7 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 	return p
 }
 
-func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.Store, log zerolog.Logger) (*mesh.Mesh, error) {
+func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.Store, srv *Server, log zerolog.Logger) (*mesh.Mesh, error) {
 	pc, err := peer.FromAgentConfig(cfg, peer.Config{Job: o.Job, UID: o.UID, Node: o.Node, Log: log})
 	if err != nil {
 		return nil, err
@@ -65,7 +65,12 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	if err := checkAuth(ctx, pc.Auth, o.UID); err != nil {
 		return nil, err
 	}
-	return mesh.Start(ctx, mesh.Config{Peer: pc}, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)
+	// A lost peer connection is the failure signal for the ranks' JIT
+	// flush until a dedicated detector calls NotifyPeerFailure itself.
+	mc := mesh.Config{Peer: pc,
+		PeerLost:  func(node string, err error) { srv.NotifyPeerFailure(node, "peer_lost: "+err.Error()) },
+		PeerFound: srv.PeerRecovered}
+	return mesh.Start(ctx, mc, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)
 }
 
 // checkAuth makes and opens one credential, so that a broken MUNGE setup

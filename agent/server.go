@@ -68,6 +68,12 @@ type Server struct {
 	viewCache *storeView // the job's watermarks, briefly cached
 	specOnce  sync.Once
 	jobSpec   spec.Spec
+
+	// Notices (notices.go): the watching connections, and the failed
+	// nodes already notified.
+	noticeMu    sync.Mutex
+	watchers    map[*watcher]struct{}
+	failedPeers map[string]time.Time
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path
@@ -92,7 +98,8 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("chmod 0600 %s: %w", path, err)
 	}
 	return &Server{info: info, log: log, ln: ln, path: path, start: time.Now(),
-		conns: map[net.Conn]struct{}{}, connTimeout: 0}, nil
+		conns: map[net.Conn]struct{}{}, connTimeout: 0,
+		watchers: map[*watcher]struct{}{}, failedPeers: map[string]time.Time{}}, nil
 }
 
 // AttachStore gives the server the job's snapshot store; call it before
@@ -201,6 +208,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	log.Debug().Msg("client connected")
 	rc := &rankConn{}
 	defer rc.close()
+	defer s.unwatch(rc)
 	for {
 		f, err := proto.Decode(c)
 		if err != nil {
@@ -247,11 +255,13 @@ func (s *Server) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Log
 		return proto.WriteMsg(c, proto.TStatusReply, f.ID, s.Status())
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
 		return s.handleSnapshot(c, rc, f, log)
+	case proto.TWatch:
+		return s.handleWatch(c, rc, f, log)
 	}
 	s.badFrames.Add(1)
 	log.Warn().Stringer("type", f.Type).Msg("unknown message type")
 	return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeUnknownType,
-		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows 0x01 to 0x09 (docs/PROTOCOL.md)", uint8(f.Type))})
+		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows 0x01 to 0x0a (docs/PROTOCOL.md)", uint8(f.Type))})
 }
 
 // Status is the payload of a status reply.

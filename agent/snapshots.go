@@ -36,6 +36,8 @@ type rankConn struct {
 	aorSeedWhy  string
 	aorRestored bool
 	aorInvalid  bool
+	// watch is set once the connection sent watch (notices.go).
+	watch *watcher
 }
 
 // close aborts the connection's unfinished save and drops its restore pins.

@@ -45,6 +45,11 @@ const (
 	TGenerations Type = 0x07
 	TRestore     Type = 0x08
 	TRelease     Type = 0x09
+	// TWatch asks the agent to send notices on the connection from now on.
+	TWatch Type = 0x0A
+	// TNotice is sent by the agent, unasked, with id 0, on watching
+	// connections only (a client that never sent watch never sees one).
+	TNotice      Type = 0x0B
 	ReplyBit     Type = 0x80
 	THelloReply       = THello | ReplyBit
 	TStatusReply      = TStatus | ReplyBit
@@ -54,6 +59,7 @@ const (
 var typeNames = map[Type]string{
 	THello: "hello", TStatus: "status", TRegister: "register", TSave: "save", TCommit: "commit",
 	TAbort: "abort", TGenerations: "generations", TRestore: "restore", TRelease: "release",
+	TWatch: "watch", TNotice: "notice",
 }
 
 func (t Type) String() string {
@@ -399,6 +405,29 @@ const (
 type GenerationsReply struct {
 	Rank        int       `json:"rank"`
 	Generations []GenInfo `json:"generations"`
+}
+
+// WatchReply is the payload of a watch reply.
+type WatchReply struct {
+	// Kinds are the notice kinds this agent sends (NoticePeerFailure).
+	Kinds []string `json:"kinds"`
+}
+
+// Notice kinds.
+const (
+	// NoticePeerFailure: another node of the job failed (its agent was
+	// lost); ranks holding consistent state newer than their last
+	// committed generation should save it at once (JIT flush).
+	NoticePeerFailure = "peer_failure"
+)
+
+// Notice is the payload of a notice frame. Clients ignore kinds they do
+// not know.
+type Notice struct {
+	Kind  string `json:"kind"`
+	Node  string `json:"node,omitempty"`  // the failed node
+	Cause string `json:"cause,omitempty"` // one line: how the agent learned it
+	Time  string `json:"time"`            // RFC 3339 with nanoseconds: when the agent learned it
 }
 
 // Error is the payload of an error reply.
