@@ -46,7 +46,12 @@ type Config struct {
 	SaveEvery   int64 // snapshot every N steps; 0: never
 	// Hints announces the single-threaded gradient accumulation to the
 	// snapshotter as an idle window (Hinter), so the copy runs there.
-	Hints    bool
+	Hints bool
+	// JIT makes the snapshotter save the newest consistent step at once
+	// when the agent reports a failed node or the step is killed
+	// (SIGTERM), so a failure loses at most the step in progress whatever
+	// SaveEvery is.
+	JIT      bool
 	FailStep int64 // --fail-at STEP:RANK; 0: off
 	FailRank int
 	LogEvery int64
@@ -60,6 +65,7 @@ func Defaults() Config {
 		WeightDecay: 0.01, Momentum: 0.9, Seed: 1, Batch: 32, PP: 1, LogEvery: 10,
 		SaveEvery: 1, // a failure then costs at most one step of work
 		Hints:     true,
+		JIT:       true,
 	}
 }
 
@@ -89,6 +95,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	fs.Int64Var(&c.SaveEvery, "save-every", c.SaveEvery, "snapshot every N steps when reft is enabled (0: never)")
 	fs.BoolVar(&c.Hints, "hints", c.Hints, "let reft copy a snapshot while this rank's gradient accumulation leaves cores idle, "+
 		"rather than as soon as it is taken (--hints=false); the copy of step N then finishes during step N+1")
+	fs.BoolVar(&c.JIT, "jit", c.JIT, "when reft reports a failed node, or the step is killed (SIGTERM), save the newest consistent step at once "+
+		"(JIT flush), so at most the step in progress is lost whatever --save-every is")
 	fs.Int64Var(&c.LogEvery, "log-every", c.LogEvery, "log the loss every N steps")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute goroutines per rank (0: GOMAXPROCS)")
 	if err := fs.Parse(args); err != nil {

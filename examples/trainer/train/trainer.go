@@ -243,6 +243,12 @@ func (t *trainer) run(o Options) (*Result, error) {
 		cfg.Layers, t.width, cfg.Layers*(t.width*t.width+t.width), int64(cfg.Layers)*int64(t.width*t.width+t.width)*4,
 		cfg.DP, cfg.PP, cfg.Zero1, cfg.Optimizer, cfg.Batch, cfg.Microbatches())
 
+	// JIT flush: the snapshotter may save the newest consistent step when
+	// a failure is detected; it must know when the buffers hold one.
+	cons, _ := o.Snap.(Consistency)
+	if cons != nil && res.ResumedFrom > 0 {
+		cons.Consistent(res.ResumedFrom)
+	}
 	var pending Waiter
 	var total time.Duration
 	var ran int64
@@ -270,10 +276,16 @@ func (t *trainer) run(o Options) (*Result, error) {
 			}
 			pending = nil
 		}
+		if cons != nil {
+			cons.Updating()
+		}
 		if err := t.update(); err != nil {
 			return nil, fmt.Errorf("step %d: %w", step, err)
 		}
 		t.state[0] = step
+		if cons != nil {
+			cons.Consistent(step)
+		}
 		if o.Snap != nil && cfg.SaveEvery > 0 && step%cfg.SaveEvery == 0 {
 			w, err := o.Snap.Save(step)
 			if err != nil {
