@@ -160,7 +160,7 @@ func (c *Client) Flush(ctx context.Context, reason string) (step int64, saved bo
 	if !own {
 		return step, false, nil
 	}
-	c.opt.Log(fmt.Sprintf("JIT save of step %d committed in %.0f ms (%s)", step, float64(time.Since(t).Microseconds())/1e3, reason))
+	c.opt.Log(fmt.Sprintf("JIT save of step %d committed in %.1f ms (%s)", step, float64(time.Since(t).Microseconds())/1e3, reason))
 	return step, true, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 // small is a quick configuration: 3 layers of width 30 (2790 parameters, not
@@ -398,12 +399,12 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestParseArgs(t *testing.T) {
-	c, err := ParseArgs(strings.Fields("--steps 5 --size 1MiB --optimizer adamw --lr 0.01 --seed 9 --batch 8 --dp 2 --pp 2 --zero1 --save-every 2 --hints=false --fail-at 3:1 --log-every 1"), nil)
+	c, err := ParseArgs(strings.Fields("--steps 5 --size 1MiB --optimizer adamw --lr 0.01 --seed 9 --batch 8 --dp 2 --pp 2 --zero1 --save-every 2 --hints=false --jit=false --min-step 20ms --fail-at 3:1 --log-every 1"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Config{Steps: 5, SizeBytes: 1 << 20, Layers: 4, Optimizer: AdamW, LR: 0.01, WeightDecay: 0.01, Momentum: 0.9,
-		Seed: 9, Batch: 8, DP: 2, PP: 2, Zero1: true, SaveEvery: 2, FailStep: 3, FailRank: 1, LogEvery: 1}
+		Seed: 9, Batch: 8, DP: 2, PP: 2, Zero1: true, SaveEvery: 2, FailStep: 3, FailRank: 1, LogEvery: 1, MinStep: 20 * time.Millisecond}
 	if c != want {
 		t.Errorf("got %+v\nwant %+v", c, want)
 	}
@@ -434,6 +435,7 @@ func TestBadFlags(t *testing.T) {
 		{"--bogus", 1, "flag provided but not defined"},
 		{"extra", 1, "unexpected argument"},
 		{"--log-every 0", 1, "--log-every"},
+		{"--min-step -1s", 1, "--min-step"},
 	} {
 		t.Run(tc.args, func(t *testing.T) {
 			c, err := ParseArgs(strings.Fields(tc.args), nil)

@@ -301,6 +301,9 @@ func (t *trainer) run(o Options) (*Result, error) {
 			res.Losses = append(res.Losses, StepLoss{step, loss})
 			fmt.Fprintf(t.log, "step %d loss %.9g\n", step, loss)
 		}
+		if d := cfg.MinStep - time.Since(t0); d > 0 {
+			time.Sleep(d)
+		}
 		total += time.Since(t0)
 		ran++
 	}
