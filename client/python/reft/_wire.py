@@ -25,13 +25,15 @@ T_ABORT = 0x06
 T_GENERATIONS = 0x07
 T_RESTORE = 0x08
 T_RELEASE = 0x09
+T_WATCH = 0x0A
+T_NOTICE = 0x0B  # agent -> client, id 0, on watching connections only
 REPLY_BIT = 0x80
 T_ERROR = 0xFF
 
 TYPE_NAMES = {
     T_HELLO: "hello", T_STATUS: "status", T_REGISTER: "register", T_SAVE: "save",
     T_COMMIT: "commit", T_ABORT: "abort", T_GENERATIONS: "generations",
-    T_RESTORE: "restore", T_RELEASE: "release",
+    T_RESTORE: "restore", T_RELEASE: "release", T_WATCH: "watch", T_NOTICE: "notice",
 }
 
 _HEADER = struct.Struct(">IBBHI")
@@ -204,6 +206,14 @@ class Connection:
                 self._close_socket()
                 raise Error(self._broken)
             return reply
+
+    def shutdown(self):
+        """Wake a thread blocked reading this connection (close() alone
+        does not interrupt a read in progress)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _close_socket(self):
         try:
