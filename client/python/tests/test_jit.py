@@ -14,7 +14,7 @@ import unittest
 import reft
 from reft import conformance
 from common import pattern
-from test_conformance_agent import agent_binary
+from test_conformance_agent import agent_binary, tearDownModule  # noqa: F401 - removes the build
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
