@@ -19,6 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sort"
+	"strings"
 )
 
 // Version is the protocol version this package speaks.
@@ -46,10 +48,10 @@ const (
 	TRestore     Type = 0x08
 	TRelease     Type = 0x09
 	// TWatch asks the agent to send notices on the connection from now on.
-	TWatch Type = 0x0A
+	TWatch Type = 0x0B
 	// TNotice is sent by the agent, unasked, with id 0, on watching
 	// connections only (a client that never sent watch never sees one).
-	TNotice      Type = 0x0B
+	TNotice      Type = 0x0C
 	ReplyBit     Type = 0x80
 	THelloReply       = THello | ReplyBit
 	TStatusReply      = TStatus | ReplyBit
@@ -60,6 +62,23 @@ var typeNames = map[Type]string{
 	THello: "hello", TStatus: "status", TRegister: "register", TSave: "save", TCommit: "commit",
 	TAbort: "abort", TGenerations: "generations", TRestore: "restore", TRelease: "release",
 	TWatch: "watch", TNotice: "notice",
+}
+
+// Requests lists the request types this package knows, for error messages
+// ("0x01 hello, 0x02 status, ...").
+func Requests() string {
+	var ts []int
+	for t := range typeNames {
+		if t != TNotice { // the agent's, not a request
+			ts = append(ts, int(t))
+		}
+	}
+	sort.Ints(ts)
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = fmt.Sprintf("0x%02x %s", t, typeNames[Type(t)])
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (t Type) String() string {

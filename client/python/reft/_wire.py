@@ -25,8 +25,8 @@ T_ABORT = 0x06
 T_GENERATIONS = 0x07
 T_RESTORE = 0x08
 T_RELEASE = 0x09
-T_WATCH = 0x0A
-T_NOTICE = 0x0B  # agent -> client, id 0, on watching connections only
+T_WATCH = 0x0B
+T_NOTICE = 0x0C  # agent -> client, id 0, on watching connections only
 REPLY_BIT = 0x80
 T_ERROR = 0xFF
 
