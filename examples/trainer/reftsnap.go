@@ -28,13 +28,13 @@ const jitSignalTimeout = 3 * time.Second
 
 // startJIT makes the session save the newest consistent step (declared by
 // the trainer through train.Consistency) when the agent reports a failed
-// node, and at SIGTERM.
-func (s *reftSnap) startJIT(ctx context.Context) error {
+// node, and at SIGTERM. Without notices (an agent from before them) the
+// signal flush still runs; log says so.
+func (s *reftSnap) startJIT(ctx context.Context, log func(string)) {
 	if err := s.c.WatchFailures(ctx); err != nil {
-		return err
+		log("JIT flush on failure notices is off (the SIGTERM flush stays on): " + err.Error())
 	}
 	s.stopSignal = s.c.FlushOnSignal(jitSignalTimeout)
-	return nil
 }
 
 // Consistent tells the client that the buffers hold step (train.Consistency).

@@ -53,10 +53,7 @@ func openSnapshotter(world *mpiComm, cfg train.Config) (train.Snapshotter, error
 		return nil, err // a nil *reftSnap must not become a non-nil interface
 	}
 	if cfg.JIT {
-		if err := s.startJIT(ctx); err != nil {
-			s.Close()
-			return nil, fmt.Errorf("JIT flush (--jit=false turns it off): %w", err)
-		}
+		s.startJIT(ctx, opt.Log)
 	}
 	return s, nil
 }

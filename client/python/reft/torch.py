@@ -228,7 +228,11 @@ class Checkpointer:
             self._register()
             self._install_hook()
             if jit:
-                session.watch_failures()
+                try:
+                    session.watch_failures()
+                except Error as e:  # an agent from before notices: train on without
+                    warnings.warn("reft.torch: the JIT flush on failure notices is off: %s" % e,
+                                  RuntimeWarning, stacklevel=2)
         except BaseException:
             if self._own_session:
                 session.close()
