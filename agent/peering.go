@@ -67,7 +67,12 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	if err := checkAuth(ctx, pc.Auth, o.UID); err != nil {
 		return nil, err
 	}
-	return mesh.Start(ctx, mesh.Config{Peer: pc, Hosted: srv.Hosted}, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)
+	// A lost peer connection is the failure signal for the ranks' JIT
+	// flush until a dedicated detector calls NotifyPeerFailure itself.
+	mc := mesh.Config{Peer: pc, Hosted: srv.Hosted,
+		PeerLost:  func(node string, err error) { srv.NotifyPeerFailure(node, "peer_lost: "+err.Error()) },
+		PeerFound: srv.PeerRecovered}
+	return mesh.Start(ctx, mc, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)
 }
 
 // checkAuth makes and opens one credential, so that a broken MUNGE setup

@@ -89,6 +89,12 @@ type Server struct {
 	hosted      map[int]int
 	hostedGroup map[int]string
 	ringWait    time.Duration
+
+	// Notices (notices.go): the watching connections, and the failed
+	// nodes already notified.
+	noticeMu    sync.Mutex
+	watchers    map[*watcher]struct{}
+	failedPeers map[string]time.Time
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path
@@ -113,7 +119,8 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("chmod 0600 %s: %w", path, err)
 	}
 	s := &Server{info: info, log: log, ln: ln, path: path, start: time.Now(),
-		conns: map[net.Conn]struct{}{}, connTimeout: 0, progressEvery: restoreProgressEvery}
+		conns: map[net.Conn]struct{}{}, connTimeout: 0, progressEvery: restoreProgressEvery,
+		watchers: map[*watcher]struct{}{}, failedPeers: map[string]time.Time{}}
 	s.repl = newReplicator(s)
 	return s, nil
 }
@@ -227,6 +234,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	rc := &rankConn{}
 	defer rc.close()
 	defer s.commPhase(rc, false, log) // a rank that died mid-collective must not hold replication paused
+	defer s.unwatch(rc)
 	for {
 		f, err := proto.Decode(c)
 		if err != nil {
@@ -283,11 +291,13 @@ func (s *Server) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Log
 		return nil
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
 		return s.handleSnapshot(c, rc, f, log)
+	case proto.TWatch:
+		return s.handleWatch(c, rc, f, log)
 	}
 	s.badFrames.Add(1)
 	log.Warn().Stringer("type", f.Type).Msg("unknown message type")
 	return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeUnknownType,
-		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows 0x01 to 0x0a (docs/PROTOCOL.md)", uint8(f.Type))})
+		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows %s (docs/PROTOCOL.md)", uint8(f.Type), proto.Requests())})
 }
 
 // Status is the payload of a status reply.

@@ -42,6 +42,8 @@ type rankConn struct {
 	// comm: the connection is in a communication phase (replicate.go);
 	// guarded by the replicator's mutex.
 	comm bool
+	// watch is set once the connection sent watch (notices.go).
+	watch *watcher
 }
 
 // close aborts the connection's unfinished save and drops its restore pins.

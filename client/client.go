@@ -19,6 +19,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/spank/spec"
@@ -71,8 +72,13 @@ type Options struct {
 	// it when World > 1. Every rank must call Restore, as with any
 	// collective.
 	Agree func(ctx context.Context, mine []int64) ([]int64, error)
-	// Log receives the once-only notices (a disabled client). nil: stderr.
+	// Log receives the once-only notices (a disabled client) and the JIT
+	// flush's lines. nil: stderr.
 	Log func(msg string)
+	// JITWait is how long a flush after a peer failure notice
+	// (WatchFailures) waits for the trainer to reach a consistent step
+	// before it gives up; 0: DefaultJITWait.
+	JITWait time.Duration
 }
 
 // FromEnv fills Rank, World and LocalRank from the variables every Slurm
@@ -125,6 +131,8 @@ type Client struct {
 	last    *Handle // the newest save; later operations wait for it
 	closed  bool
 	noticed sync.Once
+
+	jit jitState // JIT flush (jit.go)
 }
 
 type buffer struct {
@@ -160,6 +168,7 @@ func Open(ctx context.Context, opt Options) (*Client, error) {
 	}
 	c := &Client{opt: opt, maps: arenas{}}
 	c.gate.init()
+	c.jit.init()
 	if c.opt.Socket == "" {
 		c.opt.Socket = os.Getenv(SocketEnv)
 	}
@@ -350,6 +359,7 @@ func (c *Client) layoutOf(rep *proto.ArenaReply, save bool) ([]proto.Region, []p
 // Close finishes the outstanding save (copying the rest at once), closes
 // the connection and unmaps the arenas.
 func (c *Client) Close() error {
+	c.stopWatch() // first: a flush in progress may need c.mu
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

@@ -152,6 +152,7 @@ func (c *Client) restore(ctx context.Context, step int64) error {
 	if err != nil {
 		return fmt.Errorf("restore of step %d: %w", step, err)
 	}
+	c.jit.noteCommitted(step) // a JIT flush need not save it again
 	return nil
 }
 

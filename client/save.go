@@ -25,6 +25,10 @@ type Handle struct {
 	once     sync.Once
 	reported atomic.Bool // Wait returned the result to the caller
 	stats    SaveStats
+	// jit marks a flush's save (jit.go), of the buffers as they were at
+	// Updating count epoch.
+	jit   bool
+	epoch uint64
 }
 
 // SaveStats describe a committed save.
@@ -89,10 +93,19 @@ func (h *Handle) Wait(ctx context.Context) error {
 // Save snapshots every registered buffer as step. It returns once the agent
 // has named the arena (first waiting for the previous save, if that is
 // still copying); a background goroutine copies and commits. Errors come
-// from the handle's Wait.
+// from the handle's Wait. When a JIT flush (jit.go) has just saved step and
+// the buffers have not changed since, that save's handle is returned.
 func (c *Client) Save(step int64) *Handle {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if h := c.jitDuplicate(step); h != nil {
+		return h
+	}
+	return c.save(step)
+}
+
+// save is Save with c.mu held.
+func (c *Client) save(step int64) *Handle {
 	if c.disabled {
 		c.notice()
 		return finished(step, nil)
@@ -145,6 +158,7 @@ func (c *Client) Save(step int64) *Handle {
 		}
 		h.stats = SaveStats{Seq: cr.Seq, Bytes: cr.Bytes, Copy: copied.Sub(t), Commit: time.Since(copied),
 			Checksum: time.Duration(cr.ChecksumS * float64(time.Second))}
+		c.jit.noteCommitted(step)
 		h.finish(nil)
 	}()
 	return h

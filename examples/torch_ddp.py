@@ -19,7 +19,11 @@ that the step ends when a rank dies.
 
 Snapshots: with REFT_AGENT_SOCKET set (srun --reft=...) reft.torch's
 Checkpointer saves every --save-every steps and restores at start-up;
-without it the program trains without snapshots and says so.
+without it the program trains without snapshots and says so. Between saves
+every step is declared consistent after optimizer.step(), so when a node of
+the job fails (the agent's notice) or the step is killed (SIGTERM), the
+state of the last finished step is saved at once (JIT flush): at most the
+step in progress is lost whatever --save-every is.
 
 Rank and world come from SLURM_PROCID and SLURM_NTASKS. The rendezvous is
 MASTER_ADDR:MASTER_PORT when set; else the first node of the step, or its
@@ -239,7 +243,8 @@ def train(a, rank, world):
     ck = None
     resumed = None
     if os.environ.get("REFT_AGENT_SOCKET"):
-        ck = Checkpointer(ddp, opt)  # rank and world from torch.distributed
+        ck = Checkpointer(ddp, opt)  # rank and world from torch.distributed; JIT flush on notices
+        ck.flush_on_signal()  # and at Slurm's SIGTERM, within its KillWait
         resumed = ck.restore()
         if resumed is not None:
             if resumed > a.steps:
@@ -266,6 +271,8 @@ def train(a, rank, world):
         opt.step()
         if ck is not None and a.save_every and step % a.save_every == 0:
             ck.save(step)  # copies in the background during the next forward/backward
+        elif ck is not None:
+            ck.consistent(step)  # a JIT flush after a failure saves this step
         if step % a.log_every == 0 or step == a.steps:
             log("step %d loss %.9g" % (step, loss.item()))
         total += time.perf_counter() - t0

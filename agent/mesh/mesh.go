@@ -44,6 +44,14 @@ type Config struct {
 	// run on this node now, with their sharding group's fixed ring; every
 	// watermarks reply then carries them (peer.HostedSource).
 	Hosted func(ranks []int) []peer.HostedRank
+	// PeerLost, when set, is called (from the peer's watch goroutine; it
+	// must not block) each time the connection to a found peer's agent is
+	// lost: its agent or its node died, or it was restarted. The agent
+	// turns it into failure notices for its ranks (JIT flush).
+	PeerLost func(node string, err error)
+	// PeerFound, when set, is called each time a peer's agent is found,
+	// at start and after a loss.
+	PeerFound func(node string)
 }
 
 // Timers of the search for a peer.
@@ -370,6 +378,9 @@ func (m *Mesh) watch(ctx context.Context, p *peerState) {
 			backoff, lastCause, warned = minRetry, "", false
 			log.Info().Str("event", "peer_connected").Str("addr", addr).Int("peer_index", p.node.Index).Int("candidate", k).
 				Msgf("peer connected: node %s at %s", p.node.Name, addr)
+			if m.cfg.PeerFound != nil { // before the update, as the log
+				m.cfg.PeerFound(p.node.Name)
+			}
 			p.update(addr, true, nil)
 		} else {
 			node, err := m.cl.Connect(ctx, addr)
@@ -383,6 +394,9 @@ func (m *Mesh) watch(ctx context.Context, p *peerState) {
 			if err != nil {
 				log.Warn().Str("event", "peer_lost").Str("addr", addr).Err(err).
 					Msgf("lost the agent of node %s; looking for it again", p.node.Name)
+				if m.cfg.PeerLost != nil {
+					m.cfg.PeerLost(p.node.Name, err)
+				}
 				p.update("", false, err)
 				continue
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -286,12 +287,22 @@ func TestMeshFetch(t *testing.T) {
 
 // TestMeshLateAndLost: a peer that starts late is found once it is up; one
 // that goes away is reported lost with its cause and found again when it
-// comes back.
+// comes back; PeerFound and PeerLost are called at each (the agent's JIT
+// notices hang on them).
 func TestMeshLateAndLost(t *testing.T) {
 	const n = 2
 	lo := freeRange(t, testJob, n)
 	topo := topology(n)
-	a := startAgent(t, topo, "n1", lo)
+	var cbMu sync.Mutex
+	var calls []string
+	a := startAgent(t, topo, "n1", lo, func(c *Config) {
+		c.PeerFound = func(node string) { cbMu.Lock(); calls = append(calls, "found "+node); cbMu.Unlock() }
+		c.PeerLost = func(node string, err error) {
+			cbMu.Lock()
+			calls = append(calls, fmt.Sprintf("lost %s (cause given: %v)", node, err != nil))
+			cbMu.Unlock()
+		}
+	})
 	waitFor(t, 20*time.Second, "a failed search for n2", func() bool {
 		p := a.m.Peers()[0]
 		var ue *UnreachableError
@@ -322,5 +333,11 @@ func TestMeshLateAndLost(t *testing.T) {
 	waitConnected(t, a, 20*time.Second)
 	if c := len(a.log.events("peer_connected")); c != 2 {
 		t.Errorf("peer_connected logged %d times over two connections, want 2", c)
+	}
+	cbMu.Lock()
+	got := strings.Join(calls, "; ")
+	cbMu.Unlock()
+	if want := "found n2; lost n2 (cause given: true); found n2"; got != want {
+		t.Errorf("callbacks: %q, want %q", got, want)
 	}
 }

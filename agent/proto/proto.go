@@ -19,6 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sort"
+	"strings"
 )
 
 // Version is the protocol version this package speaks.
@@ -46,6 +48,11 @@ const (
 	TRestore     Type = 0x08
 	TRelease     Type = 0x09
 	TComm        Type = 0x0A // a notice: never answered
+	// TWatch asks the agent to send notices on the connection from now on.
+	TWatch Type = 0x0B
+	// TNotice is sent by the agent, unasked, with id 0, on watching
+	// connections only (a client that never sent watch never sees one).
+	TNotice      Type = 0x0C
 	ReplyBit     Type = 0x80
 	THelloReply       = THello | ReplyBit
 	TStatusReply      = TStatus | ReplyBit
@@ -55,6 +62,24 @@ const (
 var typeNames = map[Type]string{
 	THello: "hello", TStatus: "status", TRegister: "register", TSave: "save", TCommit: "commit",
 	TAbort: "abort", TGenerations: "generations", TRestore: "restore", TRelease: "release", TComm: "comm",
+	TWatch: "watch", TNotice: "notice",
+}
+
+// Requests lists the request types this package knows, for error messages
+// ("0x01 hello, 0x02 status, ...").
+func Requests() string {
+	var ts []int
+	for t := range typeNames {
+		if t != TNotice { // the agent's, not a request
+			ts = append(ts, int(t))
+		}
+	}
+	sort.Ints(ts)
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = fmt.Sprintf("0x%02x %s", t, typeNames[Type(t)])
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (t Type) String() string {
@@ -410,6 +435,29 @@ const (
 type GenerationsReply struct {
 	Rank        int       `json:"rank"`
 	Generations []GenInfo `json:"generations"`
+}
+
+// WatchReply is the payload of a watch reply.
+type WatchReply struct {
+	// Kinds are the notice kinds this agent sends (NoticePeerFailure).
+	Kinds []string `json:"kinds"`
+}
+
+// Notice kinds.
+const (
+	// NoticePeerFailure: another node of the job failed (its agent was
+	// lost); ranks holding consistent state newer than their last
+	// committed generation should save it at once (JIT flush).
+	NoticePeerFailure = "peer_failure"
+)
+
+// Notice is the payload of a notice frame. Clients ignore kinds they do
+// not know.
+type Notice struct {
+	Kind  string `json:"kind"`
+	Node  string `json:"node,omitempty"`  // the failed node
+	Cause string `json:"cause,omitempty"` // one line: how the agent learned it
+	Time  string `json:"time"`            // RFC 3339 with nanoseconds: when the agent learned it
 }
 
 // Error is the payload of an error reply.

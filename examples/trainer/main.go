@@ -92,6 +92,12 @@ func run() int {
 		},
 	}
 	_, err = train.Run(cfg, opts)
+	if rs, ok := snap.(*reftSnap); ok && err != nil && cfg.JIT {
+		// A failed collective leaves this rank's last step consistent.
+		if ferr := rs.flush(err); ferr != nil {
+			fmt.Fprintf(os.Stderr, "reft-train: rank %d: %v\n", world.Rank(), ferr)
+		}
+	}
 	if snap != nil {
 		if cerr := snap.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("close snapshots: %w", cerr)

@@ -17,7 +17,41 @@ import (
 
 // reftSnap adapts a client session to train.Snapshotter.
 type reftSnap struct {
-	c *client.Client
+	c          *client.Client
+	stopSignal func() // removes the SIGTERM flush; nil without JIT
+}
+
+// jitSignalTimeout bounds the flush at SIGTERM: Slurm SIGKILLs a step's
+// tasks KillWait after its SIGTERM (30 s by default, 5 s on the test
+// cluster), and the process must die of the signal before that.
+const jitSignalTimeout = 3 * time.Second
+
+// startJIT makes the session save the newest consistent step (declared by
+// the trainer through train.Consistency) when the agent reports a failed
+// node, and at SIGTERM. Without notices (an agent from before them) the
+// signal flush still runs; log says so.
+func (s *reftSnap) startJIT(ctx context.Context, log func(string)) {
+	if err := s.c.WatchFailures(ctx); err != nil {
+		log("JIT flush on failure notices is off (the SIGTERM flush stays on): " + err.Error())
+	}
+	s.stopSignal = s.c.FlushOnSignal(jitSignalTimeout)
+}
+
+// Consistent tells the client that the buffers hold step (train.Consistency).
+func (s *reftSnap) Consistent(step int64) { s.c.Consistent(step) }
+
+// Updating tells the client that the buffers are about to change; it waits
+// while a JIT flush copies them (train.Consistency).
+func (s *reftSnap) Updating() { s.c.Updating() }
+
+// flush saves the newest consistent step after training stopped with
+// cause (a failed collective: the peers may be gone), within
+// jitSignalTimeout; the client logs what it saved.
+func (s *reftSnap) flush(cause error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), jitSignalTimeout)
+	defer cancel()
+	_, _, err := s.c.Flush(ctx, "training stopped: "+cause.Error())
+	return err
 }
 
 // openReft opens a client session with opt. It returns nil (and no error)
@@ -65,7 +99,12 @@ func (s *reftSnap) Restore() (int64, bool, error) {
 	return s.c.Restore(context.Background())
 }
 
-func (s *reftSnap) Close() error { return s.c.Close() }
+func (s *reftSnap) Close() error {
+	if s.stopSignal != nil {
+		s.stopSignal()
+	}
+	return s.c.Close()
+}
 
 // Hint passes the trainer's idle windows to the client's copier.
 func (s *reftSnap) Hint(d time.Duration) { s.c.Hint(d) }

@@ -44,11 +44,16 @@ func openSnapshotter(world *mpiComm, cfg train.Config) (train.Snapshotter, error
 		}
 		return nil
 	})
+	rank := world.Rank()
+	opt.Log = func(msg string) { fmt.Fprintf(os.Stderr, "reft: rank %d: %s\n", rank, msg) }
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s, err := openReft(ctx, opt)
 	if err != nil || s == nil {
 		return nil, err // a nil *reftSnap must not become a non-nil interface
+	}
+	if cfg.JIT {
+		s.startJIT(ctx, opt.Log)
 	}
 	return s, nil
 }

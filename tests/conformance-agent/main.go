@@ -1,7 +1,8 @@
 // Command conformance-agent serves a real reft agent over a fresh temporary
 // snapshot store, for client conformance runners in any language
 // (client/conformance). It prints the socket's path as its first line of
-// stdout, serves until its stdin is closed, then removes its directory.
+// stdout, serves until its stdin is closed, then removes its directory. A
+// line "notify NODE [CAUSE]" on stdin sends a peer failure notice.
 //
 //	conformance-agent [--job 4242] [--dir /dev/shm] [--layout scatter] [--verbose]
 //
@@ -10,11 +11,13 @@
 package main
 
 import (
+	"bufio"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/rs/zerolog"
@@ -59,9 +62,18 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	// The runner holds our stdin open for as long as it needs the agent;
 	// EOF (or a read error: the runner died) ends the agent. SIGINT and
 	// SIGTERM too, so the directory never outlives us.
+	// A line "notify NODE [CAUSE...]" makes the agent send its watching
+	// clients a peer failure notice for NODE (JIT flush tests); other
+	// lines are ignored.
 	eof := make(chan struct{})
 	go func() {
-		_, _ = io.Copy(io.Discard, stdin)
+		sc := bufio.NewScanner(stdin)
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) >= 2 && f[0] == "notify" {
+				a.NotifyPeerFailure(f[1], strings.Join(f[2:], " "))
+			}
+		}
 		close(eof)
 	}()
 	sig := make(chan os.Signal, 1)

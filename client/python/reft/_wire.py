@@ -26,6 +26,8 @@ T_GENERATIONS = 0x07
 T_RESTORE = 0x08
 T_RELEASE = 0x09
 T_COMM = 0x0A  # a notice: the agent never answers it
+T_WATCH = 0x0B
+T_NOTICE = 0x0C  # agent -> client, id 0, on watching connections only
 REPLY_BIT = 0x80
 T_ERROR = 0xFF
 
@@ -33,6 +35,7 @@ TYPE_NAMES = {
     T_HELLO: "hello", T_STATUS: "status", T_REGISTER: "register", T_SAVE: "save",
     T_COMMIT: "commit", T_ABORT: "abort", T_GENERATIONS: "generations",
     T_RESTORE: "restore", T_RELEASE: "release", T_COMM: "comm",
+    T_WATCH: "watch", T_NOTICE: "notice",
 }
 
 _HEADER = struct.Struct(">IBBHI")
@@ -220,6 +223,14 @@ class Connection:
             except OSError as e:
                 raise Error("sending a %s notice to the reft agent at %s: %s"
                             % (type_name(ftype), self.path, e)) from None
+
+    def shutdown(self):
+        """Wake a thread blocked reading this connection (close() alone
+        does not interrupt a read in progress)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _close_socket(self):
         try:

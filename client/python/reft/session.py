@@ -8,6 +8,7 @@ import atexit
 import bisect
 import ctypes
 import os
+import signal
 import sys
 import threading
 import time
@@ -66,6 +67,10 @@ def _check_step(what, step):
         raise Error("%s: step must be an int, not %s" % (what, type(step).__name__))
     if step < 0:
         raise Error("%s: step %d is negative; steps are >= 0" % (what, step))
+
+
+def _stderr_log(msg):
+    print("reft: " + msg, file=sys.stderr, flush=True)
 
 
 def _is_int(v):
@@ -185,6 +190,8 @@ class SaveHandle:
         self._error = None
         self._observed = False
         self._urgent = False  # the caller waits: copy without waiting for hints
+        self._jit = False  # a JIT flush's save, of the buffers at Updating count _epoch
+        self._epoch = 0
 
     @classmethod
     def _finished(cls, session, step):
@@ -251,6 +258,16 @@ class Session:
         self._warned = False
         self._comm = False  # the last comm notice sent
         self._comm_lock = threading.Lock()
+        # JIT flush (see flush()): where the trainer's state stands.
+        self._jit_cv = threading.Condition()
+        self._consistent = None  # the step the buffers hold; None: not declared
+        self._updating = False
+        self._epoch = 0  # counts updating() calls
+        self._flushing = False
+        self._committed = -1  # newest step committed or restored by this session
+        self._jit_handle = None  # the newest flush's save
+        self._watch = None  # the notice connection (watch_failures)
+        self._log = _stderr_log
         self.optional = bool(optional)
         self.enabled = True
         self.disabled_reason = None
@@ -440,33 +457,40 @@ class Session:
         self._check_usable("save()")
         _check_step("save", step)
         with self._op_lock:
-            if not self.enabled:
-                self._warn_disabled()
-                return SaveHandle._finished(self, step)
-            if not self._buffers:
-                raise Error("save(%d): nothing is registered; register(name, buf) every buffer of "
-                            "the rank's state before the first save" % step)
-            self._finish_pending()
-            self._ensure_registered()
-            if not self.enabled:  # the agent said it has no store (optional)
-                self._warn_disabled()
-                return SaveHandle._finished(self, step)
-            reply = self._conn.call(W.T_SAVE, {"step": step})
-            try:
-                regions = self._layout("save(%d)" % step, reply, save=True)
-                arena = self._arenas.get(reply.get("arena"), reply.get("arena_size"), writable=True)
-            except Error:
-                self._abort_quietly(step)
-                raise
-            handle = SaveHandle(self, step)
-            jobs = [(arena.addr + at, b.addr + off, size) for b, off, size, at in regions]
-            # The thread holds the mapping and the buffers, so that an
-            # interrupted close() cannot unmap or release them under it.
-            t = threading.Thread(target=self._copy, args=(handle, jobs, (arena, list(self._buffers))),
-                                 name="reft-copy-%d" % step, daemon=True)
-            self._pending = handle
-            t.start()
-            return handle
+            h = self._jit_duplicate(step)
+            if h is not None:
+                return h
+            return self._save_locked(step)
+
+    def _save_locked(self, step):
+        """save() with the operation lock held."""
+        if not self.enabled:
+            self._warn_disabled()
+            return SaveHandle._finished(self, step)
+        if not self._buffers:
+            raise Error("save(%d): nothing is registered; register(name, buf) every buffer of "
+                        "the rank's state before the first save" % step)
+        self._finish_pending()
+        self._ensure_registered()
+        if not self.enabled:  # the agent said it has no store (optional)
+            self._warn_disabled()
+            return SaveHandle._finished(self, step)
+        reply = self._conn.call(W.T_SAVE, {"step": step})
+        try:
+            regions = self._layout("save(%d)" % step, reply, save=True)
+            arena = self._arenas.get(reply.get("arena"), reply.get("arena_size"), writable=True)
+        except Error:
+            self._abort_quietly(step)
+            raise
+        handle = SaveHandle(self, step)
+        jobs = [(arena.addr + at, b.addr + off, size) for b, off, size, at in regions]
+        # The thread holds the mapping and the buffers, so that an
+        # interrupted close() cannot unmap or release them under it.
+        t = threading.Thread(target=self._copy, args=(handle, jobs, (arena, list(self._buffers))),
+                             name="reft-copy-%d" % step, daemon=True)
+        self._pending = handle
+        t.start()
+        return handle
 
     def _copy(self, handle, jobs, keepalive):
         """The copier: region by region in arena order, chunk by chunk, into
@@ -483,6 +507,7 @@ class Session:
             handle.seq = reply.get("seq")
             handle.bytes = reply.get("bytes")
             handle.checksum_s = reply.get("checksum_s")
+            self._note_committed(step)
         except Error as e:
             if e.code is not None and e.code != "forbidden":
                 self._abort_quietly(step)  # leave no save open on the agent
@@ -664,7 +689,234 @@ class Session:
                 pass
             raise
         self._conn.call(W.T_RELEASE, {"step": got})
+        self._note_committed(got)  # a JIT flush need not save it again
         return got
+
+    # --- JIT flush ---------------------------------------------------------
+    #
+    # When another node of the job fails, the surviving ranks are typically
+    # blocked in a collective that the dead rank never joins, holding the
+    # consistent state of their last finished step; flush() saves it at once
+    # if it is newer than the last committed snapshot, so a failure loses at
+    # most the step in progress whatever the snapshot interval (the JIT
+    # checkpointing paper). The trainer declares consistent(step) once the
+    # buffers hold the whole state of step (after optimizer.step()) and
+    # updating() before it changes them again.
+    #
+    # Threads and the GIL: the flush runs on the notice thread (or the
+    # signal thread), its copy on the copier thread with ctypes.memmove,
+    # which releases the GIL. It needs the GIL only between chunks, so it
+    # progresses while the training thread waits in a collective that
+    # releases the GIL (torch.distributed's do) or in Python code, but not
+    # while that thread runs a long C call that holds the GIL. The buffers
+    # must be host memory (reft.torch: CPU tensors): a flush never touches
+    # a device or its streams, which a hung collective may have blocked.
+
+    def consistent(self, step):
+        """Declare that the registered buffers hold the whole state of
+        ``step`` (call it after the optimizer update of step) and will not
+        change until updating(). A failure notice (watch_failures) or a
+        signal (flush_on_signal) then saves step if it is newer than the
+        newest committed snapshot."""
+        self._check_usable("consistent()")
+        _check_step("consistent", step)
+        with self._jit_cv:
+            self._consistent, self._updating = step, False
+            self._jit_cv.notify_all()
+
+    def updating(self):
+        """Declare that the buffers are about to change (call it before the
+        optimizer update). Waits while a flush copies them."""
+        self._check_usable("updating()")
+        with self._jit_cv:
+            while self._flushing:
+                self._jit_cv.wait()
+            self._updating = True
+            self._epoch += 1
+            self._jit_cv.notify_all()
+
+    def _note_committed(self, step):
+        with self._jit_cv:
+            self._committed = max(self._committed, step)
+
+    def _end_flush(self):
+        with self._jit_cv:
+            self._flushing = False
+            self._jit_cv.notify_all()
+
+    def flush(self, reason="requested", timeout=None):
+        """Save the consistent step now if it is newer than the newest step
+        committed (or restored) by this session, waiting up to ``timeout``
+        seconds (None: no limit) for an update in progress to end. Returns
+        (step, saved): the consistent step (None: none declared) and whether
+        this call saved it; a step the trainer is already saving is waited
+        for, not saved twice. Raises reft.Error when it gives up or the
+        save fails. ``reason`` goes into the one line logged per save."""
+        self._check_usable("flush()")
+        if not self.enabled:
+            return None, False
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left():
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        with self._jit_cv:
+            while self._flushing or self._updating:
+                if deadline is not None and left() <= 0:
+                    raise Error("JIT flush (%s): the trainer is changing its state and did not reach "
+                                "a consistent step within %.1f s" % (reason, timeout))
+                self._jit_cv.wait(left())
+            step, epoch = self._consistent, self._epoch
+            if step is None or step <= self._committed:
+                return step, False
+            self._flushing = True
+        start = time.monotonic()
+        release = True
+        try:
+            h, own = self._save_jit(step, epoch)
+            if not h.wait(left()):
+                # Out of time with the copy running: the trainer must not
+                # change the buffers under it, so updating() waits on.
+                release = False
+                threading.Thread(target=lambda: (h._event.wait(), self._end_flush()),
+                                 name="reft-jit-release", daemon=True).start()
+                raise Error("JIT flush of step %d (%s): the save did not finish within %.1f s"
+                            % (step, reason, timeout))
+        finally:
+            if release:
+                self._end_flush()
+        if own:
+            self._log("JIT save of step %d committed in %.1f ms (%s)"
+                      % (step, (time.monotonic() - start) * 1e3, reason))
+        return step, own
+
+    def _save_jit(self, step, epoch):
+        """The flush's save of step, or the trainer's own when that is the
+        newest save (then own is False)."""
+        with self._op_lock:
+            p = self._pending
+            if p is not None and p.step == step and not p._jit and \
+                    (not p._event.is_set() or p._error is None):
+                return p, False
+            h = self._save_locked(step)
+            h._jit, h._epoch = True, epoch
+            self._jit_handle = h
+            return h, True
+
+    def _jit_duplicate(self, step):
+        """The flush's save of step when the trainer now saves the same step
+        with the buffers unchanged since; the op lock is held."""
+        h = self._jit_handle
+        if h is None or h.step != step or (h._event.is_set() and h._error is not None):
+            return None
+        with self._jit_cv:
+            return h if h._epoch == self._epoch else None
+
+    def watch_failures(self, wait=10.0, log=None):
+        """Open a second connection to the agent that receives its notices
+        (docs/PROTOCOL.md, "Notices") and, at each peer failure notice,
+        flush() from a daemon thread, waiting up to ``wait`` seconds for a
+        consistent step. ``log(msg)`` receives the flush's lines (default:
+        stderr). close() stops it. Nothing happens on a disabled session."""
+        self._check_usable("watch_failures()")
+        if log is not None:
+            self._log = log
+        if not self.enabled or self._watch is not None:
+            return
+        conn = W.Connection(self.socket_path)
+        try:
+            conn.call(W.T_HELLO, {"client": "reft-py/%s notices" % CLIENT_VERSION, "pid": self._pid,
+                                  "rank": self.rank})
+            conn.call(W.T_WATCH)
+        except Error as e:
+            conn.close()
+            if e.code == "unknown_type":
+                raise Error("watch_failures(): the agent (%s) has no notices; the JIT flush needs "
+                            "an agent of this client's release" % (self.agent or {}).get("agent_version"),
+                            code=e.code) from None
+            raise
+        self._watch = conn
+        threading.Thread(target=self._read_notices, args=(conn, wait), name="reft-notices",
+                         daemon=True).start()
+
+    def _read_notices(self, conn, wait):
+        while True:
+            try:
+                ftype, _, notice = W.read_frame(conn._rfile.read)
+            except (W.FrameError, OSError, ValueError):
+                return  # closed by close(), or the agent is gone
+            if ftype != W.T_NOTICE or notice.get("kind") != "peer_failure":
+                continue  # a kind this client does not know
+            reason = "node %s failed: %s" % (notice.get("node"), notice.get("cause"))
+            try:
+                step, saved = self.flush(reason, timeout=wait)
+                if not saved and step is not None:
+                    self._log("JIT flush after %s: step %d is already saved" % (reason, step))
+            except Error as e:
+                if self._closed:
+                    return
+                self._log(str(e))
+
+    def flush_on_signal(self, timeout=3.0, signals=(signal.SIGTERM,)):
+        """At the first of ``signals`` (Slurm sends SIGTERM to every task of
+        a step it kills, then SIGKILL after KillWait), flush() within
+        ``timeout`` seconds, which must fit inside KillWait, then die of the
+        signal as without a handler. Call it from the main thread. It works
+        while the main thread is blocked in a collective, where a Python
+        signal handler would not run: the signal is read from
+        signal.set_wakeup_fd by a thread of its own, so it takes that fd
+        (an asyncio loop must not be using it) and replaces the handlers of
+        ``signals``."""
+        self._check_usable("flush_on_signal()")
+        if not self.enabled:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            raise Error("flush_on_signal(): call it from the main thread (Python installs signal "
+                        "handlers there only)")
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError as e:
+            os.close(r)
+            os.close(w)
+            raise Error("flush_on_signal(): %s" % e) from None
+        if old != -1:
+            signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
+            raise Error("flush_on_signal(): signal.set_wakeup_fd is already in use (fd %d, an "
+                        "asyncio loop?); the signal flush needs it" % old)
+        wanted = {int(s) for s in signals}
+        for s in wanted:
+            # The C handler Python installs for a Python handler writes the
+            # signal number to the wakeup fd at once; the Python part runs
+            # only when the main thread gets back to Python, if ever.
+            signal.signal(s, lambda *_: None)
+        threading.Thread(target=self._signal_flush, args=(r, wanted, timeout), name="reft-signal",
+                         daemon=True).start()
+
+    def _signal_flush(self, r, wanted, timeout):
+        while True:
+            data = os.read(r, 64)
+            if not data:
+                return
+            hit = [b for b in data if b in wanted]
+            if hit:
+                break
+        sig = signal.Signals(hit[0])
+        try:
+            step, saved = self.flush("signal %s" % sig.name, timeout=timeout)
+            if not saved and step is not None:
+                self._log("JIT flush at signal %s: step %d is already saved" % (sig.name, step))
+        except Error as e:
+            self._log(str(e))
+        # Die of the signal: its default action, set through libc since
+        # Python sets handlers from the main thread only.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(int(sig), ctypes.c_void_p(0))  # SIG_DFL
+        os.kill(os.getpid(), int(sig))
 
     # --- misc ------------------------------------------------------------
 
@@ -690,6 +942,9 @@ class Session:
             finally:
                 self._closed = True
                 _live.discard(self)
+                if self._watch is not None:
+                    self._watch.shutdown()  # ends the notice thread's read
+                    self._watch.close()
                 if self._conn is not None:
                     self._conn.close()
                 # Unmap and release only when no copier runs (close() may

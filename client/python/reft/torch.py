@@ -77,6 +77,20 @@ bucket, so the first step after a restart differs in the last bits. Reduce
 with a layout that never changes, e.g. a communication hook that
 all-reduces each parameter's gradient separately (examples/torch_ddp.py).
 
+JIT flush: with jit=True (the default) the Checkpointer's session watches
+the agent's failure notices (reft.Session.watch_failures): when another node
+of the job fails, the state of the last step declared consistent is saved at
+once if newer than the last snapshot, so with save every N steps at most the
+step in progress is lost. The optimizer hook declares the state updating
+before every optimizer.step(); save(step) declares it consistent, and on
+steps not saved call ck.consistent(step) after optimizer.step(). For the
+step kill (SIGTERM, then SIGKILL after Slurm's KillWait) call
+ck.flush_on_signal() once from the main thread. A flush copies host memory
+only (CPU tensors), on its own threads; it makes progress while the training
+thread waits in a torch.distributed collective (which releases the GIL).
+Module buffers are staged at consistent() and save(), so a forward pass
+that changes them (BatchNorm) does not tear a flushed snapshot.
+
 sharded_optimizer=True registers the optimizer state as not replicated
 (ZeRO-style: each rank holds a different shard).
 
@@ -193,7 +207,7 @@ class Checkpointer:
     initialized its rank and world size). See the module docstring."""
 
     def __init__(self, model, optimizer=None, session=None, sharded_optimizer=False, *,
-                 optional=False):
+                 optional=False, jit=True):
         if not isinstance(model, torch.nn.Module):
             raise Error("Checkpointer: model must be a torch.nn.Module, not %s" % type(model).__name__)
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -213,6 +227,12 @@ class Checkpointer:
         try:
             self._register()
             self._install_hook()
+            if jit:
+                try:
+                    session.watch_failures()
+                except Error as e:  # an agent from before notices: train on without
+                    warnings.warn("reft.torch: the JIT flush on failure notices is off: %s" % e,
+                                  RuntimeWarning, stacklevel=2)
         except BaseException:
             if self._own_session:
                 session.close()
@@ -291,6 +311,7 @@ class Checkpointer:
             ck = ref()
             if ck is not None and not ck._closed:
                 ck.wait()
+                ck.session.updating()  # waits while a JIT flush copies the state
 
         if hasattr(opt, "register_step_pre_hook"):  # torch >= 2.0
             handle = opt.register_step_pre_hook(lambda o, args, kwargs: before_step())
@@ -367,14 +388,31 @@ class Checkpointer:
         optimizer.step() of that step) and return the reft.SaveHandle at
         once. Waits first for the previous snapshot."""
         self._check_open("save()")
+        self.consistent(step)
+        self._pending = self.session.save(step)
+        return self._pending
+
+    def consistent(self, step):
+        """Declare the model and optimizer to hold the state of ``step``
+        (call it after optimizer.step() on steps not saved; save() does it
+        itself), so that a JIT flush after a failure saves it. Stages the
+        module buffers."""
+        self._check_open("consistent()")
         self.wait()  # the previous copy must be done before staging changes
         self._check_live()
+        self.session.updating()  # a flush must not copy the staging as it changes
         with torch.no_grad():
             for e in self._buffers:
                 e.owner.copy_(e.tensor)
         self._meta[2] = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else -1
-        self._pending = self.session.save(step)
-        return self._pending
+        if self._meta[2] >= 0:
+            self.session.consistent(step)
+
+    def flush_on_signal(self, timeout=3.0):
+        """Save the consistent state at SIGTERM (Slurm's step kill) before
+        dying of it (reft.Session.flush_on_signal); call from the main
+        thread."""
+        self.session.flush_on_signal(timeout=timeout)
 
     def wait(self, timeout=None):
         """Wait for the pending snapshot: True when there is none or it

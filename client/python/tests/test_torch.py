@@ -15,6 +15,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
+import time
 import unittest
 import warnings
 
@@ -269,6 +271,58 @@ class TestResume(TorchCase):
                 torchs = {i: {k: (v.dtype, tuple(v.shape)) for k, v in st.items()}
                           for i, st in opt.state_dict()["state"].items()}
                 self.assertEqual(mine, torchs)
+
+
+@needs_torch
+class TestJIT(TorchCase):
+    def test_notice_saves_the_consistent_step(self):
+        """Snapshots every 5 steps; after step 13 a peer failure notice: the
+        state of step 13 is saved at once, bit for bit, the BatchNorm
+        buffers as staged at consistent(13) although a forward pass has
+        changed them since; restore() then gives step 13, not 10."""
+        agent = self.agent()
+        model, opt = make("adamw")
+        s = self.session(agent)
+        lines = []
+        s.watch_failures(log=lines.append)
+        ck = Checkpointer(model, opt, session=s)
+        self.addCleanup(ck.close)
+        for step in range(1, 14):
+            train(model, opt, [step], ck, save=step % 5 == 0)
+            if step % 5:
+                ck.consistent(step)
+        want = state(model, opt)
+        model(batch(14)[0])  # the next step's forward: BatchNorm's running stats change
+        agent.proc.stdin.write("notify n2 peer_lost: EOF\n")
+        agent.proc.stdin.flush()
+        deadline = time.monotonic() + 20
+        while not any("JIT save of step 13 committed" in l for l in lines):
+            self.assertLess(time.monotonic(), deadline, "no JIT save: %s" % lines)
+            time.sleep(0.005)
+        perturb(model, opt)
+        self.assertEqual(ck.restore(), 13)
+        self.assertSameState(state(model, opt), want, "JIT-saved step 13")
+
+    def test_optimizer_step_waits_for_the_flush(self):
+        """optimizer.step() (through the Checkpointer's hook) declares the
+        state updating: a flush asked for during it saves the step after."""
+        agent = self.agent()
+        model, opt = make("sgd")
+        ck = self.checkpointer(model, opt, agent)
+        train(model, opt, [1], ck)
+        ck.wait()
+        x, y = batch(2)
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()  # updating from here until consistent(2)
+        got = []
+        t = threading.Thread(target=lambda: got.append(ck.session.flush("test", timeout=30)))
+        t.start()
+        time.sleep(0.05)
+        self.assertEqual(got, [], "a flush saved while the state was being updated")
+        ck.consistent(2)
+        t.join(30)
+        self.assertEqual(got, [(2, True)])
 
 
 @needs_torch

@@ -14,6 +14,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Optimizer names accepted by --optimizer.
@@ -46,11 +47,20 @@ type Config struct {
 	SaveEvery   int64 // snapshot every N steps; 0: never
 	// Hints announces the single-threaded gradient accumulation to the
 	// snapshotter as an idle window (Hinter), so the copy runs there.
-	Hints    bool
+	Hints bool
+	// JIT makes the snapshotter save the newest consistent step at once
+	// when the agent reports a failed node or the step is killed
+	// (SIGTERM), so a failure loses at most the step in progress whatever
+	// SaveEvery is.
+	JIT      bool
 	FailStep int64 // --fail-at STEP:RANK; 0: off
 	FailRank int
 	LogEvery int64
 	Threads  int // compute goroutines per rank; 0: GOMAXPROCS
+	// MinStep pads every step to at least this wall time by sleeping at
+	// its end: a stand-in for a bigger model, so that a demo or a failure
+	// test can hit a chosen step. It changes no result.
+	MinStep time.Duration
 }
 
 // Defaults returns the configuration that ParseArgs starts from.
@@ -60,6 +70,7 @@ func Defaults() Config {
 		WeightDecay: 0.01, Momentum: 0.9, Seed: 1, Batch: 32, PP: 1, LogEvery: 10,
 		SaveEvery: 1, // a failure then costs at most one step of work
 		Hints:     true,
+		JIT:       true,
 	}
 }
 
@@ -89,7 +100,11 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	fs.Int64Var(&c.SaveEvery, "save-every", c.SaveEvery, "snapshot every N steps when reft is enabled (0: never)")
 	fs.BoolVar(&c.Hints, "hints", c.Hints, "let reft copy a snapshot while this rank's gradient accumulation leaves cores idle, "+
 		"rather than as soon as it is taken (--hints=false); the copy of step N then finishes during step N+1")
+	fs.BoolVar(&c.JIT, "jit", c.JIT, "when reft reports a failed node, or the step is killed (SIGTERM), save the newest consistent step at once "+
+		"(JIT flush), so at most the step in progress is lost whatever --save-every is")
 	fs.Int64Var(&c.LogEvery, "log-every", c.LogEvery, "log the loss every N steps")
+	fs.DurationVar(&c.MinStep, "min-step", c.MinStep, "pad every step to at least this wall time by sleeping (e.g. 500ms): "+
+		"a stand-in for a bigger model in demos and failure tests; results are unchanged")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute goroutines per rank (0: GOMAXPROCS)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -158,6 +173,8 @@ func (c *Config) check() error {
 	switch {
 	case c.Steps < 1:
 		return fmt.Errorf("--steps %d: must be >= 1", c.Steps)
+	case c.MinStep < 0:
+		return fmt.Errorf("--min-step %v: must not be negative", c.MinStep)
 	case c.Optimizer != SGD && c.Optimizer != Momentum && c.Optimizer != Adam && c.Optimizer != AdamW:
 		return fmt.Errorf("--optimizer %q: use sgd, momentum, adam or adamw", c.Optimizer)
 	case !(c.LR > 0) || math.IsInf(c.LR, 0):

@@ -60,6 +60,16 @@ type AORSnapshotter interface {
 	RegisterOptimizerState(name string, buf []byte, st OptimizerState) error
 }
 
+// Consistency is an optional interface of a Snapshotter that saves the
+// newest consistent step at once when a failure is detected (reft's JIT
+// flush): the trainer declares Consistent(step) once its buffers hold the
+// whole state of step, after the optimizer update, and Updating() before it
+// changes them again (which may wait while such a save copies them).
+type Consistency interface {
+	Consistent(step int64)
+	Updating()
+}
+
 // OptimizerState is what an AOR replica of a ZeRO-1 optimizer shard needs
 // (the register message's "aor" object, docs/PROTOCOL.md).
 type OptimizerState struct {
@@ -148,6 +158,43 @@ type memSnap struct {
 	bufs    []memBuf
 	saved   bool
 	pending *memWait
+
+	mu         sync.Mutex // Consistency's state; Flush may come from another goroutine
+	declared   bool
+	consistent int64
+	updating   bool
+}
+
+// Consistent records that the buffers hold step (Consistency).
+func (m *memSnap) Consistent(step int64) {
+	m.mu.Lock()
+	m.declared, m.consistent, m.updating = true, step, false
+	m.mu.Unlock()
+}
+
+// Updating records that the buffers are about to change (Consistency).
+func (m *memSnap) Updating() {
+	m.mu.Lock()
+	m.updating = true
+	m.mu.Unlock()
+}
+
+// Flush saves the consistent step, as reft's JIT flush does after a
+// failure, and returns it; ok is false when there is none (nothing
+// declared, or the trainer was updating). Call it once the rank's trainer
+// has stopped.
+func (m *memSnap) Flush() (step int64, ok bool, err error) {
+	m.mu.Lock()
+	step, ok = m.consistent, m.declared && !m.updating
+	m.mu.Unlock()
+	if !ok {
+		return 0, false, nil
+	}
+	w, err := m.Save(step)
+	if err != nil {
+		return 0, false, err
+	}
+	return step, true, w.Wait()
 }
 
 type memWait struct {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 // small is a quick configuration: 3 layers of width 30 (2790 parameters, not
@@ -322,6 +323,54 @@ func TestCommPhases(t *testing.T) {
 	}
 }
 
+// TestCrashResumeJIT: with a snapshot every 5 steps and a rank lost at
+// the start of step 13, the ranks' JIT flush (after the failure, of the
+// step each declared consistent) saves step 12, and the relaunch resumes
+// there, not at 10, with the uninterrupted run's bits.
+func TestCrashResumeJIT(t *testing.T) {
+	for _, lay := range []struct {
+		dp, pp int
+		zero1  bool
+	}{{2, 1, false}, {2, 1, true}, {2, 2, false}} {
+		t.Run(fmt.Sprintf("dp%d-pp%d-zero1=%v", lay.dp, lay.pp, lay.zero1), func(t *testing.T) {
+			c := small()
+			c.Optimizer, c.DP, c.PP, c.Zero1, c.LogEvery, c.Steps = AdamW, lay.dp, lay.pp, lay.zero1, 1, 16
+			n := lay.dp * lay.pp
+			want := runOK(t, c, n, nil)
+
+			c.SaveEvery, c.FailStep, c.FailRank = 5, 13, n-1
+			store := NewMemStore(n)
+			snaps := make([]Snapshotter, n)
+			for r := range snaps {
+				snaps[r] = store.Rank(r)
+			}
+			_, errs := RunLocal(c, n, func(r int) Options { return Options{Snap: snaps[r]} })
+			if !errors.Is(errs[n-1], ErrKilled) {
+				t.Fatalf("rank %d: %v, want ErrKilled", n-1, errs[n-1])
+			}
+			for r, s := range snaps {
+				step, ok, err := s.(*memSnap).Flush()
+				if err != nil || !ok || step != 12 {
+					t.Fatalf("rank %d: JIT flush = step %d, %v, %v; want step 12", r, step, ok, err)
+				}
+				if err := s.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if g := store.Generations(); fmt.Sprint(g) != "[5 10 12]" {
+				t.Fatalf("generations %v, want [5 10 12]", g)
+			}
+			got := runOK(t, c, n, func(r int) Options { return Options{Snap: store.Rank(r)} })
+			if got.ResumedFrom != 12 {
+				t.Errorf("resumed from %d, want 12", got.ResumedFrom)
+			}
+			if got.Hash != want.Hash {
+				t.Errorf("resumed hash %s, uninterrupted %s", got.Hash, want.Hash)
+			}
+		})
+	}
+}
+
 func TestRestoreRejectsOtherFlags(t *testing.T) {
 	c := small()
 	c.SaveEvery, c.Steps = 2, 2
@@ -377,12 +426,12 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestParseArgs(t *testing.T) {
-	c, err := ParseArgs(strings.Fields("--steps 5 --size 1MiB --optimizer adamw --lr 0.01 --seed 9 --batch 8 --dp 2 --pp 2 --zero1 --save-every 2 --hints=false --fail-at 3:1 --log-every 1"), nil)
+	c, err := ParseArgs(strings.Fields("--steps 5 --size 1MiB --optimizer adamw --lr 0.01 --seed 9 --batch 8 --dp 2 --pp 2 --zero1 --save-every 2 --hints=false --jit=false --min-step 20ms --fail-at 3:1 --log-every 1"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Config{Steps: 5, SizeBytes: 1 << 20, Layers: 4, Optimizer: AdamW, LR: 0.01, WeightDecay: 0.01, Momentum: 0.9,
-		Seed: 9, Batch: 8, DP: 2, PP: 2, Zero1: true, SaveEvery: 2, FailStep: 3, FailRank: 1, LogEvery: 1}
+		Seed: 9, Batch: 8, DP: 2, PP: 2, Zero1: true, SaveEvery: 2, FailStep: 3, FailRank: 1, LogEvery: 1, MinStep: 20 * time.Millisecond}
 	if c != want {
 		t.Errorf("got %+v\nwant %+v", c, want)
 	}
@@ -413,6 +462,7 @@ func TestBadFlags(t *testing.T) {
 		{"--bogus", 1, "flag provided but not defined"},
 		{"extra", 1, "unexpected argument"},
 		{"--log-every 0", 1, "--log-every"},
+		{"--min-step -1s", 1, "--min-step"},
 	} {
 		t.Run(tc.args, func(t *testing.T) {
 			c, err := ParseArgs(strings.Fields(tc.args), nil)

@@ -245,6 +245,12 @@ func (t *trainer) run(o Options) (*Result, error) {
 		cfg.Layers, t.width, cfg.Layers*(t.width*t.width+t.width), int64(cfg.Layers)*int64(t.width*t.width+t.width)*4,
 		cfg.DP, cfg.PP, cfg.Zero1, cfg.Optimizer, cfg.Batch, cfg.Microbatches())
 
+	// JIT flush: the snapshotter may save the newest consistent step when
+	// a failure is detected; it must know when the buffers hold one.
+	cons, _ := o.Snap.(Consistency)
+	if cons != nil && res.ResumedFrom > 0 {
+		cons.Consistent(res.ResumedFrom)
+	}
 	var pending Waiter
 	var total time.Duration
 	var ran int64
@@ -279,10 +285,16 @@ func (t *trainer) run(o Options) (*Result, error) {
 			}
 			pending = nil
 		}
+		if cons != nil {
+			cons.Updating()
+		}
 		if err := t.update(); err != nil {
 			return nil, fmt.Errorf("step %d: %w", step, err)
 		}
 		t.state[0] = step
+		if cons != nil {
+			cons.Consistent(step)
+		}
 		if o.Snap != nil && cfg.SaveEvery > 0 && step%cfg.SaveEvery == 0 {
 			w, err := o.Snap.Save(step)
 			if err != nil {
@@ -297,6 +309,9 @@ func (t *trainer) run(o Options) (*Result, error) {
 			}
 			res.Losses = append(res.Losses, StepLoss{step, loss})
 			fmt.Fprintf(t.log, "step %d loss %.9g\n", step, loss)
+		}
+		if d := cfg.MinStep - time.Since(t0); d > 0 {
+			time.Sleep(d)
 		}
 		total += time.Since(t0)
 		ran++

@@ -109,6 +109,10 @@ func Start(opt Options) (a *Agent, err error) {
 	return a, nil
 }
 
+// NotifyPeerFailure makes the agent tell its watching clients that node
+// failed, as its mesh does when a peer's agent is lost (JIT flush tests).
+func (a *Agent) NotifyPeerFailure(node, cause string) { a.srv.NotifyPeerFailure(node, cause) }
+
 // Close stops the server, closes the store and removes the directory.
 func (a *Agent) Close() error {
 	var errs []error

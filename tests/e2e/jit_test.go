@@ -1,0 +1,172 @@
+//go:build e2e
+
+package e2e
+
+// End-to-end tests of the JIT flush (docs/ARCHITECTURE.md, "JIT flush"):
+// reft-train snapshots only every 5 steps, a failure hits at step 13, and
+// the surviving ranks, which hold the consistent state of their last
+// finished step, save it at once, so the relaunch resumes there and not at
+// step 10.
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// jitSaveRe is the client's line for a JIT save (reft-train prefixes it
+// with "reft: rank N: ").
+var jitSaveRe = regexp.MustCompile(`(?m)^reft: rank (\d+): JIT save of step (\d+) committed in ([0-9.]+) ms \((.*)\)$`)
+
+// jitSaves maps rank to the step its JIT save committed, from a step's output.
+func jitSaves(out string) map[int]int64 {
+	got := map[int]int64{}
+	for _, m := range jitSaveRe.FindAllStringSubmatch(out, -1) {
+		r, _ := strconv.Atoi(m[1])
+		s, _ := strconv.ParseInt(m[2], 10, 64)
+		got[r] = s
+	}
+	return got
+}
+
+// eventTime is an agent event's time.
+func eventTime(e map[string]any) time.Time {
+	at, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(e["time"]))
+	return at
+}
+
+// TestJITNodeLoss: --reft=arc, DP=4 on n1-n4, --save-every 5, steps padded
+// to 400 ms; n2 dies once rank 0 has logged step 13. The survivors' agents
+// lose n2's agent and notify their ranks, which are blocked in the next
+// step's gradient all-reduce holding the state of the step rank 0 logged
+// (or the one after, if the kill landed late): they save it at once, and
+// their saves carry n2's shard (rep@arc). The relaunch with rank 1 on the
+// spare n5 resumes from that step, not from step 10, with the bits of an
+// uninterrupted run.
+func TestJITNodeLoss(t *testing.T) {
+	c := nodeLossCase{spec: "arc,spares=1", dp: 4, kill: []string{"n2"}, killAt: 13, steps: 30, every: 5,
+		flags: []string{"--save-every", "5", "--min-step", "400ms"}}
+	r := nodeLoss(t, c)
+
+	// The survivors' JIT saves, from their own lines.
+	saves := jitSaves(r.first.Stderr)
+	t.Logf("job %s: JIT saves by rank: %v", r.job, saves)
+	var flushed int64 = -1
+	for _, rank := range []int{0, 2, 3} {
+		s, ok := saves[rank]
+		if !ok {
+			t.Errorf("surviving rank %d logged no JIT save:\n%s", rank, r.first.Stderr)
+			continue
+		}
+		if s < r.lastLogged {
+			t.Errorf("rank %d's JIT save is of step %d; rank 0 had logged step %d, so every rank held at least that", rank, s, r.lastLogged)
+		}
+		if flushed >= 0 && s != flushed {
+			t.Logf("ranks flushed different steps (%d and %d): the kill landed inside an all-reduce", flushed, s)
+		}
+		flushed = max(flushed, s)
+	}
+	if _, ok := saves[1]; ok {
+		t.Errorf("rank 1, on the killed node, logged a JIT save")
+	}
+
+	// The agents' account: a notice for n2 on every surviving node, and how
+	// long after the kill it came.
+	for _, n := range []string{"n1", "n3", "n4"} {
+		evs := agentEvents(t, r.job, n)["peer_failure_notice"]
+		if len(evs) != 1 || evs[0]["peer_node"] != "n2" {
+			t.Errorf("%s: peer_failure_notice events %v, want one for n2", n, evs)
+			continue
+		}
+		at := eventTime(evs[0])
+		var commit time.Time
+		for _, e := range agentEvents(t, r.job, n)["committed"] {
+			if s, _ := e["step"].(float64); int64(s) == saves[slices.Index(r.nodes, n)] && eventTime(e).After(at) {
+				commit = eventTime(e)
+			}
+		}
+		msg := fmt.Sprintf("%s: notice %.2f s after the kill returned (cause %v)", n, at.Sub(r.killedAt).Seconds(), evs[0]["cause"])
+		if !commit.IsZero() {
+			msg += fmt.Sprintf(", JIT generation committed %.3f s after the notice", commit.Sub(at).Seconds())
+		}
+		t.Log(msg)
+	}
+
+	// The relaunch resumed from the flushed step: no work lost but the step
+	// in progress.
+	from, ok := checkResumed(t, r.job, r.resumed, r.what, r.lastLogged, r.newest, 0)
+	if !ok {
+		r.logRestores(t)
+		t.FailNow()
+	}
+	if from <= 10 {
+		t.Errorf("resumed from step %d: the JIT saves (%v) were not used", from, saves)
+	}
+	r.checkRestores(t, from, []string{"restore_peer", "decode"}, "")
+}
+
+// TestJITRankFailure: --reft=arc, DP=4, --save-every 5; rank 1 SIGKILLs
+// itself at the start of step 13 (--fail-at 13:1). srun -K1 tears the
+// step down with SIGTERM to the other ranks, blocked in step 13's
+// all-reduce holding step 12: their signal flush saves step 12 before they
+// die, and the relaunch on the same nodes resumes there, rank 1's shard
+// coming from its ring predecessor's ARC copy.
+func TestJITRankFailure(t *testing.T) {
+	enableReft(t)
+	flags := append(append(append([]string{}, trainFlags...), reftTrainFlags...),
+		"--steps", "24", "--dp", "4", "--save-every", "5")
+	ref := referenceRun(t, 4, flags)
+	nodes := clusterNodes[:4]
+	job := allocate(t, "--reft=arc", "-N4", "-w", strings.Join(nodes, ","))
+	t.Cleanup(func() { cleanStores(t, job, nodes) })
+	dir := sharedDir(t, alice)
+	step := placedStep(job, "arc", writeHostfile(t, dir, "hostfile", nodes), nodes, nil, append(flags, "--fail-at", "13:1"))
+
+	var first result
+	for attempt := 1; ; attempt++ {
+		first = run(t, 3*time.Minute, alice, step...)
+		if !strings.Contains(first.Stdout+first.Stderr, mpiInitCrash) || attempt == 3 {
+			break
+		}
+		t.Logf("job %s: a rank crashed in MPI_Init (OpenMPI flake under load); running the step again", job)
+	}
+	if first.Code == 0 || !strings.Contains(first.Stderr, "--fail-at 13:1: SIGKILL") {
+		t.Fatalf("job %s: the first step did not fail at step 13:\n%s", job, first)
+	}
+	saves := jitSaves(first.Stderr)
+	t.Logf("job %s: JIT saves by rank after rank 1's death: %v", job, saves)
+	for _, rank := range []int{0, 2, 3} {
+		if saves[rank] != 12 {
+			t.Errorf("rank %d: JIT save of step %d, want 12:\n%s", rank, saves[rank], first.Stderr)
+		}
+	}
+	for _, m := range jitSaveRe.FindAllStringSubmatch(first.Stderr, -1) {
+		t.Logf("rank %s saved step %s in %s ms (%s)", m[1], m[2], m[3], m[4])
+	}
+
+	second := run(t, 3*time.Minute, alice, step...)
+	if second.Code != 0 {
+		t.Fatalf("job %s: the relaunch failed:\n%s", job, second)
+	}
+	if h := hashRe.FindStringSubmatch(second.Stdout); h == nil || h[1] != ref.hash {
+		t.Fatalf("job %s: final-params-sha256 %v after the relaunch, uninterrupted %s:\n%s", job, h, ref.hash, second)
+	}
+	m := resumedRe.FindStringSubmatch(second.Stdout)
+	if m == nil || m[1] != "12" {
+		t.Fatalf("job %s: relaunch %v, want 'resumed from step 12' (the JIT flush), not 10 (--save-every 5):\n%s", job, m, second)
+	}
+	t.Logf("job %s: the relaunch resumed from step 12 and ended with the uninterrupted run's final-params-sha256", job)
+}
+
+// cleanStores removes job's node-local stores on nodes (they outlive the
+// job by design; the nodes' tmpfs is small).
+func cleanStores(t *testing.T, job string, nodes []string) {
+	t.Helper()
+	u := mustRun(t, time.Minute, alice, "id", "-u").Stdout
+	run(t, time.Minute, alice, "srun", "--jobid="+job, "--reft=off", "-w", strings.Join(nodes, ","), "-N"+strconv.Itoa(len(nodes)),
+		"--ntasks-per-node=1", "rm", "-rf", reftStoreRoot+"/"+strings.TrimSpace(u)+"/"+job)
+}
