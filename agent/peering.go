@@ -39,7 +39,7 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 	srv.AttachMesh(p.get)
 	go func() {
 		defer close(p.done)
-		m, err := openMesh(ctx, cfg, o, store, log)
+		m, err := openMesh(ctx, cfg, o, store, srv, log)
 		if ctx.Err() != nil { // the agent is stopping: nothing to report
 			if m != nil {
 				m.Close()
@@ -57,11 +57,13 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 	return p
 }
 
-func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.Store, log zerolog.Logger) (*mesh.Mesh, error) {
+func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.Store, srv *Server, log zerolog.Logger) (*mesh.Mesh, error) {
 	pc, err := peer.FromAgentConfig(cfg, peer.Config{Job: o.Job, UID: o.UID, Node: o.Node, Log: log})
 	if err != nil {
 		return nil, err
 	}
+	// `reft status` asks every agent for this over the mesh port.
+	pc.Status = func() any { return srv.Status() }
 	if err := checkAuth(ctx, pc.Auth, o.UID); err != nil {
 		return nil, err
 	}

@@ -191,6 +191,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	}
 	rc.registered, rc.key, rc.spec, rc.arenaSize = true, key, spec, size
 	rc.bufs, rc.layout, rc.sg = slices.Clone(req.Buffers), layout, si
+	s.noteRegistered(req.Rank, req.World, si)
 	if s.persist != nil {
 		s.persist.Registered(req.Rank, req.World)
 	}

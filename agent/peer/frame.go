@@ -40,6 +40,9 @@ const (
 	TFetch      Type = 0x06 // stream a chunk range
 	TCredit     Type = 0x07 // dialer -> listener: arg bytes of window freed
 	TCancel     Type = 0x08 // dialer -> listener: stop streaming request id
+	// TStatus asks for the agent's status (its local status reply). 0x10
+	// leaves 0x09-0x0f to the transport's own frames.
+	TStatus Type = 0x10
 
 	ReplyBit         Type = 0x80
 	TChallenge            = THello | ReplyBit // listener nonce
@@ -47,6 +50,7 @@ const (
 	TWatermarksReply      = TWatermarks | ReplyBit
 	TManifestReply        = TManifest | ReplyBit
 	TChunk                = TFetch | ReplyBit // arg: chunk index; payload: chunk bytes
+	TStatusReply          = TStatus | ReplyBit
 	TError           Type = 0xFF
 )
 
@@ -78,6 +82,10 @@ func (t Type) String() string {
 		return "manifest-reply"
 	case TChunk:
 		return "chunk"
+	case TStatus:
+		return "status"
+	case TStatusReply:
+		return "status-reply"
 	case TError:
 		return "error"
 	}

@@ -1,0 +1,104 @@
+package status
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/reft-hpc/reft/agent/mesh"
+)
+
+// Slurm is the JobSource of a real cluster: scontrol, as the agents ask it.
+type Slurm struct {
+	Scontrol string // "": scontrol on PATH
+	Conf     string // SLURM_CONF for scontrol; "": the environment's
+}
+
+var (
+	jobIDRe = regexp.MustCompile(`(?:^|\s)JobId=(\S+)`)
+	// The owner is the last UserId= of the line: JobName, which comes
+	// before it, could contain the text.
+	userRe      = regexp.MustCompile(`\sUserId=([^\s(]*)\((\d+)\)`)
+	nodeStateRe = regexp.MustCompile(`\sState=(\S+)`)
+	nodeNameRe  = regexp.MustCompile(`^NodeName=(\S+)`)
+)
+
+// Job implements JobSource.
+func (s Slurm) Job(ctx context.Context, id string) (Job, error) {
+	j := Job{ID: id, NodeStates: map[string]string{}}
+	out, err := s.run(ctx, "show", "job", "-o", id)
+	if err != nil {
+		if strings.Contains(err.Error(), "Invalid job id") {
+			return j, fmt.Errorf("job %s is unknown to Slurm (finished long ago, or never existed; reft log %s may still tell its story)", id, id)
+		}
+		return j, err
+	}
+	var line string
+	for _, l := range strings.Split(string(out), "\n") {
+		if m := jobIDRe.FindStringSubmatch(l); m != nil && m[1] == id {
+			line = l
+			break
+		}
+	}
+	if line == "" {
+		return j, fmt.Errorf("`scontrol show job -o %s` did not list job %s (an array or het job? give the job id of one component): %.200s", id, id, strings.TrimSpace(string(out)))
+	}
+	us := userRe.FindAllStringSubmatch(line, -1)
+	if us == nil {
+		return j, fmt.Errorf("`scontrol show job -o %s` names no owner (UserId=): %.200s", id, line)
+	}
+	u := us[len(us)-1]
+	j.User = u[1]
+	if j.UID, err = strconv.Atoi(u[2]); err != nil {
+		return j, fmt.Errorf("job %s: owner uid %q: %w", id, u[2], err)
+	}
+	sl := mesh.Slurm{Job: id, Scontrol: s.Scontrol, Conf: s.Conf}
+	if j.State, _, err = sl.JobState(ctx); err != nil {
+		return j, err
+	}
+	if j.State != "RUNNING" && j.State != "COMPLETING" {
+		return j, nil
+	}
+	t, err := sl.Topology(ctx)
+	if err != nil {
+		return j, err
+	}
+	j.Nodes = t.Nodes
+	names := make([]string, len(t.Nodes))
+	for i, n := range t.Nodes {
+		names[i] = n.Name
+	}
+	// Node states only explain a missing agent: their absence is no error.
+	if out, err := s.run(ctx, "show", "node", "-o", strings.Join(names, ",")); err == nil {
+		for _, l := range strings.Split(string(out), "\n") {
+			n, st := nodeNameRe.FindStringSubmatch(l), nodeStateRe.FindStringSubmatch(l)
+			if n != nil && st != nil {
+				j.NodeStates[n[1]] = st[1]
+			}
+		}
+	}
+	return j, nil
+}
+
+func (s Slurm) run(ctx context.Context, args ...string) ([]byte, error) {
+	prog := s.Scontrol
+	if prog == "" {
+		prog = "scontrol"
+	}
+	cmd := exec.CommandContext(ctx, prog, args...)
+	if s.Conf != "" {
+		cmd.Env = append(os.Environ(), "SLURM_CONF="+s.Conf)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s (is Slurm's client installed and slurmctld up?)", prog, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
