@@ -133,11 +133,12 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 		t.Fatal(err)
 	}
 	pc := peer.Config{Job: shJob, UID: os.Getuid(), Node: name, Auth: auth, Bind: "127.0.0.1", PortRange: [2]int{lo, lo + 63},
-		Heartbeat: 200 * time.Millisecond, Timeout: 2 * time.Second, Log: log}
+		Heartbeat: 200 * time.Millisecond, Timeout: 2 * time.Second, Log: log, Status: func() any { return n.srv.Status() }}
 	if n.m, err = mesh.Start(context.Background(), mesh.Config{Peer: pc}, topo, n.st, log); err != nil {
 		t.Fatal(err)
 	}
 	n.srv.AttachMesh(func() *mesh.Mesh { return n.m })
+	n.srv.AttachPeering((&peering{m: n.m}).status)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- n.srv.Serve(ctx) }()
@@ -165,6 +166,7 @@ type shJobRun struct {
 	spec  string
 	nodes []*shNode // by rank
 	pdir  string
+	lo    int // the port range's low end
 	opt   shOpts
 	took  []time.Duration // each rank's RestoreStep in the last restoreAll
 }
@@ -194,7 +196,7 @@ func startJob(t testing.TB, spc string, names []string, roots map[string]string,
 		topo.Nodes = append(topo.Nodes, mesh.Node{Index: i, Name: nm, Addr: "127.0.0.1"})
 	}
 	lo := shPorts(t, len(names))
-	j := &shJobRun{t: t, spec: spc, pdir: pdir, opt: o}
+	j := &shJobRun{t: t, spec: spc, pdir: pdir, lo: lo, opt: o}
 	for _, nm := range names {
 		if roots[nm] == "" {
 			roots[nm] = filepath.Join(t.TempDir(), "shm")

@@ -125,7 +125,10 @@ func Print(w io.Writer, r *Report) {
 		mem, held := "-", "-"
 		if m := st.Memory; m != nil {
 			held = hostmem.FormatBytes(m.Held)
-			mem = hostmem.FormatBytes(m.InUse) + " / " + hostmem.FormatBytes(int64(m.Budget))
+			mem = hostmem.FormatBytes(m.InUse)
+			if m.Budget > 0 {
+				mem += " / " + hostmem.FormatBytes(int64(m.Budget))
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Node, n.Agent, ranks, committed, protection(st), peers(st), held, mem)
 	}

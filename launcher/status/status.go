@@ -201,13 +201,13 @@ func sortedPeers(m map[string]proto.PeerStatus) []proto.PeerStatus {
 // (docs/PEER_PROTOCOL.md, "Finding peers"), and fills nr with the first
 // agent of this job on nr's node that answers.
 func ask(ctx context.Context, cl *peer.Client, nr *NodeReport, addrs []string) {
-	var tried []string
+	var tried []outcome
 	for _, addr := range addrs {
 		node, raw, err := cl.Status(ctx, addr)
 		if err == nil && node != nr.Node {
 			// possible only when the candidates of two nodes overlap
 			cl.Drop(addr)
-			tried = append(tried, fmt.Sprintf("%s: the agent of %s", addr, node))
+			tried = append(tried, outcome{addr, "the agent of " + node})
 			continue
 		}
 		if err == nil {
@@ -221,17 +221,48 @@ func ask(ctx context.Context, cl *peer.Client, nr *NodeReport, addrs []string) {
 		}
 		cl.Drop(addr)
 		if ctx.Err() != nil {
-			tried = append(tried, addr+": "+ctx.Err().Error())
+			tried = append(tried, outcome{addr, ctx.Err().Error()})
 			break
 		}
 		if ours, why := refusedByOurs(err); ours {
 			nr.Agent, nr.Addr, nr.Error = AgentRefused, addr, "the agent refused us: "+why
 			return
 		}
-		tried = append(tried, addr+": "+short(err))
+		tried = append(tried, outcome{addr, short(err)})
 	}
 	nr.Agent = AgentDown
-	nr.Error = "no agent of this job answers on its ports (" + strings.Join(tried, "; ") + ")"
+	nr.Error = "no agent of this job answers on its ports (" + summarize(tried) + ")"
+}
+
+// outcome is what one candidate address answered.
+type outcome struct{ addr, what string }
+
+// summarize joins outcomes, one entry per host and answer:
+// "10.0.0.3 ports 47662,47666: connection refused".
+func summarize(os []outcome) string {
+	var parts []string
+	for i := 0; i < len(os); {
+		host, _, _ := net.SplitHostPort(os[i].addr)
+		var ports []string
+		k := i
+		for ; k < len(os); k++ {
+			h, p, _ := net.SplitHostPort(os[k].addr)
+			if h != host || os[k].what != os[i].what {
+				break
+			}
+			ports = append(ports, p)
+		}
+		word := "port"
+		if len(ports) > 1 {
+			word = "ports"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s %s: %s", host, word, strings.Join(ports, ","), os[i].what))
+		i = k
+	}
+	if len(parts) == 0 {
+		return "no candidate port"
+	}
+	return strings.Join(parts, "; ")
 }
 
 // refusedByOurs tells a refusal by this job's agent (which checked our
