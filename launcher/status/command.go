@@ -130,7 +130,7 @@ func Print(w io.Writer, r *Report) {
 				mem += " / " + hostmem.FormatBytes(int64(m.Budget))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Node, n.Agent, ranks, committed, protection(st), peers(st), held, mem)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Node, n.Agent, ranks, committed, protection(st), peers(st, r.Nodes), held, mem)
 	}
 	tw.Flush()
 	var notes []string
@@ -199,9 +199,10 @@ func dedup(s []string) []string {
 	return out
 }
 
-// peers is a node's PEERS cell: connected / other nodes, or the peering
-// state when it is not on.
-func peers(st *proto.Status) string {
+// peers is a node's PEERS cell: connected / other nodes that need an
+// agent (spares without one left out), or the peering state when it is
+// not on.
+func peers(st *proto.Status, all []NodeReport) string {
 	p := st.Peering
 	if p == nil {
 		return "-"
@@ -209,11 +210,14 @@ func peers(st *proto.Status) string {
 	if p.State != proto.PeeringOn {
 		return p.State
 	}
-	n := 0
+	n, of := 0, 0
 	for _, ps := range p.Peers {
 		if ps.Connected {
 			n++
 		}
+		if ps.Connected || needsAgent(ps.Node, all) {
+			of++
+		}
 	}
-	return fmt.Sprintf("%d/%d", n, len(p.Peers))
+	return fmt.Sprintf("%d/%d", n, of)
 }

@@ -11,12 +11,14 @@ import (
 	"strings"
 
 	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/pmix/hostlist"
 )
 
 // Slurm is the JobSource of a real cluster: scontrol, as the agents ask it.
 type Slurm struct {
 	Scontrol string // "": scontrol on PATH
-	Conf     string // SLURM_CONF for scontrol; "": the environment's
+	Squeue   string // "": squeue on PATH
+	Conf     string // SLURM_CONF for scontrol and squeue; "": the environment's
 }
 
 var (
@@ -73,7 +75,9 @@ func (s Slurm) Job(ctx context.Context, id string) (Job, error) {
 	for i, n := range t.Nodes {
 		names[i] = n.Name
 	}
-	// Node states only explain a missing agent: their absence is no error.
+	// Node states and steps only explain a missing agent: their absence
+	// is no error.
+	j.StepNodes = s.stepNodes(ctx, id)
 	if out, err := s.run(ctx, "show", "node", "-o", strings.Join(names, ",")); err == nil {
 		for _, l := range strings.Split(string(out), "\n") {
 			n, st := nodeNameRe.FindStringSubmatch(l), nodeStateRe.FindStringSubmatch(l)
@@ -85,11 +89,43 @@ func (s Slurm) Job(ctx context.Context, id string) (Job, error) {
 	return j, nil
 }
 
+// stepNodes is the nodes of the job's running steps, its batch and
+// extern steps left out; nil when squeue does not tell.
+func (s Slurm) stepNodes(ctx context.Context, id string) map[string]bool {
+	prog := s.Squeue
+	if prog == "" {
+		prog = "squeue"
+	}
+	out, err := s.exec(ctx, prog, "-h", "-s", "-j", id, "-o", "%i|%N")
+	if err != nil {
+		return nil
+	}
+	m := map[string]bool{}
+	for _, l := range strings.Split(string(out), "\n") {
+		step, list, ok := strings.Cut(strings.TrimSpace(l), "|")
+		if !ok || strings.HasSuffix(step, ".batch") || strings.HasSuffix(step, ".extern") {
+			continue
+		}
+		names, err := hostlist.Expand(list)
+		if err != nil {
+			return nil
+		}
+		for _, n := range names {
+			m[n] = true
+		}
+	}
+	return m
+}
+
 func (s Slurm) run(ctx context.Context, args ...string) ([]byte, error) {
 	prog := s.Scontrol
 	if prog == "" {
 		prog = "scontrol"
 	}
+	return s.exec(ctx, prog, args...)
+}
+
+func (s Slurm) exec(ctx context.Context, prog string, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, prog, args...)
 	if s.Conf != "" {
 		cmd.Env = append(os.Environ(), "SLURM_CONF="+s.Conf)

@@ -3,6 +3,7 @@ package status
 import (
 	"bytes"
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,11 @@ import (
 
 // fakeScontrol answers for job 41 (running on n[1-2], its name carrying a
 // forged UserId) and job 42 (pending); any other job is unknown.
+const fakeSqueue = `#!/bin/sh
+[ "$*" = "-h -s -j 41 -o %i|%N" ] || { echo "squeue: unexpected $*" >&2; exit 1; }
+printf '41.batch|n1\n41.extern|n[1-2]\n41.0|n1\n'
+`
+
 const fakeScontrol = `#!/bin/sh
 case "$*" in
 "show job -o 41") echo 'JobId=41 JobName=x UserId=root(0) UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A Priority=1 Nice=0 Account=(null) QOS=normal JobState=RUNNING Reason=None ReqNodeList=(null) ExcNodeList=(null) NodeList=n[1-2] NumNodes=2' ;;
@@ -30,6 +36,10 @@ func TestSlurmJob(t *testing.T) {
 	if err := os.WriteFile(prog, []byte(fakeScontrol), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	sq := filepath.Join(filepath.Dir(prog), "squeue")
+	if err := os.WriteFile(sq, []byte(fakeSqueue), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		job     string
 		want    Job
@@ -37,12 +47,12 @@ func TestSlurmJob(t *testing.T) {
 	}{
 		{job: "41", want: Job{ID: "41", State: "RUNNING", User: "alice", UID: 1001,
 			Nodes:      []mesh.Node{{Index: 0, Name: "n1", Addr: "10.0.0.1"}, {Index: 1, Name: "n2", Addr: "10.0.0.2"}},
-			NodeStates: map[string]string{"n1": "ALLOCATED", "n2": "DOWN*+DRAIN"}}},
+			NodeStates: map[string]string{"n1": "ALLOCATED", "n2": "DOWN*+DRAIN"}, StepNodes: map[string]bool{"n1": true}}},
 		{job: "42", want: Job{ID: "42", State: "PENDING", User: "bob", UID: 1002, NodeStates: map[string]string{}}},
 		{job: "43", wantErr: "job 43 is unknown to Slurm"},
 	} {
 		t.Run(tc.job, func(t *testing.T) {
-			got, err := Slurm{Scontrol: prog}.Job(context.Background(), tc.job)
+			got, err := Slurm{Scontrol: prog, Squeue: sq}.Job(context.Background(), tc.job)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("got %v, want an error naming %q", err, tc.wantErr)
@@ -53,7 +63,7 @@ func TestSlurmJob(t *testing.T) {
 				t.Fatal(err)
 			}
 			if got.ID != tc.want.ID || got.State != tc.want.State || got.User != tc.want.User || got.UID != tc.want.UID ||
-				len(got.Nodes) != len(tc.want.Nodes) || len(got.NodeStates) != len(tc.want.NodeStates) {
+				len(got.Nodes) != len(tc.want.Nodes) || len(got.NodeStates) != len(tc.want.NodeStates) || !maps.Equal(got.StepNodes, tc.want.StepNodes) {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
 			}
 			for i, n := range tc.want.Nodes {

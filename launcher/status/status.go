@@ -40,6 +40,9 @@ type Job struct {
 	Nodes []mesh.Node
 	// NodeStates is each node's Slurm state (IDLE, ALLOCATED, DOWN*, ...).
 	NodeStates map[string]string
+	// StepNodes is the nodes that run a step of the job (batch and extern
+	// steps aside); nil: unknown. A node in none needs no agent.
+	StepNodes map[string]bool
 }
 
 // JobSource tells a job's state, owner and nodes: Slurm, or a fake in tests.
@@ -61,6 +64,7 @@ const (
 	AgentUp      = "up"      // answered with its status
 	AgentDown    = "down"    // nothing of this job answered on the node's ports
 	AgentRefused = "refused" // the job's agent answered but refused us
+	AgentNone    = "none"    // no agent, and the node runs no step of the job (a spare)
 )
 
 // NodeReport is one node of the job.
@@ -177,6 +181,14 @@ func Query(ctx context.Context, o Options) (*Report, error) {
 			nr.Error = "no longer in the job's allocation (Slurm removed it after a failure?): " + nr.Error
 		}
 		rep.Nodes = append(rep.Nodes, nr)
+	}
+	for i := range rep.Nodes {
+		nr := &rep.Nodes[i]
+		if nr.Agent == AgentDown && nr.InAllocation && j.StepNodes != nil && !j.StepNodes[nr.Node] {
+			// The first reft step on a node starts its agent: a spare that
+			// reft run keeps out of the step has none yet.
+			nr.Agent, nr.Error = AgentNone, "no agent: the node runs no step of this job (a spare, or not used yet)"
+		}
 	}
 	for i := range rep.Nodes {
 		nr := &rep.Nodes[i]
@@ -315,7 +327,7 @@ func warnings(nr *NodeReport, all []NodeReport) []string {
 		default:
 			var lost []string
 			for _, ps := range p.Peers {
-				if !ps.Connected && inAllocation(ps.Node, all) {
+				if !ps.Connected && needsAgent(ps.Node, all) {
 					lost = append(lost, ps.Node)
 				}
 			}
@@ -349,10 +361,11 @@ func warnings(nr *NodeReport, all []NodeReport) []string {
 	return w
 }
 
-func inAllocation(node string, all []NodeReport) bool {
+// needsAgent: node is in the allocation and runs a step of the job.
+func needsAgent(node string, all []NodeReport) bool {
 	for _, n := range all {
 		if n.Node == node {
-			return n.InAllocation
+			return n.InAllocation && n.Agent != AgentNone
 		}
 	}
 	return false
