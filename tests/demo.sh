@@ -97,7 +97,7 @@ exit \$rc
 EOF
 chown "$USER_" "$script"
 cat "$script"
-job=$(as_user sbatch --parsable --chdir="$home" "$script")
+job=$(as_user sbatch --parsable --chdir="$home" "$script" | cut -d';' -f1)
 out=$home/reft-demo-$job.out
 echo "submitted job $job"
 
@@ -119,7 +119,7 @@ $CLUSTER kill-node n2
 # Wait for the job to end (its allocation shrinks when n2 is lost, so
 # scontrol's view is the one to follow while slurmctld knows the job).
 for _ in $(seq 3000); do
-	st=$(scontrol -o show job "$job" 2>/dev/null | sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p')
+	st=$(scontrol -o show job "$job" 2>/dev/null | sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p' || true)
 	case "$st" in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | PREEMPTED | BOOT_FAIL | DEADLINE) break ;; esac
 	sleep 0.1
 done
