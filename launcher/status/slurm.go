@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,6 +19,7 @@ import (
 type Slurm struct {
 	Scontrol string // "": scontrol on PATH
 	Squeue   string // "": squeue on PATH
+	Sacct    string // "": sacct on PATH
 	Conf     string // SLURM_CONF for scontrol and squeue; "": the environment's
 }
 
@@ -28,6 +30,7 @@ var (
 	userRe      = regexp.MustCompile(`\sUserId=([^\s(]*)\((\d+)\)`)
 	nodeStateRe = regexp.MustCompile(`\sState=(\S+)`)
 	nodeNameRe  = regexp.MustCompile(`^NodeName=(\S+)`)
+	nodeAddrRe  = regexp.MustCompile(`\sNodeAddr=(\S+)`)
 )
 
 // Job implements JobSource.
@@ -75,18 +78,66 @@ func (s Slurm) Job(ctx context.Context, id string) (Job, error) {
 	for i, n := range t.Nodes {
 		names[i] = n.Name
 	}
+	// A --no-kill allocation shrinks after a node loss, but its agents
+	// keep the ports they computed from the whole allocation: index the
+	// nodes as they did, from the job's first accounting record.
+	all := names
+	if orig := s.originalNodes(ctx, id); len(orig) > len(names) && !slices.ContainsFunc(names, func(n string) bool { return !slices.Contains(orig, n) }) {
+		all = orig
+	}
 	// Node states and steps only explain a missing agent: their absence
 	// is no error.
 	j.StepNodes = s.stepNodes(ctx, id)
-	if out, err := s.run(ctx, "show", "node", "-o", strings.Join(names, ",")); err == nil {
+	addrs := map[string]string{}
+	if out, err := s.run(ctx, "show", "node", "-o", strings.Join(all, ",")); err == nil {
 		for _, l := range strings.Split(string(out), "\n") {
-			n, st := nodeNameRe.FindStringSubmatch(l), nodeStateRe.FindStringSubmatch(l)
-			if n != nil && st != nil {
+			n := nodeNameRe.FindStringSubmatch(l)
+			if n == nil {
+				continue
+			}
+			if st := nodeStateRe.FindStringSubmatch(l); st != nil {
 				j.NodeStates[n[1]] = st[1]
+			}
+			if a := nodeAddrRe.FindStringSubmatch(l); a != nil {
+				addrs[n[1]] = a[1]
 			}
 		}
 	}
+	if len(all) > len(names) {
+		nodes := make([]mesh.Node, len(all))
+		for i, n := range all {
+			if addrs[n] == "" {
+				return j, nil // keep the current allocation's view
+			}
+			nodes[i] = mesh.Node{Index: i, Name: n, Addr: addrs[n]}
+		}
+		j.Released = map[string]bool{}
+		for _, n := range all {
+			j.Released[n] = !slices.Contains(names, n)
+		}
+		j.Nodes = nodes
+	}
 	return j, nil
+}
+
+// originalNodes is the job's first allocation, the largest node list of
+// its accounting records; nil when sacct does not tell.
+func (s Slurm) originalNodes(ctx context.Context, id string) []string {
+	prog := s.Sacct
+	if prog == "" {
+		prog = "sacct"
+	}
+	out, err := s.exec(ctx, prog, "-n", "-X", "-P", "-j", id, "-o", "NodeList")
+	if err != nil {
+		return nil
+	}
+	var best []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if names, err := hostlist.Expand(strings.TrimSpace(l)); err == nil && len(names) > len(best) {
+			best = names
+		}
+	}
+	return best
 }
 
 // stepNodes is the nodes of the job's running steps, its batch and

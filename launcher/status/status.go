@@ -43,6 +43,9 @@ type Job struct {
 	// StepNodes is the nodes that run a step of the job (batch and extern
 	// steps aside); nil: unknown. A node in none needs no agent.
 	StepNodes map[string]bool
+	// Released is the nodes of Nodes that the allocation no longer holds
+	// (a --no-kill job shrinks after a node failure); nil: none.
+	Released map[string]bool
 }
 
 // JobSource tells a job's state, owner and nodes: Slurm, or a fake in tests.
@@ -137,7 +140,7 @@ func Query(ctx context.Context, o Options) (*Report, error) {
 	rep := &Report{Job: job, State: j.State, User: j.User, Nodes: make([]NodeReport, len(j.Nodes))}
 	var wg sync.WaitGroup
 	for i, n := range j.Nodes {
-		rep.Nodes[i] = NodeReport{Node: n.Name, Index: n.Index, SlurmState: j.NodeStates[n.Name], InAllocation: true}
+		rep.Nodes[i] = NodeReport{Node: n.Name, Index: n.Index, SlurmState: j.NodeStates[n.Name], InAllocation: !j.Released[n.Name]}
 		wg.Add(1)
 		go func(nr *NodeReport, n mesh.Node) {
 			defer wg.Done()
@@ -184,6 +187,9 @@ func Query(ctx context.Context, o Options) (*Report, error) {
 	}
 	for i := range rep.Nodes {
 		nr := &rep.Nodes[i]
+		if nr.Agent == AgentDown && !nr.InAllocation {
+			nr.Error = "no longer in the job's allocation (Slurm removed it after a failure?): " + nr.Error
+		}
 		if nr.Agent == AgentDown && nr.InAllocation && j.StepNodes != nil && !j.StepNodes[nr.Node] {
 			// The first reft step on a node starts its agent: a spare that
 			// reft run keeps out of the step has none yet.
