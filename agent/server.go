@@ -67,8 +67,11 @@ type Server struct {
 	mesh      func() *mesh.Mesh
 	viewMu    sync.Mutex
 	viewCache *storeView // the job's watermarks, briefly cached
-	specOnce  sync.Once
-	jobSpec   spec.Spec
+	// progressEvery is how often a running restore reports progress
+	// (restoreProgressEvery; 0: at every arrival).
+	progressEvery time.Duration
+	specOnce      sync.Once
+	jobSpec       spec.Spec
 
 	// regs is each rank's last registration on this node, for the status
 	// reply's protection (a rank's connection owns its rankConn; this is
@@ -99,7 +102,7 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("chmod 0600 %s: %w", path, err)
 	}
 	return &Server{info: info, log: log, ln: ln, path: path, start: time.Now(),
-		conns: map[net.Conn]struct{}{}, connTimeout: 0}, nil
+		conns: map[net.Conn]struct{}{}, connTimeout: 0, progressEvery: restoreProgressEvery}, nil
 }
 
 // AttachStore gives the server the job's snapshot store; call it before

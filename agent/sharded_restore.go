@@ -398,7 +398,8 @@ func (s *Server) persistedSteps(si *sgInfo, log zerolog.Logger) []int64 {
 // restoreStats is what an assembled restore did.
 type restoreStats struct {
 	local, peer, decoded atomic.Int64
-	peers                sync.Map // node -> struct{}
+	peers                sync.Map         // node -> struct{}
+	prog                 *restoreProgress // nil: not reported
 }
 
 // restoreSharded assembles the rank's state at step (< 0: the newest the
@@ -442,8 +443,9 @@ func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (t
 			Msg("in-memory restore is impossible; restoring from the persistent directory")
 	}
 	t0 := time.Now()
-	var st restoreStats
+	st := restoreStats{prog: newRestoreProgress(log, si.rank, chosen.step, rc.registeredBytes()+chosen.parityBytes(si), s.progressEvery)}
 	g, err := s.assemble(ctx, rc, si, chosen, &st, log)
+	st.prog.close()
 	if err == nil && si.aor != nil { // before the loaded persisted generations go
 		locs := func(r int) []genLoc { return v.gens[r][chosen.step] }
 		if chosen.loaded != nil {
@@ -680,6 +682,21 @@ func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *rest
 	return g, nil
 }
 
+// parityBytes is what a plan fetches besides the state itself: the
+// parity units its decode reads.
+func (p *restorePlan) parityBytes(si *sgInfo) int64 {
+	if len(p.decode) == 0 {
+		return 0
+	}
+	var n int64
+	for q := range si.m {
+		if !slices.Contains(p.decode, q) && len(p.parity[q]) > 0 {
+			n += int64(si.el.ParitySize())
+		}
+	}
+	return n
+}
+
 // decode rebuilds the plan's lost shards in rep from the other shards
 // (already in rep) and the surviving members' parity.
 func (s *Server) decode(ctx context.Context, si *sgInfo, p *restorePlan, rep []byte, st *restoreStats) error {
@@ -709,6 +726,7 @@ func (s *Server) decode(ctx context.Context, si *sgInfo, p *restorePlan, rep []b
 	}
 	for _, q := range p.decode {
 		st.decoded.Add(si.shard(q).Len)
+		st.prog.add(si.shard(q).Len)
 	}
 	return nil
 }
@@ -729,6 +747,7 @@ func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []cand, st *re
 			continue
 		}
 		st.local.Add(int64(len(dst)))
+		st.prog.add(int64(len(dst)))
 		return nil
 	}
 	if len(remote) == 0 {
@@ -760,7 +779,7 @@ func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []cand, st *re
 			continue
 		}
 		if spec.Sources == nil {
-			spec = peer.FetchSpec{ChunkSize: info.ChunkSize, Size: int64(len(dst)), CRC: b.CRC32C, Dst: dst}
+			spec = peer.FetchSpec{ChunkSize: info.ChunkSize, Size: int64(len(dst)), CRC: b.CRC32C, Dst: dst, Progress: st.prog.add}
 		} else if info.ChunkSize != spec.ChunkSize {
 			continue // another chunking: its checksums do not compare
 		}

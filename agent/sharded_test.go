@@ -406,12 +406,16 @@ func TestShardedRestoreEveryFailureSet(t *testing.T) {
 				j := startJob(t, tc.spec, []string{"n1", "n2", "n3", "n4"}, roots, "")
 				j.saveSteps(3, false)
 				j = j.relaunch(roots, failed)
+				for _, n := range j.nodes {
+					n.srv.progressEvery = 0 // a progress event at every arrival
+				}
 				step, errs, bufs := j.restoreAll(false)
 				if step != 3 {
 					t.Fatalf("agreed on step %d, want 3 (errors %v)", step, errs)
 				}
 				checkRestored(t, step, errs, bufs, false)
 				for _, r := range failed {
+					checkProgress(t, r, j.nodes[r].log.events("restore_progress"))
 					var got []string
 					for _, ev := range []string{"restore_local", "restore_peer", "decode", "restore_persistent"} {
 						if len(j.nodes[r].log.events(ev)) > 0 {
@@ -540,5 +544,27 @@ func TestShardedUnreplicatedLost(t *testing.T) {
 	err := c.RestoreStep(context.Background(), 2)
 	if err == nil || !strings.Contains(err.Error(), "rank 3's unreplicated buffers (rng)") {
 		t.Fatalf("restore error %v: want rank 3's unreplicated buffers named", err)
+	}
+}
+
+// checkProgress: a restore's progress events never go backwards and end
+// with every byte it planned landed.
+func checkProgress(t *testing.T, rank int, evs []map[string]any) {
+	t.Helper()
+	if len(evs) == 0 {
+		t.Errorf("rank %d's restore logged no restore_progress event", rank)
+		return
+	}
+	var last float64
+	for _, e := range evs {
+		done, _ := e["bytes_done"].(float64)
+		if done < last {
+			t.Errorf("rank %d: restore_progress went back from %v to %v bytes", rank, last, done)
+		}
+		last = done
+	}
+	end := evs[len(evs)-1]
+	if end["bytes_done"] != end["bytes_total"] || end["percent"] != 100.0 {
+		t.Errorf("rank %d: the last restore_progress is %v of %v bytes (%v%%), want all of them", rank, end["bytes_done"], end["bytes_total"], end["percent"])
 	}
 }

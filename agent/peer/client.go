@@ -635,6 +635,9 @@ func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []i
 				}
 			}
 			res.ok = append(res.ok, ev.chunk)
+			if spec.Progress != nil {
+				spec.Progress(int64(len(ev.buf)))
+			}
 		}
 		n := int64(len(ev.buf))
 		if st.pool != nil {

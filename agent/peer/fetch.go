@@ -42,6 +42,10 @@ type FetchSpec struct {
 	Dst     []byte
 	Deliver func(chunk int, data []byte) error
 
+	// Progress, if set, is told the length of every chunk as it lands
+	// verified (from several goroutines at once): a long fetch's progress.
+	Progress func(n int64)
+
 	// Window is the bytes one request may have in flight; 0: Config.Window.
 	Window int64
 	// Background marks replication traffic: rate-limited by

@@ -49,10 +49,15 @@ func Summarize(events []Event) string {
 // outcome says what followed a failure: the latest decisive event wins.
 func outcome(after []Event) string {
 	state := "relaunching"
+	requeued := ""
 	for _, e := range after {
 		switch e.Event {
 		case StepRelaunched:
 			state = "relaunched"
+		case StepLaunched:
+			if requeued != "" {
+				state = "requeued, running again"
+			}
 		case Resumed:
 			if e.Generation < 0 {
 				state = fmt.Sprintf("started over (nothing to restore) in %s", seconds(e.DurationS))
@@ -61,10 +66,10 @@ func outcome(after []Event) string {
 				if e.LostSteps != nil {
 					lost = "lost " + plural(*e.LostSteps, "step")
 				}
-				state = fmt.Sprintf("resumed from step %d in %s, %s", e.Generation, seconds(e.DurationS), lost)
+				state = fmt.Sprintf("%sresumed from step %d in %s, %s", requeued, e.Generation, seconds(e.DurationS), lost)
 			}
 		case JobRequeued:
-			state = "no spare left, job requeued"
+			state, requeued = "no spare left, job requeued", "requeued, "
 		case GaveUp:
 			state = "gave up: " + e.Cause
 		case Stopped:

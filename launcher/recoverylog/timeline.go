@@ -114,6 +114,9 @@ func Format(e Event) string {
 		from := map[string]string{RestoreLocal: "from its tmpfs", RestorePeer: "from a peer", Decode: "by decoding parity",
 			RestorePersistent: "from the persistent directory"}[e.Event]
 		s = fmt.Sprintf("%s: %s restored %s %s (%s, %s)", e.Node, rankList(e.Ranks), gen(), from, bytesText(e.Bytes), shortDuration(e.DurationS))
+		if e.Event == RestorePersistent && e.Cause != "" {
+			s += ": " + e.Cause // why memory could not serve it
+		}
 	case Resumed:
 		if e.Generation < 0 {
 			s = fmt.Sprintf("started over, nothing to restore, %s after the failure", seconds(e.DurationS))

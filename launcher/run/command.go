@@ -129,7 +129,14 @@ func Prepare(ctx context.Context, a Args, getenv func(string) string, environ []
 	if err != nil {
 		return nil, ExitError, err
 	}
+	var earlier []recoverylog.Event
+	for _, e := range prior {
+		if e.Restart < restart {
+			earlier = append(earlier, e)
+		}
+	}
 	return &Runner{
+		Prior: earlier,
 		Slurm: slurm, Log: w, Env: environ, Job: job, Restart: restart, Spec: s.String(), Plan: plan,
 		Policy: policy, Srun: a.Srun, SrunOpts: a.SrunOpts, Command: a.Command,
 		JobLogDir: filepath.Dir(recoverylog.Path(cfg.Log.Dir, job)),

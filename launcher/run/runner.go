@@ -41,6 +41,10 @@ type Runner struct {
 	// before reft run cancels the step and kills srun.
 	StopGrace time.Duration
 	Now       func() time.Time
+	// Prior are the recovery events of the job's earlier runs (before a
+	// requeue): the Comment keeps counting them, and a run after a
+	// requeue is a recovery like a relaunch.
+	Prior []recoverylog.Event
 
 	events  []recoverylog.Event
 	comment string
@@ -144,6 +148,14 @@ func (r *Runner) Run(ctx context.Context) int {
 		began                   = r.now()
 		next                    = &attempt{newestAtFailure: -1}
 	)
+	r.events = append(r.events[:0:0], r.Prior...)
+	if f, ok := requeuedAfter(r.Prior); ok {
+		// The job was requeued after a failure: this run's first launch
+		// recovers from it, as a relaunch would, with the time and the
+		// snapshot of that failure.
+		next = &attempt{failedAt: f.Time, newestAtFailure: f.Generation, committedKnown: f.Generation >= 0,
+			why: "the job was requeued after " + recoverylog.Describe(f)}
+	}
 	for {
 		a := next
 		a.relaunch, a.start = relaunch, r.now()
@@ -309,7 +321,7 @@ func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[
 		}
 		r.emit(ctx, e)
 	}
-	if a.relaunch == 0 || a.resumed {
+	if (a.relaunch == 0 && a.failedAt.IsZero()) || a.resumed {
 		return
 	}
 	if err := w.Poll(); err != nil {
@@ -370,6 +382,20 @@ func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[
 				strings.Join(miss, ","), r.JobLogDir)
 		}
 	}
+}
+
+// requeuedAfter returns the failure an earlier run requeued the job for,
+// when the earlier runs ended with that requeue.
+func requeuedAfter(prior []recoverylog.Event) (recoverylog.Event, bool) {
+	if len(prior) == 0 || prior[len(prior)-1].Event != recoverylog.JobRequeued {
+		return recoverylog.Event{}, false
+	}
+	for i := len(prior) - 1; i >= 0; i-- {
+		if prior[i].Event == recoverylog.FailureDetected {
+			return prior[i], true
+		}
+	}
+	return recoverylog.Event{}, false
 }
 
 func keys(m map[int64]bool) []int64 {

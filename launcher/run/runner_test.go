@@ -589,3 +589,34 @@ func TestRunNoAgentAnswerGivesNoProgressVerdict(t *testing.T) {
 		t.Errorf("failures %+v", fs)
 	}
 }
+
+// TestRunAfterRequeueResumes: the run after a requeue (SLURM_RESTART_COUNT
+// 1) is a recovery: its first launch's restores are observed and reported
+// against the failure that requeued the job, and the Comment tells the
+// whole story.
+func TestRunAfterRequeueResumes(t *testing.T) {
+	alloc := []string{"n1", "n2", "n3", "n5"}
+	h := newHarness(t, alloc, 0, fastPolicy(), fakeAttempt{exit: 0, agentLog: resumeLogs("0", 6, alloc...)})
+	failedAt := time.Date(2026, 5, 1, 11, 59, 30, 0, time.UTC)
+	h.r.Restart = 1
+	h.r.Prior = []recoverylog.Event{
+		{Event: recoverylog.StepLaunched, Job: "42", Step: "42.0", Generation: -1},
+		{Event: recoverylog.FailureDetected, Job: "42", Step: "42.0", Kind: recoverylog.KindNode, Node: "n4", Nodes: []string{"n4"}, Generation: 6, Time: failedAt},
+		{Event: recoverylog.JobRequeued, Job: "42", Node: "n4", Generation: -1},
+	}
+	if code := h.r.Run(context.Background()); code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, h.out.String())
+	}
+	ev := h.events()
+	want := []string{"step_launched", "restore_local", "restore_local", "restore_local", "restore_local", "resumed", "completed"}
+	if !slices.Equal(names(ev), want) {
+		t.Fatalf("events %v, want %v\n%s", names(ev), want, h.out.String())
+	}
+	r := find(ev, "resumed")[0]
+	if r.Restart != 1 || r.Generation != 6 || r.LostSteps == nil || *r.LostSteps != 0 || r.DurationS != 33.3 {
+		t.Errorf("resumed %+v: want step 6, 0 lost, 33.3 s after the failure", r)
+	}
+	if c := h.f.comments[len(h.f.comments)-1]; c != "reft: 1 failure (node n4 lost), requeued, resumed from step 6 in 33.3 s, lost 0 steps" {
+		t.Errorf("comment %q", c)
+	}
+}

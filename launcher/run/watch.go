@@ -45,6 +45,9 @@ type agentRecord struct {
 	Bytes      int64
 	Duration   time.Duration
 	Time       time.Time
+	// Reason is why memory could not serve the restore (the agent's
+	// restore_persistent reason); "" otherwise.
+	Reason string
 }
 
 // agentLine is the part of an agent's log line that the watcher reads.
@@ -60,6 +63,7 @@ type agentLine struct {
 	Bytes      int64     `json:"bytes"`
 	VerifyMS   float64   `json:"verify"`   // zerolog durations are milliseconds
 	DurationMS float64   `json:"duration"` // (restore_persistent)
+	Reason     string    `json:"reason"`
 }
 
 // NewWatcher follows the agent logs in dir (<log dir>/<job>).
@@ -163,7 +167,7 @@ func (w *Watcher) line(b []byte) {
 		return
 	}
 	r := agentRecord{Event: l.Event, Node: l.Node, Step: w.step[key], Rank: *l.Rank, Bytes: l.Bytes, Time: l.Time,
-		Generation: -1, Duration: time.Duration((l.VerifyMS + l.DurationMS) * float64(time.Millisecond))}
+		Generation: -1, Duration: time.Duration((l.VerifyMS + l.DurationMS) * float64(time.Millisecond)), Reason: l.Reason}
 	if l.Generation != nil {
 		r.Generation = *l.Generation
 	}
@@ -232,6 +236,9 @@ func RestoreSummaries(rs map[int]agentRecord) []recoverylog.Event {
 		if !ok {
 			e = &recoverylog.Event{Node: r.Node, Event: r.Event, Generation: r.Generation, Time: r.Time,
 				Cause: "served by the node's agent"}
+			if r.Reason != "" { // the operator's question: why not from memory
+				e.Cause = "memory could not serve it: " + r.Reason
+			}
 			groups[k] = e
 			order = append(order, k)
 		}

@@ -94,4 +94,16 @@ func TestRestoreSummaries(t *testing.T) {
 	if got[1].Node != "n3" || got[2].Node != "n5" || got[2].Event != recoverylog.RestorePeer {
 		t.Errorf("order %+v", got)
 	}
+	if got[0].Cause != "served by the node's agent" {
+		t.Errorf("n1 cause %q", got[0].Cause)
+	}
+
+	// A persistent-tier restore carries the agent's reason: why memory
+	// could not serve it is what the operator reads in the log.
+	w := NewWatcher(t.TempDir())
+	w.line([]byte(`{"time":"2026-05-01T12:00:00Z","node":"n4","event":"restore_persistent","rank":1,"generation":10,"bytes":5,"duration":2,"reason":"SG (pp=0,tp=0) lost ranks 1 and 2"}`))
+	ps := RestoreSummaries(w.Restores(""))
+	if len(ps) != 1 || ps[0].Event != recoverylog.RestorePersistent || ps[0].Cause != "memory could not serve it: SG (pp=0,tp=0) lost ranks 1 and 2" {
+		t.Errorf("persistent restore summary %+v", ps)
+	}
 }

@@ -243,10 +243,11 @@ func jobState(t *testing.T, jobID string) string {
 	if s := strings.TrimSpace(r.Stdout); r.Code == 0 && s != "" {
 		return s
 	}
+	// A resized or requeued job has several records (RESIZING, ...): the
+	// last is the job's state now.
 	r = run(t, 30*time.Second, root, "sacct", "-n", "-X", "-P", "-j", jobID, "-o", "State")
-	s := strings.TrimSpace(r.Stdout)
-	if f := strings.Fields(s); len(f) > 0 {
-		return f[0]
+	if ls := lines(r.Stdout); len(ls) > 0 {
+		return ls[len(ls)-1]
 	}
 	return ""
 }

@@ -31,6 +31,7 @@ type recoveryEvent struct {
 	Job         string    `json:"job"`
 	Step        string    `json:"step"`
 	Relaunch    int       `json:"relaunch"`
+	Restart     int       `json:"restart"`
 	Node        string    `json:"node"`
 	Event       string    `json:"event"`
 	Spec        string    `json:"spec"`
@@ -111,13 +112,14 @@ func reftRunCmd(t *testing.T, sbatchOpts, command string) (job, dir string) {
 	dir = sharedDir(t, alice)
 	conf := filepath.Join(clusterDir, "etc", "reft-e2e.toml")
 	// The cleanup asks for the allocation's current node count: it shrinks
-	// when a node of a --no-kill job is lost.
+	// when a node of a --no-kill job is lost. A requeued job (reft run's
+	// exit 5) keeps its stores: its next run restores from them.
 	script := fmt.Sprintf(`#!/bin/bash
 #SBATCH %s
 %s run --config %s --backoff 500ms -- %s
 rc=$?
 echo "reft run exit $rc"
-srun --reft=off -N "$(squeue -h -j $SLURM_JOB_ID -o %%D)" --ntasks-per-node=1 rm -rf %s
+[ $rc = 5 ] || srun --reft=off -N "$(squeue -h -j $SLURM_JOB_ID -o %%D)" --ntasks-per-node=1 rm -rf %s
 exit $rc
 `, sbatchOpts, bin("reft"), conf, command, filepath.Join(reftStoreRoot, u.Uid, "$SLURM_JOB_ID"))
 	return sbatchIn(t, dir, script), dir
@@ -649,13 +651,19 @@ func TestReftRunNodeLossSpareTorch(t *testing.T) {
 
 // TestReftRunNodeLossRequeue: -N4 --no-kill, no spare; n3 dies. reft run
 // records the failure and the requeue, sets the Comment and requeues the
-// job (scontrol shows Restarts=1), which the test then cancels.
+// job (scontrol shows Restarts=1). Slurm starts it again on n1, n2, n4 and
+// the idle n5; that run's ranks restore from what the survivors' memory
+// still holds (the stores outlive the first run), and the job completes
+// with the uninterrupted run's bits.
 func TestReftRunNodeLossRequeue(t *testing.T) {
 	enableReft(t)
 	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
-	job, dir := reftRunJobWith(t, "-N4 --no-kill --reft=arc --requeue", append(flags, "--dp", "4", "--steps", "100000")...)
-	waitOutput(t, dir, job, "\nstep 5 loss")
-	killNode(t, "n3")
+	flags = append(flags, "--dp", "4", "--steps", "150")
+	refHash := reference(t, flags)
+	reviveIfDead(t, "n3")
+	job, dir := reftRunJobWith(t, "-N4 --no-kill --reft=arc --requeue --open-mode=append", flags...)
+	waitOutput(t, dir, job, "\nstep 10 loss")
+	killed := killNode(t, "n3")
 	var ev []recoveryEvent
 	deadline := time.Now().Add(2 * time.Minute)
 	for len(eventsNamed(ev, "job_requeued")) == 0 {
@@ -673,23 +681,73 @@ func TestReftRunNodeLossRequeue(t *testing.T) {
 	if n < 3 || ev[0].Event != "step_launched" || ev[n-2].Event != "failure_detected" || ev[n-1].Event != "job_requeued" {
 		t.Fatalf("events %v", eventNames(ev))
 	}
-	if f := ev[n-2]; f.Kind != "node" || f.Node != "n3" {
-		t.Errorf("failure_detected %+v", f)
+	failed := ev[n-2]
+	if failed.Kind != "node" || failed.Node != "n3" {
+		t.Errorf("failure_detected %+v", failed)
 	}
 	if q := ev[n-1]; q.Node != "n3" || q.ExitCode == nil || *q.ExitCode != 5 || !strings.Contains(q.Cause, "no spare left") {
 		t.Errorf("job_requeued %+v", q)
 	}
-	var info string
-	for end := time.Now().Add(30 * time.Second); ; time.Sleep(250 * time.Millisecond) {
-		info = run(t, 30*time.Second, root, "scontrol", "-o", "show", "job", job).Stdout
-		if strings.Contains(info, " Restarts=1 ") || time.Now().After(end) {
-			break
+	t.Logf("job %s: n3 killed; requeued %.1f s later", job, ev[n-1].Time.Sub(killed).Seconds())
+
+	// The second run: Restarts=1 in accounting, and completion.
+	if st := waitJob(t, job, 5*time.Minute); st != "COMPLETED" {
+		t.Fatalf("job %s ended %s after its requeue:\n%s", job, st, jobOutput(t, dir, job))
+	}
+	out := jobOutput(t, dir, job)
+	if !strings.Contains(out, "reft run exit 5\n") || !strings.HasSuffix(strings.TrimRight(out, "\n"), "reft run exit 0") {
+		t.Fatalf("want the first run to requeue (exit 5) and the second to finish (exit 0):\n%s", out)
+	}
+	if h := hashRe.FindAllStringSubmatch(out, -1); len(h) != 1 || h[0][1] != refHash {
+		t.Fatalf("final-params-sha256 %v, uninterrupted %s:\n%s", h, refHash, out)
+	}
+	// The second run resumed from the survivors' memory: at most the step
+	// in flight when n3 died is lost, not the whole run.
+	ev = recoveryEvents(t, job)
+	var second []recoveryEvent
+	for _, e := range ev {
+		if e.Restart == 1 {
+			second = append(second, e)
 		}
 	}
-	if !strings.Contains(info, " Restarts=1 ") || !strings.Contains(info, "Comment=reft: 1 failure (node n3 lost), no spare left, job requeued") {
-		t.Errorf("after the requeue, scontrol shows:\n%s", info)
+	resumed := eventsNamed(second, "resumed")
+	if len(resumed) != 1 || len(eventsNamed(second, "step_launched")) != 1 || len(eventsNamed(second, "completed")) != 1 {
+		t.Fatalf("the requeued run's events %v, want step_launched, the restores, resumed, completed", eventNames(second))
 	}
-	mustRun(t, time.Minute, root, "scancel", job)
-	u, _ := user.Lookup(alice)
-	run(t, time.Minute, alice, "srun", "-N3", "--ntasks-per-node=1", "-w", "n[1-2,4]", "rm", "-rf", filepath.Join(reftStoreRoot, u.Uid, job))
+	// Rank 0 logged step L before the requeue, so every rank had
+	// committed L-1 (--save-every 1); the agents' answer, when they still
+	// answered at the failure, is exact.
+	first, _, _ := strings.Cut(out, "reft run exit 5\n")
+	var lastLogged int64 = -1
+	for _, m := range lossRe.FindAllStringSubmatch(first, -1) {
+		lastLogged, _ = strconv.ParseInt(m[1], 10, 64)
+	}
+	r := resumed[0]
+	switch {
+	case failed.Generation >= 0 && (r.Generation < failed.Generation-1 || r.Generation > failed.Generation+1):
+		t.Errorf("the requeued run resumed from step %d; step %d was committed when n3 died (at most one step may be lost)", r.Generation, failed.Generation)
+	case r.Generation < lastLogged-2:
+		t.Errorf("the requeued run resumed from step %d, but rank 0 had logged step %d before the requeue", r.Generation, lastLogged)
+	}
+	var peers int
+	for _, e := range second {
+		if e.Event == "restore_peer" || e.Event == "decode" {
+			peers++
+		}
+	}
+	if peers == 0 {
+		t.Errorf("the requeued run's ranks did not restore through their group: events %v", eventNames(second))
+	}
+	// (sacct 22.05 has no Restarts field; scontrol keeps it while
+	// slurmctld remembers the job.)
+	info := run(t, 30*time.Second, root, "scontrol", "-o", "show", "job", job).Stdout
+	if !strings.Contains(info, " Restarts=1 ") || !strings.Contains(info, "JobState=COMPLETED") {
+		t.Errorf("scontrol does not show the job COMPLETED after 1 restart:\n%s", info)
+	}
+	nodes := regexp.MustCompile(` NodeList=(\S+)`).FindString(info)
+	c := jobComment(t, job)
+	t.Logf("job %s: the requeued run (%s) resumed from step %d; sacct Comment: %s", job, nodes, resumed[0].Generation, c)
+	if !strings.HasPrefix(c, "reft: 1 failure (node n3 lost), requeued, resumed from step "+strconv.FormatInt(resumed[0].Generation, 10)) {
+		t.Errorf("Comment %q: want the failure, the requeue and the resume", c)
+	}
 }
