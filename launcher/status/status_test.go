@@ -90,7 +90,9 @@ func TestPrint(t *testing.T) {
 		"  n2: no longer in the job's allocation",
 		"  n3: no agent: the node runs no step of this job",
 	} {
-		if !slices.ContainsFunc(lines, func(l string) bool { return strings.TrimRight(l, " ") == strings.TrimRight(want, " ") || strings.HasPrefix(l, want) }) {
+		if !slices.ContainsFunc(lines, func(l string) bool {
+			return strings.TrimRight(l, " ") == strings.TrimRight(want, " ") || strings.HasPrefix(l, want)
+		}) {
 			t.Errorf("no line %q in:\n%s", want, b.String())
 		}
 	}
