@@ -136,12 +136,19 @@ bold "reft log $finished"
 as_user "$REPO/build/reft" log --config "$CONF" "$finished" || true
 
 bold "sacct -j $finished -o JobID,State,Restarts,Comment%80"
+# Slurm 22.05's sacct has no Restarts field: then scontrol's, beside.
+fields=JobID,State,Restarts,Comment%80
+sacct -j "$finished" -X -o JobID >/dev/null 2>&1 && ! sacct -j "$finished" -X -o "$fields" >/dev/null 2>&1 && fields=JobID,State,Comment%100
 for _ in $(seq 50); do
-	acct=$(sacct -j "$finished" -X -o JobID,State,Restarts,Comment%80)
+	acct=$(sacct -j "$finished" -X -o "$fields" 2>&1 || true)
 	grep -q "reft:" <<<"$acct" && break
 	sleep 0.2
 done
 echo "$acct"
+if [ "$fields" != JobID,State,Restarts,Comment%80 ]; then
+	restarts=$(scontrol -o show job "$finished" 2>/dev/null | sed -n 's/.* Restarts=\([0-9]*\).*/\1/p' || true)
+	echo "Restarts=${restarts:-?} (from scontrol: this sacct has no Restarts field)"
+fi
 
 bold "identical-hash check against the uninterrupted run"
 got=$(sed -n 's/^final-params-sha256: //p' "$out")
