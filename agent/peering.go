@@ -64,6 +64,8 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	}
 	srv.SetBackgroundRate(int64(cfg.Protect.BackgroundRate), int64(cfg.Protect.BackgroundBurst))
 	srv.PeerHooks(&pc)
+	// `reft status` asks every agent for this over the mesh port.
+	pc.Status = func() any { return srv.Status() }
 	if err := checkAuth(ctx, pc.Auth, o.UID); err != nil {
 		return nil, err
 	}

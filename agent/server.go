@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,6 +96,11 @@ type Server struct {
 	noticeMu    sync.Mutex
 	watchers    map[*watcher]struct{}
 	failedPeers map[string]time.Time
+	// regs is each rank's last registration on this node, for the status
+	// reply's protection (a rank's connection owns its rankConn; this is
+	// the copy others may read).
+	regMu sync.Mutex
+	regs  map[int]*proto.RankProtection
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path
@@ -235,6 +241,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	defer rc.close()
 	defer s.commPhase(rc, false, log) // a rank that died mid-collective must not hold replication paused
 	defer s.unwatch(rc)
+	defer s.noteGone(rc)
 	for {
 		f, err := proto.Decode(c)
 		if err != nil {
@@ -307,8 +314,77 @@ func (s *Server) Status() proto.Status {
 		PID: os.Getpid(), UptimeSeconds: time.Since(s.start).Seconds(),
 		Clients: int(s.clients.Load()), Connections: s.accepted.Load(), BadFrames: s.badFrames.Load(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
-		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.placementWarnings(),
+		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.placementWarnings(), Memory: s.memoryStatus(),
 	}
+}
+
+// memoryStatus is the store's bytes held and its use of the budget.
+func (s *Server) memoryStatus() *proto.Memory {
+	if s.store == nil {
+		return nil
+	}
+	m := &proto.Memory{Budget: s.info.MemoryBudget}
+	for _, k := range s.store.Keys() {
+		for _, g := range s.store.Generations(k) {
+			if !g.Bad {
+				m.Held += payloadBytes(g.Manifest.Buffers)
+			}
+		}
+	}
+	if a := s.store.Allocator(); a != nil {
+		am := a.Metrics()
+		m.InUse = am.BudgetInUseBytes.Load()
+		if m.InUse == 0 { // no budget attached (tests): what is mapped
+			m.InUse = am.ArenaBytes.Load()
+		}
+		m.PinnedBytes, m.UnpinnedArenas, m.HugePageArenas = am.PinnedBytes.Load(), am.UnpinnedArenas.Load(), am.HugePageArenas.Load()
+	}
+	return m
+}
+
+// noteRegistered records a rank's registration for the status reply.
+func (s *Server) noteRegistered(rank, world int, si *sgInfo) {
+	p := &proto.RankProtection{Connected: true, World: world, Mode: proto.ProtectLocal}
+	if si != nil {
+		c := si.layout.Coord(rank)
+		p.Layout = fmt.Sprintf("dp=%d pp=%d tp=%d", si.layout.DP, si.layout.PP, si.layout.TP)
+		p.Group, p.Position, p.Members = fmt.Sprintf("(pp=%d,tp=%d)", c.PP, c.TP), si.pos, slices.Clone(si.members)
+		p.ARC, p.AEC, p.AOR = si.arc && !si.whole, si.k, si.aor != nil
+		p.Mode = proto.ProtectSharded
+		if si.whole {
+			p.Mode = proto.ProtectWhole
+		}
+	}
+	s.regMu.Lock()
+	if s.regs == nil {
+		s.regs = map[int]*proto.RankProtection{}
+	}
+	s.regs[rank] = p
+	s.regMu.Unlock()
+}
+
+// noteGone marks a registered rank's connection closed.
+func (s *Server) noteGone(rc *rankConn) {
+	if !rc.registered {
+		return
+	}
+	s.regMu.Lock()
+	if p := s.regs[rc.key.Rank]; p != nil {
+		p.Connected = false
+	}
+	s.regMu.Unlock()
+}
+
+func (s *Server) protection(rank int) *proto.RankProtection {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	p := s.regs[rank]
+	if p == nil {
+		return nil
+	}
+	c := *p
+	c.Members = slices.Clone(p.Members)
+	return &c
 }
 
 func (s *Server) gpuStatus() *proto.GPU {
@@ -334,7 +410,7 @@ func (s *Server) rankStatus() []proto.RankStatus {
 		if k.Shard != tmpfs.DefaultShard {
 			continue
 		}
-		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}}
+		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}, Protection: s.protection(k.Rank)}
 		for _, g := range s.store.Generations(k) {
 			if g.Bad {
 				continue

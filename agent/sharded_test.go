@@ -137,12 +137,13 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 		t.Fatal(err)
 	}
 	pc := peer.Config{Job: shJob, UID: os.Getuid(), Node: name, Auth: auth, Bind: "127.0.0.1", PortRange: [2]int{lo, lo + 63},
-		Heartbeat: 200 * time.Millisecond, Timeout: 2 * time.Second, Log: log}
+		Heartbeat: 200 * time.Millisecond, Timeout: 2 * time.Second, Log: log, Status: func() any { return n.srv.Status() }}
 	n.srv.PeerHooks(&pc)
 	if n.m, err = mesh.Start(context.Background(), mesh.Config{Peer: pc, Hosted: n.srv.Hosted}, topo, n.st, log); err != nil {
 		t.Fatal(err)
 	}
 	n.srv.AttachMesh(func() *mesh.Mesh { return n.m })
+	n.srv.AttachPeering((&peering{m: n.m}).status)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- n.srv.Serve(ctx) }()
@@ -170,6 +171,7 @@ type shJobRun struct {
 	spec  string
 	nodes []*shNode // by rank
 	pdir  string
+	lo    int // the port range's low end
 	opt   shOpts
 	took  []time.Duration // each rank's RestoreStep in the last restoreAll
 }
@@ -208,7 +210,7 @@ func startJob(t testing.TB, spc string, names []string, roots map[string]string,
 		}
 	}
 	lo := shPorts(t, len(topo.Nodes))
-	j := &shJobRun{t: t, spec: spc, pdir: pdir, opt: o}
+	j := &shJobRun{t: t, spec: spc, pdir: pdir, lo: lo, opt: o}
 	started := map[string]*shNode{}
 	for _, nm := range names {
 		if roots[nm] == "" {

@@ -210,6 +210,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	rc.registered, rc.req = true, req
 	rc.bufs = slices.Clone(req.Buffers)
 	s.host(req.Rank, si)
+	s.noteRegistered(req.Rank, req.World, si)
 	if s.persist != nil {
 		s.persist.Registered(req.Rank, req.World)
 	}

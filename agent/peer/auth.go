@@ -99,7 +99,7 @@ func seal(ctx context.Context, cfg *Config, b Binding) ([]byte, error) {
 // acceptHandshake runs the listener side: hello -> challenge, auth -> auth
 // reply. sem bounds concurrent credential checks. On failure the returned
 // refusal has already been sent to the dialer.
-func acceptHandshake(cfg *Config, c *conn, sem chan struct{}) (peerNode string, err error) {
+func acceptHandshake(cfg *Config, c *conn, sem chan struct{}) (peerNode, role string, err error) {
 	deadline := time.Now().Add(cfg.HandshakeTimeout)
 	c.nc.SetDeadline(deadline)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -111,9 +111,9 @@ func acceptHandshake(cfg *Config, c *conn, sem chan struct{}) (peerNode string, 
 		case <-ctx.Done():
 		}
 	}()
-	fail := func(r *refusal) (string, error) {
+	fail := func(r *refusal) (string, string, error) {
 		c.writeError(0, r.code, r.msg, nil)
-		return "", fmt.Errorf("%w: %w", ErrAuth, r)
+		return "", "", fmt.Errorf("%w: %w", ErrAuth, r)
 	}
 	f, err := c.readFrame()
 	if err != nil {
@@ -144,7 +144,7 @@ func acceptHandshake(cfg *Config, c *conn, sem chan struct{}) (peerNode string, 
 		return fail(refuse(CodeInternal, "%v", err))
 	}
 	if err := c.writeMsg(TChallenge, 0, &Challenge{Protocol: Version, Method: cfg.Auth.Method(), Nonce: ln, Node: cfg.Node}); err != nil {
-		return "", fmt.Errorf("%w: %w", ErrAuth, err)
+		return "", "", fmt.Errorf("%w: %w", ErrAuth, err)
 	}
 	if f, err = c.readFrame(); err != nil {
 		return fail(refuse(CodeMalformed, "reading auth: %v", err))
@@ -173,15 +173,18 @@ func acceptHandshake(cfg *Config, c *conn, sem chan struct{}) (peerNode string, 
 	if r != nil {
 		return fail(r)
 	}
+	if b.Role != "" && b.Role != RoleStatus {
+		return fail(refuse(CodeForbidden, "dialer role %q; this agent knows agents and %q", b.Role, RoleStatus))
+	}
 	tok, err := seal(ctx, cfg, Binding{Proto: bindingProto, Dir: "listener", Job: cfg.Job, UID: cfg.UID, DialerNonce: h.Nonce, ListenNonce: ln, Node: cfg.Node})
 	if err != nil {
 		return fail(refuse(CodeInternal, "%v", err))
 	}
 	if err := c.writeMsg(TAuthReply, 0, &AuthMsg{Token: tok}); err != nil {
-		return "", fmt.Errorf("%w: %w", ErrAuth, err)
+		return "", "", fmt.Errorf("%w: %w", ErrAuth, err)
 	}
 	c.live()
-	return b.Node, nil
+	return b.Node, b.Role, nil
 }
 
 // dialHandshake runs the dialer side. The listener is authenticated as
@@ -236,7 +239,7 @@ func dialHandshake(ctx context.Context, cfg *Config, c *conn) (peerNode string, 
 	case len(ch.Nonce) != nonceSize:
 		return fail(refuse(CodeMalformed, "challenge nonce of %d bytes, want %d", len(ch.Nonce), nonceSize))
 	}
-	tok, err := seal(ctx, cfg, Binding{Proto: bindingProto, Dir: "dialer", Job: cfg.Job, UID: cfg.UID, DialerNonce: dn, ListenNonce: ch.Nonce, Node: cfg.Node})
+	tok, err := seal(ctx, cfg, Binding{Proto: bindingProto, Dir: "dialer", Job: cfg.Job, UID: cfg.UID, DialerNonce: dn, ListenNonce: ch.Nonce, Node: cfg.Node, Role: cfg.Role})
 	if err != nil {
 		return "", err
 	}

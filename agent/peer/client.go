@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -253,7 +254,7 @@ func (cc *clientConn) loop() error {
 				c.writeError(0, CodeMalformed, err.Error(), nil)
 				return err
 			}
-		case TError, TWatermarksReply, TManifestReply, TReplicateReply:
+		case TError, TWatermarksReply, TManifestReply, TReplicateReply, TStatusReply:
 			f, err := c.readPayload(h)
 			if err != nil {
 				return err
@@ -343,6 +344,20 @@ func (cl *Client) Replicate(ctx context.Context, addr string, req ReplicateReque
 		return fmt.Errorf("replicate request to %s: %w", addr, err)
 	}
 	return nil
+}
+
+// Status asks the agent at addr for its status (the JSON of its local
+// status reply, docs/PROTOCOL.md) and returns it undecoded, with the node
+// the agent authenticated as.
+func (cl *Client) Status(ctx context.Context, addr string) (node string, status json.RawMessage, err error) {
+	cc, err := cl.conn(ctx, addr, 0)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cc.call(ctx, TStatus, nil, &status); err != nil {
+		return cc.node, nil, fmt.Errorf("status from %s: %w", addr, err)
+	}
+	return cc.node, status, nil
 }
 
 // Manifest asks the agent at addr for a generation's layout and checksums,

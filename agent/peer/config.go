@@ -22,6 +22,12 @@ type Config struct {
 	Node string
 	// Auth proves who we are and checks who the peer is: *Munge or *Secret.
 	Auth Authenticator
+	// Role is a dialer's role, sealed in its binding: "" (an agent) or
+	// RoleStatus (a tool of the job's user that asks only for status).
+	Role string
+	// Status, on a Server, answers status requests: the agent's status
+	// reply, marshalled as JSON. nil: status requests get not_found.
+	Status func() any
 
 	// Bind is the listener's address ("" or "0.0.0.0": every interface).
 	Bind string

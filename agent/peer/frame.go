@@ -41,6 +41,9 @@ const (
 	TCredit     Type = 0x07 // dialer -> listener: arg bytes of window freed
 	TCancel     Type = 0x08 // dialer -> listener: stop streaming request id
 	TReplicate  Type = 0x09 // dialer -> listener: a generation to copy in the background
+	// TStatus asks for the agent's status (its local status reply). 0x10
+	// leaves 0x09-0x0f to the transport's own frames.
+	TStatus Type = 0x10
 
 	ReplyBit         Type = 0x80
 	TChallenge            = THello | ReplyBit // listener nonce
@@ -49,6 +52,7 @@ const (
 	TManifestReply        = TManifest | ReplyBit
 	TReplicateReply       = TReplicate | ReplyBit
 	TChunk                = TFetch | ReplyBit // arg: chunk index; payload: chunk bytes
+	TStatusReply          = TStatus | ReplyBit
 	TError           Type = 0xFF
 )
 
@@ -84,6 +88,10 @@ func (t Type) String() string {
 		return "manifest-reply"
 	case TChunk:
 		return "chunk"
+	case TStatus:
+		return "status"
+	case TStatusReply:
+		return "status-reply"
 	case TError:
 		return "error"
 	}

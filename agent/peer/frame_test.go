@@ -127,7 +127,7 @@ func FuzzDecode(f *testing.F) {
 
 func TestTypeNames(t *testing.T) {
 	for _, typ := range []Type{THello, TAuth, TPing, TWatermarks, TManifest, TFetch, TCredit, TCancel,
-		TChallenge, TAuthReply, TWatermarksReply, TManifestReply, TChunk, TError} {
+		TChallenge, TAuthReply, TWatermarksReply, TManifestReply, TChunk, TError, TStatus, TStatusReply} {
 		if !typ.known() {
 			t.Errorf("type 0x%02x (%s) is not known", uint8(typ), typ)
 		}

@@ -41,7 +41,16 @@ type Binding struct {
 	DialerNonce []byte `json:"dn"`
 	ListenNonce []byte `json:"ln"`
 	Node        string `json:"node,omitempty"`
+	// Role is the dialer's: "" for an agent of the job, RoleStatus for a
+	// tool of the job's user that may only ask for status. It is sealed,
+	// so a status tool cannot pass for an agent.
+	Role string `json:"role,omitempty"`
 }
+
+// RoleStatus is the role of a dialer that is not an agent but a tool of
+// the job's user (`reft status`): its connection answers status and
+// nothing else, so it reads no snapshot bytes.
+const RoleStatus = "status"
 
 // WatermarksRequest asks for committed generations; no ranks: all.
 type WatermarksRequest struct {

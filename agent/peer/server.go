@@ -180,6 +180,7 @@ type serverConn struct {
 	s    *Server
 	c    *conn
 	node string // the authenticated peer node
+	role string // the dialer's sealed role: "" (an agent) or RoleStatus
 	log  zerolog.Logger
 	mu   sync.Mutex
 	strs map[uint32]*sendStream
@@ -188,7 +189,7 @@ type serverConn struct {
 
 func (s *Server) serve(c *conn) {
 	remote := c.nc.RemoteAddr().String()
-	node, err := acceptHandshake(&s.cfg, c, s.shakes)
+	node, role, err := acceptHandshake(&s.cfg, c, s.shakes)
 	if err != nil {
 		s.stats.Refused.Add(1)
 		s.log.Warn().Str("event", "peer_refused").Str("remote", remote).Err(err).Msg("refused a peer connection")
@@ -196,8 +197,8 @@ func (s *Server) serve(c *conn) {
 		return
 	}
 	s.stats.Accepted.Add(1)
-	sc := &serverConn{s: s, c: c, node: node, strs: map[uint32]*sendStream{},
-		log: s.log.With().Str("remote", remote).Str("peer_node", node).Logger()}
+	sc := &serverConn{s: s, c: c, node: node, role: role, strs: map[uint32]*sendStream{},
+		log: s.log.With().Str("remote", remote).Str("peer_node", node).Str("peer_role", role).Logger()}
 	sc.log.Debug().Msg("peer connection authenticated")
 	go c.heartbeat(s.cfg.Heartbeat)
 	err = sc.readLoop()
@@ -256,7 +257,13 @@ func (sc *serverConn) readLoop() error {
 				return err
 			}
 			return fmt.Errorf("dialer closed the connection: %w", e)
-		case TWatermarks, TManifest, TFetch, TReplicate:
+		case TWatermarks, TManifest, TFetch, TReplicate, TStatus:
+			if sc.role == RoleStatus && h.Type != TStatus {
+				// A status tool reads no snapshot data: refuse and close.
+				msg := fmt.Sprintf("a %q connection may ask for status only, not %s", RoleStatus, h.Type)
+				c.writeError(h.ID, CodeForbidden, msg, nil)
+				return fmt.Errorf("%w: %s", ErrAuth, msg)
+			}
 			f, err := c.readPayload(h)
 			if err != nil {
 				c.writeError(h.ID, CodeMalformed, err.Error(), nil)
@@ -336,6 +343,14 @@ func (sc *serverConn) request(f Frame) {
 			return
 		}
 		c.writeMsg(TReplicateReply, f.ID, &ReplicateReply{})
+	case TStatus:
+		if sc.s.cfg.Status == nil {
+			c.writeError(f.ID, CodeNotFound, sc.s.cfg.Node+" serves no status", nil)
+			return
+		}
+		if err := c.writeMsg(TStatusReply, f.ID, sc.s.cfg.Status()); err != nil && !c.isClosed() {
+			c.writeError(f.ID, CodeInternal, err.Error(), nil)
+		}
 	}
 }
 

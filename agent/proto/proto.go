@@ -257,6 +257,27 @@ type Status struct {
 	// PlacementWarnings are the sharding-group placement problems this
 	// agent found (members of one group sharing this node), one line each.
 	PlacementWarnings []string `json:"placement_warnings,omitempty"`
+	// Memory is what the snapshot store holds and uses of the budget
+	// (absent with snapshots off).
+	Memory *Memory `json:"memory,omitempty"`
+}
+
+// Memory is the status reply's snapshot memory section.
+type Memory struct {
+	// Held is the payload bytes of every committed generation in the
+	// store: every rank's own state, copies and parity, restores.
+	Held int64 `json:"held"`
+	// Budget is the limit (store.memory_budget resolved); InUse the
+	// arena bytes reserved against it (allocated arenas, free ones
+	// included, since they are kept for the next saves).
+	Budget uint64 `json:"budget"`
+	InUse  int64  `json:"in_use"`
+	// PinnedBytes of the arenas are locked in memory; UnpinnedArenas
+	// could not be (RLIMIT_MEMLOCK): they may be swapped out, and a
+	// restore from them is slower.
+	PinnedBytes    int64 `json:"pinned_bytes"`
+	UnpinnedArenas int64 `json:"unpinned_arenas"`
+	HugePageArenas int64 `json:"huge_page_arenas"`
 }
 
 // GPU states, of the node and of a device.
@@ -292,7 +313,39 @@ type RankStatus struct {
 	Newest      int64   `json:"newest"` // newest committed step
 	Generations []int64 `json:"generations"`
 	Bytes       int64   `json:"bytes"` // payload bytes of the newest generation
+	// Protection is how the rank's last registration on this node is
+	// protected; absent when no rank registered since the agent started.
+	Protection *RankProtection `json:"protection,omitempty"`
 }
+
+// RankProtection is a rank's snapshot layout, from its registration.
+type RankProtection struct {
+	// Connected: the rank's connection is open now (a rank that finished
+	// or died keeps its last registration here).
+	Connected bool   `json:"connected"`
+	World     int    `json:"world"`
+	Layout    string `json:"layout,omitempty"` // "dp=4 pp=1 tp=1"
+	// Mode is "sharded" (own shard plus ARC copy and/or AEC parity of the
+	// SG's replicated state), "whole" (replicated state whole on every
+	// member, under aor alone) or "local" (the whole state on this node
+	// only: no arc/aec, one DP rank, or nothing replicated).
+	Mode string `json:"mode"`
+	// Group is the sharding group, "(pp=P,tp=T)"; Position the rank's
+	// ring position in it; Members the group's ranks by position.
+	Group    string `json:"group,omitempty"`
+	Position int    `json:"position"`
+	Members  []int  `json:"members,omitempty"`
+	ARC      bool   `json:"arc,omitempty"`
+	AEC      int    `json:"aec,omitempty"` // parity units per stripe
+	AOR      bool   `json:"aor,omitempty"` // keeps a replica of its successor's optimizer shard
+}
+
+// Protection modes of a RankProtection.
+const (
+	ProtectSharded = "sharded"
+	ProtectWhole   = "whole"
+	ProtectLocal   = "local"
+)
 
 // Error codes of an error reply.
 const (

@@ -13,6 +13,7 @@ import (
 	"github.com/reft-hpc/reft/launcher/plan"
 	"github.com/reft-hpc/reft/launcher/recoverylog"
 	reftrun "github.com/reft-hpc/reft/launcher/run"
+	"github.com/reft-hpc/reft/launcher/status"
 	"github.com/reft-hpc/reft/launcher/version"
 	"github.com/reft-hpc/reft/tmpfs/gc"
 )
@@ -32,6 +33,7 @@ var commands = map[string]command{
 	"log":          {"a job's recovery timeline: its Slurm steps joined with reft run's events (--json)", recoverylog.Command},
 	"plan":         {"reliability and cost planning (survival, placement, interval, memory, simulate)", plan.Main},
 	"run":          {"run a training step inside an allocation and relaunch it after failures", reftrun.Command},
+	"status":       {"a running job's agents: committed steps, protection, bytes held, memory (--json)", status.Command},
 	"status-local": {"this node's agent status for a job, one JSON line (reft run's probe)", reftrun.StatusLocal},
 	"version": {"print the reft version", func(_ []string, stdout, _ io.Writer) int {
 		fmt.Fprintln(stdout, "reft", version.Version)

@@ -12,6 +12,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -97,6 +98,13 @@ func reftRunJob(t *testing.T, trainArgs ...string) (job, dir string) {
 // reftRunJobWith is reftRunJob with other #SBATCH options.
 func reftRunJobWith(t *testing.T, sbatchOpts string, trainArgs ...string) (job, dir string) {
 	t.Helper()
+	return reftRunCmd(t, sbatchOpts, bin("reft-train")+" "+strings.Join(trainArgs, " "))
+}
+
+// reftRunCmd is a batch job with sbatchOpts that runs command (a shell
+// line) under reft run, then removes its node-local stores.
+func reftRunCmd(t *testing.T, sbatchOpts, command string) (job, dir string) {
+	t.Helper()
 	u, err := user.Lookup(alice)
 	if err != nil {
 		t.Fatal(err)
@@ -108,12 +116,12 @@ func reftRunJobWith(t *testing.T, sbatchOpts string, trainArgs ...string) (job, 
 	// exit 5) keeps its stores: its next run restores from them.
 	script := fmt.Sprintf(`#!/bin/bash
 #SBATCH %s
-%s run --config %s --backoff 500ms -- %s %s
+%s run --config %s --backoff 500ms -- %s
 rc=$?
 echo "reft run exit $rc"
 [ $rc = 5 ] || srun --reft=off -N "$(squeue -h -j $SLURM_JOB_ID -o %%D)" --ntasks-per-node=1 rm -rf %s
 exit $rc
-`, sbatchOpts, bin("reft"), conf, bin("reft-train"), strings.Join(trainArgs, " "), filepath.Join(reftStoreRoot, u.Uid, "$SLURM_JOB_ID"))
+`, sbatchOpts, bin("reft"), conf, command, filepath.Join(reftStoreRoot, u.Uid, "$SLURM_JOB_ID"))
 	return sbatchIn(t, dir, script), dir
 }
 
@@ -476,34 +484,78 @@ func killNode(t *testing.T, node string) time.Time {
 	return at
 }
 
-// TestReftRunNodeLossSpare: -N5 --no-kill with spares=1; n2 dies during
-// training. reft run classifies a node failure, excludes n2 and relaunches
-// with the spare n5 in n2's place (rank 1 moves there, the others stay).
-// The spare holds no snapshot; its rank assembles its state from the
-// other agents' shards and ARC copies (restore_peer), so training resumes
-// near where it stopped, and the bits still match.
-func TestReftRunNodeLossSpare(t *testing.T) {
-	enableReft(t)
-	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
-	flags = append(flags, "--steps", "150")
-	refHash := reference(t, flags)
-	job, dir := untilNoInitCrash(t, func() (string, string) {
-		reviveIfDead(t, "n2")
-		job, dir := reftRunJobWith(t, "-N5 --no-kill --reft=arc,spares=1 --requeue", append(flags, "--dp", "4")...)
-		waitOutput(t, dir, job, "\nstep 10 loss")
-		killed := killNode(t, "n2")
-		waitJobEnd(t, job, 5*time.Minute)
-		if f := eventsNamed(recoveryEvents(t, job), "failure_detected"); len(f) > 0 {
-			t.Logf("job %s: n2 killed; reft run saw the failure %.1f s later", job, f[0].Time.Sub(killed).Seconds())
+// spareLoss is one run of the node-loss scenario: the job, the step at
+// which n2 was killed, when, and when the relaunched step printed its
+// first loss line (zero if it never did).
+type spareLoss struct {
+	job, dir  string
+	killStep  int
+	killed    time.Time
+	firstStep time.Time
+	first     int64 // that line's step
+}
+
+// watchFirstStep polls a batch job's output until a loss line follows the
+// relaunch's "resumed from step" line, and records when it appeared (to
+// the poll's 20 ms).
+func watchFirstStep(dir, job string, nl *spareLoss) (stop func()) {
+	out := filepath.Join(dir, "slurm-"+job+".out")
+	done := make(chan struct{})
+	quit := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			b, _ := os.ReadFile(out)
+			if i := resumedRe.FindIndex(b); i != nil {
+				if m := lossRe.FindSubmatch(b[i[1]:]); m != nil {
+					nl.firstStep = time.Now()
+					nl.first, _ = strconv.ParseInt(string(m[1]), 10, 64)
+					return
+				}
+			}
 		}
+	}()
+	return func() { close(quit); <-done }
+}
+
+// runNodeLossSpare: a -N5 --no-kill job with spares=1 runs command under
+// reft run; n2 is killed once the trainer logged a step drawn at random
+// from [lo, hi], and the test waits for the job's end.
+func runNodeLossSpare(t *testing.T, command string, lo, hi int) spareLoss {
+	t.Helper()
+	var nl spareLoss
+	untilNoInitCrash(t, func() (string, string) {
+		reviveIfDead(t, "n2")
+		job, dir := reftRunCmd(t, "-N5 --no-kill --reft=arc,spares=1 --requeue", command)
+		nl = spareLoss{job: job, dir: dir, killStep: lo + rand.IntN(hi-lo+1)}
+		waitOutput(t, dir, job, fmt.Sprintf("\nstep %d loss", nl.killStep))
+		stop := watchFirstStep(dir, job, &nl)
+		nl.killed = killNode(t, "n2")
+		waitJobEnd(t, job, 5*time.Minute)
+		stop()
 		return job, dir
 	})
+	return nl
+}
+
+// checkNodeLossSpare checks what every node-loss run must show: the job
+// completed with the uninterrupted run's bits; reft run saw one node
+// failure on n2, put the spare n5 in its slot, and resumed losing at most
+// one step. It logs the recovery's figures.
+func checkNodeLossSpare(t *testing.T, nl spareLoss, refHash string) []recoveryEvent {
+	t.Helper()
+	job, dir := nl.job, nl.dir
 	out := jobOutput(t, dir, job)
 	if st := waitJobEnd(t, job, time.Minute); st != "COMPLETED" || !strings.Contains(out, "reft run exit 0\n") {
 		t.Fatalf("job %s ended %s:\n%s", job, st, out)
 	}
-	if h := hashRe.FindStringSubmatch(out); h == nil || h[1] != refHash {
-		t.Fatalf("final-params-sha256 %v, uninterrupted %s", h, refHash)
+	if h := hashRe.FindAllStringSubmatch(out, -1); len(h) != 1 || h[0][1] != refHash {
+		t.Fatalf("final-params-sha256 %v, uninterrupted %s:\n%s", h, refHash, out)
 	}
 	ev := recoveryEvents(t, job)
 	names := eventNames(ev)
@@ -520,17 +572,97 @@ func TestReftRunNodeLossSpare(t *testing.T) {
 	if r := ev[3]; !slices.Equal(r.Nodes, []string{"n1", "n5", "n3", "n4"}) {
 		t.Errorf("step_relaunched %+v: want n5 in n2's place", r)
 	}
-	if b, err := os.ReadFile(filepath.Join(clusterDir, "log", "reft", job, "hostfile.1")); err != nil || string(b) != "n1\nn5\nn3\nn4\n" {
-		t.Errorf("the relaunch's hostfile %q (%v): want rank 1 on n5", b, err)
+	res := eventsNamed(ev, "resumed")
+	if len(res) != 1 {
+		t.Fatalf("resumed events %+v", res)
 	}
-	r := run(t, time.Minute, alice, "sacct", "-n", "-P", "-j", job, "-o", "JobID,JobName,NodeList")
-	if !strings.Contains(r.Stdout, ev[3].Step+"|reft-train|n[1,3-5]\n") {
-		t.Errorf("sacct does not show the relaunched step %s on n[1,3-5]:\n%s", ev[3].Step, r.Stdout)
+	resumed := res[0]
+	// Lost work: the steps the trainer finished before the failure that
+	// the resume did not get back (at most the step in flight is redone).
+	// From the trainer's own log, since reft run knows the newest
+	// committed step only when an agent answered its probe.
+	i := resumedRe.FindStringIndex(out)
+	if i == nil {
+		t.Fatalf("the trainer did not say it resumed:\n%s", out)
 	}
+	before := lossRe.FindAllStringSubmatch(out[:i[0]], -1)
+	if len(before) == 0 {
+		t.Fatalf("no step logged before the failure:\n%s", out)
+	}
+	last, _ := strconv.ParseInt(before[len(before)-1][1], 10, 64)
+	lost := last - resumed.Generation
+	if lost < 0 || lost > 1 {
+		t.Errorf("the trainer finished step %d before the failure and resumed from step %d: %d steps lost, want at most 1", last, resumed.Generation, lost)
+	}
+	if resumed.LostSteps != nil && *resumed.LostSteps != lost {
+		t.Errorf("reft run says %d steps lost, the trainer's log %d", *resumed.LostSteps, lost)
+	}
+	if resumed.LostSteps == nil {
+		t.Logf("reft run did not know the newest committed step at the failure (failure_detected: %s); lost work from the trainer's log", ev[1].Cause)
+	}
+	if m := resumedRe.FindStringSubmatch(out); m == nil || m[1] != strconv.FormatInt(resumed.Generation, 10) {
+		t.Errorf("the trainer says %v, the agents' restores say step %d", m, resumed.Generation)
+	}
+	if nl.firstStep.IsZero() || nl.first != resumed.Generation+1 {
+		t.Fatalf("no first step after the resume seen (saw step %d at %v), want step %d", nl.first, nl.firstStep, resumed.Generation+1)
+	}
+	// The figures (issue 7: kill to first step after resume <= 15 s on
+	// the test cluster); reported, not asserted.
+	t.Logf("job %s: n2 killed after step %d; failure detected +%.2f s (step %d committed); relaunched on n1,n5,n3,n4; "+
+		"every rank restored step %d +%.2f s; first step after the resume (step %d) +%.2f s after the kill; %d step(s) lost",
+		job, nl.killStep, ev[1].Time.Sub(nl.killed).Seconds(), ev[1].Generation, resumed.Generation, resumed.Time.Sub(nl.killed).Seconds(),
+		nl.first, nl.firstStep.Sub(nl.killed).Seconds(), lost)
 	if c := jobComment(t, job); !strings.HasPrefix(c, "reft: 1 failure (node n2 lost, replaced by n5), ") {
 		t.Errorf("Comment %q", c)
 	} else {
 		t.Logf("sacct Comment: %s", c)
+	}
+	return ev
+}
+
+// TestReftRunNodeLossSpare: -N5 --no-kill with spares=1; n2 dies at a
+// random step of training. reft run classifies a node failure, excludes n2
+// and relaunches with the spare n5 in n2's place (rank 1 moves there, the
+// others stay). The spare holds no snapshot; its rank assembles its state
+// from the other agents' shards and ARC copies (restore_peer), so training
+// resumes near where it stopped, and the bits still match.
+func TestReftRunNodeLossSpare(t *testing.T) {
+	enableReft(t)
+	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
+	flags = append(flags, "--steps", "150")
+	refHash := reference(t, flags)
+	nl := runNodeLossSpare(t, bin("reft-train")+" "+strings.Join(append(flags, "--dp", "4"), " "), 5, 30)
+	ev := checkNodeLossSpare(t, nl, refHash)
+	if b, err := os.ReadFile(filepath.Join(clusterDir, "log", "reft", nl.job, "hostfile.1")); err != nil || string(b) != "n1\nn5\nn3\nn4\n" {
+		t.Errorf("the relaunch's hostfile %q (%v): want rank 1 on n5", b, err)
+	}
+	r := run(t, time.Minute, alice, "sacct", "-n", "-P", "-j", nl.job, "-o", "JobID,JobName,NodeList")
+	if !strings.Contains(r.Stdout, ev[3].Step+"|reft-train|n[1,3-5]\n") {
+		t.Errorf("sacct does not show the relaunched step %s on n[1,3-5]:\n%s", ev[3].Step, r.Stdout)
+	}
+}
+
+// TestReftRunNodeLossSpareTorch: the same with the PyTorch trainer
+// (examples/torch_ddp.py on reft.torch, DDP over gloo, AdamW): n2 dies at
+// a random step, the spare's rank restores from the other agents, and the
+// job ends with the bits of an uninterrupted run without reft.
+func TestReftRunNodeLossSpareTorch(t *testing.T) {
+	enableReft(t)
+	flags := append(append([]string{}, torchFlags...), "--steps", "300", "--optimizer", "adamw")
+	ref := mustRun(t, 3*time.Minute, alice, append([]string{"srun", "-K1", "-N4", "-n4"}, torchTask(flags...)...)...)
+	refHash := torchRun(t, "uninterrupted run", ref)
+	nl := runNodeLossSpare(t, strings.Join(torchTask(flags...), " "), 5, 40)
+	ev := checkNodeLossSpare(t, nl, refHash)
+	// The spare's rank (1) assembled its state from the other agents.
+	var peerRestored []int
+	for _, e := range eventsNamed(ev, "restore_peer") {
+		peerRestored = append(peerRestored, e.Ranks...)
+	}
+	if !slices.Contains(peerRestored, 1) {
+		t.Errorf("rank 1 on the spare did not restore from peers: restores %v", eventNames(ev))
+	}
+	if out := jobOutput(t, nl.dir, nl.job); strings.Contains(out, "snapshots off") {
+		t.Errorf("a step ran without snapshots:\n%s", out)
 	}
 }
 
