@@ -40,6 +40,12 @@ const (
 	TFetch      Type = 0x06 // stream a chunk range
 	TCredit     Type = 0x07 // dialer -> listener: arg bytes of window freed
 	TCancel     Type = 0x08 // dialer -> listener: stop streaming request id
+	// Failure detection (agent/detect), served by handlers the agent
+	// registers with Server.Handle; from 0x10 so that other features can
+	// take the types below.
+	TBeat    Type = 0x10 // heartbeat to a watched peer; the reply proves it alive
+	TProbe   Type = 0x11 // ask an agent whether it reaches a suspected node
+	TFailure Type = 0x12 // a confirmed failure: a report to the coordinator, or its publication
 
 	ReplyBit         Type = 0x80
 	TChallenge            = THello | ReplyBit // listener nonce
@@ -47,6 +53,9 @@ const (
 	TWatermarksReply      = TWatermarks | ReplyBit
 	TManifestReply        = TManifest | ReplyBit
 	TChunk                = TFetch | ReplyBit // arg: chunk index; payload: chunk bytes
+	TBeatReply            = TBeat | ReplyBit
+	TProbeReply           = TProbe | ReplyBit
+	TFailureReply         = TFailure | ReplyBit
 	TError           Type = 0xFF
 )
 
@@ -78,11 +87,27 @@ func (t Type) String() string {
 		return "manifest-reply"
 	case TChunk:
 		return "chunk"
+	case TBeat:
+		return "beat"
+	case TProbe:
+		return "probe"
+	case TFailure:
+		return "failure"
+	case TBeatReply:
+		return "beat-reply"
+	case TProbeReply:
+		return "probe-reply"
+	case TFailureReply:
+		return "failure-reply"
 	case TError:
 		return "error"
 	}
 	return fmt.Sprintf("type-0x%02x", uint8(t))
 }
+
+// Handled reports whether t is a request type served by a Handler
+// registered with Server.Handle, not by the store.
+func (t Type) Handled() bool { return t == TBeat || t == TProbe || t == TFailure }
 
 // known reports whether t is a type of this version.
 func (t Type) known() bool { return !strings.HasPrefix(t.String(), "type-") }
