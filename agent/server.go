@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
@@ -68,6 +69,11 @@ type Server struct {
 	viewCache *storeView // the job's watermarks, briefly cached
 	specOnce  sync.Once
 	jobSpec   spec.Spec
+
+	// Failure detection (detecting.go): the ranks' progress, and what
+	// learns of a failure.
+	progress     progressTable
+	failureHooks []func(detect.Failure)
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path
@@ -201,6 +207,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	log.Debug().Msg("client connected")
 	rc := &rankConn{}
 	defer rc.close()
+	defer s.progress.drop(rc)
 	for {
 		f, err := proto.Decode(c)
 		if err != nil {
@@ -247,11 +254,13 @@ func (s *Server) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Log
 		return proto.WriteMsg(c, proto.TStatusReply, f.ID, s.Status())
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
 		return s.handleSnapshot(c, rc, f, log)
+	case proto.TProgress:
+		return s.handleProgress(c, rc, f)
 	}
 	s.badFrames.Add(1)
 	log.Warn().Stringer("type", f.Type).Msg("unknown message type")
 	return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeUnknownType,
-		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows 0x01 to 0x09 (docs/PROTOCOL.md)", uint8(f.Type))})
+		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows 0x01 to 0x09 and 0x10 (docs/PROTOCOL.md)", uint8(f.Type))})
 }
 
 // Status is the payload of a status reply.

@@ -220,6 +220,7 @@ func (s *Server) save(c net.Conn, rc *rankConn, id uint32, step int64, log zerol
 		return replyErr(c, id, storeErr(err), "save of rank %d step %d: %v", rc.key.Rank, step, err)
 	}
 	rc.open = o
+	s.progress.note(rc, rc.key.Rank, step) // a save is progress too
 	return proto.WriteMsg(c, proto.TSave|proto.ReplyBit, id, proto.ArenaReply{
 		Step: step, Arena: o.ArenaPath(), ArenaSize: o.Arena().Size(),
 		Buffers: rc.layout.places, Regions: rc.layout.regions, Sections: rc.layout.sections})

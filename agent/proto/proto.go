@@ -45,6 +45,9 @@ const (
 	TGenerations Type = 0x07
 	TRestore     Type = 0x08
 	TRelease     Type = 0x09
+	// TProgress is the client's progress heartbeat (hang detection); from
+	// 0x10 so that other messages can take the types below.
+	TProgress    Type = 0x10
 	ReplyBit     Type = 0x80
 	THelloReply       = THello | ReplyBit
 	TStatusReply      = TStatus | ReplyBit
@@ -54,6 +57,7 @@ const (
 var typeNames = map[Type]string{
 	THello: "hello", TStatus: "status", TRegister: "register", TSave: "save", TCommit: "commit",
 	TAbort: "abort", TGenerations: "generations", TRestore: "restore", TRelease: "release",
+	TProgress: "progress",
 }
 
 func (t Type) String() string {

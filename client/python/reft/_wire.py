@@ -25,13 +25,14 @@ T_ABORT = 0x06
 T_GENERATIONS = 0x07
 T_RESTORE = 0x08
 T_RELEASE = 0x09
+T_PROGRESS = 0x10
 REPLY_BIT = 0x80
 T_ERROR = 0xFF
 
 TYPE_NAMES = {
     T_HELLO: "hello", T_STATUS: "status", T_REGISTER: "register", T_SAVE: "save",
     T_COMMIT: "commit", T_ABORT: "abort", T_GENERATIONS: "generations",
-    T_RESTORE: "restore", T_RELEASE: "release",
+    T_RESTORE: "restore", T_RELEASE: "release", T_PROGRESS: "progress",
 }
 
 _HEADER = struct.Struct(">IBBHI")
