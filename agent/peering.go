@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -113,8 +114,11 @@ func (p *peering) Close() {
 	p.mu.Lock()
 	m, det := p.m, p.det
 	p.mu.Unlock()
-	if det != nil {
-		det.Close() // before the mesh it calls over
+	if det != nil { // before the mesh it calls over
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		det.Leave(ctx) // a clean stop is no failure for the others
+		cancel()
+		det.Close()
 	}
 	if m != nil {
 		m.Close()

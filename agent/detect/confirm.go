@@ -151,7 +151,11 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 	d.mu.Lock()
 	heard := d.heard[node]
 	_, known := d.failed[node]
+	_, gone := d.gone[node]
 	d.mu.Unlock()
+	if gone { // it said goodbye meanwhile: no failure
+		return
+	}
 	if heard.After(last) { // it answered meanwhile (a beat, or a request of its own)
 		d.log.Info().Str("event", "peer_suspect_cleared").Str("peer_node", node).
 			Msgf("the agent of %s answered again; no failure", node)
@@ -236,7 +240,7 @@ func (d *Detector) probe(ctx context.Context, req probeReq) probeReply {
 	wg.Wait()
 	if err == nil || isRemote(err) {
 		rep.Reachable = true
-		d.alive(req.Node)
+		d.alive(req.Node, false)
 	} else {
 		rep.Error = err.Error()
 	}

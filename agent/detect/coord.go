@@ -32,8 +32,16 @@ type Handlers interface {
 // Register installs the handlers of beat, probe and failure frames.
 func (d *Detector) Register(s Handlers) error {
 	hs := map[peer.Type]peer.Handler{
-		peer.TBeat: func(_ context.Context, from string, _ []byte) (any, error) {
-			d.alive(from)
+		peer.TBeat: func(_ context.Context, from string, p []byte) (any, error) {
+			var req beatReq
+			if err := decode(p, &req); err != nil {
+				return nil, err
+			}
+			if req.Leaving {
+				d.left(from)
+			} else {
+				d.alive(from, true)
+			}
 			return beatReply{Node: d.cfg.Self}, nil
 		},
 		peer.TProbe: func(ctx context.Context, from string, p []byte) (any, error) {
@@ -41,7 +49,7 @@ func (d *Detector) Register(s Handlers) error {
 			if err := decode(p, &req); err != nil {
 				return nil, err
 			}
-			d.alive(from)
+			d.alive(from, false)
 			return d.probe(ctx, req), nil
 		},
 		peer.TFailure: func(_ context.Context, from string, p []byte) (any, error) {
@@ -49,7 +57,7 @@ func (d *Detector) Register(s Handlers) error {
 			if err := decode(p, &f); err != nil {
 				return nil, err
 			}
-			d.alive(from)
+			d.alive(from, false)
 			return d.received(f), nil
 		},
 	}

@@ -149,6 +149,7 @@ type Detector struct {
 	inflight   map[string]bool      // a beat to the node is under way
 	suspecting map[string]bool
 	failed     map[string]time.Time // confirmed or published failures, by node
+	gone       map[string]time.Time // agents that said goodbye (Leave)
 	published  []Failure            // what this agent published or learnt, for duplicates
 	hung       map[int]time.Time    // a rank reported hung, with the progress time it hung at
 	watching   []string
@@ -171,7 +172,7 @@ func New(cfg Config) (*Detector, error) {
 	}
 	d := &Detector{cfg: cfg, log: cfg.Log.With().Str("component", "detect").Logger(), nodes: map[string]Node{},
 		heard: map[string]time.Time{}, inflight: map[string]bool{}, suspecting: map[string]bool{},
-		failed: map[string]time.Time{}, hung: map[int]time.Time{}}
+		failed: map[string]time.Time{}, gone: map[string]time.Time{}, hung: map[int]time.Time{}}
 	for i, n := range cfg.Nodes {
 		if n.Index != i {
 			return nil, fmt.Errorf("detect: node %s has index %d at position %d", n.Name, n.Index, i)
@@ -208,6 +209,48 @@ func (d *Detector) Close() {
 	d.wg.Wait()
 }
 
+// Leave stops the detector and tells the other live agents that this one
+// stops on purpose, so that they neither suspect nor report it; the agent
+// calls it instead of Close when it shuts down cleanly. It waits for
+// their answers until ctx ends.
+func (d *Detector) Leave(ctx context.Context) {
+	if d.cancel != nil { // no beat after the goodbye
+		d.cancel()
+	}
+	d.wg.Wait()
+	d.mu.Lock()
+	var to []string
+	for _, n := range d.live() {
+		if n != d.cfg.Self {
+			to = append(to, n)
+		}
+	}
+	d.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, n := range to {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var rep beatReply
+			d.cfg.Transport.Call(ctx, n, peer.TBeat, beatReq{Node: d.cfg.Self, Leaving: true}, &rep)
+		}()
+	}
+	wg.Wait()
+}
+
+// left records that node's agent stopped on purpose: it is not watched,
+// suspected nor reported until it answers again.
+func (d *Detector) left(node string) {
+	if _, ok := d.nodes[node]; !ok || node == d.cfg.Self {
+		return
+	}
+	d.mu.Lock()
+	d.gone[node] = time.Now()
+	d.mu.Unlock()
+	d.log.Info().Str("event", "peer_left").Str("peer_node", node).
+		Msgf("the agent of %s stopped on purpose (its job step or allocation ended there); not watching it", node)
+}
+
 // Coordinator is the agent this one takes for the coordinator now: the
 // lowest-index node not known to have failed.
 func (d *Detector) Coordinator() string {
@@ -223,12 +266,14 @@ func (d *Detector) Watching() []string {
 	return slices.Clone(d.watching)
 }
 
-// live lists the nodes not known to have failed, in index order (self is
-// always live to itself). d.mu is held.
+// live lists the nodes not known to have failed or left, in index order
+// (self is always live to itself). d.mu is held.
 func (d *Detector) live() []string {
 	out := make([]string, 0, len(d.cfg.Nodes))
 	for _, n := range d.cfg.Nodes {
-		if _, dead := d.failed[n.Name]; !dead || n.Name == d.cfg.Self {
+		_, dead := d.failed[n.Name]
+		_, gone := d.gone[n.Name]
+		if !(dead || gone) || n.Name == d.cfg.Self {
 			out = append(out, n.Name)
 		}
 	}
@@ -283,9 +328,11 @@ func (d *Detector) tick(ctx context.Context) {
 	d.checkHangs(ctx)
 }
 
-// beatReq and beatReply are the beat's payloads.
+// beatReq and beatReply are the beat's payloads. Leaving says goodbye: the
+// agent stops on purpose (the job ends on its node), so it is no failure.
 type beatReq struct {
-	Node string `json:"node"`
+	Node    string `json:"node"`
+	Leaving bool   `json:"leaving,omitempty"`
 }
 
 type beatReply struct {
@@ -321,14 +368,15 @@ func (d *Detector) beat(ctx context.Context, node string) {
 		return
 	}
 	if err == nil || isRemote(err) { // an error frame is an answer too
-		d.alive(node)
+		d.alive(node, false)
 		return
 	}
 	d.mu.Lock()
 	last = d.heard[node]
 	_, known := d.failed[node]
+	_, gone := d.gone[node]
 	d.mu.Unlock()
-	if last.IsZero() || known {
+	if last.IsZero() || known || gone {
 		d.log.Debug().Str("peer_node", node).Err(err).Msg("beat unanswered by an agent not heard from yet")
 		return
 	}
@@ -342,8 +390,11 @@ func isRemote(err error) bool {
 }
 
 // alive records a sign of life of node's agent; a node published as
-// failed that answers again (its agent was restarted) is live again.
-func (d *Detector) alive(node string) {
+// failed that answers again (its agent was restarted) is live again, and
+// one that said goodbye is live again when it sends a request (beat) of
+// its own: a leaving agent stops beating before it says goodbye, so only
+// a new agent does.
+func (d *Detector) alive(node string, request bool) {
 	if _, ok := d.nodes[node]; !ok {
 		return
 	}
@@ -353,6 +404,9 @@ func (d *Detector) alive(node string) {
 	at, wasFailed := d.failed[node]
 	if wasFailed && now.After(at) {
 		delete(d.failed, node)
+	}
+	if request {
+		delete(d.gone, node)
 	}
 	d.mu.Unlock()
 	if wasFailed {

@@ -202,8 +202,9 @@ func (j *testJob) waitHeard() {
 }
 
 // kill ends node's agent: "agent" (its node stays up), "node" (its slurmd
-// goes too), or "silent" (the node vanishes without closing a connection:
-// every link to it drops, its slurmd does not answer).
+// goes too), "silent" (the node vanishes without closing a connection:
+// every link to it drops, its slurmd does not answer), or "leave" (the
+// agent stops cleanly and says so).
 func (j *testJob) kill(name, how string) {
 	a := j.agents[name]
 	a.mu.Lock()
@@ -223,6 +224,11 @@ func (j *testJob) kill(name, how string) {
 		}
 	}
 	j.mu.Unlock()
+	if how == "leave" {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		a.det.Leave(ctx)
+		cancel()
+	}
 	a.det.Close()
 	if how != "silent" {
 		a.srv.Close()
@@ -363,6 +369,29 @@ func TestDetectFlakyLink(t *testing.T) {
 	}
 	if r, ok := cleared[0]["reached_by"].([]any); !ok || len(r) == 0 {
 		t.Errorf("peer_suspect_cleared %v does not name the agents that reached the suspect", cleared[0])
+	}
+}
+
+// TestDetectLeave: agents that stop cleanly (the job ends on their nodes)
+// say goodbye; nobody reports them, and the others go on watching each
+// other: a later kill is still published, by the new lowest agent.
+func TestDetectLeave(t *testing.T) {
+	j := newJob(t, 4, nil)
+	j.kill("n1", "leave")
+	j.kill("n3", "leave")
+	time.Sleep(4 * tTimeout)
+	for _, a := range j.survivors() {
+		if fs := a.failures(); len(fs) > 0 {
+			t.Fatalf("%s learnt failures %+v after clean stops", a.name, fs)
+		}
+		if c := a.det.Coordinator(); c != "n2" {
+			t.Errorf("%s takes %s for the coordinator, want n2", a.name, c)
+		}
+	}
+	j.kill("n4", "node")
+	got, events := j.published(1)
+	if f := got["n2"]; len(f) != 1 || f[0].Node != "n4" || f[0].Coordinator != "n2" || len(events) != 1 {
+		t.Errorf("after clean stops and a kill: n2 learnt %+v, events %v", f, events)
 	}
 }
 
