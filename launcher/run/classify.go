@@ -228,6 +228,23 @@ func Classify(o Outcome, plan Plan, h Health) Failure {
 	return Failure{Kind: recoverylog.KindStep, Cause: cause}
 }
 
+// FromAgents is the failure the agents' detector published: their class
+// (node, agent or hang) and node, and their cause with who saw it.
+func FromAgents(f AgentFailure) Failure {
+	by := "coordinator " + f.Coordinator
+	if f.Reporter != "" && f.Reporter != f.Coordinator {
+		by += ", reported by " + f.Reporter
+	}
+	if len(f.ConfirmedBy) > 0 {
+		by += ", confirmed by " + strings.Join(f.ConfirmedBy, ",")
+	}
+	out := Failure{Kind: f.Class, Nodes: []string{f.Node}, Cause: fmt.Sprintf("the agents' failure detector: %s (%s)", f.Cause, by)}
+	if f.Class == recoverylog.KindHang {
+		out.Ranks = slices.Clone(f.Ranks)
+	}
+	return out
+}
+
 func intList(v []int) string {
 	s := make([]string, len(v))
 	for i, x := range v {
