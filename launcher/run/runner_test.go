@@ -633,7 +633,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 			first: fakeAttempt{exit: 1, stderr: []string{"srun: error: n2: task 1: Exited with exit code 1"},
 				agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "agent", "", 0.05)}}},
 			relaunch: []string{"n1", "n2", "n3", "n4"}, kind: recoverylog.KindAgent, by: "agents",
-			probed: []string{"n1", "n2", "n3", "n4"},
+			probed:  []string{"n1", "n2", "n3", "n4"},
 			comment: "reft: 1 failure (agent on n2)", relaunchW: "agent failure: same nodes"},
 		{name: "spare lost, then a rank",
 			first: fakeAttempt{exit: 143, stderr: killed2,
