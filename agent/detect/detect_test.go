@@ -82,7 +82,7 @@ func (a *testAgent) failures() []Failure {
 // testJob is a job's agents, with the network and the nodes' slurmd under
 // the test's control.
 type testJob struct {
-	t      *testing.T
+	t      testing.TB
 	names  []string
 	agents map[string]*testAgent
 
@@ -112,7 +112,12 @@ func (tr transport) Call(ctx context.Context, node string, t peer.Type, req, res
 	return tr.cl.Call(ctx, addr, t, req, resp)
 }
 
-func newJob(t *testing.T, n int, hang map[string]time.Duration) *testJob {
+func newJob(t testing.TB, n int, hang map[string]time.Duration) *testJob {
+	return newJobTimed(t, n, hang, tInterval, tTimeout, tConfirm)
+}
+
+// newJobTimed starts n agents with the given detector timers.
+func newJobTimed(t testing.TB, n int, hang map[string]time.Duration, interval, timeout, confirm time.Duration) *testJob {
 	t.Helper()
 	j := &testJob{t: t, agents: map[string]*testAgent{}, addrs: map[string]string{}, slurmd: map[string]bool{},
 		blocked: map[[2]string]bool{}, hang: hang}
@@ -145,7 +150,7 @@ func newJob(t *testing.T, n int, hang map[string]time.Duration) *testJob {
 				defer j.mu.Unlock()
 				return j.slurmd[n.Name], nil
 			},
-			Interval: tInterval, Timeout: tTimeout, Confirm: tConfirm, Hang: hang[name],
+			Interval: interval, Timeout: timeout, Confirm: confirm, Hang: hang[name],
 			Progress: func() []Progress {
 				a.mu.Lock()
 				defer a.mu.Unlock()
