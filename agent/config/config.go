@@ -155,7 +155,7 @@ func Default() Config {
 			Timeout:  Duration(2 * time.Second),
 		},
 		Detect: Detect{Enabled: true, Interval: Duration(250 * time.Millisecond), Timeout: Duration(time.Second),
-			Confirm: Duration(500 * time.Millisecond), Hang: Duration(10 * time.Minute)},
+			Confirm: Duration(500 * time.Millisecond), Hang: Duration(30 * time.Minute)},
 		Log: Log{Dir: "/var/log/reft", Level: "info"},
 		Run: Run{MaxRestarts: 10, MaxStalled: 3, Backoff: Duration(time.Second),
 			BackoffMax: Duration(time.Minute), ProbeTimeout: Duration(30 * time.Second)},
