@@ -124,26 +124,49 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 	asked := confirmers(d.cfg.Self, node, live)
 	replies := make([]*probeReply, len(asked))
 	errs := make([]error, len(asked))
-	var own string
-	var wg sync.WaitGroup
+	type answer struct {
+		i   int
+		r   *probeReply
+		err error
+	}
+	answers := make(chan answer, len(asked))
 	for i, c := range asked {
-		wg.Add(1)
 		go func() {
-			defer wg.Done()
 			r := &probeReply{}
-			if err := d.cfg.Transport.Call(cctx, c, peer.TProbe, probeReq{Node: node}, r); err != nil {
-				errs[i] = err
-				return
-			}
-			replies[i] = r
+			err := d.cfg.Transport.Call(cctx, c, peer.TProbe, probeReq{Node: node}, r)
+			answers <- answer{i, r, err}
 		}()
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		own = d.checkSlurmd(cctx, node)
-	}()
-	wg.Wait()
+	ownc := make(chan string, 1)
+	go func() { ownc <- d.checkSlurmd(cctx, node) }()
+	// Decide as soon as the answers settle it: one agent that reaches the
+	// suspect clears it; two that cannot (or every one asked) confirm it.
+	// A node without an agent (a spare) then costs nothing.
+	need := min(2, len(asked))
+	var own string
+	for got, no, ownDone := 0, 0, false; ; {
+		if ownDone && (got == len(asked) || no >= need) {
+			break
+		}
+		select {
+		case a := <-answers:
+			got++
+			if a.err != nil {
+				errs[a.i] = a.err
+				continue
+			}
+			replies[a.i] = a.r
+			if a.r.Reachable {
+				got, ownDone = len(asked), true // settled: cleared below
+				own = slurmdUnknown
+			} else {
+				no++
+			}
+		case own = <-ownc:
+			ownDone = true
+		}
+	}
+	cancel() // the rest are not needed
 	if ctx.Err() != nil {
 		return
 	}
@@ -168,6 +191,7 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 	slurmd := []string{own}
 	for i, c := range asked {
 		switch r := replies[i]; {
+		case r == nil && errs[i] == nil: // not waited for
 		case r == nil:
 			silent = append(silent, c+" ("+errs[i].Error()+")")
 		case r.Reachable:

@@ -354,6 +354,21 @@ func (r *Runner) failStep(ctx context.Context, a *attempt, proc Proc) {
 	f := a.agentFailure
 	r.say("the agents detected a %s failure on %s %.2f s after its last sign of life (coordinator %s): %s; stopping the step",
 		f.Class, f.Node, f.Latency.Seconds(), f.Coordinator, f.Cause)
+	if f.Class == recoverylog.KindNode {
+		// Slurm would keep the step, and the relaunch waiting for its
+		// resources, until it calls the node down; give the node back.
+		var keep []string
+		for _, n := range r.Plan.Alloc {
+			if n != f.Node && !slices.Contains(r.Plan.Excluded, n) {
+				keep = append(keep, n)
+			}
+		}
+		if err := r.Slurm.Shrink(ctx, r.Job, keep); err != nil {
+			r.say("warning: cannot give lost node %s back to Slurm (%v); the relaunch may wait until Slurm calls it down", f.Node, err)
+		} else {
+			r.say("gave lost node %s back to Slurm: the job now holds %s", f.Node, strings.Join(keep, ","))
+		}
+	}
 	if a.stepID != "" {
 		if err := r.Slurm.Cancel(ctx, a.stepID); err != nil {
 			r.say("warning: %v", err)

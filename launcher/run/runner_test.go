@@ -47,6 +47,14 @@ type fakeSlurm struct {
 	listed    chan struct{} // closed once Steps has seen the running step
 	started   chan struct{} // gets a value when a step starts
 	cancelled []string
+	shrunk    [][]string
+}
+
+func (f *fakeSlurm) Shrink(_ context.Context, _ string, keep []string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.shrunk = append(f.shrunk, slices.Clone(keep))
+	return nil
 }
 
 func (f *fakeSlurm) Hostnames(_ context.Context, list string) ([]string, error) {
@@ -614,7 +622,8 @@ func TestRunAgentsVerdict(t *testing.T) {
 		by        string
 		ranks     []int
 		probed    []string
-		stopped   string // "yes": reft run cancelled the step and signalled srun; "no"; "": either (a race)
+		stopped   string   // "yes": reft run cancelled the step and signalled srun; "no"; "": either (a race)
+		shrunk    []string // the nodes the job kept (nil: not shrunk)
 		excluded  []string
 		comment   string // prefix
 		relaunchW string // prefix of the relaunch's cause
@@ -622,7 +631,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 		{name: "node lost",
 			first:    fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
 			relaunch: []string{"n1", "n5", "n3", "n4"}, kind: recoverylog.KindNode, by: "agents",
-			probed: []string{"n1", "n3", "n4"}, stopped: "yes", excluded: []string{"n2"},
+			probed: []string{"n1", "n3", "n4"}, stopped: "yes", excluded: []string{"n2"}, shrunk: []string{"n1", "n3", "n4", "n5"},
 			comment: "reft: 1 failure (node n2 lost, replaced by n5)", relaunchW: "node failure: n5 in n2's place"},
 		{name: "hang",
 			first:    fakeAttempt{block: true, agentLog: map[string][]string{"n2": {agentFailureLine("n2", "n3", "hang", "2", 600)}}},
@@ -674,6 +683,9 @@ func TestRunAgentsVerdict(t *testing.T) {
 			stopped := map[bool]string{true: "yes", false: "no"}[slices.Contains(h.f.cancelled, "42.0") && slices.Contains(h.f.signals, os.Signal(syscall.SIGTERM))]
 			if tc.stopped != "" && stopped != tc.stopped {
 				t.Errorf("step cancelled %v, srun signalled %v; want stopped=%v", h.f.cancelled, h.f.signals, tc.stopped)
+			}
+			if tc.shrunk == nil && len(h.f.shrunk) > 0 || tc.shrunk != nil && (len(h.f.shrunk) != 1 || !slices.Equal(h.f.shrunk[0], tc.shrunk)) {
+				t.Errorf("job shrunk to %v, want %v", h.f.shrunk, tc.shrunk)
 			}
 			if !slices.Equal(h.r.Plan.Excluded, tc.excluded) {
 				t.Errorf("excluded %v, want %v", h.r.Plan.Excluded, tc.excluded)

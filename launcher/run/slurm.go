@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/reft-hpc/reft/launcher/recoverylog"
+	"github.com/reft-hpc/reft/pmix/hostlist"
 )
 
 // Slurm is what reft run asks of Slurm; tests replace it.
@@ -36,6 +37,9 @@ type Slurm interface {
 	Requeue(ctx context.Context, job string) error
 	// Cancel cancels a step ("42.3") that srun did not end.
 	Cancel(ctx context.Context, step string) error
+	// Shrink gives the allocation's other nodes back: the job keeps only
+	// keep (scontrol update NodeList=), and its steps there are ended.
+	Shrink(ctx context.Context, job string, keep []string) error
 	// Start launches the step.
 	Start(l Launch) (Proc, error)
 }
@@ -202,6 +206,14 @@ func (e Exec) Requeue(ctx context.Context, job string) error {
 // Cancel runs scancel on a step.
 func (e Exec) Cancel(ctx context.Context, step string) error {
 	_, err := e.output(ctx, e.Scancel, step)
+	return err
+}
+
+// Shrink resizes the job to the nodes in keep (a job's owner may shrink
+// it). Slurm then ends the steps on the others without waiting for their
+// slurmd, so a relaunch need not wait until Slurm calls a lost node down.
+func (e Exec) Shrink(ctx context.Context, job string, keep []string) error {
+	_, err := e.output(ctx, e.Scontrol, "update", "JobId="+job, "NodeList="+hostlist.Compress(keep))
 	return err
 }
 
