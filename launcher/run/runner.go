@@ -354,9 +354,11 @@ func (r *Runner) failStep(ctx context.Context, a *attempt, proc Proc) {
 	f := a.agentFailure
 	r.say("the agents detected a %s failure on %s %.2f s after its last sign of life (coordinator %s): %s; stopping the step",
 		f.Class, f.Node, f.Latency.Seconds(), f.Coordinator, f.Cause)
-	if f.Class == recoverylog.KindNode {
+	if f.Class == recoverylog.KindNode && len(r.Plan.Spares()) > 0 {
 		// Slurm would keep the step, and the relaunch waiting for its
 		// resources, until it calls the node down; give the node back.
+		// Not without a spare: the job is requeued then, and must keep
+		// its size.
 		var keep []string
 		for _, n := range r.Plan.Alloc {
 			if n != f.Node && !slices.Contains(r.Plan.Excluded, n) {

@@ -624,6 +624,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 		probed    []string
 		stopped   string   // "yes": reft run cancelled the step and signalled srun; "no"; "": either (a race)
 		shrunk    []string // the nodes the job kept (nil: not shrunk)
+		noSpare   bool     // the allocation is the step's four nodes: a lost node requeues the job
 		excluded  []string
 		comment   string // prefix
 		relaunchW string // prefix of the relaunch's cause
@@ -633,6 +634,11 @@ func TestRunAgentsVerdict(t *testing.T) {
 			relaunch: []string{"n1", "n5", "n3", "n4"}, kind: recoverylog.KindNode, by: "agents",
 			probed: []string{"n1", "n3", "n4"}, stopped: "yes", excluded: []string{"n2"}, shrunk: []string{"n1", "n3", "n4", "n5"},
 			comment: "reft: 1 failure (node n2 lost, replaced by n5)", relaunchW: "node failure: n5 in n2's place"},
+		{name: "node lost, no spare", noSpare: true,
+			first: fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
+			kind:  recoverylog.KindNode, by: "agents",
+			probed: []string{"n1", "n3", "n4"}, stopped: "yes", excluded: nil,
+			comment: "reft: 1 failure (node n2 lost), no spare left, job requeued"},
 		{name: "hang",
 			first:    fakeAttempt{block: true, agentLog: map[string][]string{"n2": {agentFailureLine("n2", "n3", "hang", "2", 600)}}},
 			relaunch: []string{"n1", "n2", "n3", "n4"}, kind: recoverylog.KindHang, by: "agents", ranks: []int{2},
@@ -652,10 +658,14 @@ func TestRunAgentsVerdict(t *testing.T) {
 			comment: "reft: 1 failure (rank 2 on n3)", relaunchW: "rank failure: same nodes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, alloc, 1, fastPolicy(), tc.first,
+			al, spares, want := alloc, 1, ExitOK
+			if tc.noSpare {
+				al, spares, want = four, 0, ExitRequeued
+			}
+			h := newHarness(t, al, spares, fastPolicy(), tc.first,
 				fakeAttempt{exit: 0, agentLog: resumeLogs("2", 5, tc.relaunch...)})
-			if code := h.r.Run(context.Background()); code != ExitOK {
-				t.Fatalf("exit %d\n%s", code, h.out.String())
+			if code := h.r.Run(context.Background()); code != want {
+				t.Fatalf("exit %d, want %d\n%s", code, want, h.out.String())
 			}
 			ev := h.events()
 			fs := find(ev, recoverylog.FailureDetected)
@@ -674,7 +684,9 @@ func TestRunAgentsVerdict(t *testing.T) {
 			} else if f.DetectionS != nil {
 				t.Errorf("failure_detected %+v: a latency without the agents' verdict", f)
 			}
-			if rl := find(ev, recoverylog.StepRelaunched); len(rl) != 1 || !slices.Equal(rl[0].Nodes, tc.relaunch) || !strings.HasPrefix(rl[0].Cause, tc.relaunchW) {
+			if rl := find(ev, recoverylog.StepRelaunched); tc.noSpare && (len(rl) != 0 || h.f.requeued != 1) {
+				t.Errorf("relaunches %+v, requeues %d: want a requeue", rl, h.f.requeued)
+			} else if !tc.noSpare && (len(rl) != 1 || !slices.Equal(rl[0].Nodes, tc.relaunch) || !strings.HasPrefix(rl[0].Cause, tc.relaunchW)) {
 				t.Errorf("step_relaunched %+v; want %v (%s)", rl, tc.relaunch, tc.relaunchW)
 			}
 			if len(h.f.probed) != 1 || !slices.Equal(h.f.probed[0], tc.probed) {
