@@ -119,6 +119,10 @@ type AgentReport struct {
 	OK     bool          `json:"ok"`              // the agent answered
 	Error  string        `json:"error,omitempty"` // why not
 	Status *proto.Status `json:"status,omitempty"`
+
+	// Stopped: the agent was asked to stop (status-local --stop-agent)
+	// and is gone.
+	Stopped bool `json:"stopped,omitempty"`
 }
 
 // Health is what Slurm and the agents say about the step's nodes after a

@@ -66,6 +66,9 @@ type attempt struct {
 	// already looked at.
 	agentFailure *AgentFailure
 	seenFailures int
+	// shrunk: the lost node was given back to Slurm, and the job now
+	// holds these nodes.
+	shrunk []string
 }
 
 // stepSuffix is the step part of "42.3", as the agents' logs have it.
@@ -186,6 +189,15 @@ func (r *Runner) Run(ctx context.Context) int {
 			f, detectedBy = FromAgents(*af), "agents"
 			if failedAt.IsZero() || af.DetectedAt.Before(failedAt) {
 				failedAt = af.DetectedAt
+			}
+		}
+		if len(a.shrunk) > 0 {
+			// The agents still running found each other on the larger
+			// allocation's ports (agent/mesh); new ones on the smaller one
+			// would not find them. Restart them all: each new agent
+			// re-indexes its node's store.
+			if err := r.Slurm.StopAgents(ctx, r.Job, a.shrunk); err != nil {
+				r.say("warning: %v; the relaunch's agents may not find each other", err)
 			}
 		}
 		newest, bytes, known := Committed(h)
@@ -368,6 +380,7 @@ func (r *Runner) failStep(ctx context.Context, a *attempt, proc Proc) {
 		if err := r.Slurm.Shrink(ctx, r.Job, keep); err != nil {
 			r.say("warning: cannot give lost node %s back to Slurm (%v); the relaunch may wait until Slurm calls it down", f.Node, err)
 		} else {
+			a.shrunk = keep
 			r.say("gave lost node %s back to Slurm: the job now holds %s", f.Node, strings.Join(keep, ","))
 		}
 	}

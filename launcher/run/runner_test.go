@@ -48,6 +48,14 @@ type fakeSlurm struct {
 	started   chan struct{} // gets a value when a step starts
 	cancelled []string
 	shrunk    [][]string
+	stopped   [][]string // StopAgents calls
+}
+
+func (f *fakeSlurm) StopAgents(_ context.Context, _ string, nodes []string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stopped = append(f.stopped, slices.Clone(nodes))
+	return nil
 }
 
 func (f *fakeSlurm) Shrink(_ context.Context, _ string, keep []string) error {
@@ -698,6 +706,10 @@ func TestRunAgentsVerdict(t *testing.T) {
 			}
 			if tc.shrunk == nil && len(h.f.shrunk) > 0 || tc.shrunk != nil && (len(h.f.shrunk) != 1 || !slices.Equal(h.f.shrunk[0], tc.shrunk)) {
 				t.Errorf("job shrunk to %v, want %v", h.f.shrunk, tc.shrunk)
+			}
+			// After a shrink every agent left restarts (their ports follow the allocation).
+			if tc.shrunk == nil && len(h.f.stopped) > 0 || tc.shrunk != nil && (len(h.f.stopped) != 1 || !slices.Equal(h.f.stopped[0], tc.shrunk)) {
+				t.Errorf("agents stopped on %v, want %v", h.f.stopped, tc.shrunk)
 			}
 			if !slices.Equal(h.r.Plan.Excluded, tc.excluded) {
 				t.Errorf("excluded %v, want %v", h.r.Plan.Excluded, tc.excluded)

@@ -40,6 +40,9 @@ type Slurm interface {
 	// Shrink gives the allocation's other nodes back: the job keeps only
 	// keep (scontrol update NodeList=), and its steps there are ended.
 	Shrink(ctx context.Context, job string, keep []string) error
+	// StopAgents stops the job's agents on nodes (a step running reft
+	// status-local --stop-agent); the next step starts new ones.
+	StopAgents(ctx context.Context, job string, nodes []string) error
 	// Start launches the step.
 	Start(l Launch) (Proc, error)
 }
@@ -173,6 +176,31 @@ func (e Exec) Probe(ctx context.Context, job string, nodes []string) (map[string
 		return reports, fmt.Errorf("asking the agents: %w", err)
 	}
 	return reports, nil
+}
+
+// StopAgents stops the agents on nodes through a step like Probe's.
+func (e Exec) StopAgents(ctx context.Context, job string, nodes []string) error {
+	if len(nodes) == 0 {
+		return nil
+	}
+	n := strconv.Itoa(len(nodes))
+	args := []string{"--overlap", "--reft=off", "--job-name=" + recoverylog.ProbeStepName,
+		"--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1", "--nodelist=" + strings.Join(nodes, ","),
+		"--kill-on-bad-exit=0", e.Self, "status-local", "--stop-agent", "--config", e.ConfigPath, "--job", job}
+	out, err := e.output(ctx, e.Srun, args...)
+	var failed []string
+	for _, nd := range nodes {
+		if r, ok := ParseReports(out, nodes)[nd]; ok && r.OK && !r.Stopped {
+			failed = append(failed, nd+": "+r.Error)
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("stopping the agents: %s", strings.Join(failed, "; "))
+	}
+	if err != nil {
+		return fmt.Errorf("stopping the agents: %w", err)
+	}
+	return nil
 }
 
 // Steps lists the job's running steps with squeue.
