@@ -191,15 +191,6 @@ func (r *Runner) Run(ctx context.Context) int {
 				failedAt = af.DetectedAt
 			}
 		}
-		if len(a.shrunk) > 0 {
-			// The agents still running found each other on the larger
-			// allocation's ports (agent/mesh); new ones on the smaller one
-			// would not find them. Restart them all: each new agent
-			// re-indexes its node's store.
-			if err := r.Slurm.StopAgents(ctx, r.Job, a.shrunk); err != nil {
-				r.say("warning: %v; the relaunch's agents may not find each other", err)
-			}
-		}
 		newest, bytes, known := Committed(h)
 		fe := r.event(recoverylog.FailureDetected, relaunch)
 		fe.Time, fe.Step, fe.Kind, fe.Nodes, fe.Ranks, fe.Cause = failedAt, a.stepID, f.Kind, f.Nodes, f.Ranks, f.Cause
@@ -552,7 +543,29 @@ func (r *Runner) health(ctx context.Context, a *attempt) Health {
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.Policy.ProbeTimeout.D())
 	defer cancel()
-	h.Agents, h.ProbeErr = r.Slurm.Probe(pctx, r.Job, probe)
+	if len(a.shrunk) > 0 {
+		// The agents still running found each other on the larger
+		// allocation's ports (agent/mesh); new ones on the smaller one
+		// would not find them. The probe stops them all (each new agent
+		// re-indexes its node's store); right after the cancel a step may
+		// not start yet, so it is tried twice.
+		for try := 0; try < 2; try++ {
+			all, err := r.Slurm.StopAgents(pctx, r.Job, a.shrunk)
+			h.Agents, h.ProbeErr = map[string]AgentReport{}, err
+			for _, n := range probe {
+				if rep, ok := all[n]; ok {
+					h.Agents[n] = rep
+				}
+			}
+			if err == nil || pctx.Err() != nil {
+				break
+			}
+			r.say("warning: %v; trying again", err)
+			time.Sleep(500 * time.Millisecond)
+		}
+	} else {
+		h.Agents, h.ProbeErr = r.Slurm.Probe(pctx, r.Job, probe)
+	}
 	if h.ProbeErr != nil {
 		r.say("warning: %v", h.ProbeErr)
 	}

@@ -51,11 +51,12 @@ type fakeSlurm struct {
 	stopped   [][]string // StopAgents calls
 }
 
-func (f *fakeSlurm) StopAgents(_ context.Context, _ string, nodes []string) error {
+func (f *fakeSlurm) StopAgents(_ context.Context, _ string, nodes []string) (map[string]AgentReport, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.stopped = append(f.stopped, slices.Clone(nodes))
-	return nil
+	f.probed = append(f.probed, slices.Clone(nodes))
+	return committedReports(nodes, 6), nil
 }
 
 func (f *fakeSlurm) Shrink(_ context.Context, _ string, keep []string) error {
@@ -640,7 +641,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 		{name: "node lost",
 			first:    fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
 			relaunch: []string{"n1", "n5", "n3", "n4"}, kind: recoverylog.KindNode, by: "agents",
-			probed: []string{"n1", "n3", "n4"}, stopped: "yes", excluded: []string{"n2"}, shrunk: []string{"n1", "n3", "n4", "n5"},
+			probed: []string{"n1", "n3", "n4", "n5"}, stopped: "yes", excluded: []string{"n2"}, shrunk: []string{"n1", "n3", "n4", "n5"},
 			comment: "reft: 1 failure (node n2 lost, replaced by n5)", relaunchW: "node failure: n5 in n2's place"},
 		{name: "node lost, no spare", noSpare: true,
 			first: fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
@@ -681,7 +682,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 				t.Fatalf("failure_detected events %+v\n%s", fs, h.out.String())
 			}
 			f := fs[0]
-			if f.Kind != tc.kind || f.DetectedBy != tc.by || !slices.Equal(f.Ranks, tc.ranks) {
+			if f.Kind != tc.kind || f.DetectedBy != tc.by || !slices.Equal(f.Ranks, tc.ranks) || f.Generation != 6 {
 				t.Errorf("failure_detected %+v; want kind %s by %s, ranks %v", f, tc.kind, tc.by, tc.ranks)
 			}
 			if tc.by == "agents" {

@@ -40,9 +40,10 @@ type Slurm interface {
 	// Shrink gives the allocation's other nodes back: the job keeps only
 	// keep (scontrol update NodeList=), and its steps there are ended.
 	Shrink(ctx context.Context, job string, keep []string) error
-	// StopAgents stops the job's agents on nodes (a step running reft
-	// status-local --stop-agent); the next step starts new ones.
-	StopAgents(ctx context.Context, job string, nodes []string) error
+	// StopAgents is Probe that also stops the agents (reft status-local
+	// --stop-agent): the reports say what each had before it stopped; the
+	// next step starts new ones.
+	StopAgents(ctx context.Context, job string, nodes []string) (map[string]AgentReport, error)
 	// Start launches the step.
 	Start(l Launch) (Proc, error)
 }
@@ -160,6 +161,10 @@ func ParseNodeStates(out string) map[string]string {
 // whatever else runs there, with the plugin off for the step so that it
 // neither starts an agent nor hides a dead one.
 func (e Exec) Probe(ctx context.Context, job string, nodes []string) (map[string]AgentReport, error) {
+	return e.probe(ctx, job, nodes)
+}
+
+func (e Exec) probe(ctx context.Context, job string, nodes []string, extra ...string) (map[string]AgentReport, error) {
 	if len(nodes) == 0 {
 		return map[string]AgentReport{}, nil
 	}
@@ -167,6 +172,7 @@ func (e Exec) Probe(ctx context.Context, job string, nodes []string) (map[string
 	args := []string{"--overlap", "--reft=off", "--job-name=" + recoverylog.ProbeStepName,
 		"--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1", "--nodelist=" + strings.Join(nodes, ","),
 		"--kill-on-bad-exit=0", e.Self, "status-local", "--config", e.ConfigPath, "--job", job}
+	args = append(args, extra...)
 	out, err := e.output(ctx, e.Srun, args...)
 	reports := ParseReports(out, nodes)
 	if len(reports) == 0 {
@@ -178,29 +184,9 @@ func (e Exec) Probe(ctx context.Context, job string, nodes []string) (map[string
 	return reports, nil
 }
 
-// StopAgents stops the agents on nodes through a step like Probe's.
-func (e Exec) StopAgents(ctx context.Context, job string, nodes []string) error {
-	if len(nodes) == 0 {
-		return nil
-	}
-	n := strconv.Itoa(len(nodes))
-	args := []string{"--overlap", "--reft=off", "--job-name=" + recoverylog.ProbeStepName,
-		"--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1", "--nodelist=" + strings.Join(nodes, ","),
-		"--kill-on-bad-exit=0", e.Self, "status-local", "--stop-agent", "--config", e.ConfigPath, "--job", job}
-	out, err := e.output(ctx, e.Srun, args...)
-	var failed []string
-	for _, nd := range nodes {
-		if r, ok := ParseReports(out, nodes)[nd]; ok && r.OK && !r.Stopped {
-			failed = append(failed, nd+": "+r.Error)
-		}
-	}
-	if len(failed) > 0 {
-		return fmt.Errorf("stopping the agents: %s", strings.Join(failed, "; "))
-	}
-	if err != nil {
-		return fmt.Errorf("stopping the agents: %w", err)
-	}
-	return nil
+// StopAgents is Probe with --stop-agent.
+func (e Exec) StopAgents(ctx context.Context, job string, nodes []string) (map[string]AgentReport, error) {
+	return e.probe(ctx, job, nodes, "--stop-agent")
 }
 
 // Steps lists the job's running steps with squeue.
