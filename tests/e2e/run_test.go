@@ -557,6 +557,14 @@ func TestReftRunNodeLossSpare(t *testing.T) {
 		f.DetectedBy != "agents" || f.DetectionS == nil || !strings.Contains(f.Cause, "the agents' failure detector") {
 		t.Errorf("failure_detected %+v: want the agents' verdict, node n2", f)
 	}
+	// The agents' verdict comes within a second or two, long before srun's
+	// (about 27 s): the relaunch restores the step committed at the failure
+	// (the spare's rank from its group's agents), at most one step lost.
+	if res := eventsNamed(ev, "resumed"); ev[1].Generation < 1 || len(res) != 1 || res[0].LostSteps == nil || *res[0].LostSteps > 1 {
+		t.Errorf("failure_detected %+v, resumed %+v: want the committed step known and at most one step lost", ev[1], res)
+	} else {
+		t.Logf("job %s: every rank restored step %d %.2f s after the agents' verdict (%d step(s) lost)", job, res[0].Generation, res[0].DurationS, *res[0].LostSteps)
+	}
 	// One coordinator (n1, the lowest-index survivor) published it.
 	if af := agentsFailures(t, job, "n1", "n3", "n4", "n5"); len(af) != 1 || af[0]["failed_node"] != "n2" || af[0]["class"] != "node" || af[0]["coordinator"] != "n1" {
 		t.Errorf("the agents logged %v, want one node failure of n2 from n1", af)
