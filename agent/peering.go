@@ -7,10 +7,12 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/proto"
@@ -27,6 +29,7 @@ type peering struct {
 	mu  sync.Mutex
 	m   *mesh.Mesh
 	off error // why peering is off; nil while starting or on
+	det *detect.Detector
 }
 
 // startPeering starts the mesh over store; Close stops it. A failure turns
@@ -46,8 +49,15 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 			}
 			return
 		}
+		var det *detect.Detector
+		if err == nil {
+			var derr error
+			if det, derr = startDetector(ctx, cfg, m, srv, log); derr != nil {
+				log.Warn().Str("event", "detect_off").Err(derr).Msg("failure detection between agents is off: reft run sees failures only through srun")
+			}
+		}
 		p.mu.Lock()
-		p.m, p.off = m, err
+		p.m, p.off, p.det = m, err, det
 		p.mu.Unlock()
 		if err != nil {
 			log.Warn().Str("event", "peering_off").Err(err).
@@ -111,8 +121,14 @@ func (p *peering) Close() {
 	p.cancel()
 	<-p.done
 	p.mu.Lock()
-	m := p.m
+	m, det := p.m, p.det
 	p.mu.Unlock()
+	if det != nil { // before the mesh it calls over
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		det.Leave(ctx) // a clean stop is no failure for the others
+		cancel()
+		det.Close()
+	}
 	if m != nil {
 		m.Close()
 	}

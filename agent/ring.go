@@ -171,6 +171,9 @@ func (s *Server) groupRing(si *sgInfo, log zerolog.Logger) []int {
 	g.decide.Lock()
 	defer g.decide.Unlock()
 	if r := s.fixedRing(g); r != nil {
+		// A member registered here after the ring was fixed (or adopted
+		// before it registered) may share this node with another.
+		s.warnShared(g, s.localShared(si, s.hostsHere(si)), log)
 		return r
 	}
 	ring, how, fallback, warns := s.decideRing(si, g)
@@ -338,6 +341,20 @@ func (s *Server) searchGroup(ctx context.Context, si *sgInfo, g *groupState) (ad
 	s.groupsMu.Unlock()
 	sort.Strings(whys)
 	return adopted, from, hosts, strings.Join(whys, "; ")
+}
+
+// hostsHere maps the members of si's group registered with this agent to
+// this node.
+func (s *Server) hostsHere(si *sgInfo) map[int]string {
+	s.groupsMu.Lock()
+	defer s.groupsMu.Unlock()
+	out := map[int]string{}
+	for _, r := range si.dpOrder() {
+		if s.hosted[r] > 0 {
+			out[r] = s.info.Node
+		}
+	}
+	return out
 }
 
 func (s *Server) noteHost(g *groupState, rank int, node string) {

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
@@ -99,8 +100,14 @@ type Server struct {
 	// regs is each rank's last registration on this node, for the status
 	// reply's protection (a rank's connection owns its rankConn; this is
 	// the copy others may read).
-	regMu sync.Mutex
-	regs  map[int]*proto.RankProtection
+	regMu    sync.Mutex
+	regs     map[int]*proto.RankProtection
+	regOwner map[int]*rankConn // the connection each entry came from
+
+	// Failure detection (detecting.go): the ranks' progress, and what
+	// learns of a failure.
+	progress     progressTable
+	failureHooks []func(detect.Failure)
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path
@@ -242,6 +249,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	defer s.commPhase(rc, false, log) // a rank that died mid-collective must not hold replication paused
 	defer s.unwatch(rc)
 	defer s.noteGone(rc)
+	defer s.progress.drop(rc)
 	for {
 		f, err := proto.Decode(c)
 		if err != nil {
@@ -300,6 +308,8 @@ func (s *Server) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Log
 		return s.handleSnapshot(c, rc, f, log)
 	case proto.TWatch:
 		return s.handleWatch(c, rc, f, log)
+	case proto.TProgress:
+		return s.handleProgress(c, rc, f)
 	}
 	s.badFrames.Add(1)
 	log.Warn().Stringer("type", f.Type).Msg("unknown message type")
@@ -343,7 +353,7 @@ func (s *Server) memoryStatus() *proto.Memory {
 }
 
 // noteRegistered records a rank's registration for the status reply.
-func (s *Server) noteRegistered(rank, world int, si *sgInfo) {
+func (s *Server) noteRegistered(rc *rankConn, rank, world int, si *sgInfo) {
 	p := &proto.RankProtection{Connected: true, World: world, Mode: proto.ProtectLocal}
 	if si != nil {
 		c := si.layout.Coord(rank)
@@ -357,9 +367,9 @@ func (s *Server) noteRegistered(rank, world int, si *sgInfo) {
 	}
 	s.regMu.Lock()
 	if s.regs == nil {
-		s.regs = map[int]*proto.RankProtection{}
+		s.regs, s.regOwner = map[int]*proto.RankProtection{}, map[int]*rankConn{}
 	}
-	s.regs[rank] = p
+	s.regs[rank], s.regOwner[rank] = p, rc
 	s.regMu.Unlock()
 }
 
@@ -369,7 +379,9 @@ func (s *Server) noteGone(rc *rankConn) {
 		return
 	}
 	s.regMu.Lock()
-	if p := s.regs[rc.key.Rank]; p != nil {
+	// Only the connection that registered last: a rank's old connection
+	// may finish closing after its restarted process registered again.
+	if p := s.regs[rc.key.Rank]; p != nil && s.regOwner[rc.key.Rank] == rc {
 		p.Connected = false
 	}
 	s.regMu.Unlock()

@@ -210,7 +210,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	rc.registered, rc.req = true, req
 	rc.bufs = slices.Clone(req.Buffers)
 	s.host(req.Rank, si)
-	s.noteRegistered(req.Rank, req.World, si)
+	s.noteRegistered(rc, req.Rank, req.World, si)
 	if s.persist != nil {
 		s.persist.Registered(req.Rank, req.World)
 	}
@@ -279,6 +279,7 @@ func (s *Server) save(c net.Conn, rc *rankConn, id uint32, step int64, log zerol
 		return replyErr(c, id, storeErr(err), "save of rank %d step %d: %v", rc.key.Rank, step, err)
 	}
 	rc.open = o
+	s.progress.note(rc, rc.key.Rank, step) // a save is progress too
 	return proto.WriteMsg(c, proto.TSave|proto.ReplyBit, id, proto.ArenaReply{
 		Step: step, Arena: o.ArenaPath(), ArenaSize: o.Arena().Size(),
 		Buffers: rc.layout.places, Regions: rc.layout.regions, Sections: rc.layout.sections})

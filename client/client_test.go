@@ -309,6 +309,32 @@ func TestSavesBackToBack(t *testing.T) {
 	mustEqual(t, "w", buf, patterned(len(buf), 5))
 }
 
+// TestProgress: the progress heartbeat needs registered buffers and a
+// step >= 0, and the agent takes it before and after saves.
+func TestProgress(t *testing.T) {
+	a := startAgent(t)
+	ctx := ctxT(t)
+	c := open(t, a, client.Options{})
+	if err := c.Progress(ctx, 1); err == nil || !strings.Contains(err.Error(), "nothing is registered") {
+		t.Fatalf("Progress before Register = %v, want the client's error", err)
+	}
+	c.Register("w", patterned(4096, 1), client.Replicated)
+	for _, tc := range []struct {
+		step int64
+		ok   bool
+	}{{-1, false}, {1, true}, {2, true}} {
+		if err := c.Progress(ctx, tc.step); (err == nil) != tc.ok {
+			t.Errorf("Progress(%d) = %v, want ok=%v", tc.step, err, tc.ok)
+		}
+	}
+	if err := c.Save(3).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Progress(ctx, 4); err != nil {
+		t.Fatalf("Progress after a save: %v", err)
+	}
+}
+
 func TestAgentErrors(t *testing.T) {
 	a := startAgent(t)
 	ctx := ctxT(t)

@@ -41,6 +41,36 @@ func (c *Client) generations(ctx context.Context) ([]int64, error) {
 	return steps, nil
 }
 
+// Progress tells the agent that this rank reached step (the progress
+// heartbeat): a rank that reports no progress, nor saves, for the agent's
+// detect.hang is declared hung. Trainers that save less often than every
+// step call it every step; it costs one round trip on the local socket.
+// It registers the buffers first if needed (the agent knows a rank by its
+// registration). A disabled client does nothing.
+func (c *Client) Progress(ctx context.Context, step int64) error {
+	if step < 0 {
+		return fmt.Errorf("progress: step %d must not be negative", step)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.disabled {
+		return nil
+	}
+	if c.closed {
+		return fmt.Errorf("progress: %w", errClosed)
+	}
+	if len(c.bufs) == 0 {
+		return fmt.Errorf("progress(%d): nothing is registered; register the rank's buffers first (the agent knows a rank by its registration)", step)
+	}
+	if err := c.register(ctx); err != nil {
+		return err
+	}
+	if err := c.conn.call(ctx, proto.TProgress, proto.StepReq{Step: step}, nil); err != nil {
+		return fmt.Errorf("progress of step %d: %w", step, err)
+	}
+	return nil
+}
+
 // Restore fills every registered buffer from the newest step that every
 // rank of the job holds and returns it; ok is false when there is none
 // (start fresh). With World > 1 it is a collective: every rank must call

@@ -38,6 +38,7 @@ type Config struct {
 	Agent     Agent     `toml:"agent"`
 	Heartbeat Heartbeat `toml:"heartbeat"`
 	Protect   Protect   `toml:"protect"`
+	Detect    Detect    `toml:"detect"`
 	Log       Log       `toml:"log"`
 	Run       Run       `toml:"run"`
 	Topology  Topology  `toml:"topology"`
@@ -102,6 +103,26 @@ type Protect struct {
 	// BackgroundBurst is the token bucket's depth: how many bytes may pass
 	// at once after an idle spell.
 	BackgroundBurst Size `toml:"background_burst"`
+}
+
+// Detect is the agents' failure detector (agent/detect): heartbeats to
+// the watched peers, suspicion, confirmation by other agents, and rank
+// hangs from the clients' progress.
+type Detect struct {
+	// Enabled turns the detector on.
+	Enabled bool `toml:"enabled"`
+	// Interval is the beat period to each watched peer.
+	Interval Duration `toml:"interval"`
+	// Timeout is the silence after which a watched peer is suspected (a
+	// broken connection is suspected at once).
+	Timeout Duration `toml:"timeout"`
+	// Confirm bounds the confirmation of a suspicion: other agents' probes
+	// of the suspect and the check of its slurmd. A dead node is published
+	// within Timeout + Confirm of its last beat.
+	Confirm Duration `toml:"confirm"`
+	// Hang is how long a rank may go without progress (a save or a
+	// progress message) before it counts as hung; 0: off.
+	Hang Duration `toml:"hang"`
 }
 
 // Log is the agent's logging.
@@ -239,7 +260,9 @@ func Default() Config {
 			Timeout:  Duration(2 * time.Second),
 		},
 		Protect: Protect{BackgroundRate: 2 << 30, BackgroundBurst: 64 << 20},
-		Log:     Log{Dir: "/var/log/reft", Level: "info"},
+		Detect: Detect{Enabled: true, Interval: Duration(250 * time.Millisecond), Timeout: Duration(time.Second),
+			Confirm: Duration(500 * time.Millisecond), Hang: Duration(30 * time.Minute)},
+		Log: Log{Dir: "/var/log/reft", Level: "info"},
 		Run: Run{MaxRestarts: 10, MaxStalled: 3, Backoff: Duration(time.Second),
 			BackoffMax: Duration(time.Minute), ProbeTimeout: Duration(30 * time.Second)},
 	}
@@ -346,6 +369,9 @@ func (c Config) Validate() error {
 	}
 	if c.Protect.BackgroundBurst <= 0 {
 		return fmt.Errorf("protect.background_burst = %d: want a positive size (\"64MiB\")", int64(c.Protect.BackgroundBurst))
+	}
+	if err := c.Detect.Validate(); err != nil {
+		return err
 	}
 	switch c.Log.Level {
 	case "trace", "debug", "info", "warn", "error":
@@ -501,6 +527,24 @@ func keyLine(data []byte, key string) int {
 		}
 	}
 	return 0
+}
+
+// Validate checks the detector's timers.
+func (d Detect) Validate() error {
+	if !d.Enabled {
+		return nil
+	}
+	switch {
+	case d.Interval <= 0 || d.Timeout <= d.Interval:
+		return fmt.Errorf("detect: want 0 < interval (%s) < timeout (%s)", d.Interval, d.Timeout)
+	case d.Confirm <= 0:
+		return fmt.Errorf("detect.confirm = %s: want a positive duration (how long other agents may take to confirm a suspicion)", d.Confirm)
+	case d.Hang < 0:
+		return fmt.Errorf("detect.hang = %s: want 0 (off) or a positive duration", d.Hang)
+	case d.Hang > 0 && d.Hang <= d.Timeout:
+		return fmt.Errorf("detect.hang = %s: want it above detect.timeout (%s); a rank's progress comes once per training step", d.Hang, d.Timeout)
+	}
+	return nil
 }
 
 // Duration is a time.Duration written as a string ("500ms", "2s").

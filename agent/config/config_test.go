@@ -183,3 +183,27 @@ func TestMemoryBudget(t *testing.T) {
 		t.Fatalf("MemTotal = %d, %v", mt, err)
 	}
 }
+
+func TestDetectValidate(t *testing.T) {
+	ok := Default().Detect
+	for _, tc := range []struct {
+		name string
+		edit func(*Detect)
+		want string // "": valid
+	}{
+		{"defaults", func(*Detect) {}, ""},
+		{"off ignores timers", func(d *Detect) { d.Enabled, d.Interval = false, 0 }, ""},
+		{"hang off", func(d *Detect) { d.Hang = 0 }, ""},
+		{"interval not below timeout", func(d *Detect) { d.Interval = d.Timeout }, "interval"},
+		{"no confirm", func(d *Detect) { d.Confirm = 0 }, "detect.confirm"},
+		{"negative hang", func(d *Detect) { d.Hang = -1 }, "detect.hang"},
+		{"hang within timeout", func(d *Detect) { d.Hang = d.Timeout }, "above detect.timeout"},
+	} {
+		d := ok
+		tc.edit(&d)
+		err := d.Validate()
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -321,6 +321,17 @@ func (m *Mesh) Source(ctx context.Context, node string, k peer.ChunkKey) (peer.S
 	return peer.Source{Addr: addr, Key: k}, nil
 }
 
+// Call sends a request that a peer.Handler serves on node's agent (failure
+// detection's beat, probe and failure), waiting for the node's agent to be
+// found until ctx ends.
+func (m *Mesh) Call(ctx context.Context, node string, t peer.Type, req, resp any) error {
+	addr, err := m.Resolve(ctx, node)
+	if err != nil {
+		return err
+	}
+	return m.cl.Call(ctx, addr, t, req, resp)
+}
+
 // Fetch is peer.Client.Fetch over the mesh's connections.
 func (m *Mesh) Fetch(ctx context.Context, spec peer.FetchSpec) (peer.FetchStats, error) {
 	return m.cl.Fetch(ctx, spec)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -22,6 +23,10 @@ type Node struct {
 	// Addr is where its agent is reached: Slurm's NodeAddr (a host name or
 	// an address), without a port.
 	Addr string
+	// SlurmdPort is the node's slurmd port (Slurm's Port); 0: unknown.
+	// Failure detection connects to it to tell a dead node from a dead
+	// agent.
+	SlurmdPort int
 }
 
 // Topology is the job's allocation: every node, in Slurm's order.
@@ -117,14 +122,14 @@ func (s Slurm) Topology(ctx context.Context) (Topology, error) {
 	if err != nil {
 		return Topology{}, err
 	}
-	addrs := nodeAddrs(out)
+	addrs, ports := nodeAddrs(out), nodePorts(out)
 	t := Topology{Nodes: make([]Node, len(names))}
 	for i, n := range names {
 		a := addrs[n]
 		if a == "" {
 			return Topology{}, fmt.Errorf("scontrol show node %s gave no NodeAddr for %s", list, n)
 		}
-		t.Nodes[i] = Node{Index: i, Name: n, Addr: a}
+		t.Nodes[i] = Node{Index: i, Name: n, Addr: a, SlurmdPort: ports[n]}
 	}
 	return t, t.check()
 }
@@ -166,6 +171,7 @@ var (
 	allocListRe = regexp.MustCompile(`\sExcNodeList=\S*\s+NodeList=(\S+)`)
 	nodeNameRe  = regexp.MustCompile(`^NodeName=(\S+)`)
 	nodeAddrRe  = regexp.MustCompile(`\sNodeAddr=(\S+)`)
+	nodePortRe  = regexp.MustCompile(`\sPort=(\d+)`)
 )
 
 // jobNodeList finds the allocation's NodeList in `scontrol show job -o`
@@ -196,6 +202,23 @@ func nodeAddrs(out []byte) map[string]string {
 		a := nodeAddrRe.FindStringSubmatch(line)
 		if n != nil && a != nil {
 			m[n[1]] = a[1]
+		}
+	}
+	return m
+}
+
+// nodePorts maps NodeName to its slurmd Port in `scontrol show node -o`
+// output; nodes without one are left out.
+func nodePorts(out []byte) map[string]int {
+	m := map[string]int{}
+	for _, line := range strings.Split(string(out), "\n") {
+		n := nodeNameRe.FindStringSubmatch(line)
+		p := nodePortRe.FindStringSubmatch(line)
+		if n == nil || p == nil {
+			continue
+		}
+		if v, err := strconv.Atoi(p[1]); err == nil && v > 0 && v < 65536 {
+			m[n[1]] = v
 		}
 	}
 	return m

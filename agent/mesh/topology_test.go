@@ -41,7 +41,7 @@ func TestSlurmTopology(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Topology{Nodes: []Node{{0, "n2", "10.0.0.2"}, {1, "n3", "n3-ib"}, {2, "gpu01", "10.0.0.9"}}}
+	want := Topology{Nodes: []Node{{0, "n2", "10.0.0.2", 6818}, {1, "n3", "n3-ib", 6818}, {2, "gpu01", "10.0.0.9", 6818}}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("topology %+v, want %+v", got, want)
 	}
@@ -69,9 +69,9 @@ func TestTopologyCheck(t *testing.T) {
 		want string
 	}{
 		{Topology{}, "no nodes"},
-		{Topology{Nodes: []Node{{1, "a", "x"}}}, "index 1 at position 0"},
-		{Topology{Nodes: []Node{{0, "a", "x"}, {1, "a", "y"}}}, "listed twice"},
-		{Topology{Nodes: []Node{{0, "a", ""}}}, "no name or address"},
+		{Topology{Nodes: []Node{{Index: 1, Name: "a", Addr: "x"}}}, "index 1 at position 0"},
+		{Topology{Nodes: []Node{{Index: 0, Name: "a", Addr: "x"}, {Index: 1, Name: "a", Addr: "y"}}}, "listed twice"},
+		{Topology{Nodes: []Node{{Index: 0, Name: "a", Addr: ""}}}, "no name or address"},
 	} {
 		if err := tc.t.check(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.t, err, tc.want)

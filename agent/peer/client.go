@@ -254,7 +254,7 @@ func (cc *clientConn) loop() error {
 				c.writeError(0, CodeMalformed, err.Error(), nil)
 				return err
 			}
-		case TError, TWatermarksReply, TManifestReply, TReplicateReply, TStatusReply:
+		case TError, TWatermarksReply, TManifestReply, TReplicateReply, TStatusReply, TBeatReply, TProbeReply, TFailureReply:
 			f, err := c.readPayload(h)
 			if err != nil {
 				return err
@@ -342,6 +342,23 @@ func (cl *Client) Replicate(ctx context.Context, addr string, req ReplicateReque
 	}
 	if err := cc.call(ctx, TReplicate, &req, &ReplicateReply{}); err != nil {
 		return fmt.Errorf("replicate request to %s: %w", addr, err)
+	}
+	return nil
+}
+
+// Call sends a request of type t (one a Handler serves on the other side:
+// TBeat, TProbe, TFailure) with req as its JSON payload and decodes the
+// reply into resp. It dials when there is no live connection.
+func (cl *Client) Call(ctx context.Context, addr string, t Type, req, resp any) error {
+	if !t.Handled() {
+		return fmt.Errorf("peer: %s is not a request type for Call", t)
+	}
+	cc, err := cl.conn(ctx, addr, 0)
+	if err != nil {
+		return err
+	}
+	if err := cc.call(ctx, t, req, resp); err != nil {
+		return fmt.Errorf("%s to %s: %w", t, addr, err)
 	}
 	return nil
 }

@@ -41,9 +41,13 @@ const (
 	TCredit     Type = 0x07 // dialer -> listener: arg bytes of window freed
 	TCancel     Type = 0x08 // dialer -> listener: stop streaming request id
 	TReplicate  Type = 0x09 // dialer -> listener: a generation to copy in the background
-	// TStatus asks for the agent's status (its local status reply). 0x10
-	// leaves 0x09-0x0f to the transport's own frames.
-	TStatus Type = 0x10
+	// Failure detection (agent/detect), served by handlers the agent
+	// registers with Server.Handle.
+	TBeat    Type = 0x10 // heartbeat to a watched peer; the reply proves it alive
+	TProbe   Type = 0x11 // ask an agent whether it reaches a suspected node
+	TFailure Type = 0x12 // a confirmed failure: a report to the coordinator, or its publication
+	// TStatus asks for the agent's status (its local status reply).
+	TStatus Type = 0x13
 
 	ReplyBit         Type = 0x80
 	TChallenge            = THello | ReplyBit // listener nonce
@@ -53,6 +57,9 @@ const (
 	TReplicateReply       = TReplicate | ReplyBit
 	TChunk                = TFetch | ReplyBit // arg: chunk index; payload: chunk bytes
 	TStatusReply          = TStatus | ReplyBit
+	TBeatReply            = TBeat | ReplyBit
+	TProbeReply           = TProbe | ReplyBit
+	TFailureReply         = TFailure | ReplyBit
 	TError           Type = 0xFF
 )
 
@@ -92,11 +99,27 @@ func (t Type) String() string {
 		return "status"
 	case TStatusReply:
 		return "status-reply"
+	case TBeat:
+		return "beat"
+	case TProbe:
+		return "probe"
+	case TFailure:
+		return "failure"
+	case TBeatReply:
+		return "beat-reply"
+	case TProbeReply:
+		return "probe-reply"
+	case TFailureReply:
+		return "failure-reply"
 	case TError:
 		return "error"
 	}
 	return fmt.Sprintf("type-0x%02x", uint8(t))
 }
+
+// Handled reports whether t is a request type served by a Handler
+// registered with Server.Handle, not by the store.
+func (t Type) Handled() bool { return t == TBeat || t == TProbe || t == TFailure }
 
 // known reports whether t is a type of this version.
 func (t Type) known() bool { return !strings.HasPrefix(t.String(), "type-") }

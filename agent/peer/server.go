@@ -68,10 +68,11 @@ type Server struct {
 	streams chan struct{} // MaxStreams slots
 	shakes  chan struct{} // MaxHandshakes slots
 
-	mu     sync.Mutex
-	conns  map[*conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	mu       sync.Mutex
+	conns    map[*conn]struct{}
+	closed   bool
+	wg       sync.WaitGroup
+	handlers map[Type]Handler
 
 	stats ServerStats
 }
@@ -109,6 +110,33 @@ func Listen(cfg Config, src ChunkSource) (*Server, error) {
 	go s.accept()
 	s.log.Info().Str("addr", ln.Addr().String()).Str("auth", cfg.Auth.Method()).Msg("peer listener up")
 	return s, nil
+}
+
+// Handler serves one request type that is not the store's (Type.Handled):
+// from is the node the dialer authenticated as, payload the request's
+// JSON. Its result is the reply's payload; an error becomes an error
+// frame (a *Error keeps its code, anything else is internal).
+type Handler func(ctx context.Context, from string, payload []byte) (any, error)
+
+// Handle makes the server answer requests of type t with h; until then
+// they get unknown_type. t must be one of the Handled types.
+func (s *Server) Handle(t Type, h Handler) error {
+	if !t.Handled() {
+		return fmt.Errorf("peer: %s cannot have a handler", t)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.handlers == nil {
+		s.handlers = map[Type]Handler{}
+	}
+	s.handlers[t] = h
+	return nil
+}
+
+func (s *Server) handler(t Type) Handler {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.handlers[t]
 }
 
 // Addr is the listening address.
@@ -282,6 +310,31 @@ func (sc *serverConn) readLoop() error {
 				defer sc.wg.Done()
 				sc.request(f)
 			}()
+		case TBeat, TProbe, TFailure:
+			if sc.role == RoleStatus {
+				// A status tool must not take part in (or forge) detection.
+				msg := fmt.Sprintf("a %q connection may ask for status only, not %s", RoleStatus, h.Type)
+				c.writeError(h.ID, CodeForbidden, msg, nil)
+				return fmt.Errorf("%w: %s", ErrAuth, msg)
+			}
+			hd := sc.s.handler(h.Type)
+			if hd == nil {
+				if err := c.discard(h.Length); err != nil {
+					return err
+				}
+				c.writeError(h.ID, CodeUnknownType, fmt.Sprintf("this agent serves no %s requests (failure detection off)", h.Type), nil)
+				continue
+			}
+			f, err := c.readPayload(h)
+			if err != nil {
+				c.writeError(h.ID, CodeMalformed, err.Error(), nil)
+				return err
+			}
+			sc.wg.Add(1)
+			go func() { // a handler may call other agents: never block the reader
+				defer sc.wg.Done()
+				sc.handle(hd, f)
+			}()
 		default:
 			if err := c.discard(h.Length); err != nil {
 				return err
@@ -351,6 +404,31 @@ func (sc *serverConn) request(f Frame) {
 		if err := c.writeMsg(TStatusReply, f.ID, sc.s.cfg.Status()); err != nil && !c.isClosed() {
 			c.writeError(f.ID, CodeInternal, err.Error(), nil)
 		}
+	}
+}
+
+// handle runs a registered handler and sends its reply.
+func (sc *serverConn) handle(hd Handler, f Frame) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // the connection's end cancels the handler
+		select {
+		case <-sc.c.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	resp, err := hd(ctx, sc.node, f.Payload)
+	if err != nil {
+		var e *Error
+		if !errors.As(err, &e) {
+			e = &Error{Code: CodeInternal, Message: err.Error()}
+		}
+		sc.c.writeError(f.ID, e.Code, e.Message, nil)
+		return
+	}
+	if err := sc.c.writeMsg(f.Type|ReplyBit, f.ID, resp); err != nil && !sc.c.isClosed() {
+		sc.c.writeError(f.ID, CodeInternal, err.Error(), nil)
 	}
 }
 

@@ -52,7 +52,10 @@ const (
 	TWatch Type = 0x0B
 	// TNotice is sent by the agent, unasked, with id 0, on watching
 	// connections only (a client that never sent watch never sees one).
-	TNotice      Type = 0x0C
+	TNotice Type = 0x0C
+	// TProgress is the client's progress heartbeat (hang detection); from
+	// 0x10 so that other messages can take the types below.
+	TProgress    Type = 0x10
 	ReplyBit     Type = 0x80
 	THelloReply       = THello | ReplyBit
 	TStatusReply      = TStatus | ReplyBit
@@ -62,7 +65,7 @@ const (
 var typeNames = map[Type]string{
 	THello: "hello", TStatus: "status", TRegister: "register", TSave: "save", TCommit: "commit",
 	TAbort: "abort", TGenerations: "generations", TRestore: "restore", TRelease: "release", TComm: "comm",
-	TWatch: "watch", TNotice: "notice",
+	TWatch: "watch", TNotice: "notice", TProgress: "progress",
 }
 
 // Requests lists the request types this package knows, for error messages

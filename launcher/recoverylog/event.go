@@ -53,6 +53,7 @@ const (
 	KindAgent = "agent" // a node's agent does not answer; the node does
 	KindNode  = "node"  // a node is lost: Slurm says it is down or not responding, or it cannot be reached
 	KindStep  = "step"  // srun failed without naming a task or a node (e.g. a launch error)
+	KindHang  = "hang"  // ranks made no progress past detect.hang (the agents' verdict)
 )
 
 // Event is one line of the recovery log. Job, Step, Restart, Relaunch,
@@ -80,6 +81,13 @@ type Event struct {
 	LostSteps   *int64   `json:"lost_steps,omitempty"`  // resumed: committed steps thrown away
 	ExitCode    *int     `json:"exit_code,omitempty"`   // srun's, or reft run's own when it ends
 	Message     string   `json:"message,omitempty"`
+
+	// failure_detected: who saw it first ("agents": their failure detector
+	// published it; "srun": srun's messages and the probe), and for the
+	// agents' verdict the seconds from the failed agent's last sign of
+	// life (a hang: the ranks' last progress) to the confirmation.
+	DetectedBy string   `json:"detected_by,omitempty"`
+	DetectionS *float64 `json:"detection_s,omitempty"`
 }
 
 // Path is the recovery log of a job.
@@ -163,6 +171,12 @@ func (w *Writer) Write(e Event) error {
 	}
 	if e.LostSteps != nil {
 		ev = ev.Int64("lost_steps", *e.LostSteps)
+	}
+	if e.DetectedBy != "" {
+		ev = ev.Str("detected_by", e.DetectedBy)
+	}
+	if e.DetectionS != nil {
+		ev = ev.Float64("detection_s", math.Round(*e.DetectionS*1e6)/1e6)
 	}
 	if e.ExitCode != nil {
 		ev = ev.Int("exit_code", *e.ExitCode)

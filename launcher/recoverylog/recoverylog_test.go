@@ -191,6 +191,8 @@ func TestDescribe(t *testing.T) {
 		{Event{Kind: KindNode, Nodes: []string{"n2", "n4"}}, "nodes n2,n4 lost"},
 		{Event{Kind: KindStep, Cause: "srun exited with status 1"}, "step: srun exited with status 1"},
 		{Event{Kind: KindStep}, "step failed"},
+		{Event{Kind: KindHang, Nodes: []string{"n2"}, Ranks: []int{1, 5}}, "hang of rank(s) 1,5 on n2"},
+		{Event{Kind: KindHang, Node: "n2"}, "hang on n2"},
 	}
 	for _, tt := range tests {
 		if got := Describe(tt.e); got != tt.want {

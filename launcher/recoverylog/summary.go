@@ -106,6 +106,15 @@ func Describe(e Event) string {
 		return fmt.Sprintf("%s %s on %s", word, strings.Join(rs, ","), nodes)
 	case KindAgent:
 		return "agent on " + nodes
+	case KindHang:
+		if len(e.Ranks) == 0 {
+			return "hang on " + nodes
+		}
+		rs := make([]string, len(e.Ranks))
+		for i, r := range e.Ranks {
+			rs[i] = strconv.Itoa(r)
+		}
+		return fmt.Sprintf("hang of rank(s) %s on %s", strings.Join(rs, ","), nodes)
 	case KindNode:
 		if len(e.Nodes) > 1 {
 			return "nodes " + nodes + " lost"

@@ -100,6 +100,9 @@ func Format(e Event) string {
 		s = fmt.Sprintf("launched the step on %s (--reft=%s)", nodes, e.Spec)
 	case FailureDetected:
 		s = fmt.Sprintf("failure: %s: %s; newest committed snapshot: %s", Describe(e), e.Cause, gen())
+		if e.DetectedBy == "agents" && e.DetectionS != nil {
+			s += fmt.Sprintf("; detected by the agents %s after the last sign of life", shortDuration(*e.DetectionS))
+		}
 	case NodeExcluded:
 		s = fmt.Sprintf("excluded %s for the rest of the allocation", e.Node)
 		if e.Replacement != "" {

@@ -119,6 +119,10 @@ type AgentReport struct {
 	OK     bool          `json:"ok"`              // the agent answered
 	Error  string        `json:"error,omitempty"` // why not
 	Status *proto.Status `json:"status,omitempty"`
+
+	// Stopped: the agent was asked to stop (status-local --stop-agent)
+	// and is gone.
+	Stopped bool `json:"stopped,omitempty"`
 }
 
 // Health is what Slurm and the agents say about the step's nodes after a
@@ -226,6 +230,23 @@ func Classify(o Outcome, plan Plan, h Health) Failure {
 		cause += "; " + h.ProbeErr.Error()
 	}
 	return Failure{Kind: recoverylog.KindStep, Cause: cause}
+}
+
+// FromAgents is the failure the agents' detector published: their class
+// (node, agent or hang) and node, and their cause with who saw it.
+func FromAgents(f AgentFailure) Failure {
+	by := "coordinator " + f.Coordinator
+	if f.Reporter != "" && f.Reporter != f.Coordinator {
+		by += ", reported by " + f.Reporter
+	}
+	if len(f.ConfirmedBy) > 0 {
+		by += ", confirmed by " + strings.Join(f.ConfirmedBy, ",")
+	}
+	out := Failure{Kind: f.Class, Nodes: []string{f.Node}, Cause: fmt.Sprintf("the agents' failure detector: %s (%s)", f.Cause, by)}
+	if f.Class == recoverylog.KindHang {
+		out.Ranks = slices.Clone(f.Ranks)
+	}
+	return out
 }
 
 func intList(v []int) string {

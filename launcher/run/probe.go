@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/reft-hpc/reft/agent/config"
@@ -55,6 +56,7 @@ func StatusLocal(args []string, stdout, stderr io.Writer) int {
 	job := fs.String("job", os.Getenv("SLURM_JOB_ID"), "job `id` (default $SLURM_JOB_ID)")
 	sock := fs.String("socket", "", "agent socket `path`; default <run_dir>/<job>/agent.sock")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the agent")
+	stopAgent := fs.Bool("stop-agent", false, "then stop the agent (SIGTERM) and wait for it to exit; the job's next step starts a new one")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: reft status-local [--config FILE] [--job ID]\n\n"+
 			"Prints this node's agent status for a job as one JSON line (reft run uses it).\n\n")
@@ -90,6 +92,13 @@ func StatusLocal(args []string, stdout, stderr io.Writer) int {
 		rep.Error = err.Error()
 	} else {
 		rep.OK, rep.Status = true, st
+		if *stopAgent {
+			if err := stopPID(ctx, st.PID); err != nil {
+				rep.Error = err.Error()
+			} else {
+				rep.Stopped = true
+			}
+		}
 	}
 	b, err := json.Marshal(rep)
 	if err != nil {
@@ -98,6 +107,29 @@ func StatusLocal(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "%s\n", b)
 	return 0
+}
+
+// stopPID sends SIGTERM to the agent and waits until it has exited.
+func stopPID(ctx context.Context, pid int) error {
+	if pid <= 0 {
+		return fmt.Errorf("the agent gave no pid (%d)", pid)
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			return nil
+		}
+		return fmt.Errorf("stopping the agent (pid %d): %w", pid, err)
+	}
+	for {
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the agent (pid %d) did not exit after SIGTERM: %w", pid, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // nodeName is the Slurm node name of this process's node.

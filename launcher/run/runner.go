@@ -65,6 +65,14 @@ type attempt struct {
 	newestAtFailure int64
 	committedKnown  bool // some agent answered after the failure
 	why             string
+	// agentFailure is the agents' published verdict on this attempt's
+	// failure (nil: none); seenFailures counts the published failures
+	// already looked at.
+	agentFailure *AgentFailure
+	seenFailures int
+	// shrunk: the lost node was given back to Slurm, and the job now
+	// holds these nodes.
+	shrunk []string
 }
 
 // stepSuffix is the step part of "42.3", as the agents' logs have it.
@@ -184,10 +192,24 @@ func (r *Runner) Run(ctx context.Context) int {
 			failedAt = r.now()
 		}
 		h := r.health(ctx, a)
+		if a.agentFailure == nil { // published while srun was ending, or the probe ran
+			r.checkAgents(ctx, a, watcher)
+		}
 		f := Classify(a.outcome, r.Plan, h)
+		detectedBy := "srun"
+		if af := a.agentFailure; af != nil {
+			f, detectedBy = FromAgents(*af), "agents"
+			if failedAt.IsZero() || af.DetectedAt.Before(failedAt) {
+				failedAt = af.DetectedAt
+			}
+		}
 		newest, bytes, known := Committed(h)
 		fe := r.event(recoverylog.FailureDetected, relaunch)
 		fe.Time, fe.Step, fe.Kind, fe.Nodes, fe.Ranks, fe.Cause = failedAt, a.stepID, f.Kind, f.Nodes, f.Ranks, f.Cause
+		fe.DetectedBy = detectedBy
+		if af := a.agentFailure; af != nil {
+			fe.DetectionS = ptr(af.Latency.Seconds())
+		}
 		if s := SilentAgents(h, f); s != "" {
 			fe.Cause += "; also no agent answer from " + s
 		}
@@ -248,6 +270,8 @@ func relaunchWhy(f Failure) string {
 		return "rank failure: same nodes, every rank restores from its node's snapshots"
 	case recoverylog.KindAgent:
 		return "agent failure: same nodes; the step starts a new agent, which re-indexes the node's snapshots"
+	case recoverylog.KindHang:
+		return "hang: same nodes, every rank restores from its node's snapshots"
 	}
 	return f.Kind + " failure: same nodes"
 }
@@ -284,6 +308,7 @@ func (r *Runner) runAttempt(ctx context.Context, a *attempt, w *Watcher) (code i
 	go func() { done <- proc.Wait() }()
 	tick := time.NewTicker(r.Tick)
 	defer tick.Stop()
+	var killAt time.Time // srun is killed then, after the agents' verdict stopped the step
 	for {
 		select {
 		case s := <-r.Signals:
@@ -295,8 +320,82 @@ func (r *Runner) runAttempt(ctx context.Context, a *attempt, w *Watcher) (code i
 			return c, nil, nil
 		case <-tick.C:
 			r.follow(ctx, a, w, before, serr == nil, false)
+			switch {
+			case a.agentFailure == nil:
+				if r.checkAgents(ctx, a, w) {
+					r.failStep(ctx, a, proc)
+					killAt = r.now().Add(min(r.StopGrace, failStopGrace))
+				}
+			case !killAt.IsZero() && r.now().After(killAt):
+				r.say("srun outlived the step's cancellation by %s; killing it", min(r.StopGrace, failStopGrace))
+				proc.Signal(syscall.SIGKILL)
+				killAt = time.Time{}
+			}
 		}
 	}
+}
+
+// failStopGrace bounds how long srun may take to end a step that the
+// agents found failed and reft run cancelled: srun waits for every node's
+// slurmd to confirm the end, which a lost node's never does (seen on the
+// test cluster: srun outlived a 10 s grace). The live nodes end their
+// tasks within a second of the cancel.
+const failStopGrace = 2 * time.Second
+
+// checkAgents looks for a failure the agents published since the attempt
+// began that concerns the step (a node or agent of the step, or its hung
+// ranks) and records it in a; a lost spare leaves the plan at once.
+func (r *Runner) checkAgents(ctx context.Context, a *attempt, w *Watcher) bool {
+	if err := w.Poll(); err != nil {
+		r.warnOnce("watch", "%v; failures are seen only when srun reports them", err)
+		return false
+	}
+	fs := w.Failures()
+	for ; a.seenFailures < len(fs); a.seenFailures++ {
+		f := fs[a.seenFailures]
+		if slices.Contains(r.Plan.Slots, f.Node) {
+			a.agentFailure = &f
+			return true
+		}
+		if f.Class == recoverylog.KindNode && slices.Contains(r.Plan.Alloc, f.Node) && !slices.Contains(r.Plan.Excluded, f.Node) {
+			r.Plan.Replace(f.Node) // a spare: never used from now on
+			r.say("the agents report spare node %s lost (%s); it will not replace a node", f.Node, f.Cause)
+		}
+	}
+	return false
+}
+
+// failStep ends the step after the agents' verdict: the step is cancelled
+// in Slurm and srun gets SIGTERM, without waiting for srun to notice (it
+// takes Slurm about half a minute to call a node down).
+func (r *Runner) failStep(ctx context.Context, a *attempt, proc Proc) {
+	f := a.agentFailure
+	r.say("the agents detected a %s failure on %s %.2f s after its last sign of life (coordinator %s): %s; stopping the step",
+		f.Class, f.Node, f.Latency.Seconds(), f.Coordinator, f.Cause)
+	if f.Class == recoverylog.KindNode && len(r.Plan.Spares()) > 0 {
+		// Slurm would keep the step, and the relaunch waiting for its
+		// resources, until it calls the node down; give the node back.
+		// Not without a spare: the job is requeued then, and must keep
+		// its size.
+		var keep []string
+		for _, n := range r.Plan.Alloc {
+			if n != f.Node && !slices.Contains(r.Plan.Excluded, n) {
+				keep = append(keep, n)
+			}
+		}
+		if err := r.Slurm.Shrink(ctx, r.Job, keep); err != nil {
+			r.say("warning: cannot give lost node %s back to Slurm (%v); the relaunch may wait until Slurm calls it down", f.Node, err)
+		} else {
+			a.shrunk = keep
+			r.say("gave lost node %s back to Slurm: the job now holds %s", f.Node, strings.Join(keep, ","))
+		}
+	}
+	if a.stepID != "" {
+		if err := r.Slurm.Cancel(ctx, a.stepID); err != nil {
+			r.say("warning: %v", err)
+		}
+	}
+	proc.Signal(syscall.SIGTERM)
 }
 
 // follow learns the step's id, announces the launch, and for a relaunch
@@ -460,6 +559,9 @@ func (r *Runner) health(ctx context.Context, a *attempt) Health {
 		if slices.Contains(a.outcome.NodeFailures, n) {
 			continue
 		}
+		if af := a.agentFailure; af != nil && af.Class == recoverylog.KindNode && af.Node == n {
+			continue // a probe step on it would wait for a slurmd that is gone
+		}
 		if h.NodeStates != nil && NodeLost(h.NodeStates[n]) != "" {
 			continue
 		}
@@ -467,7 +569,29 @@ func (r *Runner) health(ctx context.Context, a *attempt) Health {
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.Policy.ProbeTimeout.D())
 	defer cancel()
-	h.Agents, h.ProbeErr = r.Slurm.Probe(pctx, r.Job, probe)
+	if len(a.shrunk) > 0 {
+		// The agents still running found each other on the larger
+		// allocation's ports (agent/mesh); new ones on the smaller one
+		// would not find them. The probe stops them all (each new agent
+		// re-indexes its node's store); right after the cancel a step may
+		// not start yet, so it is tried twice.
+		for try := 0; try < 2; try++ {
+			all, err := r.Slurm.StopAgents(pctx, r.Job, a.shrunk)
+			h.Agents, h.ProbeErr = map[string]AgentReport{}, err
+			for _, n := range probe {
+				if rep, ok := all[n]; ok {
+					h.Agents[n] = rep
+				}
+			}
+			if err == nil || pctx.Err() != nil {
+				break
+			}
+			r.say("warning: %v; trying again", err)
+			time.Sleep(500 * time.Millisecond)
+		}
+	} else {
+		h.Agents, h.ProbeErr = r.Slurm.Probe(pctx, r.Job, probe)
+	}
 	if h.ProbeErr != nil {
 		r.say("warning: %v", h.ProbeErr)
 	}

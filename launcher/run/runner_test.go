@@ -47,6 +47,23 @@ type fakeSlurm struct {
 	listed    chan struct{} // closed once Steps has seen the running step
 	started   chan struct{} // gets a value when a step starts
 	cancelled []string
+	shrunk    [][]string
+	stopped   [][]string // StopAgents calls
+}
+
+func (f *fakeSlurm) StopAgents(_ context.Context, _ string, nodes []string) (map[string]AgentReport, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stopped = append(f.stopped, slices.Clone(nodes))
+	f.probed = append(f.probed, slices.Clone(nodes))
+	return committedReports(nodes, 6), nil
+}
+
+func (f *fakeSlurm) Shrink(_ context.Context, _ string, keep []string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.shrunk = append(f.shrunk, slices.Clone(keep))
+	return nil
 }
 
 func (f *fakeSlurm) Hostnames(_ context.Context, list string) ([]string, error) {
@@ -129,7 +146,11 @@ type fakeProc struct {
 	f    *fakeSlurm
 	exit int
 	wait chan struct{} // closed when srun "exits"
+	once sync.Once
 }
+
+// end makes srun "exit" (once: a signal may come first).
+func (p *fakeProc) end() { p.once.Do(func() { close(p.wait) }) }
 
 func (p *fakeProc) Wait() int {
 	<-p.wait
@@ -143,11 +164,7 @@ func (p *fakeProc) Signal(sig os.Signal) error {
 	p.f.mu.Lock()
 	p.f.signals = append(p.f.signals, sig)
 	p.f.mu.Unlock()
-	select {
-	case <-p.wait:
-	default:
-		close(p.wait)
-	}
+	p.end()
 	return nil
 }
 
@@ -184,7 +201,7 @@ func (f *fakeSlurm) Start(l Launch) (Proc, error) {
 			l.OnStderr(line, time.Now())
 		}
 		if !at.block {
-			close(p.wait)
+			p.end()
 		}
 	}()
 	if f.started != nil {
@@ -618,5 +635,120 @@ func TestRunAfterRequeueResumes(t *testing.T) {
 	}
 	if c := h.f.comments[len(h.f.comments)-1]; c != "reft: 1 failure (node n4 lost), requeued, resumed from step 6 in 33.3 s, lost 0 steps" {
 		t.Errorf("comment %q", c)
+	}
+}
+
+// agentFailureLine is the coordinator's failure_detected line (agent/detect).
+func agentFailureLine(coord, failed, class string, ranks string, latency float64) string {
+	r := ""
+	if ranks != "" {
+		r = `"ranks":[` + ranks + `],`
+	}
+	return fmt.Sprintf(`{"level":"warn","job":"42","step":"agent","node":%q,"component":"detect","event":"failure_detected","failed_node":%q,"class":%q,%s"latency_s":%g,"last_heard":"2026-05-01T11:59:59.2Z","detected_at":"2026-05-01T12:00:00Z","reporter":"n3","coordinator":%q,"confirmed_by":["n4"],"time":"2026-05-01T12:00:00Z","message":"the agent of %s is unreachable"}`,
+		coord, failed, class, r, latency, coord, failed)
+}
+
+// TestRunAgentsVerdict: a failure the agents publish while the step runs
+// stops it at once (srun would notice a lost node half a minute later),
+// and the failure_detected event carries their class and detection
+// latency; a lost spare only leaves the plan.
+func TestRunAgentsVerdict(t *testing.T) {
+	alloc := []string{"n1", "n2", "n3", "n4", "n5"}
+	for _, tc := range []struct {
+		name      string
+		first     fakeAttempt
+		relaunch  []string // the relaunch's nodes in rank order
+		kind      string
+		by        string
+		ranks     []int
+		probed    []string
+		stopped   string   // "yes": reft run cancelled the step and signalled srun; "no"; "": either (a race)
+		shrunk    []string // the nodes the job kept (nil: not shrunk)
+		noSpare   bool     // the allocation is the step's four nodes: a lost node requeues the job
+		excluded  []string
+		comment   string // prefix
+		relaunchW string // prefix of the relaunch's cause
+	}{
+		{name: "node lost",
+			first:    fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
+			relaunch: []string{"n1", "n5", "n3", "n4"}, kind: recoverylog.KindNode, by: "agents",
+			probed: []string{"n1", "n3", "n4", "n5"}, stopped: "yes", excluded: []string{"n2"}, shrunk: []string{"n1", "n3", "n4", "n5"},
+			comment: "reft: 1 failure (node n2 lost, replaced by n5)", relaunchW: "node failure: n5 in n2's place"},
+		{name: "node lost, no spare", noSpare: true,
+			first: fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
+			kind:  recoverylog.KindNode, by: "agents",
+			probed: []string{"n1", "n3", "n4"}, stopped: "yes", excluded: nil,
+			comment: "reft: 1 failure (node n2 lost), no spare left, job requeued"},
+		{name: "hang",
+			first:    fakeAttempt{block: true, agentLog: map[string][]string{"n2": {agentFailureLine("n2", "n3", "hang", "2", 600)}}},
+			relaunch: []string{"n1", "n2", "n3", "n4"}, kind: recoverylog.KindHang, by: "agents", ranks: []int{2},
+			probed: []string{"n1", "n2", "n3", "n4"}, stopped: "yes",
+			comment: "reft: 1 failure (hang of rank(s) 2 on n3)", relaunchW: "hang: same nodes"},
+		{name: "agent killed", // srun and the agents see it at about the same time
+			first: fakeAttempt{exit: 1, stderr: []string{"srun: error: n2: task 1: Exited with exit code 1"},
+				agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "agent", "", 0.05)}}},
+			relaunch: []string{"n1", "n2", "n3", "n4"}, kind: recoverylog.KindAgent, by: "agents",
+			probed:  []string{"n1", "n2", "n3", "n4"},
+			comment: "reft: 1 failure (agent on n2)", relaunchW: "agent failure: same nodes"},
+		{name: "spare lost, then a rank",
+			first: fakeAttempt{exit: 143, stderr: killed2,
+				agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n5", "node", "", 0.8)}}},
+			relaunch: []string{"n1", "n2", "n3", "n4"}, kind: recoverylog.KindRank, by: "srun", ranks: []int{2},
+			probed: []string{"n1", "n2", "n3", "n4"}, stopped: "no", excluded: []string{"n5"},
+			comment: "reft: 1 failure (rank 2 on n3)", relaunchW: "rank failure: same nodes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			al, spares, want := alloc, 1, ExitOK
+			if tc.noSpare {
+				al, spares, want = four, 0, ExitRequeued
+			}
+			h := newHarness(t, al, spares, fastPolicy(), tc.first,
+				fakeAttempt{exit: 0, agentLog: resumeLogs("2", 5, tc.relaunch...)})
+			if code := h.r.Run(context.Background()); code != want {
+				t.Fatalf("exit %d, want %d\n%s", code, want, h.out.String())
+			}
+			ev := h.events()
+			fs := find(ev, recoverylog.FailureDetected)
+			if len(fs) != 1 {
+				t.Fatalf("failure_detected events %+v\n%s", fs, h.out.String())
+			}
+			f := fs[0]
+			if f.Kind != tc.kind || f.DetectedBy != tc.by || !slices.Equal(f.Ranks, tc.ranks) || f.Generation != 6 {
+				t.Errorf("failure_detected %+v; want kind %s by %s, ranks %v", f, tc.kind, tc.by, tc.ranks)
+			}
+			if tc.by == "agents" {
+				if f.DetectionS == nil || *f.DetectionS <= 0 || !strings.Contains(f.Cause, "the agents' failure detector") ||
+					!strings.Contains(f.Cause, "coordinator n1") && !strings.Contains(f.Cause, "coordinator n2") {
+					t.Errorf("failure_detected %+v: want the agents' latency and cause", f)
+				}
+			} else if f.DetectionS != nil {
+				t.Errorf("failure_detected %+v: a latency without the agents' verdict", f)
+			}
+			if rl := find(ev, recoverylog.StepRelaunched); tc.noSpare && (len(rl) != 0 || h.f.requeued != 1) {
+				t.Errorf("relaunches %+v, requeues %d: want a requeue", rl, h.f.requeued)
+			} else if !tc.noSpare && (len(rl) != 1 || !slices.Equal(rl[0].Nodes, tc.relaunch) || !strings.HasPrefix(rl[0].Cause, tc.relaunchW)) {
+				t.Errorf("step_relaunched %+v; want %v (%s)", rl, tc.relaunch, tc.relaunchW)
+			}
+			if len(h.f.probed) != 1 || !slices.Equal(h.f.probed[0], tc.probed) {
+				t.Errorf("probed %v, want %v", h.f.probed, tc.probed)
+			}
+			stopped := map[bool]string{true: "yes", false: "no"}[slices.Contains(h.f.cancelled, "42.0") && slices.Contains(h.f.signals, os.Signal(syscall.SIGTERM))]
+			if tc.stopped != "" && stopped != tc.stopped {
+				t.Errorf("step cancelled %v, srun signalled %v; want stopped=%v", h.f.cancelled, h.f.signals, tc.stopped)
+			}
+			if tc.shrunk == nil && len(h.f.shrunk) > 0 || tc.shrunk != nil && (len(h.f.shrunk) != 1 || !slices.Equal(h.f.shrunk[0], tc.shrunk)) {
+				t.Errorf("job shrunk to %v, want %v", h.f.shrunk, tc.shrunk)
+			}
+			// After a shrink every agent left restarts (their ports follow the allocation).
+			if tc.shrunk == nil && len(h.f.stopped) > 0 || tc.shrunk != nil && (len(h.f.stopped) != 1 || !slices.Equal(h.f.stopped[0], tc.shrunk)) {
+				t.Errorf("agents stopped on %v, want %v", h.f.stopped, tc.shrunk)
+			}
+			if !slices.Equal(h.r.Plan.Excluded, tc.excluded) {
+				t.Errorf("excluded %v, want %v", h.r.Plan.Excluded, tc.excluded)
+			}
+			if c := h.f.comments[len(h.f.comments)-1]; !strings.HasPrefix(c, tc.comment) {
+				t.Errorf("comment %q, want %q...", c, tc.comment)
+			}
+		})
 	}
 }

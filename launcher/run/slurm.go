@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/reft-hpc/reft/launcher/recoverylog"
+	"github.com/reft-hpc/reft/pmix/hostlist"
 )
 
 // Slurm is what reft run asks of Slurm; tests replace it.
@@ -36,6 +37,13 @@ type Slurm interface {
 	Requeue(ctx context.Context, job string) error
 	// Cancel cancels a step ("42.3") that srun did not end.
 	Cancel(ctx context.Context, step string) error
+	// Shrink gives the allocation's other nodes back: the job keeps only
+	// keep (scontrol update NodeList=), and its steps there are ended.
+	Shrink(ctx context.Context, job string, keep []string) error
+	// StopAgents is Probe that also stops the agents (reft status-local
+	// --stop-agent): the reports say what each had before it stopped; the
+	// next step starts new ones.
+	StopAgents(ctx context.Context, job string, nodes []string) (map[string]AgentReport, error)
 	// Start launches the step.
 	Start(l Launch) (Proc, error)
 }
@@ -153,6 +161,10 @@ func ParseNodeStates(out string) map[string]string {
 // whatever else runs there, with the plugin off for the step so that it
 // neither starts an agent nor hides a dead one.
 func (e Exec) Probe(ctx context.Context, job string, nodes []string) (map[string]AgentReport, error) {
+	return e.probe(ctx, job, nodes)
+}
+
+func (e Exec) probe(ctx context.Context, job string, nodes []string, extra ...string) (map[string]AgentReport, error) {
 	if len(nodes) == 0 {
 		return map[string]AgentReport{}, nil
 	}
@@ -160,6 +172,7 @@ func (e Exec) Probe(ctx context.Context, job string, nodes []string) (map[string
 	args := []string{"--overlap", "--reft=off", "--job-name=" + recoverylog.ProbeStepName,
 		"--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1", "--nodelist=" + strings.Join(nodes, ","),
 		"--kill-on-bad-exit=0", e.Self, "status-local", "--config", e.ConfigPath, "--job", job}
+	args = append(args, extra...)
 	out, err := e.output(ctx, e.Srun, args...)
 	reports := ParseReports(out, nodes)
 	if len(reports) == 0 {
@@ -169,6 +182,11 @@ func (e Exec) Probe(ctx context.Context, job string, nodes []string) (map[string
 		return reports, fmt.Errorf("asking the agents: %w", err)
 	}
 	return reports, nil
+}
+
+// StopAgents is Probe with --stop-agent.
+func (e Exec) StopAgents(ctx context.Context, job string, nodes []string) (map[string]AgentReport, error) {
+	return e.probe(ctx, job, nodes, "--stop-agent")
 }
 
 // Steps lists the job's running steps with squeue.
@@ -202,6 +220,14 @@ func (e Exec) Requeue(ctx context.Context, job string) error {
 // Cancel runs scancel on a step.
 func (e Exec) Cancel(ctx context.Context, step string) error {
 	_, err := e.output(ctx, e.Scancel, step)
+	return err
+}
+
+// Shrink resizes the job to the nodes in keep (a job's owner may shrink
+// it). Slurm then ends the steps on the others without waiting for their
+// slurmd, so a relaunch need not wait until Slurm calls a lost node down.
+func (e Exec) Shrink(ctx context.Context, job string, keep []string) error {
+	_, err := e.output(ctx, e.Scontrol, "update", "JobId="+job, "NodeList="+hostlist.Compress(keep))
 	return err
 }
 

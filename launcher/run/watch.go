@@ -26,8 +26,23 @@ type Watcher struct {
 	offsets map[string]int64
 	partial map[string][]byte
 	// step maps (node, client pid) to the Slurm step id its hello gave.
-	step map[pidKey]string
-	recs []agentRecord
+	step     map[pidKey]string
+	recs     []agentRecord
+	failures []AgentFailure
+}
+
+// AgentFailure is a failure the agents' detector published (agent/detect:
+// the coordinator's failure_detected line).
+type AgentFailure struct {
+	Node        string // the failed node (a hang: the hung ranks' node)
+	Class       string // node, agent or hang
+	Ranks       []int
+	Cause       string
+	Coordinator string
+	Reporter    string
+	ConfirmedBy []string
+	Latency     time.Duration // last sign of life to confirmation
+	DetectedAt  time.Time
 }
 
 type pidKey struct {
@@ -64,7 +79,20 @@ type agentLine struct {
 	VerifyMS   float64   `json:"verify"`   // zerolog durations are milliseconds
 	DurationMS float64   `json:"duration"` // (restore_persistent)
 	Reason     string    `json:"reason"`
+	// failure_detected (agent/detect)
+	FailedNode  string    `json:"failed_node"`
+	Class       string    `json:"class"`
+	Ranks       []int     `json:"ranks"`
+	LatencyS    float64   `json:"latency_s"`
+	Reporter    string    `json:"reporter"`
+	Coordinator string    `json:"coordinator"`
+	ConfirmedBy []string  `json:"confirmed_by"`
+	DetectedAt  time.Time `json:"detected_at"`
 }
+
+// agentFailureEvent is the coordinator's event for a published failure
+// (detect.EventFailure; not imported, so reft run does not link the agent).
+const agentFailureEvent = "failure_detected"
 
 // NewWatcher follows the agent logs in dir (<log dir>/<job>).
 func NewWatcher(dir string) *Watcher {
@@ -93,7 +121,7 @@ func (w *Watcher) files() ([]string, error) {
 // Mark skips what the logs hold now, and forgets what was read: Poll then
 // sees only what the agents log from here on.
 func (w *Watcher) Mark() error {
-	w.recs = nil
+	w.recs, w.failures = nil, nil
 	names, err := w.files()
 	if err != nil {
 		return err
@@ -158,6 +186,16 @@ func (w *Watcher) line(b []byte) {
 	if json.Unmarshal(b, &l) != nil {
 		return // not ours to judge: the agent's log, not reft run's
 	}
+	if l.Event == agentFailureEvent && l.FailedNode != "" {
+		at := l.DetectedAt
+		if at.IsZero() {
+			at = l.Time
+		}
+		w.failures = append(w.failures, AgentFailure{Node: l.FailedNode, Class: l.Class, Ranks: l.Ranks, Cause: l.Message,
+			Coordinator: l.Coordinator, Reporter: l.Reporter, ConfirmedBy: l.ConfirmedBy,
+			Latency: time.Duration(l.LatencyS * float64(time.Second)), DetectedAt: at})
+		return
+	}
 	key := pidKey{l.Node, l.PeerPID}
 	if l.ClientStep != nil && l.PeerPID != 0 {
 		w.step[key] = *l.ClientStep
@@ -173,6 +211,10 @@ func (w *Watcher) line(b []byte) {
 	}
 	w.recs = append(w.recs, r)
 }
+
+// Failures lists the failures the agents published since Mark, in the
+// order they were read.
+func (w *Watcher) Failures() []AgentFailure { return slices.Clone(w.failures) }
 
 // matches says whether a record belongs to step ("" matches all; a record
 // whose client step is unknown matches too).

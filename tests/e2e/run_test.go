@@ -45,6 +45,19 @@ type recoveryEvent struct {
 	Replacement string    `json:"replacement"`
 	LostSteps   *int64    `json:"lost_steps"`
 	ExitCode    *int      `json:"exit_code"`
+	DetectedBy  string    `json:"detected_by"`
+	DetectionS  *float64  `json:"detection_s"`
+}
+
+// agentsFailures lists the failure_detected events the job's agents logged
+// (agent/detect: the coordinator's, one per failure), from every node's log.
+func agentsFailures(t *testing.T, job string, nodes ...string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, n := range nodes {
+		out = append(out, agentEvents(t, job, n)["failure_detected"]...)
+	}
+	return out
 }
 
 func recoveryEvents(t *testing.T, job string) []recoveryEvent {
@@ -352,8 +365,28 @@ func TestReftRunAgentKill(t *testing.T) {
 		return job, dir
 	})
 	ev := checkResume(t, job, dir, refHash, "agent", "n2")
-	if f := ev[1]; !strings.Contains(f.Cause, "n2: no agent answers on "+filepath.Join(reftRunDir, job, "agent.sock")) {
-		t.Errorf("failure_detected cause %q", f.Cause)
+	// The agents' detector sees the lost agent (n2's slurmd answers) and
+	// one coordinator publishes it; srun may see the rank's exit first, so
+	// either verdict may come first, and both say agent.
+	f := ev[1]
+	switch f.DetectedBy {
+	case "agents":
+		if f.DetectionS == nil || !strings.Contains(f.Cause, "the agents' failure detector") {
+			t.Errorf("failure_detected %+v: the agents' verdict without its latency or cause", f)
+		}
+	case "srun":
+		if !strings.Contains(f.Cause, "n2: no agent answers on "+filepath.Join(reftRunDir, job, "agent.sock")) {
+			t.Errorf("failure_detected cause %q", f.Cause)
+		}
+	default:
+		t.Errorf("failure_detected %+v: detected_by %q", f, f.DetectedBy)
+	}
+	af := agentsFailures(t, job, "n1", "n2", "n3", "n4")
+	if len(af) != 1 || af[0]["failed_node"] != "n2" || af[0]["class"] != "agent" {
+		t.Errorf("the agents logged %v, want one agent failure of n2", af)
+	} else {
+		t.Logf("the agents' verdict: agent failure of n2 published by %v, %.0f ms after its last beat; reft run's event came from %s",
+			af[0]["coordinator"], af[0]["latency_s"].(float64)*1000, f.DetectedBy)
 	}
 	// n2's relaunched rank was served by a new agent.
 	if started := agentEvents(t, job, "n2")["agent_started"]; len(started) != 2 {
@@ -475,6 +508,13 @@ func waitJobEnd(t *testing.T, job string, timeout time.Duration) string {
 	}
 }
 
+func ptrVal(p *float64) any {
+	if p == nil {
+		return "?"
+	}
+	return *p
+}
+
 // killNode kills a node of the test cluster for the rest of the test.
 func killNode(t *testing.T, node string) time.Time {
 	t.Helper()
@@ -563,8 +603,21 @@ func checkNodeLossSpare(t *testing.T, nl spareLoss, refHash string) []recoveryEv
 		names[len(names)-1] != "completed" || len(eventsNamed(ev, "failure_detected")) != 1 {
 		t.Fatalf("recovery events %v", names)
 	}
-	if f := ev[1]; f.Kind != "node" || f.Node != "n2" || !slices.Equal(f.Nodes, []string{"n2"}) {
-		t.Errorf("failure_detected %+v", f)
+	if f := ev[1]; f.Kind != "node" || f.Node != "n2" || !slices.Equal(f.Nodes, []string{"n2"}) ||
+		f.DetectedBy != "agents" || f.DetectionS == nil || !strings.Contains(f.Cause, "the agents' failure detector") {
+		t.Errorf("failure_detected %+v: want the agents' verdict, node n2", f)
+	}
+	// The agents' verdict comes within a second or two, long before srun's
+	// (about 27 s): the relaunch restores the step committed at the failure
+	// (the spare's rank from its group's agents), at most one step lost.
+	if res := eventsNamed(ev, "resumed"); ev[1].Generation < 1 || len(res) != 1 || res[0].LostSteps == nil || *res[0].LostSteps > 1 {
+		t.Errorf("failure_detected %+v, resumed %+v: want the committed step known and at most one step lost", ev[1], res)
+	} else {
+		t.Logf("job %s: every rank restored step %d %.2f s after the agents' verdict (%d step(s) lost)", job, res[0].Generation, res[0].DurationS, *res[0].LostSteps)
+	}
+	// One coordinator (n1, the lowest-index survivor) published it.
+	if af := agentsFailures(t, job, "n1", "n3", "n4", "n5"); len(af) != 1 || af[0]["failed_node"] != "n2" || af[0]["class"] != "node" || af[0]["coordinator"] != "n1" {
+		t.Errorf("the agents logged %v, want one node failure of n2 from n1", af)
 	}
 	if x := ev[2]; x.Node != "n2" || x.Replacement != "n5" || !slices.Equal(x.Ranks, []int{1}) {
 		t.Errorf("node_excluded %+v", x)

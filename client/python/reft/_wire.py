@@ -28,6 +28,7 @@ T_RELEASE = 0x09
 T_COMM = 0x0A  # a notice: the agent never answers it
 T_WATCH = 0x0B
 T_NOTICE = 0x0C  # agent -> client, id 0, on watching connections only
+T_PROGRESS = 0x10
 REPLY_BIT = 0x80
 T_ERROR = 0xFF
 
@@ -35,7 +36,7 @@ TYPE_NAMES = {
     T_HELLO: "hello", T_STATUS: "status", T_REGISTER: "register", T_SAVE: "save",
     T_COMMIT: "commit", T_ABORT: "abort", T_GENERATIONS: "generations",
     T_RESTORE: "restore", T_RELEASE: "release", T_COMM: "comm",
-    T_WATCH: "watch", T_NOTICE: "notice",
+    T_WATCH: "watch", T_NOTICE: "notice", T_PROGRESS: "progress",
 }
 
 _HEADER = struct.Struct(">IBBHI")

@@ -591,6 +591,25 @@ class Session:
 
     # --- restore ---------------------------------------------------------
 
+    def progress(self, step):
+        """Tell the agent that this rank reached ``step`` (the progress
+        heartbeat): a rank that reports no progress, nor saves, for the
+        agent's ``detect.hang`` is declared hung. Trainers that save less
+        often than every step call it every step (one round trip on the
+        local socket). Registers the buffers first if needed."""
+        self._check_usable("progress()")
+        _check_step("progress", step)
+        with self._op_lock:
+            if not self.enabled:
+                return
+            if not self._buffers:
+                raise Error("progress(%d): nothing is registered; register(name, buf) first "
+                            "(the agent knows a rank by its registration)" % step)
+            self._ensure_registered()
+            if not self.enabled:
+                return
+            self._conn.call(W.T_PROGRESS, {"step": step})
+
     def generations(self, details=False):
         """This rank's committed steps, newest first: on this node, or only
         in the job's persistent directory (with ``details``: the agent's

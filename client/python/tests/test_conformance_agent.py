@@ -65,6 +65,19 @@ class RealAgent(unittest.TestCase):
         failures = conformance.run(vectors(), agent_binary(), out=out)
         self.assertEqual(failures, 0, out.getvalue())
 
+    def test_progress(self):
+        s = self.session()
+        with self.assertRaisesRegex(reft.Error, "nothing is registered"):
+            s.progress(1)
+        s.register("w", pattern(4096, 1))
+        for bad in (-1, 1.5, True):
+            with self.assertRaises(reft.Error):
+                s.progress(bad)
+        for step in (1, 2, 3):
+            s.progress(step)  # the agent answers; hang detection takes it
+        self.assertTrue(s.save(4).wait(timeout=60))
+        s.progress(5)
+
     def test_large_buffers_default_chunks(self):
         s = self.session()
         a = bytearray(os.urandom(9 << 20))  # more than two 4 MiB chunks, not a multiple

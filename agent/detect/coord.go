@@ -1,0 +1,250 @@
+package detect
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/reft-hpc/reft/agent/peer"
+)
+
+// EventFailure is the coordinator's log event for a published failure, the
+// one `reft run` acts on; its fields are those of Failure, the failed node
+// as failed_node (node is the logging agent's own) and latency_s.
+const EventFailure = "failure_detected"
+
+// failureReply answers a failure frame.
+type failureReply struct {
+	Coordinator string `json:"coordinator"`
+	Duplicate   bool   `json:"duplicate,omitempty"`
+}
+
+// Handlers is where the detector's request handlers go: the agent's
+// *peer.Server.
+type Handlers interface {
+	Handle(t peer.Type, h peer.Handler) error
+}
+
+// Register installs the handlers of beat, probe and failure frames.
+func (d *Detector) Register(s Handlers) error {
+	hs := map[peer.Type]peer.Handler{
+		peer.TBeat: func(_ context.Context, from string, p []byte) (any, error) {
+			var req beatReq
+			if err := decode(p, &req); err != nil {
+				return nil, err
+			}
+			if req.Leaving {
+				d.left(from)
+			} else {
+				d.alive(from, true)
+			}
+			return beatReply{Node: d.cfg.Self}, nil
+		},
+		peer.TProbe: func(ctx context.Context, from string, p []byte) (any, error) {
+			var req probeReq
+			if err := decode(p, &req); err != nil {
+				return nil, err
+			}
+			d.alive(from, false)
+			return d.probe(ctx, req), nil
+		},
+		peer.TFailure: func(_ context.Context, from string, p []byte) (any, error) {
+			var f Failure
+			if err := decode(p, &f); err != nil {
+				return nil, err
+			}
+			d.alive(from, false)
+			return d.received(f), nil
+		},
+	}
+	for t, h := range hs {
+		if err := s.Handle(t, h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func decode(p []byte, v any) error {
+	if err := json.Unmarshal(p, v); err != nil {
+		return &peer.Error{Code: peer.CodeMalformed, Message: err.Error()}
+	}
+	return nil
+}
+
+// report hands a confirmed failure to the coordinator: the first live
+// node in index order that takes it (the failed node skipped), this one
+// when it comes first or no other answers.
+func (d *Detector) report(ctx context.Context, f Failure) {
+	d.mu.Lock()
+	live := d.live()
+	d.mu.Unlock()
+	for _, c := range live {
+		if c == f.Node && f.Class != ClassHang {
+			continue
+		}
+		if c == d.cfg.Self {
+			d.coordinate(f)
+			return
+		}
+		cctx, cancel := context.WithTimeout(ctx, d.cfg.Confirm)
+		var rep failureReply
+		err := d.cfg.Transport.Call(cctx, c, peer.TFailure, f, &rep)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			d.log.Info().Str("event", "failure_reported").Str("failed_node", f.Node).Str("class", f.Class).
+				Str("coordinator", rep.Coordinator).Bool("duplicate", rep.Duplicate).
+				Msgf("reported the %s failure of %s to the coordinator %s", f.Class, f.Node, rep.Coordinator)
+			return
+		}
+		d.log.Warn().Str("event", "coordinator_unreachable").Str("coordinator", c).Err(err).
+			Msgf("%s did not take the report of %s's failure; the next agent coordinates", c, f.Node)
+	}
+}
+
+// same says whether f is a report of the failure p (already published):
+// the same node, seen alive last before p was detected.
+func same(p, f Failure) bool {
+	if p.Node != f.Node || (p.Class == ClassHang) != (f.Class == ClassHang) || f.LastHeard.After(p.DetectedAt) {
+		return false
+	}
+	if f.Class != ClassHang {
+		return true
+	}
+	for _, r := range f.Ranks {
+		if !slices.Contains(p.Ranks, r) {
+			return false
+		}
+	}
+	return true
+}
+
+// coordinate publishes f unless it is a duplicate: one failure_detected
+// event in this agent's log, OnFailure, and the publication to every
+// other live agent.
+func (d *Detector) coordinate(f Failure) (duplicate bool) {
+	d.mu.Lock()
+	for _, p := range d.published {
+		if same(p, f) {
+			d.mu.Unlock()
+			d.log.Debug().Str("failed_node", f.Node).Str("reporter", f.Reporter).Msg("duplicate failure report dropped")
+			return true
+		}
+	}
+	f.Coordinator, f.Published = d.cfg.Self, true
+	d.published = append(d.published, f)
+	if f.Class != ClassHang {
+		if _, ok := d.failed[f.Node]; !ok {
+			d.failed[f.Node] = f.DetectedAt
+		}
+	}
+	var targets []string
+	for _, n := range d.live() {
+		if n != d.cfg.Self && !(n == f.Node && f.Class != ClassHang) {
+			targets = append(targets, n)
+		}
+	}
+	d.mu.Unlock()
+
+	ev := d.log.Warn().Str("event", EventFailure).Str("failed_node", f.Node).Str("class", f.Class).
+		Float64("latency_s", f.Latency().Seconds()).Time("last_heard", f.LastHeard).Time("detected_at", f.DetectedAt).
+		Str("reporter", f.Reporter).Str("coordinator", f.Coordinator)
+	if len(f.Ranks) > 0 {
+		ev = ev.Ints("ranks", f.Ranks)
+	}
+	if len(f.ConfirmedBy) > 0 {
+		ev = ev.Strs("confirmed_by", f.ConfirmedBy)
+	}
+	ev.Msg(f.Cause)
+	d.cfg.OnFailure(f)
+
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		for _, n := range targets {
+			ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Confirm)
+			var rep failureReply
+			if err := d.cfg.Transport.Call(ctx, n, peer.TFailure, f, &rep); err != nil {
+				d.log.Info().Str("event", "failure_unpublished").Str("peer_node", n).Str("failed_node", f.Node).Err(err).
+					Msgf("could not tell %s of %s's failure", n, f.Node)
+			}
+			cancel()
+		}
+	}()
+	return false
+}
+
+// received handles a failure frame: a report (this agent coordinates) or
+// the coordinator's publication.
+func (d *Detector) received(f Failure) failureReply {
+	if !f.Published {
+		return failureReply{Coordinator: d.cfg.Self, Duplicate: d.coordinate(f)}
+	}
+	d.mu.Lock()
+	dup := false
+	for _, p := range d.published {
+		if same(p, f) {
+			dup = true
+			break
+		}
+	}
+	if !dup {
+		d.published = append(d.published, f)
+		if _, ok := d.failed[f.Node]; !ok && f.Class != ClassHang && f.Node != d.cfg.Self {
+			d.failed[f.Node] = f.DetectedAt
+		}
+	}
+	d.mu.Unlock()
+	if !dup {
+		d.log.Info().Str("event", "failure_published").Str("failed_node", f.Node).Str("class", f.Class).
+			Str("coordinator", f.Coordinator).Msgf("coordinator %s published the %s failure of %s", f.Coordinator, f.Class, f.Node)
+		d.cfg.OnFailure(f)
+	}
+	return failureReply{Coordinator: f.Coordinator, Duplicate: dup}
+}
+
+// checkHangs reports local ranks whose progress stopped longer than Hang
+// ago, once per stop.
+func (d *Detector) checkHangs(ctx context.Context) {
+	if d.cfg.Hang <= 0 || d.cfg.Progress == nil {
+		return
+	}
+	ps := d.cfg.Progress()
+	now := time.Now()
+	var hung []Progress
+	d.mu.Lock()
+	for _, p := range ps {
+		if now.Sub(p.At) >= d.cfg.Hang && !d.hung[p.Rank].Equal(p.At) {
+			d.hung[p.Rank] = p.At
+			hung = append(hung, p)
+		}
+	}
+	d.mu.Unlock()
+	if len(hung) == 0 {
+		return
+	}
+	slices.SortFunc(hung, func(a, b Progress) int { return a.Rank - b.Rank })
+	f := Failure{Node: d.cfg.Self, Class: ClassHang, Reporter: d.cfg.Self, LastHeard: hung[0].At, DetectedAt: now}
+	var what []string
+	for _, p := range hung {
+		f.Ranks = append(f.Ranks, p.Rank)
+		if p.At.Before(f.LastHeard) {
+			f.LastHeard = p.At
+		}
+		what = append(what, "rank "+strconv.Itoa(p.Rank)+" at step "+strconv.FormatInt(p.Step, 10))
+	}
+	f.Cause = fmt.Sprintf("no progress on %s for %s or more (detect.hang): %s", d.cfg.Self, d.cfg.Hang, strings.Join(what, ", "))
+	d.log.Warn().Str("event", "rank_hung").Ints("ranks", f.Ranks).Msg(f.Cause)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.report(ctx, f)
+	}()
+}

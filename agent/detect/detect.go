@@ -1,0 +1,423 @@
+// Package detect is the agents' failure detector (issue 7, "Failure
+// detection"). Every agent beats a few watched peers (ring neighbours
+// among the job's nodes by default; the set is an input), suspects one that
+// stays silent or whose connection breaks, asks other agents to confirm
+// (so that one flaky link does not condemn a node), classifies the failure
+// (node: its slurmd is unreachable too; agent: the node answers but its
+// agent does not; hang: a local rank stopped reporting progress), and
+// reports it to the coordinator: the lowest-index agent that answers, so
+// the role moves on when its holder dies. The coordinator drops duplicate
+// reports, logs one failure_detected event (which `reft run` reads in the
+// job's log directory) and publishes the failure to every other agent.
+// Every agent hands the failures it learns to Config.OnFailure.
+//
+// Nothing here is a single point of failure: every agent detects on its
+// own, any agent can coordinate, and a report whose coordinator died on
+// the way goes to the next one.
+package detect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/peer"
+)
+
+// Failure classes (the recovery log's kind).
+const (
+	ClassNode  = "node"  // agent and node unreachable
+	ClassAgent = "agent" // the agent is gone, the node's slurmd answers
+	ClassHang  = "hang"  // ranks made no progress past detect.hang
+)
+
+// Node is one node of the job's allocation.
+type Node struct {
+	Name  string
+	Index int
+	// Slurmd is host:port of the node's slurmd ("": unknown, so a failure
+	// of the node cannot be told from one of its agent, and counts as a
+	// node failure).
+	Slurmd string
+}
+
+// Transport carries the detector's requests to another node's agent
+// (agent/mesh in the agent, peer.Client over a fixed address map in
+// tests). The other side serves them with the handlers Register installs.
+type Transport interface {
+	Call(ctx context.Context, node string, t peer.Type, req, resp any) error
+}
+
+// PeerSet picks the nodes self watches among live (the job's nodes not
+// known to have failed, self included, in index order). It is an input so
+// that the sharding and placement groups' members can replace the ring
+// once the rank-to-node map is known.
+type PeerSet func(self string, live []string) []string
+
+// Ring watches the nodes next to self in live's order, both ways: every
+// node is then watched by two others (one in a job of two nodes).
+func Ring(self string, live []string) []string {
+	i := slices.Index(live, self)
+	n := len(live)
+	if i < 0 || n < 2 {
+		return nil
+	}
+	out := []string{live[(i+1)%n]}
+	if p := live[(i+n-1)%n]; p != out[0] {
+		out = append(out, p)
+	}
+	return out
+}
+
+// NodeCheck tells whether a node itself (not its agent) is up.
+type NodeCheck func(ctx context.Context, n Node) (up bool, err error)
+
+// Progress is one local rank's last progress: a save or a progress
+// message of its client.
+type Progress struct {
+	Rank int
+	Step int64
+	At   time.Time
+}
+
+// Failure is a confirmed failure, as reported and published.
+type Failure struct {
+	// Node is the failed node, or for a hang the node of the hung ranks.
+	Node  string `json:"node"`
+	Class string `json:"class"`
+	Ranks []int  `json:"ranks,omitempty"` // hang: the ranks without progress
+	Cause string `json:"cause"`
+	// Reporter is the agent that suspected and confirmed it; ConfirmedBy
+	// the agents that could not reach the node either.
+	Reporter    string   `json:"reporter"`
+	ConfirmedBy []string `json:"confirmed_by,omitempty"`
+	// Coordinator is the agent that published it ("" in a report).
+	Coordinator string `json:"coordinator,omitempty"`
+	// LastHeard is when the reporter last heard from the node's agent (a
+	// hang: the ranks' last progress); DetectedAt when it was confirmed.
+	LastHeard  time.Time `json:"last_heard"`
+	DetectedAt time.Time `json:"detected_at"`
+	// Published marks the coordinator's publication (not a report).
+	Published bool `json:"published,omitempty"`
+}
+
+// Latency is the time from the last sign of life to the confirmation.
+func (f Failure) Latency() time.Duration { return f.DetectedAt.Sub(f.LastHeard) }
+
+// Config configures a Detector.
+type Config struct {
+	Self  string
+	Nodes []Node // the job's allocation in index order, self included
+	// Transport reaches the other agents.
+	Transport Transport
+	// Peers picks the watched nodes; nil: Ring.
+	Peers PeerSet
+	// NodeUp checks a suspected node itself; nil: SlurmdUp.
+	NodeUp NodeCheck
+	// Interval is the beat period; Timeout the silence that raises a
+	// suspicion; Confirm bounds the confirmation (detect section of
+	// reft.toml).
+	Interval, Timeout, Confirm time.Duration
+	// Hang is how long a local rank may make no progress; 0: no hang
+	// detection. Progress lists the local ranks' progress (nil: none).
+	Hang     time.Duration
+	Progress func() []Progress
+	// OnFailure is called once per failure this agent learns of, as its
+	// coordinator or from the coordinator's publication (the jit flush
+	// hangs on it). It must not block.
+	OnFailure func(Failure)
+	Log       zerolog.Logger
+}
+
+// maxConfirmers is how many other agents are asked to confirm a suspicion.
+const maxConfirmers = 3
+
+// Detector is one agent's failure detector.
+type Detector struct {
+	cfg   Config
+	log   zerolog.Logger
+	nodes map[string]Node
+
+	mu         sync.Mutex
+	heard      map[string]time.Time // last sign of life of each node's agent
+	inflight   map[string]bool      // a beat to the node is under way
+	suspecting map[string]bool
+	failed     map[string]time.Time // confirmed or published failures, by node
+	gone       map[string]time.Time // agents that said goodbye (Leave)
+	published  []Failure            // what this agent published or learnt, for duplicates
+	hung       map[int]time.Time    // a rank reported hung, with the progress time it hung at
+	watching   []string
+	coord      string
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New checks cfg and makes a detector; Register its handlers on the
+// agent's peer server, then Start it.
+func New(cfg Config) (*Detector, error) {
+	switch {
+	case cfg.Transport == nil:
+		return nil, errors.New("detect: no transport to the other agents")
+	case cfg.Interval <= 0 || cfg.Timeout <= cfg.Interval:
+		return nil, fmt.Errorf("detect: want 0 < interval (%s) < timeout (%s) (detect section of reft.toml)", cfg.Interval, cfg.Timeout)
+	case cfg.Confirm <= 0:
+		return nil, fmt.Errorf("detect: confirm %s must be positive (detect.confirm in reft.toml)", cfg.Confirm)
+	}
+	d := &Detector{cfg: cfg, log: cfg.Log.With().Str("component", "detect").Logger(), nodes: map[string]Node{},
+		heard: map[string]time.Time{}, inflight: map[string]bool{}, suspecting: map[string]bool{},
+		failed: map[string]time.Time{}, gone: map[string]time.Time{}, hung: map[int]time.Time{}}
+	for i, n := range cfg.Nodes {
+		if n.Index != i {
+			return nil, fmt.Errorf("detect: node %s has index %d at position %d", n.Name, n.Index, i)
+		}
+		d.nodes[n.Name] = n
+	}
+	if _, ok := d.nodes[cfg.Self]; !ok {
+		return nil, fmt.Errorf("detect: this node %q is not among the job's nodes", cfg.Self)
+	}
+	if d.cfg.Peers == nil {
+		d.cfg.Peers = Ring
+	}
+	if d.cfg.NodeUp == nil {
+		d.cfg.NodeUp = SlurmdUp
+	}
+	if d.cfg.OnFailure == nil {
+		d.cfg.OnFailure = func(Failure) {}
+	}
+	return d, nil
+}
+
+// Start runs the detector until ctx ends or Close.
+func (d *Detector) Start(ctx context.Context) {
+	ctx, d.cancel = context.WithCancel(ctx)
+	d.wg.Add(1)
+	go d.loop(ctx)
+}
+
+// Close stops the detector and waits for its goroutines.
+func (d *Detector) Close() {
+	if d.cancel != nil {
+		d.cancel()
+	}
+	d.wg.Wait()
+}
+
+// Leave stops the detector and tells the other live agents that this one
+// stops on purpose, so that they neither suspect nor report it; the agent
+// calls it instead of Close when it shuts down cleanly. It waits for
+// their answers until ctx ends.
+func (d *Detector) Leave(ctx context.Context) {
+	if d.cancel != nil { // no beat after the goodbye
+		d.cancel()
+	}
+	d.wg.Wait()
+	d.mu.Lock()
+	var to []string
+	for _, n := range d.live() {
+		if n != d.cfg.Self {
+			to = append(to, n)
+		}
+	}
+	d.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, n := range to {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var rep beatReply
+			d.cfg.Transport.Call(ctx, n, peer.TBeat, beatReq{Node: d.cfg.Self, Leaving: true}, &rep)
+		}()
+	}
+	wg.Wait()
+}
+
+// left records that node's agent stopped on purpose: it is not watched,
+// suspected nor reported until it answers again.
+func (d *Detector) left(node string) {
+	if _, ok := d.nodes[node]; !ok || node == d.cfg.Self {
+		return
+	}
+	d.mu.Lock()
+	d.gone[node] = time.Now()
+	d.mu.Unlock()
+	d.log.Info().Str("event", "peer_left").Str("peer_node", node).
+		Msgf("the agent of %s stopped on purpose (its job step or allocation ended there); not watching it", node)
+}
+
+// Coordinator is the agent this one takes for the coordinator now: the
+// lowest-index node not known to have failed.
+func (d *Detector) Coordinator() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.live()[0]
+}
+
+// Watching lists the nodes this agent beats.
+func (d *Detector) Watching() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.watching)
+}
+
+// live lists the nodes not known to have failed or left, in index order
+// (self is always live to itself). d.mu is held.
+func (d *Detector) live() []string {
+	out := make([]string, 0, len(d.cfg.Nodes))
+	for _, n := range d.cfg.Nodes {
+		_, dead := d.failed[n.Name]
+		_, gone := d.gone[n.Name]
+		if !(dead || gone) || n.Name == d.cfg.Self {
+			out = append(out, n.Name)
+		}
+	}
+	return out
+}
+
+func (d *Detector) loop(ctx context.Context) {
+	defer d.wg.Done()
+	t := time.NewTicker(d.cfg.Interval)
+	defer t.Stop()
+	for {
+		d.tick(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// tick beats the watched peers and looks for hung ranks.
+func (d *Detector) tick(ctx context.Context) {
+	d.mu.Lock()
+	live := d.live()
+	watch := d.cfg.Peers(d.cfg.Self, live)
+	if !slices.Equal(watch, d.watching) {
+		d.watching = watch
+		d.log.Info().Str("event", "detect_watching").Strs("peers", watch).
+			Msgf("failure detection: beating %s every %s", listOr(watch, "no peer"), d.cfg.Interval)
+	}
+	if c := live[0]; c != d.coord {
+		prev := d.coord
+		d.coord = c
+		ev := d.log.Info().Str("event", "coordinator").Str("coordinator", c)
+		if prev != "" {
+			ev = ev.Str("previous", prev)
+		}
+		ev.Msgf("failure detection coordinator: %s (the lowest-index agent not known to have failed)", c)
+	}
+	var start []string
+	for _, n := range watch {
+		if !d.inflight[n] && !d.suspecting[n] {
+			d.inflight[n] = true
+			start = append(start, n)
+		}
+	}
+	d.mu.Unlock()
+	for _, n := range start {
+		d.wg.Add(1)
+		go d.beat(ctx, n)
+	}
+	d.checkHangs(ctx)
+}
+
+// beatReq and beatReply are the beat's payloads. Leaving says goodbye: the
+// agent stops on purpose (the job ends on its node), so it is no failure.
+type beatReq struct {
+	Node    string `json:"node"`
+	Leaving bool   `json:"leaving,omitempty"`
+}
+
+type beatReply struct {
+	Node string `json:"node"`
+}
+
+// beat sends one beat to node and acts on the answer: a reply is a sign
+// of life; silence past the timeout since the last one, or a broken
+// connection, raises a suspicion. A node never heard from is not yet up
+// and is not suspected.
+func (d *Detector) beat(ctx context.Context, node string) {
+	defer d.wg.Done()
+	defer func() {
+		d.mu.Lock()
+		delete(d.inflight, node)
+		d.mu.Unlock()
+	}()
+	d.mu.Lock()
+	last := d.heard[node]
+	d.mu.Unlock()
+	deadline := time.Now().Add(d.cfg.Timeout)
+	if !last.IsZero() {
+		deadline = last.Add(d.cfg.Timeout) // silence counts from the last sign of life
+		if min := time.Now().Add(d.cfg.Interval); deadline.Before(min) {
+			deadline = min
+		}
+	}
+	cctx, cancel := context.WithDeadline(ctx, deadline)
+	var rep beatReply
+	err := d.cfg.Transport.Call(cctx, node, peer.TBeat, beatReq{Node: d.cfg.Self}, &rep)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	if err == nil || isRemote(err) { // an error frame is an answer too
+		d.alive(node, false)
+		return
+	}
+	d.mu.Lock()
+	last = d.heard[node]
+	_, known := d.failed[node]
+	_, gone := d.gone[node]
+	d.mu.Unlock()
+	if last.IsZero() || known || gone {
+		d.log.Debug().Str("peer_node", node).Err(err).Msg("beat unanswered by an agent not heard from yet")
+		return
+	}
+	d.suspect(ctx, node, err)
+}
+
+// isRemote: the other agent answered with an error frame, so it is alive.
+func isRemote(err error) bool {
+	var e *peer.Error
+	return errors.As(err, &e) && !peer.IsCode(err, peer.CodeForbidden)
+}
+
+// alive records a sign of life of node's agent; a node published as
+// failed that answers again (its agent was restarted) is live again, and
+// one that said goodbye is live again when it sends a request (beat) of
+// its own: a leaving agent stops beating before it says goodbye, so only
+// a new agent does.
+func (d *Detector) alive(node string, request bool) {
+	if _, ok := d.nodes[node]; !ok {
+		return
+	}
+	now := time.Now()
+	d.mu.Lock()
+	d.heard[node] = now
+	at, wasFailed := d.failed[node]
+	if wasFailed && now.After(at) {
+		delete(d.failed, node)
+	}
+	if request {
+		delete(d.gone, node)
+	}
+	d.mu.Unlock()
+	if wasFailed {
+		d.log.Info().Str("event", "peer_back").Str("peer_node", node).
+			Msgf("the agent of %s answers again after its failure; watching it again", node)
+	}
+}
+
+func listOr(s []string, none string) string {
+	if len(s) == 0 {
+		return none
+	}
+	return strings.Join(s, ",")
+}

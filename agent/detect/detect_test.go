@@ -1,0 +1,525 @@
+package detect
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/peer"
+)
+
+// Timers of the test agents: short, so a test takes a second or two.
+const (
+	tInterval = 40 * time.Millisecond
+	tTimeout  = 300 * time.Millisecond
+	tConfirm  = 250 * time.Millisecond
+)
+
+// syncBuf is an agent's log.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// events returns the log lines whose event is name.
+func (s *syncBuf) events(name string) []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(s.b.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["event"] == name {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// emptySource serves no snapshots: the test agents only detect.
+type emptySource struct{}
+
+func (emptySource) Watermarks([]int) []peer.Watermark { return nil }
+func (emptySource) Open(k peer.GenKey) (peer.SourceGeneration, error) {
+	return nil, fmt.Errorf("%w: %s", peer.ErrNotFound, k)
+}
+
+// testAgent is one in-process agent: a peer listener on loopback, a client,
+// a detector.
+type testAgent struct {
+	name string
+	srv  *peer.Server
+	cl   *peer.Client
+	det  *Detector
+	log  *syncBuf
+
+	mu       sync.Mutex
+	got      []Failure // OnFailure calls
+	progress []Progress
+	dead     bool
+}
+
+func (a *testAgent) failures() []Failure {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.got)
+}
+
+// testJob is a job's agents, with the network and the nodes' slurmd under
+// the test's control.
+type testJob struct {
+	t      testing.TB
+	names  []string
+	agents map[string]*testAgent
+
+	mu      sync.Mutex
+	addrs   map[string]string
+	slurmd  map[string]bool          // node up
+	blocked map[[2]string]bool       // links that drop everything, both ways
+	hang    map[string]time.Duration // detect.hang per node (0: off)
+}
+
+// transport is one agent's view of the network: calls over its peer
+// client, dropped (silence until the deadline) on a blocked link.
+type transport struct {
+	j    *testJob
+	self string
+	cl   *peer.Client
+}
+
+func (tr transport) Call(ctx context.Context, node string, t peer.Type, req, resp any) error {
+	tr.j.mu.Lock()
+	addr, cut := tr.j.addrs[node], tr.j.blocked[[2]string{tr.self, node}]
+	tr.j.mu.Unlock()
+	if cut {
+		<-ctx.Done()
+		return fmt.Errorf("link %s-%s: %w", tr.self, node, ctx.Err())
+	}
+	return tr.cl.Call(ctx, addr, t, req, resp)
+}
+
+func newJob(t testing.TB, n int, hang map[string]time.Duration) *testJob {
+	return newJobTimed(t, n, hang, tInterval, tTimeout, tConfirm)
+}
+
+// newJobTimed starts n agents with the given detector timers.
+func newJobTimed(t testing.TB, n int, hang map[string]time.Duration, interval, timeout, confirm time.Duration) *testJob {
+	t.Helper()
+	j := &testJob{t: t, agents: map[string]*testAgent{}, addrs: map[string]string{}, slurmd: map[string]bool{},
+		blocked: map[[2]string]bool{}, hang: hang}
+	var nodes []Node
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("n%d", i+1)
+		j.names = append(j.names, name)
+		nodes = append(nodes, Node{Name: name, Index: i})
+		j.slurmd[name] = true
+	}
+	auth, err := peer.NewSecret(bytes.Repeat([]byte("k"), 32), 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range j.names {
+		a := &testAgent{name: name, log: &syncBuf{}}
+		log := zerolog.New(a.log).With().Timestamp().Str("node", name).Logger()
+		pc := peer.Config{Job: "77", UID: 1000, Node: name, Auth: auth, Bind: "127.0.0.1", Log: log,
+			Heartbeat: 100 * time.Millisecond, Timeout: time.Second}
+		if a.srv, err = peer.Listen(pc, emptySource{}); err != nil {
+			t.Fatal(err)
+		}
+		if a.cl, err = peer.NewClient(pc); err != nil {
+			t.Fatal(err)
+		}
+		j.addrs[name] = a.srv.Addr().String()
+		cfg := Config{Self: name, Nodes: nodes, Transport: transport{j, name, a.cl},
+			NodeUp: func(_ context.Context, n Node) (bool, error) {
+				j.mu.Lock()
+				defer j.mu.Unlock()
+				return j.slurmd[n.Name], nil
+			},
+			Interval: interval, Timeout: timeout, Confirm: confirm, Hang: hang[name],
+			Progress: func() []Progress {
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				return slices.Clone(a.progress)
+			},
+			OnFailure: func(f Failure) {
+				a.mu.Lock()
+				a.got = append(a.got, f)
+				a.mu.Unlock()
+			},
+			Log: log}
+		if a.det, err = New(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.det.Register(a.srv); err != nil {
+			t.Fatal(err)
+		}
+		j.agents[name] = a
+	}
+	for _, a := range j.agents {
+		a.det.Start(context.Background())
+	}
+	t.Cleanup(func() {
+		for _, a := range j.agents {
+			j.kill(a.name, "agent")
+		}
+	})
+	j.waitHeard()
+	return j
+}
+
+// waitHeard waits until every agent has heard from every peer it watches,
+// so that a failure after it is one of a node that was up.
+func (j *testJob) waitHeard() {
+	j.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for _, a := range j.agents {
+		for {
+			a.det.mu.Lock()
+			ok := len(a.det.watching) > 0
+			for _, w := range a.det.watching {
+				ok = ok && !a.det.heard[w].IsZero()
+			}
+			a.det.mu.Unlock()
+			if ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				j.t.Fatalf("%s has not heard from its watched peers %v", a.name, a.det.Watching())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// kill ends node's agent: "agent" (its node stays up), "node" (its slurmd
+// goes too), "silent" (the node vanishes without closing a connection:
+// every link to it drops, its slurmd does not answer), or "leave" (the
+// agent stops cleanly and says so).
+func (j *testJob) kill(name, how string) {
+	a := j.agents[name]
+	a.mu.Lock()
+	dead := a.dead
+	a.dead = true
+	a.mu.Unlock()
+	if dead {
+		return
+	}
+	j.mu.Lock()
+	if how != "agent" {
+		j.slurmd[name] = false
+	}
+	if how == "silent" {
+		for _, o := range j.names {
+			j.blocked[[2]string{name, o}], j.blocked[[2]string{o, name}] = true, true
+		}
+	}
+	j.mu.Unlock()
+	if how == "leave" {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		a.det.Leave(ctx)
+		cancel()
+	}
+	a.det.Close()
+	if how != "silent" {
+		a.srv.Close()
+		a.cl.Close()
+	}
+}
+
+// survivors lists the agents not killed.
+func (j *testJob) survivors() []*testAgent {
+	var out []*testAgent
+	for _, n := range j.names {
+		a := j.agents[n]
+		a.mu.Lock()
+		if !a.dead {
+			out = append(out, a)
+		}
+		a.mu.Unlock()
+	}
+	return out
+}
+
+// published waits until every survivor has learnt want failures, then
+// watches a while longer for duplicates, and returns every survivor's
+// OnFailure calls and the failure_detected events of every agent's log.
+func (j *testJob) published(want int) (map[string][]Failure, []map[string]any) {
+	j.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		done := true
+		for _, a := range j.survivors() {
+			done = done && len(a.failures()) >= want
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			got := map[string][]Failure{}
+			for _, a := range j.survivors() {
+				got[a.name] = a.failures()
+			}
+			j.t.Fatalf("survivors learnt %v, want %d failure(s) each", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(3 * tTimeout) // late duplicates would show by now
+	got := map[string][]Failure{}
+	for _, a := range j.survivors() {
+		got[a.name] = a.failures()
+	}
+	var events []map[string]any
+	for _, n := range j.names {
+		events = append(events, j.agents[n].log.events(EventFailure)...)
+	}
+	return got, events
+}
+
+// TestDetectFailures kills agents and nodes in turn; after each kill every
+// survivor learns exactly that failure once, classified, from one
+// coordinator (the lowest-index survivor), which logs one failure_detected.
+func TestDetectFailures(t *testing.T) {
+	type kill struct {
+		node, how              string
+		class, coordinator     string
+		reporters, confirmedBy []string // any of
+	}
+	for _, tc := range []struct {
+		name  string
+		nodes int
+		kills []kill
+	}{
+		{"node", 4, []kill{{node: "n3", how: "node", class: ClassNode, coordinator: "n1"}}},
+		{"agent", 4, []kill{{node: "n2", how: "agent", class: ClassAgent, coordinator: "n1"}}},
+		{"silent node", 4, []kill{{node: "n4", how: "silent", class: ClassNode, coordinator: "n1"}}},
+		{"coordinator", 4, []kill{{node: "n1", how: "node", class: ClassNode, coordinator: "n2"}}},
+		{"coordinator after a failure", 5, []kill{
+			{node: "n3", how: "node", class: ClassNode, coordinator: "n1"},
+			{node: "n1", how: "agent", class: ClassAgent, coordinator: "n2"},
+		}},
+		{"silent coordinator", 4, []kill{{node: "n1", how: "silent", class: ClassNode, coordinator: "n2"}}},
+		{"two nodes", 2, []kill{{node: "n2", how: "node", class: ClassNode, coordinator: "n1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newJob(t, tc.nodes, nil)
+			for i, k := range tc.kills {
+				killed := time.Now()
+				j.kill(k.node, k.how)
+				got, events := j.published(i + 1)
+				for name, fs := range got {
+					if len(fs) != i+1 {
+						t.Fatalf("after killing %s, %s learnt %d failures, want %d: %+v", k.node, name, len(fs), i+1, fs)
+					}
+					f := fs[i]
+					if f.Node != k.node || f.Class != k.class || f.Coordinator != k.coordinator || !f.Published || f.Cause == "" {
+						t.Errorf("%s learnt %+v; want the %s failure of %s published by %s", name, f, k.class, k.node, k.coordinator)
+					}
+					if f.LastHeard.IsZero() || f.DetectedAt.Before(f.LastHeard) {
+						t.Errorf("%s: failure %+v: last heard %s, detected %s", name, f, f.LastHeard, f.DetectedAt)
+					}
+				}
+				if len(events) != i+1 {
+					t.Fatalf("%d failure_detected events in the agents' logs after %d kill(s), want one per kill: %v", len(events), i+1, events)
+				}
+				e := events[i]
+				if e["failed_node"] != k.node || e["class"] != k.class || e["coordinator"] != k.coordinator || e["node"] != k.coordinator {
+					t.Errorf("failure_detected event %v; want %s failure of %s logged by %s", e, k.class, k.node, k.coordinator)
+				}
+				t.Logf("%s (%s) killed: published by %s %.0f ms after the kill, latency since last heard %.0f ms (interval %s, timeout %s, confirm %s)",
+					k.node, k.how, k.coordinator, got[k.coordinator][i].DetectedAt.Sub(killed).Seconds()*1000,
+					e["latency_s"].(float64)*1000, tInterval, tTimeout, tConfirm)
+			}
+		})
+	}
+}
+
+// TestDetectFlakyLink: the link between n1 and n2 drops everything; both
+// suspect each other, the other agents still reach them, and no failure is
+// published.
+func TestDetectFlakyLink(t *testing.T) {
+	j := newJob(t, 4, nil)
+	j.mu.Lock()
+	j.blocked[[2]string{"n1", "n2"}], j.blocked[[2]string{"n2", "n1"}] = true, true
+	j.mu.Unlock()
+	var cleared []map[string]any
+	for deadline := time.Now().Add(5 * time.Second); len(cleared) < 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		cleared = append(j.agents["n1"].log.events("peer_suspect_cleared"), j.agents["n2"].log.events("peer_suspect_cleared")...)
+	}
+	if len(cleared) < 2 {
+		t.Fatalf("n1 and n2 did not both suspect and clear each other: %v", cleared)
+	}
+	time.Sleep(4 * tTimeout)
+	for _, a := range j.survivors() {
+		if fs := a.failures(); len(fs) > 0 {
+			t.Errorf("%s learnt failures %+v over a flaky link", a.name, fs)
+		}
+		if ev := a.log.events(EventFailure); len(ev) > 0 {
+			t.Errorf("%s logged %v", a.name, ev)
+		}
+	}
+	if r, ok := cleared[0]["reached_by"].([]any); !ok || len(r) == 0 {
+		t.Errorf("peer_suspect_cleared %v does not name the agents that reached the suspect", cleared[0])
+	}
+}
+
+// TestDetectLeave: agents that stop cleanly (the job ends on their nodes)
+// say goodbye; nobody reports them, and the others go on watching each
+// other: a later kill is still published, by the new lowest agent.
+func TestDetectLeave(t *testing.T) {
+	j := newJob(t, 4, nil)
+	j.kill("n1", "leave")
+	j.kill("n3", "leave")
+	time.Sleep(4 * tTimeout)
+	for _, a := range j.survivors() {
+		if fs := a.failures(); len(fs) > 0 {
+			t.Fatalf("%s learnt failures %+v after clean stops", a.name, fs)
+		}
+		if c := a.det.Coordinator(); c != "n2" {
+			t.Errorf("%s takes %s for the coordinator, want n2", a.name, c)
+		}
+	}
+	j.kill("n4", "node")
+	got, events := j.published(1)
+	if f := got["n2"]; len(f) != 1 || f[0].Node != "n4" || f[0].Coordinator != "n2" || len(events) != 1 {
+		t.Errorf("after clean stops and a kill: n2 learnt %+v, events %v", f, events)
+	}
+}
+
+// TestDetectHang: a rank of n2 stops reporting progress; after detect.hang
+// n2 reports it and the coordinator publishes one hang failure; a rank
+// whose progress goes on is never reported.
+func TestDetectHang(t *testing.T) {
+	hang := 200 * time.Millisecond
+	j := newJob(t, 3, map[string]time.Duration{"n1": hang, "n2": hang, "n3": hang})
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // rank 0 on n1 progresses every step; rank 5 on n2 stops at step 41
+		a := j.agents["n1"]
+		for step := int64(0); ; step++ {
+			a.mu.Lock()
+			a.progress = []Progress{{Rank: 0, Step: step, At: time.Now()}}
+			a.mu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	a := j.agents["n2"]
+	a.mu.Lock()
+	a.progress = []Progress{{Rank: 5, Step: 41, At: time.Now()}}
+	a.mu.Unlock()
+	got, events := j.published(1)
+	for name, fs := range got {
+		if len(fs) != 1 || fs[0].Class != ClassHang || fs[0].Node != "n2" || !slices.Equal(fs[0].Ranks, []int{5}) || fs[0].Coordinator != "n1" {
+			t.Errorf("%s learnt %+v; want one hang of rank 5 on n2 published by n1", name, fs)
+		}
+	}
+	if len(events) != 1 || events[0]["class"] != ClassHang || !strings.Contains(events[0]["message"].(string), "rank 5 at step 41") {
+		t.Errorf("failure_detected events %v; want one hang naming rank 5 at step 41", events)
+	}
+	if h := a.log.events("rank_hung"); len(h) != 1 {
+		t.Errorf("n2 logged %d rank_hung events, want 1: %v", len(h), h)
+	}
+}
+
+func TestRing(t *testing.T) {
+	for _, tc := range []struct {
+		self string
+		live []string
+		want []string
+	}{
+		{"b", []string{"a", "b", "c", "d"}, []string{"c", "a"}},
+		{"a", []string{"a", "b", "c", "d"}, []string{"b", "d"}},
+		{"d", []string{"a", "b", "c", "d"}, []string{"a", "c"}},
+		{"a", []string{"a", "b"}, []string{"b"}},
+		{"a", []string{"a"}, nil},
+		{"x", []string{"a", "b"}, nil},
+	} {
+		if got := Ring(tc.self, tc.live); !slices.Equal(got, tc.want) {
+			t.Errorf("Ring(%s, %v) = %v, want %v", tc.self, tc.live, got, tc.want)
+		}
+	}
+}
+
+func TestConfirmers(t *testing.T) {
+	for _, tc := range []struct {
+		self, node string
+		live       []string
+		want       []string
+	}{
+		// The suspect's other ring neighbour first, then outwards.
+		{"b", "c", []string{"a", "b", "c", "d", "e", "f"}, []string{"d", "e", "a"}},
+		{"a", "b", []string{"a", "b"}, nil},
+		{"a", "b", []string{"a", "b", "c"}, []string{"c"}},
+	} {
+		if got := confirmers(tc.self, tc.node, tc.live); !slices.Equal(got, tc.want) {
+			t.Errorf("confirmers(%s, %s, %v) = %v, want %v", tc.self, tc.node, tc.live, got, tc.want)
+		}
+	}
+}
+
+func TestSlurmdUp(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedAddr := closed.Addr().String()
+	closed.Close()
+	for _, tc := range []struct {
+		addr   string
+		up     bool
+		hasErr bool
+	}{
+		{ln.Addr().String(), true, false},
+		{closedAddr, false, false},
+		{"", false, true},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		up, err := SlurmdUp(ctx, Node{Name: "n1", Slurmd: tc.addr})
+		cancel()
+		if up != tc.up || (err != nil) != tc.hasErr {
+			t.Errorf("SlurmdUp(%q) = %v, %v; want %v, error %v", tc.addr, up, err, tc.up, tc.hasErr)
+		}
+	}
+}
+
+func TestNewChecks(t *testing.T) {
+	tr := transport{}
+	nodes := []Node{{Name: "n1", Index: 0}}
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Self: "n1", Nodes: nodes, Interval: time.Second, Timeout: time.Second, Confirm: time.Second, Transport: tr}, "interval"},
+		{Config{Self: "n1", Nodes: nodes, Interval: time.Second, Timeout: 2 * time.Second, Transport: tr}, "confirm"},
+		{Config{Self: "n9", Nodes: nodes, Interval: time.Second, Timeout: 2 * time.Second, Confirm: time.Second, Transport: tr}, "not among"},
+		{Config{Self: "n1", Nodes: []Node{{Name: "n1", Index: 3}}, Interval: time.Second, Timeout: 2 * time.Second, Confirm: time.Second, Transport: tr}, "index 3"},
+		{Config{Self: "n1", Nodes: nodes, Interval: time.Second, Timeout: 2 * time.Second, Confirm: time.Second}, "transport"},
+	} {
+		if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v): %v, want an error about %s", tc.cfg, err, tc.want)
+		}
+	}
+}

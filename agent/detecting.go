@@ -1,0 +1,119 @@
+package agent
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/detect"
+	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/agent/proto"
+)
+
+// progressTable is every local rank's last progress (a save or a progress
+// message), the input of hang detection. A rank is watched from its first
+// progress until its connection closes.
+type progressTable struct {
+	mu    sync.Mutex
+	ranks map[int]progressEntry
+}
+
+type progressEntry struct {
+	rc   *rankConn // the connection that reported it
+	step int64
+	at   time.Time
+}
+
+func (t *progressTable) note(rc *rankConn, rank int, step int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ranks == nil {
+		t.ranks = map[int]progressEntry{}
+	}
+	t.ranks[rank] = progressEntry{rc: rc, step: step, at: time.Now()}
+}
+
+// drop forgets the ranks whose progress came from rc, which closed: a
+// rank that exited is not hung (srun and reft run see its exit).
+func (t *progressTable) drop(rc *rankConn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for r, e := range t.ranks {
+		if e.rc == rc {
+			delete(t.ranks, r)
+		}
+	}
+}
+
+func (t *progressTable) list() []detect.Progress {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]detect.Progress, 0, len(t.ranks))
+	for r, e := range t.ranks {
+		out = append(out, detect.Progress{Rank: r, Step: e.step, At: e.at})
+	}
+	return out
+}
+
+// handleProgress serves the client's progress heartbeat.
+func (s *Server) handleProgress(c net.Conn, rc *rankConn, f proto.Frame) error {
+	req := proto.StepReq{Step: -1}
+	if err := f.Unmarshal(&req); err != nil {
+		return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
+	}
+	switch {
+	case req.Step < 0:
+		return replyErr(c, f.ID, proto.CodeInvalid, "progress: step = %d must not be negative", req.Step)
+	case !rc.registered:
+		return replyErr(c, f.ID, proto.CodeBadState, "progress before register: the agent knows a rank by its registration")
+	}
+	s.progress.note(rc, rc.key.Rank, req.Step)
+	return proto.WriteMsg(c, proto.TProgress|proto.ReplyBit, f.ID, req)
+}
+
+// OnPeerFailure adds fn to what the agent calls for every failure its
+// detector learns of (a peer's node or agent lost, a rank hung), once
+// each, on every agent of the job. Call it before the agent starts; fn
+// must not block.
+func (s *Server) OnPeerFailure(fn func(detect.Failure)) {
+	s.failureHooks = append(s.failureHooks, fn)
+}
+
+func (s *Server) peerFailed(f detect.Failure) {
+	for _, fn := range s.failureHooks {
+		fn(f)
+	}
+}
+
+// startDetector runs failure detection over the mesh, serving its frames
+// on the mesh's listener; nil when detect.enabled is false.
+func startDetector(ctx context.Context, cfg config.Config, m *mesh.Mesh, srv *Server, log zerolog.Logger) (*detect.Detector, error) {
+	if !cfg.Detect.Enabled {
+		log.Info().Str("event", "detect_off").Msg("failure detection between agents is off (detect.enabled = false): reft run sees failures only through srun")
+		return nil, nil
+	}
+	var nodes []detect.Node
+	for _, n := range m.Nodes() {
+		dn := detect.Node{Name: n.Name, Index: n.Index}
+		if n.SlurmdPort > 0 {
+			dn.Slurmd = net.JoinHostPort(n.Addr, strconv.Itoa(n.SlurmdPort))
+		}
+		nodes = append(nodes, dn)
+	}
+	d, err := detect.New(detect.Config{Self: m.Self().Name, Nodes: nodes, Transport: m,
+		Interval: cfg.Detect.Interval.D(), Timeout: cfg.Detect.Timeout.D(), Confirm: cfg.Detect.Confirm.D(),
+		Hang: cfg.Detect.Hang.D(), Progress: srv.progress.list, OnFailure: srv.peerFailed, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := d.Register(m.Server()); err != nil {
+		return nil, err
+	}
+	d.Start(ctx)
+	return d, nil
+}
