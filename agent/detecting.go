@@ -84,6 +84,15 @@ func (s *Server) OnPeerFailure(fn func(detect.Failure)) {
 	s.failureHooks = append(s.failureHooks, fn)
 }
 
+// noticeFailures hands the detector's verdicts to the ranks' JIT flush
+// (notices.go); a lost connection already did, sooner, and each node is
+// notified once.
+func (s *Server) noticeFailures() {
+	s.OnPeerFailure(func(f detect.Failure) {
+		s.NotifyPeerFailure(f.Node, "failure_detected ("+f.Class+"): "+f.Cause)
+	})
+}
+
 func (s *Server) peerFailed(f detect.Failure) {
 	for _, fn := range s.failureHooks {
 		fn(f)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/proto"
 )
 
@@ -75,5 +76,27 @@ func TestPeerFailureNotices(t *testing.T) {
 	}
 	if !strings.Contains(logBuf.String(), `"clients":1`) {
 		t.Errorf("the notice log lines do not count the one watching client:\n%s", logBuf.String())
+	}
+}
+
+// TestDetectorVerdictNotices: a failure the detector publishes reaches the
+// watching clients as a peer_failure notice naming its class and cause.
+func TestDetectorVerdictNotices(t *testing.T) {
+	var logBuf bytes.Buffer
+	s, path := startServer(t, os.Getuid(), &logBuf)
+	s.noticeFailures()
+	watching := dial(t, path)
+	var wr proto.WatchReply
+	if err := proto.Call(watching, proto.TWatch, 1, nil, &wr); err != nil {
+		t.Fatal(err)
+	}
+	s.peerFailed(detect.Failure{Node: "n2", Class: detect.ClassNode, Cause: "no beat for 1s; slurmd unreachable"})
+	f, err := proto.Decode(watching)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n proto.Notice
+	if f.Type != proto.TNotice || f.Unmarshal(&n) != nil || n.Node != "n2" || n.Cause != "failure_detected (node): no beat for 1s; slurmd unreachable" {
+		t.Errorf("frame %v %s: want n2's node failure as a notice", f.Type, f.Payload)
 	}
 }

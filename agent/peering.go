@@ -40,6 +40,7 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 	ctx, p.cancel = context.WithCancel(ctx)
 	srv.AttachPeering(p.status)
 	srv.AttachMesh(p.get)
+	srv.noticeFailures()
 	go func() {
 		defer close(p.done)
 		m, err := openMesh(ctx, cfg, o, store, srv, log)
