@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -76,7 +77,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return o.startFailed(jobDir, err)
 	}
-	lock, err := takeLock(filepath.Join(jobDir, LockName))
+	lock, err := takeLockWait(filepath.Join(jobDir, LockName), filepath.Join(jobDir, SocketName), cfg.Agent.StartTimeout.D())
 	if err != nil {
 		if errors.Is(err, ErrAlreadyRunning) {
 			return err
@@ -201,6 +202,28 @@ func (o Options) startFailed(jobDir string, err error) error {
 		_ = os.WriteFile(filepath.Join(jobDir, ErrorName), []byte(msg+"\n"), 0o600)
 	}
 	return err
+}
+
+// takeLockWait takes the job's lock like takeLock, but while the holder
+// serves no socket it waits, up to wait: an agent that is stopping (its
+// socket closed, its peers and store still closing) holds the lock for
+// moments more, and a step's new agent started then must take over, not
+// leave the node without one. While the holder answers on sock (a live
+// agent, or the one another step started a moment before) it is
+// ErrAlreadyRunning at once.
+func takeLockWait(path, sock string, wait time.Duration) (*os.File, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		f, err := takeLock(path)
+		if !errors.Is(err, ErrAlreadyRunning) || time.Now().After(deadline) {
+			return f, err
+		}
+		if c, derr := net.DialTimeout("unix", sock, 200*time.Millisecond); derr == nil {
+			c.Close()
+			return nil, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // takeLock makes sure that one agent serves a job on a node.

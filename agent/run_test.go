@@ -175,3 +175,51 @@ func TestAgentStartErrorsAreRecorded(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeLockWait: a lock whose holder serves the socket is refused at
+// once; one whose holder serves none (an agent stopping) is waited for,
+// up to the limit.
+func TestTakeLockWait(t *testing.T) {
+	cases := []struct {
+		name    string
+		held    bool
+		serving bool
+		release time.Duration // the holder lets go after this; 0: never
+		want    error
+	}{
+		{"free", false, false, 0, nil},
+		{"held by a serving agent", true, true, 0, ErrAlreadyRunning},
+		{"held by a stopping agent that exits", true, false, 150 * time.Millisecond, nil},
+		{"held by a stopping agent that never exits", true, false, 0, ErrAlreadyRunning},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			lock, sock := filepath.Join(dir, LockName), filepath.Join(dir, SocketName)
+			if tc.held {
+				h, err := takeLock(lock)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer h.Close()
+				if tc.release > 0 {
+					time.AfterFunc(tc.release, func() { h.Close() })
+				}
+			}
+			if tc.serving {
+				ln, err := net.Listen("unix", sock)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+			}
+			f, err := takeLockWait(lock, sock, time.Second)
+			if !errors.Is(err, tc.want) || (err == nil) != (f != nil) {
+				t.Fatalf("takeLockWait = %v, %v; want %v", f, err, tc.want)
+			}
+			if f != nil {
+				f.Close()
+			}
+		})
+	}
+}

@@ -323,17 +323,37 @@ func reft_go_extern_exit(cfgPath, stateDir *C.char, job, uid C.uint32_t, errb *C
 			msgs = append(msgs, err.Error())
 		}
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		msgs = append(msgs, err.Error())
-	}
-	if err := os.Remove(markerPath(C.GoString(stateDir), j)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		msgs = append(msgs, err.Error())
+	// A step of the job may have started a new agent meanwhile (the
+	// extern step also ends when a --no-kill job shrinks, and the job goes
+	// on): its lock is held, and its directory stays.
+	if !takenOver(filepath.Join(dir, agent.LockName)) {
+		if err := os.RemoveAll(dir); err != nil {
+			msgs = append(msgs, err.Error())
+		}
+		if err := os.Remove(markerPath(C.GoString(stateDir), j)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			msgs = append(msgs, err.Error())
+		}
 	}
 	if len(msgs) > 0 {
 		put(errb, errlen, strings.Join(msgs, "; "))
 		return -1
 	}
 	return 0
+}
+
+// takenOver reports whether a live agent holds the job's lock (after the
+// one that served the socket was stopped).
+func takenOver(lock string) bool {
+	f, err := os.Open(lock)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return errors.Is(err, syscall.EWOULDBLOCK)
+	}
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return false
 }
 
 // agentPID finds the process listening on sock with SO_PEERCRED.
