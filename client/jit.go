@@ -296,10 +296,15 @@ func (c *Client) stopWatch() {
 	<-done
 }
 
+// signalLinger is how long FlushOnSignal waits after its flush before the
+// signal takes its course (Slurm's KillWait, 30 s by default, leaves room).
+const signalLinger = time.Second
+
 // FlushOnSignal installs a handler for sigs (none: SIGTERM, which Slurm
 // sends to every task of a step it kills, SIGKILL following after
 // KillWait): at the first of them it flushes, waiting at most timeout,
-// which must leave room inside KillWait, then re-raises the signal with its
+// which must leave room inside KillWait, lingers signalLinger for the
+// other ranks to flush too, then re-raises the signal with its
 // default action, so the process ends as it would have. stop removes the
 // handler. A disabled client installs nothing.
 func (c *Client) FlushOnSignal(timeout time.Duration, sigs ...os.Signal) (stop func()) {
@@ -327,6 +332,10 @@ func (c *Client) FlushOnSignal(timeout time.Duration, sigs ...os.Signal) (stop f
 			case !saved && step >= 0:
 				c.opt.Log(fmt.Sprintf("JIT flush at signal %s: step %d is already saved", s, step))
 			}
+			// The other ranks got the signal too and may still be
+			// flushing: this rank's exit closes its connections, and MPI
+			// aborts a peer that sees one close, flush or not.
+			time.Sleep(signalLinger)
 			signal.Reset(sigs...)
 			if ss, ok := s.(syscall.Signal); ok {
 				syscall.Kill(os.Getpid(), ss)
