@@ -16,10 +16,12 @@ package main
 import "C"
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,6 +31,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent"
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/launcher/version"
 	"github.com/reft-hpc/reft/spank/spec"
@@ -323,10 +326,12 @@ func reft_go_extern_exit(cfgPath, stateDir *C.char, job, uid C.uint32_t, errb *C
 			msgs = append(msgs, err.Error())
 		}
 	}
-	// A step of the job may have started a new agent meanwhile (the
-	// extern step also ends when a --no-kill job shrinks, and the job goes
-	// on): its lock is held, and its directory stays.
-	if !takenOver(filepath.Join(dir, agent.LockName)) {
+	// The extern step also ends when a --no-kill job shrinks, and the job
+	// goes on: the agent is stopped all the same (the survivors' agents
+	// restart on the new allocation, which sets their peer ports), but the
+	// directory stays for the agent a step starts (maybe starting now,
+	// waiting for the old one's lock).
+	if !takenOver(filepath.Join(dir, agent.LockName)) && !jobGoesOnHere(cfg, j) {
 		if err := os.RemoveAll(dir); err != nil {
 			msgs = append(msgs, err.Error())
 		}
@@ -339,6 +344,32 @@ func reft_go_extern_exit(cfgPath, stateDir *C.char, job, uid C.uint32_t, errb *C
 		return -1
 	}
 	return 0
+}
+
+// jobGoesOnHere reports whether slurmctld still runs the job on this node
+// (RUNNING or RESIZING, this node in its NodeList). Any doubt (scontrol
+// missing or failing) says no: the job's files are removed as at its end.
+func jobGoesOnHere(cfg config.Config, job string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	sl := mesh.Slurm{Job: job, Conf: cfg.Agent.SlurmConf}
+	if _, err := exec.LookPath("scontrol"); err != nil {
+		sl.Scontrol = "/usr/bin/scontrol"
+	}
+	state, gone, err := sl.JobState(ctx)
+	if err != nil || gone || (state != "RUNNING" && state != "RESIZING") {
+		return false
+	}
+	topo, err := sl.Topology(ctx)
+	if err != nil {
+		return false
+	}
+	node := os.Getenv("SLURMD_NODENAME")
+	if node == "" {
+		node, _ = os.Hostname()
+	}
+	_, ok := topo.Node(node)
+	return ok
 }
 
 // takenOver reports whether a live agent holds the job's lock (after the
