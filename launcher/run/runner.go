@@ -538,6 +538,12 @@ func (r *Runner) argv(relaunch int) ([]string, []string, error) {
 	}
 	argv := append([]string{r.Srun}, r.Plan.SrunArgs()...)
 	argv = append(argv, "--kill-on-bad-exit=1", "--reft="+r.Spec)
+	if relaunch > 0 {
+		// The failed step can linger, ending, on a node that died with it
+		// and keep its CPUs until Slurm gives up on that node (minutes):
+		// the relaunch shares them instead of waiting.
+		argv = append(argv, "--overlap")
+	}
 	argv = append(argv, r.SrunOpts...)
 	argv = append(argv, r.Command...)
 	env := slices.DeleteFunc(slices.Clone(r.Env), func(kv string) bool { return strings.HasPrefix(kv, "SLURM_HOSTFILE=") })

@@ -336,10 +336,14 @@ func TestRunRankFailureResumes(t *testing.T) {
 		!res.Time.Equal(time.Date(2026, 5, 1, 12, 0, 3, 3e8, time.UTC)) {
 		t.Errorf("resumed %+v", res)
 	}
-	// Same nodes, the job's SPEC, --kill-on-bad-exit, the user's options,
-	// and the hostfile in the environment.
+	// Same nodes, the job's SPEC, --kill-on-bad-exit, --overlap (the failed
+	// step may still hold CPUs), the user's options, and the hostfile in
+	// the environment; the first launch overlaps nothing.
+	if argv := strings.Join(h.f.argvs[0], " "); argv != "srun --nodes=4 --ntasks=4 --distribution=arbitrary --kill-on-bad-exit=1 --reft=arc --mpi=pmix train --steps 9" {
+		t.Errorf("launch argv %s", argv)
+	}
 	argv := strings.Join(h.f.argvs[1], " ")
-	if argv != "srun --nodes=4 --ntasks=4 --distribution=arbitrary --kill-on-bad-exit=1 --reft=arc --mpi=pmix train --steps 9" {
+	if argv != "srun --nodes=4 --ntasks=4 --distribution=arbitrary --kill-on-bad-exit=1 --reft=arc --overlap --mpi=pmix train --steps 9" {
 		t.Errorf("relaunch argv %s", argv)
 	}
 	hf := filepath.Join(h.logDir, "hostfile.1")
