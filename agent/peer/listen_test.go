@@ -113,19 +113,33 @@ func TestConnectDrop(t *testing.T) {
 			t.Fatalf("Connect: %q, %v; want node srv", node, err)
 		}
 	}
-	if n := s.Stats().Accepted.Load(); n != 1 {
+	if n := accepted(s, 1); n != 1 {
 		t.Fatalf("two Connects made %d connections, want 1", n)
 	}
 	cl.Drop(addr)
 	if _, err := cl.Connect(ctx, addr); err != nil {
 		t.Fatal(err)
 	}
-	if n := s.Stats().Accepted.Load(); n != 2 {
+	if n := accepted(s, 2); n != 2 {
 		t.Fatalf("Connect after Drop: %d connections in all, want 2", n)
 	}
 	other := baseConfig(t, "x")
 	other.Job = "78"
 	if _, err := newClient(t, other).Connect(ctx, addr); !IsCode(err, CodeForbidden) {
 		t.Fatalf("another job's Connect: %v, want forbidden", err)
+	}
+}
+
+// accepted is the server's count of accepted connections once it reaches
+// want (or after 5 s): the dialer's Connect can return, its handshake
+// done, a moment before the listener's side counts the connection.
+func accepted(s *Server, want uint64) uint64 {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n := s.Stats().Accepted.Load()
+		if n >= want || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
