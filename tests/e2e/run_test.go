@@ -255,7 +255,8 @@ func checkResume(t *testing.T, job, dir, refHash, kind, node string) []recoveryE
 			t.Fatalf("no step logged before the failure:\n%s", out)
 		}
 		last, _ := strconv.ParseInt(before[len(before)-1][1], 10, 64)
-		if lost = last - resumed.Generation; lost < 0 || lost > 1 {
+		// A JIT flush may save a step newer than the last one logged.
+		if lost = max(0, last-resumed.Generation); lost > 1 {
 			t.Errorf("the trainer finished step %d before the failure and resumed from step %d: %d steps lost, want at most 1", last, resumed.Generation, lost)
 		}
 		t.Logf("reft run did not know the committed step at the failure (%s); lost work from the trainer's log", failed.Cause)
@@ -630,9 +631,11 @@ func checkNodeLossSpare(t *testing.T, nl spareLoss, refHash string) []recoveryEv
 	// The agents' verdict comes within a second or two, long before srun's
 	// (about 27 s): the relaunch restores the step committed at the failure
 	// (the spare's rank from its group's agents), at most one step lost.
-	if res := eventsNamed(ev, "resumed"); ev[1].Generation < 1 || len(res) != 1 || res[0].LostSteps == nil || *res[0].LostSteps > 1 {
-		t.Errorf("failure_detected %+v, resumed %+v: want the committed step known and at most one step lost", ev[1], res)
-	} else {
+	// (When no agent answered reft run's probe the committed step is
+	// unknown, and lost work comes from the trainer's log, below.)
+	if res := eventsNamed(ev, "resumed"); len(res) != 1 || res[0].LostSteps != nil && *res[0].LostSteps > 1 {
+		t.Errorf("failure_detected %+v, resumed %+v: want at most one step lost", ev[1], res)
+	} else if res[0].LostSteps != nil {
 		t.Logf("job %s: every rank restored step %d %.2f s after the agents' verdict (%d step(s) lost)", job, res[0].Generation, res[0].DurationS, *res[0].LostSteps)
 	}
 	// One coordinator (n1, the lowest-index survivor) published it.
@@ -663,8 +666,8 @@ func checkNodeLossSpare(t *testing.T, nl spareLoss, refHash string) []recoveryEv
 		t.Fatalf("no step logged before the failure:\n%s", out)
 	}
 	last, _ := strconv.ParseInt(before[len(before)-1][1], 10, 64)
-	lost := last - resumed.Generation
-	if lost < 0 || lost > 1 {
+	lost := max(0, last-resumed.Generation) // a JIT flush may save a step newer than the last logged
+	if lost > 1 {
 		t.Errorf("the trainer finished step %d before the failure and resumed from step %d: %d steps lost, want at most 1", last, resumed.Generation, lost)
 	}
 	if resumed.LostSteps != nil && *resumed.LostSteps != lost {
@@ -785,8 +788,10 @@ func TestReftRunNodeLossRequeue(t *testing.T) {
 		t.Fatalf("job %s ended %s after its requeue:\n%s", job, st, jobOutput(t, dir, job))
 	}
 	out := jobOutput(t, dir, job)
-	if !strings.Contains(out, "reft run exit 5\n") || !strings.HasSuffix(strings.TrimRight(out, "\n"), "reft run exit 0") {
-		t.Fatalf("want the first run to requeue (exit 5) and the second to finish (exit 0):\n%s", out)
+	// (The requeue kills the first run's batch script, often before it
+	// can print reft run's exit code.)
+	if !strings.Contains(out, "reft run: requeued the job") || !strings.HasSuffix(strings.TrimRight(out, "\n"), "reft run exit 0") {
+		t.Fatalf("want the first run to requeue the job and the second to finish (exit 0):\n%s", out)
 	}
 	if h := hashRe.FindAllStringSubmatch(out, -1); len(h) != 1 || h[0][1] != refHash {
 		t.Fatalf("final-params-sha256 %v, uninterrupted %s:\n%s", h, refHash, out)
@@ -807,7 +812,7 @@ func TestReftRunNodeLossRequeue(t *testing.T) {
 	// Rank 0 logged step L before the requeue, so every rank had
 	// committed L-1 (--save-every 1); the agents' answer, when they still
 	// answered at the failure, is exact.
-	first, _, _ := strings.Cut(out, "reft run exit 5\n")
+	first, _, _ := strings.Cut(out, "reft run: requeued the job")
 	var lastLogged int64 = -1
 	for _, m := range lossRe.FindAllStringSubmatch(first, -1) {
 		lastLogged, _ = strconv.ParseInt(m[1], 10, 64)
