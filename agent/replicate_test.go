@@ -102,7 +102,7 @@ func TestReplicaRestoresLostNode(t *testing.T) {
 			for _, r := range tc.lost {
 				var sources []string
 				for _, ev := range []string{"restore_peer", "decode"} {
-					for _, e := range j.nodes[r].log.events(ev) {
+					for _, e := range j.nodes[r].log.Events(ev) {
 						sources = append(sources, fmt.Sprint(e["sources"]))
 					}
 				}
@@ -339,7 +339,7 @@ func BenchmarkReplication(b *testing.B) {
 			var sum float64
 			var cnt int
 			for _, n := range j.nodes {
-				for _, e := range n.log.events("replica_committed") {
+				for _, e := range n.log.Events("replica_committed") {
 					if d, ok := e["duration"].(float64); ok {
 						sum, cnt = sum+d, cnt+1
 					}

@@ -44,7 +44,7 @@ func TestRestoreProgress(t *testing.T) {
 				} else {
 					p.tick(now)
 				}
-				evs := buf.events("restore_progress")
+				evs := buf.Events("restore_progress")
 				if got := len(evs) > reports; got != s.want {
 					t.Fatalf("step %d: reported %v, want %v", i, got, s.want)
 				}
@@ -59,7 +59,7 @@ func TestRestoreProgress(t *testing.T) {
 				}
 				reports = len(evs)
 			}
-			evs := buf.events("restore_progress")
+			evs := buf.Events("restore_progress")
 			if len(evs) == 0 {
 				return
 			}

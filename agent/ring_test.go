@@ -62,7 +62,7 @@ func allEvents(j *shJobRun, ev string) []map[string]any {
 	for _, n := range j.nodes {
 		if !seen[n] {
 			seen[n] = true
-			out = append(out, n.log.events(ev)...)
+			out = append(out, n.log.Events(ev)...)
 		}
 	}
 	return out
@@ -124,7 +124,7 @@ func TestRingSpreadAcrossDomains(t *testing.T) {
 			}
 			checkRestored(t, step, errs, bufs, false)
 			for _, r := range tc.lost {
-				if len(j.nodes[r].log.events("restore_persistent")) > 0 {
+				if len(j.nodes[r].log.Events("restore_persistent")) > 0 {
 					t.Errorf("replacement of rank %d restored from the persistent tier", r)
 				}
 			}
@@ -231,7 +231,7 @@ func TestRingAgreement(t *testing.T) {
 				}
 			}
 			if tc.fallback {
-				how, _ := j.nodes[3].log.events("sg_ring")[0]["how"].(string)
+				how, _ := j.nodes[3].log.Events("sg_ring")[0]["how"].(string)
 				if !strings.Contains(how, "adopted") {
 					t.Errorf("the late agent fixed its ring by %q, want adopted from a member's agent", how)
 				}

@@ -195,7 +195,7 @@ func restoreEvent(t *testing.T, n *shNode) (string, map[string]any) {
 	var name string
 	var ev map[string]any
 	for _, e := range []string{"restore_local", "restore_peer", "decode", "restore_persistent"} {
-		if evs := n.log.events(e); len(evs) > 0 {
+		if evs := n.log.Events(e); len(evs) > 0 {
 			if name != "" || len(evs) != 1 {
 				t.Fatalf("node %s logged restore events %s and %s (%d)", n.name, name, e, len(evs))
 			}
@@ -234,7 +234,7 @@ func TestAORRestoreEveryNode(t *testing.T) {
 					return
 				}
 				for r, n := range j.nodes {
-					if evs := n.log.events("aor_invalid"); len(evs) > 0 {
+					if evs := n.log.Events("aor_invalid"); len(evs) > 0 {
 						t.Fatalf("rank %d: replica invalid without a gap: %v", r, evs)
 					}
 				}
@@ -257,7 +257,7 @@ func TestAORRestoreEveryNode(t *testing.T) {
 				}
 				wg.Wait()
 				for r, n := range j.nodes {
-					if evs := n.log.events("aor_invalid"); len(evs) > 0 {
+					if evs := n.log.Events("aor_invalid"); len(evs) > 0 {
 						t.Fatalf("rank %d: replica invalid after the restore: %v", r, evs)
 					}
 				}
@@ -300,7 +300,7 @@ func TestAORGap(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	evs := j.nodes[0].log.events("aor_invalid")
+	evs := j.nodes[0].log.Events("aor_invalid")
 	if len(evs) != 1 || !strings.Contains(fmt.Sprint(evs[0]["reason"]), "no generation of step 2") {
 		t.Fatalf("rank 0 logged aor_invalid %v, want one naming the missing step 2", evs)
 	}
@@ -402,7 +402,7 @@ func TestAORGapPersistent(t *testing.T) {
 	}
 	wg.Wait()
 	for r, n := range j.nodes {
-		if evs := n.log.events("aor_invalid"); len(evs) > 0 {
+		if evs := n.log.Events("aor_invalid"); len(evs) > 0 {
 			t.Fatalf("rank %d: replica invalid after the restore: %v", r, evs)
 		}
 	}

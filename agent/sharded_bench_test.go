@@ -179,7 +179,7 @@ func checkBenchRestore(b *testing.B, what string, step int64, errs []error, got 
 func checkBenchEvent(b *testing.B, n *shNode, want string) {
 	b.Helper()
 	for _, ev := range []string{"restore_local", "restore_peer", "decode", "restore_persistent"} {
-		if got := len(n.log.events(ev)); (ev == want) != (got == 1) {
+		if got := len(n.log.Events(ev)); (ev == want) != (got == 1) {
 			b.Fatalf("the replacement rank logged %d %s events, want its one restore to be %s", got, ev, want)
 		}
 	}

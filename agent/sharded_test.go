@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/persist"
@@ -49,29 +49,8 @@ type shNode struct {
 	stop       func()
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncBuf) events(ev string) []map[string]any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for _, line := range strings.Split(l.b.String(), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil && m["event"] == ev {
-			out = append(out, m)
-		}
-	}
-	return out
-}
+// syncBuf is an agent's log.
+type syncBuf = logtest.Buffer
 
 // shPorts finds a port range whose candidates for n nodes are free now.
 func shPorts(t testing.TB, n int) int {
@@ -440,10 +419,10 @@ func TestShardedRestoreEveryFailureSet(t *testing.T) {
 				}
 				checkRestored(t, step, errs, bufs, false)
 				for _, r := range failed {
-					checkProgress(t, r, j.nodes[r].log.events("restore_progress"))
+					checkProgress(t, r, j.nodes[r].log.Events("restore_progress"))
 					var got []string
 					for _, ev := range []string{"restore_local", "restore_peer", "decode", "restore_persistent"} {
-						if len(j.nodes[r].log.events(ev)) > 0 {
+						if len(j.nodes[r].log.Events(ev)) > 0 {
 							got = append(got, ev)
 						}
 					}
@@ -482,7 +461,7 @@ func TestShardedRestoreBeyondTolerance(t *testing.T) {
 			}
 			checkRestored(t, step, errs, bufs, false)
 			for r, n := range j.nodes {
-				evs := n.log.events("restore_persistent")
+				evs := n.log.Events("restore_persistent")
 				if len(evs) != 1 {
 					t.Fatalf("rank %d logged %d restore_persistent events", r, len(evs))
 				}

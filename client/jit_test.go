@@ -1,7 +1,6 @@
 package client_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/client"
 	"github.com/reft-hpc/reft/tests/conformance-agent/agenttest"
 )
@@ -47,22 +47,10 @@ func (l *lineLog) wait(t *testing.T, want string) {
 }
 
 // syncBuf is a log destination the agent writes while the test reads.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+type syncBuf = logtest.Buffer
 
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) commits() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), `"event":"committed"`)
-}
+// commits counts the agent's committed generations.
+func committedCount(s *syncBuf) int { return len(s.Events("committed")) }
 
 // jitRank is one rank of a JIT test: a client on a real agent with one
 // registered buffer whose contents are a function of the step.
@@ -159,12 +147,12 @@ func TestJITFlush(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newJITRank(t, 0)
 			tc.prepare(t, r)
-			before := r.agnt.commits()
+			before := committedCount(r.agnt)
 			step, saved, err := r.c.Flush(ctxT(t), "test")
 			if err != nil || step != tc.wantStep || saved != tc.wantSaved {
 				t.Fatalf("Flush = %d, %v, %v; want %d, %v, nil", step, saved, err, tc.wantStep, tc.wantSaved)
 			}
-			if got, want := r.agnt.commits()-before, map[bool]int{true: 1, false: 0}[tc.wantSaved]; got != want {
+			if got, want := committedCount(r.agnt)-before, map[bool]int{true: 1, false: 0}[tc.wantSaved]; got != want {
 				t.Errorf("the flush committed %d generation(s), want %d", got, want)
 			}
 			if tc.wantSaved {
@@ -233,10 +221,10 @@ func TestJITWaitsWhileUpdating(t *testing.T) {
 		r.step(10)
 		r.save(t, 10)
 		r.c.Updating() // blocked in the update's own collective, for good
-		before := r.agnt.commits()
+		before := committedCount(r.agnt)
 		r.a.NotifyPeerFailure("n3", "peer_lost: reset")
 		r.log.wait(t, "did not reach a consistent step")
-		if n := r.agnt.commits() - before; n != 0 {
+		if n := committedCount(r.agnt) - before; n != 0 {
 			t.Errorf("%d commits after a flush that gave up", n)
 		}
 	})
@@ -285,21 +273,21 @@ func TestJITNoDuplicateSave(t *testing.T) {
 	r.step(15)
 	r.a.NotifyPeerFailure("n4", "peer_lost: EOF")
 	r.log.wait(t, "JIT save of step 15 committed")
-	commits := r.agnt.commits()
+	commits := committedCount(r.agnt)
 	r.save(t, 15) // the trainer's every-5 save of the same step
-	if n := r.agnt.commits() - commits; n != 0 {
+	if n := committedCount(r.agnt) - commits; n != 0 {
 		t.Errorf("the trainer's save of the flushed step committed %d more generation(s), want 0", n)
 	}
 	r.a.NotifyPeerFailure("n5", "peer_lost: EOF")
 	r.log.wait(t, "step 15 is already saved")
-	if n := r.agnt.commits() - commits; n != 0 {
+	if n := committedCount(r.agnt) - commits; n != 0 {
 		t.Errorf("a notice for a saved step committed %d generation(s)", n)
 	}
 	// After an update the same step number is a new save (the trainer
 	// redoing a step), not the flush's.
 	r.step(15)
 	r.save(t, 15)
-	if n := r.agnt.commits() - commits; n != 1 {
+	if n := committedCount(r.agnt) - commits; n != 1 {
 		t.Errorf("a save after an update committed %d generation(s), want 1", n)
 	}
 }
@@ -351,12 +339,6 @@ func TestJITFlushOnSIGTERM(t *testing.T) {
 		t.Fatalf("restore of the flushed step: %v\n%s", err, out.String())
 	}
 	mustEqual(t, "step 13", buf, patterned(len(buf), 13))
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // jitSigtermChild trains to step 13 (saving every 5), installs the signal

@@ -3,7 +3,6 @@ package detect
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"slices"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/peer"
 )
 
@@ -25,30 +25,7 @@ const (
 )
 
 // syncBuf is an agent's log.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// events returns the log lines whose event is name.
-func (s *syncBuf) events(name string) []map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []map[string]any
-	for _, l := range strings.Split(s.b.String(), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(l), &m) == nil && m["event"] == name {
-			out = append(out, m)
-		}
-	}
-	return out
-}
+type syncBuf = logtest.Buffer
 
 // emptySource serves no snapshots: the test agents only detect.
 type emptySource struct{}
@@ -285,7 +262,7 @@ func (j *testJob) published(want int) (map[string][]Failure, []map[string]any) {
 	}
 	var events []map[string]any
 	for _, n := range j.names {
-		events = append(events, j.agents[n].log.events(EventFailure)...)
+		events = append(events, j.agents[n].log.Events(EventFailure)...)
 	}
 	return got, events
 }
@@ -358,7 +335,7 @@ func TestDetectFlakyLink(t *testing.T) {
 	j.mu.Unlock()
 	var cleared []map[string]any
 	for deadline := time.Now().Add(5 * time.Second); len(cleared) < 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		cleared = append(j.agents["n1"].log.events("peer_suspect_cleared"), j.agents["n2"].log.events("peer_suspect_cleared")...)
+		cleared = append(j.agents["n1"].log.Events("peer_suspect_cleared"), j.agents["n2"].log.Events("peer_suspect_cleared")...)
 	}
 	if len(cleared) < 2 {
 		t.Fatalf("n1 and n2 did not both suspect and clear each other: %v", cleared)
@@ -368,7 +345,7 @@ func TestDetectFlakyLink(t *testing.T) {
 		if fs := a.failures(); len(fs) > 0 {
 			t.Errorf("%s learnt failures %+v over a flaky link", a.name, fs)
 		}
-		if ev := a.log.events(EventFailure); len(ev) > 0 {
+		if ev := a.log.Events(EventFailure); len(ev) > 0 {
 			t.Errorf("%s logged %v", a.name, ev)
 		}
 	}
@@ -434,7 +411,7 @@ func TestDetectHang(t *testing.T) {
 	if len(events) != 1 || events[0]["class"] != ClassHang || !strings.Contains(events[0]["message"].(string), "rank 5 at step 41") {
 		t.Errorf("failure_detected events %v; want one hang naming rank 5 at step 41", events)
 	}
-	if h := a.log.events("rank_hung"); len(h) != 1 {
+	if h := a.log.Events("rank_hung"); len(h) != 1 {
 		t.Errorf("n2 logged %d rank_hung events, want 1: %v", len(h), h)
 	}
 }

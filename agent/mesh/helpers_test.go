@@ -3,18 +3,16 @@ package mesh
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"math/rand/v2"
 	"net"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -62,36 +60,7 @@ func topology(n int) Fixed {
 }
 
 // logBuf collects an agent's JSON log lines.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// events returns the log lines whose "event" is ev.
-func (l *logBuf) events(ev string) []map[string]any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for _, line := range strings.Split(l.b.String(), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil && m["event"] == ev {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuf = logtest.Buffer
 
 func peerConfig(t *testing.T, job, node string, lo int, log zerolog.Logger) peer.Config {
 	t.Helper()

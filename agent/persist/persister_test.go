@@ -1,7 +1,6 @@
 package persist
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,26 +11,12 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // syncBuf is a log sink the writer goroutine and the test share.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuf = logtest.Buffer
 
 func newPersister(t *testing.T, st *tmpfs.Store, dir, policy string, logs *syncBuf) *Persister {
 	t.Helper()
