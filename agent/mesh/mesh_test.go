@@ -87,13 +87,13 @@ func TestMeshConnects(t *testing.T) {
 		if want := Candidates(testJob, lo, lo+testSpan-1, i, n)[0]; a.m.Addr().Port != want {
 			t.Errorf("%s listens on %d, want its first candidate %d", a.m.Self().Name, a.m.Addr().Port, want)
 		}
-		if l := a.log.events("peer_listening"); len(l) != 1 || l[0]["port"] != float64(a.m.Addr().Port) {
+		if l := a.log.Events("peer_listening"); len(l) != 1 || l[0]["port"] != float64(a.m.Addr().Port) {
 			t.Errorf("%s: peer_listening events %v, want one with port %d", a.m.Self().Name, l, a.m.Addr().Port)
 		}
 	}
 	for _, a := range agents {
 		got := map[string]int{}
-		for _, e := range a.log.events("peer_connected") {
+		for _, e := range a.log.Events("peer_connected") {
 			got[e["peer_node"].(string)]++
 		}
 		for _, p := range a.m.Peers() {
@@ -155,7 +155,7 @@ func TestMeshSkipsForeignAndStrangers(t *testing.T) {
 			foreign.Stats().Refused.Load(), foreign.Stats().Accepted.Load())
 	}
 	for _, a := range agents {
-		for _, e := range a.log.events("peer_connected") {
+		for _, e := range a.log.Events("peer_connected") {
 			want := map[string]float64{"n1": 0, "n2": 1, "n3": 2}[e["peer_node"].(string)]
 			if e["candidate"] != want {
 				t.Errorf("%s connected to %s on candidate %v, want %v", a.m.Self().Name, e["peer_node"], e["candidate"], want)
@@ -316,22 +316,22 @@ func TestMeshLateAndLost(t *testing.T) {
 			t.Errorf("n2 not started, port %d: %s (%v), want refused", tr.Port, tr.Kind, tr.Err)
 		}
 	}
-	if p.Connected || len(a.log.events("peer_unreachable")) != 1 {
-		t.Errorf("before n2 starts: %+v; peer_unreachable logged %d times, want once\n%s", p, len(a.log.events("peer_unreachable")), a.log)
+	if p.Connected || len(a.log.Events("peer_unreachable")) != 1 {
+		t.Errorf("before n2 starts: %+v; peer_unreachable logged %d times, want once\n%s", p, len(a.log.Events("peer_unreachable")), a.log)
 	}
 
 	b := startAgent(t, topo, "n2", lo)
 	waitConnected(t, a, 20*time.Second)
 	b.m.Close()
 	waitFor(t, 20*time.Second, "n1 to notice n2 gone", func() bool { return !a.m.Peers()[0].Connected })
-	waitFor(t, 20*time.Second, "a peer_lost event", func() bool { return len(a.log.events("peer_lost")) == 1 })
-	if e := a.log.events("peer_lost")[0]; e["peer_node"] != "n2" || e["error"] == "" {
+	waitFor(t, 20*time.Second, "a peer_lost event", func() bool { return len(a.log.Events("peer_lost")) == 1 })
+	if e := a.log.Events("peer_lost")[0]; e["peer_node"] != "n2" || e["error"] == "" {
 		t.Errorf("peer_lost event %v: want node n2 and a cause", e)
 	}
 
 	startAgent(t, topo, "n2", lo)
 	waitConnected(t, a, 20*time.Second)
-	if c := len(a.log.events("peer_connected")); c != 2 {
+	if c := len(a.log.Events("peer_connected")); c != 2 {
 		t.Errorf("peer_connected logged %d times over two connections, want 2", c)
 	}
 	cbMu.Lock()
