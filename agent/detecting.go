@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -89,8 +90,22 @@ func (s *Server) OnPeerFailure(fn func(detect.Failure)) {
 // notified once.
 func (s *Server) noticeFailures() {
 	s.OnPeerFailure(func(f detect.Failure) {
+		if f.Class == detect.ClassNode {
+			s.lostMu.Lock()
+			if !slices.Contains(s.lost, f.Node) {
+				s.lost = append(s.lost, f.Node)
+			}
+			s.lostMu.Unlock()
+		}
 		s.NotifyPeerFailure(f.Node, "failure_detected ("+f.Class+"): "+f.Cause)
 	})
+}
+
+// lostNodes are the nodes whose loss the detector published.
+func (s *Server) lostNodes() []string {
+	s.lostMu.Lock()
+	defer s.lostMu.Unlock()
+	return slices.Clone(s.lost)
 }
 
 func (s *Server) peerFailed(f detect.Failure) {

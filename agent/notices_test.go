@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -98,5 +99,18 @@ func TestDetectorVerdictNotices(t *testing.T) {
 	var n proto.Notice
 	if f.Type != proto.TNotice || f.Unmarshal(&n) != nil || n.Node != "n2" || n.Cause != "failure_detected (node): no beat for 1s; slurmd unreachable" {
 		t.Errorf("frame %v %s: want n2's node failure as a notice", f.Type, f.Payload)
+	}
+	// The status reply lists lost nodes (what the SPANK plugin's step-end
+	// hold waits on): node verdicts, once each; not hangs or agents.
+	s.peerFailed(detect.Failure{Node: "n3", Class: detect.ClassHang, Cause: "no progress"})
+	s.peerFailed(detect.Failure{Node: "n4", Class: detect.ClassAgent, Cause: "agent gone"})
+	s.peerFailed(detect.Failure{Node: "n2", Class: detect.ClassNode, Cause: "again"})
+	s.peerFailed(detect.Failure{Node: "n5", Class: detect.ClassNode, Cause: "rack"})
+	var st proto.Status
+	if err := proto.Call(dial(t, path), proto.TStatus, 1, nil, &st); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(st.LostNodes, []string{"n2", "n5"}) {
+		t.Errorf("status lost_nodes %v, want [n2 n5]", st.LostNodes)
 	}
 }

@@ -108,6 +108,10 @@ type Server struct {
 	// learns of a failure.
 	progress     progressTable
 	failureHooks []func(detect.Failure)
+	// lost: the nodes whose loss the detector published (the status
+	// reply's lost_nodes), in the order learned.
+	lostMu sync.Mutex
+	lost   []string
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path
@@ -325,6 +329,7 @@ func (s *Server) Status() proto.Status {
 		Clients: int(s.clients.Load()), Connections: s.accepted.Load(), BadFrames: s.badFrames.Load(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
 		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.placementWarnings(), Memory: s.memoryStatus(),
+		LostNodes: s.lostNodes(),
 	}
 }
 

@@ -44,6 +44,7 @@ SPANK_PLUGIN(reft, 1);
 #define GO_LIB_NAME "libreft_spank.so"
 
 #define EXTERN_STEP 0xfffffffcU /* SLURM_EXTERN_CONT */
+#define BATCH_STEP 0xfffffffbU  /* SLURM_BATCH_SCRIPT */
 
 static char g_config[PATH_MAX] = "/etc/reft/reft.toml";
 static char g_default[1024] = "off";
@@ -69,6 +70,7 @@ typedef int (*prolog_fn)(char *, char *, char *, uint32_t, char *, int);
 typedef int (*extern_plan_fn)(char *, char *, uint32_t, uint32_t, char *, char *, int, char *, int);
 typedef int (*step_fn)(char *, char *, char *, uint32_t, uint32_t, uint32_t, char *, int, int, char *, int, char *, int);
 typedef int (*extern_exit_fn)(char *, char *, uint32_t, uint32_t, char *, int);
+typedef int (*step_end_fn)(char *, uint32_t, uint32_t, uint32_t, char *, int, char *, int);
 
 static struct {
 	void *handle;
@@ -77,6 +79,7 @@ static struct {
 	extern_plan_fn extern_plan;
 	step_fn step;
 	extern_exit_fn extern_exit;
+	step_end_fn step_end;
 } go;
 
 /* Block every asynchronous signal in the calling thread. Threads that Go
@@ -132,7 +135,8 @@ static int load_go(char *err, size_t errlen)
 	go.extern_plan = (extern_plan_fn) dlsym(h, "reft_go_extern_plan");
 	go.step = (step_fn) dlsym(h, "reft_go_step");
 	go.extern_exit = (extern_exit_fn) dlsym(h, "reft_go_extern_exit");
-	if (!go.normalize || !go.prolog || !go.extern_plan || !go.step || !go.extern_exit) {
+	go.step_end = (step_end_fn) dlsym(h, "reft_go_step_end");
+	if (!go.normalize || !go.prolog || !go.extern_plan || !go.step || !go.extern_exit || !go.step_end) {
 		snprintf(err, errlen, "%s lacks a reft_go_* symbol: plugin and library are from different builds", path);
 		return -1;
 	}
@@ -543,8 +547,37 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	_exit(1);
 }
 
-/* exit: when the extern step ends (the job ends on this node), stop the
- * agent and remove its socket, run directory and marker. */
+/* task_exit: slurmstepd, as each task of a step exits. Plain C: note
+ * whether one failed (exit status not 0, or a signal). */
+static int g_task_failed;
+
+int slurm_spank_task_exit(spank_t sp, int ac, char **av)
+{
+	(void) ac; (void) av;
+	int status = 0;
+	if (spank_remote(sp) && spank_get_item(sp, S_TASK_EXIT_STATUS, &status) == ESPANK_SUCCESS && status != 0)
+		g_task_failed = 1;
+	return 0;
+}
+
+/* A reft step whose task failed on this node: before slurmstepd reports the
+ * step complete, wait until a node of the step that the agents found lost
+ * has left the job (reft_go_step_end; spank/stepend says why). */
+static void hold_step_end(uint32_t job, uint32_t step, uint32_t uid)
+{
+	char out[1024] = "", err[2048] = "";
+	if (!g_task_failed || !go.handle || g_task_error[0] || is_off(effective_spec()))
+		return; /* a step that ran without reft never loaded Go */
+	int rc = CALL_GO(go.step_end(g_config, job, step, uid, out, sizeof(out), err, sizeof(err)));
+	if (rc < 0)
+		slurm_error("reft: step %u.%u: %s", job, step, err);
+	else if (rc == 1)
+		slurm_info("reft: step %u.%u: %s", job, step, out);
+}
+
+/* exit: when a reft step whose task failed ends, hold_step_end; when the
+ * extern step ends (the job ends on this node), stop the agent and remove
+ * its socket, run directory and marker. */
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
 	(void) ac; (void) av;
@@ -552,11 +585,15 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 	char marker[PATH_MAX], err[2048] = "";
 
 	if (spank_context() != S_CTX_REMOTE ||
-	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS || step != EXTERN_STEP)
-		return 0;
-	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS)
 		return 0;
+	if (step != EXTERN_STEP) {
+		if (step != BATCH_STEP)
+			hold_step_end(job, step, uid);
+		return 0;
+	}
 	marker_path(job, marker, sizeof(marker));
 	if (access(marker, F_OK) != 0)
 		return 0;

@@ -93,32 +93,15 @@ type Slurm struct {
 
 // Topology implements TopologySource.
 func (s Slurm) Topology(ctx context.Context) (Topology, error) {
-	prog := s.Scontrol
-	if prog == "" {
-		p, err := exec.LookPath("scontrol")
-		if err != nil {
-			return Topology{}, fmt.Errorf("finding the job's nodes: scontrol is not on PATH (%s): %w (install Slurm's client commands on the compute nodes)",
-				os.Getenv("PATH"), err)
-		}
-		prog = p
-	}
-	out, err := s.run(ctx, prog, "show", "job", "-o", s.Job)
+	prog, err := s.scontrol()
 	if err != nil {
 		return Topology{}, err
 	}
-	list, err := jobNodeList(out, s.Job)
+	list, names, err := s.jobNodes(ctx, prog)
 	if err != nil {
 		return Topology{}, err
 	}
-	out, err = s.run(ctx, prog, "show", "hostnames", list)
-	if err != nil {
-		return Topology{}, err
-	}
-	names := strings.Fields(string(out))
-	if len(names) == 0 {
-		return Topology{}, fmt.Errorf("scontrol show hostnames %s printed no names", list)
-	}
-	out, err = s.run(ctx, prog, "show", "node", "-o", list)
+	out, err := s.run(ctx, prog, "show", "node", "-o", list)
 	if err != nil {
 		return Topology{}, err
 	}
@@ -132,6 +115,94 @@ func (s Slurm) Topology(ctx context.Context) (Topology, error) {
 		t.Nodes[i] = Node{Index: i, Name: n, Addr: a, SlurmdPort: ports[n]}
 	}
 	return t, t.check()
+}
+
+// scontrol is the scontrol to run: Scontrol, else the one on PATH.
+func (s Slurm) scontrol() (string, error) {
+	if s.Scontrol != "" {
+		return s.Scontrol, nil
+	}
+	p, err := exec.LookPath("scontrol")
+	if err != nil {
+		return "", fmt.Errorf("finding the job's nodes: scontrol is not on PATH (%s): %w (install Slurm's client commands on the compute nodes)",
+			os.Getenv("PATH"), err)
+	}
+	return p, nil
+}
+
+// JobNodes are the nodes the job holds now, in slurmctld's order (a
+// --no-kill job's list shrinks when it loses one); none once it no longer
+// runs (ending, requeued, gone).
+func (s Slurm) JobNodes(ctx context.Context) ([]string, error) {
+	prog, err := s.scontrol()
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.run(ctx, prog, "show", "job", "-o", s.Job)
+	if err != nil {
+		if strings.Contains(err.Error(), "Invalid job id") {
+			return nil, nil
+		}
+		return nil, err
+	}
+	if m := jobStateRe.FindStringSubmatch(string(out)); m == nil || (m[1] != "RUNNING" && m[1] != "RESIZING") {
+		return nil, nil
+	}
+	list, err := jobNodeList(out, s.Job)
+	if err != nil {
+		return nil, err
+	}
+	return s.hostnames(ctx, prog, list)
+}
+
+// StepNodes are the nodes of the job's step ("3", "extern").
+func (s Slurm) StepNodes(ctx context.Context, step string) ([]string, error) {
+	prog, err := s.scontrol()
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.run(ctx, prog, "show", "step", "-o", s.Job+"."+step)
+	if err != nil {
+		return nil, err
+	}
+	m := nodeListRe.FindStringSubmatch(string(out))
+	if m == nil {
+		return nil, fmt.Errorf("`scontrol show step -o %s.%s` gave no NodeList: %.200s", s.Job, step, strings.TrimSpace(string(out)))
+	}
+	return s.hostnames(ctx, prog, m[1])
+}
+
+func (s Slurm) jobNodes(ctx context.Context, prog string) (list string, names []string, err error) {
+	out, err := s.run(ctx, prog, "show", "job", "-o", s.Job)
+	if err != nil {
+		return "", nil, err
+	}
+	if list, err = jobNodeList(out, s.Job); err != nil {
+		return "", nil, err
+	}
+	names, err = s.hostnames(ctx, prog, list)
+	return list, names, err
+}
+
+// Hostnames expands a Slurm hostlist ("n[1-3,5]").
+func (s Slurm) Hostnames(ctx context.Context, list string) ([]string, error) {
+	prog, err := s.scontrol()
+	if err != nil {
+		return nil, err
+	}
+	return s.hostnames(ctx, prog, list)
+}
+
+func (s Slurm) hostnames(ctx context.Context, prog, list string) ([]string, error) {
+	out, err := s.run(ctx, prog, "show", "hostnames", list)
+	if err != nil {
+		return nil, err
+	}
+	names := strings.Fields(string(out))
+	if len(names) == 0 {
+		return nil, fmt.Errorf("scontrol show hostnames %s printed no names", list)
+	}
+	return names, nil
 }
 
 func (s Slurm) run(ctx context.Context, prog string, args ...string) ([]byte, error) {

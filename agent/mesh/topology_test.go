@@ -21,6 +21,10 @@ case "$*" in
 	echo 'JobId=813 JobName=p QOS=(null) WCKey=*x JobState=PENDING ReqNodeList=(null) ExcNodeList=(null) NodeList=(null) NumNodes=2' ;;
 "show hostnames n[2-3],gpu01")
 	printf 'n2\nn3\ngpu01\n' ;;
+"show hostnames n[2-3]")
+	printf 'n2\nn3\n' ;;
+"show step -o 812.0")
+	echo 'StepId=812.0 UserId=1001 StartTime=2026-11-22T03:36:29 TimeLimit=UNLIMITED State=RUNNING Partition=debug NodeList=n[2-3] Nodes=2 CPUs=2 Tasks=2 Name=train' ;;
 "show node -o n[2-3],gpu01")
 	echo 'NodeName=gpu01 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.0.9 NodeHostName=gpu01 Port=6818'
 	echo 'NodeName=n2 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.0.2 NodeHostName=n2 Port=6818'
@@ -99,5 +103,38 @@ func TestSlurmJobState(t *testing.T) {
 		if state != tc.state || gone != tc.gone || (err != nil) != tc.err {
 			t.Errorf("job %s conf %s: %q gone=%v err=%v; want %q gone=%v err=%v", tc.job, tc.conf, state, gone, err, tc.state, tc.gone, tc.err)
 		}
+	}
+}
+
+// TestSlurmJobAndStepNodes: what the step-end hold asks (spank/stepend):
+// the job's nodes while it runs, none once it does not, and a step's.
+func TestSlurmJobAndStepNodes(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "scontrol"), []byte(fakeScontrol), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		job, conf string
+		want      []string
+		err       string
+	}{
+		{"812", "/etc/site/slurm.conf", []string{"n2", "n3", "gpu01"}, ""},
+		{"813", "/etc/site/slurm.conf", nil, ""}, // pending (requeued): holds nothing
+		{"814", "/etc/site/slurm.conf", nil, ""}, // gone
+		{"812", "/etc/other.conf", nil, "unable to read"},
+	} {
+		got, err := Slurm{Job: tc.job, Conf: tc.conf}.JobNodes(ctx)
+		if !reflect.DeepEqual(got, tc.want) || (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("job %s conf %s: JobNodes %v, %v; want %v, %q", tc.job, tc.conf, got, err, tc.want, tc.err)
+		}
+	}
+	sl := Slurm{Job: "812", Conf: "/etc/site/slurm.conf"}
+	if got, err := sl.StepNodes(ctx, "0"); err != nil || !reflect.DeepEqual(got, []string{"n2", "n3"}) {
+		t.Errorf("StepNodes 812.0: %v, %v; want [n2 n3]", got, err)
+	}
+	if _, err := sl.StepNodes(ctx, "7"); err == nil {
+		t.Error("StepNodes of a step that does not exist: no error")
 	}
 }

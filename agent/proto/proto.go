@@ -263,6 +263,9 @@ type Status struct {
 	// Memory is what the snapshot store holds and uses of the budget
 	// (absent with snapshots off).
 	Memory *Memory `json:"memory,omitempty"`
+	// LostNodes are the job's nodes whose loss the agents' failure
+	// detector published, in the order this agent learned of them.
+	LostNodes []string `json:"lost_nodes,omitempty"`
 }
 
 // Memory is the status reply's snapshot memory section.

@@ -234,7 +234,29 @@ func Classify(o Outcome, plan Plan, h Health) Failure {
 
 // FromAgents is the failure the agents' detector published: their class
 // (node, agent or hang) and node, and their cause with who saw it.
-func FromAgents(f AgentFailure) Failure {
+//
+// also are node failures published right after f (nodes lost together):
+// the failure is then a node failure of all of them, in that order.
+func FromAgents(f AgentFailure, also ...AgentFailure) Failure {
+	out := Failure{Kind: f.Class, Nodes: []string{f.Node}, Cause: "the agents' failure detector: " + agentCause(f)}
+	if f.Class == recoverylog.KindHang {
+		out.Ranks = slices.Clone(f.Ranks)
+	}
+	for _, o := range also {
+		if o.Class != recoverylog.KindNode || slices.Contains(out.Nodes, o.Node) {
+			continue
+		}
+		if out.Kind != recoverylog.KindNode { // a lost node outweighs an agent or a hang
+			out.Kind, out.Nodes, out.Ranks = recoverylog.KindNode, nil, nil
+		}
+		out.Nodes = append(out.Nodes, o.Node)
+		out.Cause += "; and " + agentCause(o)
+	}
+	return out
+}
+
+// agentCause is one verdict with who reached it.
+func agentCause(f AgentFailure) string {
 	by := "coordinator " + f.Coordinator
 	if f.Reporter != "" && f.Reporter != f.Coordinator {
 		by += ", reported by " + f.Reporter
@@ -242,11 +264,7 @@ func FromAgents(f AgentFailure) Failure {
 	if len(f.ConfirmedBy) > 0 {
 		by += ", confirmed by " + strings.Join(f.ConfirmedBy, ",")
 	}
-	out := Failure{Kind: f.Class, Nodes: []string{f.Node}, Cause: fmt.Sprintf("the agents' failure detector: %s (%s)", f.Cause, by)}
-	if f.Class == recoverylog.KindHang {
-		out.Ranks = slices.Clone(f.Ranks)
-	}
-	return out
+	return fmt.Sprintf("%s (%s)", f.Cause, by)
 }
 
 func intList(v []int) string {

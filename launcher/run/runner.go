@@ -70,6 +70,11 @@ type attempt struct {
 	// already looked at.
 	agentFailure *AgentFailure
 	seenFailures int
+	// verdictAt: when reft run read agentFailure; alsoLost: the other
+	// nodes of the step the agents found lost within verdictSettle of it
+	// (two nodes of a rack, lost together).
+	verdictAt time.Time
+	alsoLost  []AgentFailure
 	// shrunk: the lost node was given back to Slurm, and the job now
 	// holds these nodes.
 	shrunk []string
@@ -191,6 +196,9 @@ func (r *Runner) Run(ctx context.Context) int {
 		if failedAt.IsZero() {
 			failedAt = r.now()
 		}
+		if a.agentFailure != nil {
+			r.settle(ctx, a, watcher)
+		}
 		h := r.health(ctx, a)
 		if a.agentFailure == nil { // published while srun was ending, or the probe ran
 			r.checkAgents(ctx, a, watcher)
@@ -198,7 +206,7 @@ func (r *Runner) Run(ctx context.Context) int {
 		f := Classify(a.outcome, r.Plan, h)
 		detectedBy := "srun"
 		if af := a.agentFailure; af != nil {
-			f, detectedBy = FromAgents(*af), "agents"
+			f, detectedBy = FromAgents(*af, a.alsoLost...), "agents"
 			if failedAt.IsZero() || af.DetectedAt.Before(failedAt) {
 				failedAt = af.DetectedAt
 			}
@@ -354,15 +362,84 @@ func (r *Runner) checkAgents(ctx context.Context, a *attempt, w *Watcher) bool {
 	for ; a.seenFailures < len(fs); a.seenFailures++ {
 		f := fs[a.seenFailures]
 		if slices.Contains(r.Plan.Slots, f.Node) {
-			a.agentFailure = &f
-			return true
+			if a.agentFailure == nil {
+				a.agentFailure, a.verdictAt = &f, r.now()
+				continue // the rest may be nodes lost with it
+			}
+			if f.Class == recoverylog.KindNode && !slices.Contains(a.lostNodes(), f.Node) {
+				a.alsoLost = append(a.alsoLost, f)
+			}
+			continue
 		}
 		if f.Class == recoverylog.KindNode && slices.Contains(r.Plan.Alloc, f.Node) && !slices.Contains(r.Plan.Excluded, f.Node) {
 			r.Plan.Replace(f.Node) // a spare: never used from now on
 			r.say("the agents report spare node %s lost (%s); it will not replace a node", f.Node, f.Cause)
 		}
 	}
-	return false
+	return a.agentFailure != nil
+}
+
+// verdictSettle is how long after the agents' first verdict on a step
+// reft run still takes their verdicts on other nodes as part of the same
+// failure: nodes lost together (a rack's power, a switch) are detected
+// within a beat or two of each other, and a relaunch that still names one
+// of them would only fail again.
+const verdictSettle = time.Second
+
+// settle waits out verdictSettle after the first verdict (srun usually
+// takes longer to end the step), reads the agents' verdicts once more,
+// and gives any further lost node back to Slurm.
+func (r *Runner) settle(ctx context.Context, a *attempt, w *Watcher) {
+	if d := verdictSettle - r.now().Sub(a.verdictAt); d > 0 {
+		time.Sleep(d)
+	}
+	r.checkAgents(ctx, a, w)
+	if len(a.alsoLost) > 0 {
+		var names []string
+		for _, f := range a.alsoLost {
+			names = append(names, f.Node)
+		}
+		r.say("the agents also found %s lost", strings.Join(names, ","))
+		r.giveBack(ctx, a)
+	}
+}
+
+// lostNodes are the nodes the agents' verdicts on this attempt call lost.
+func (a *attempt) lostNodes() []string {
+	var out []string
+	if f := a.agentFailure; f != nil && f.Class == recoverylog.KindNode {
+		out = append(out, f.Node)
+	}
+	for _, f := range a.alsoLost {
+		out = append(out, f.Node)
+	}
+	return out
+}
+
+// giveBack shrinks the job to the allocation without the lost nodes (and
+// those excluded before), so that Slurm neither keeps the failed step nor
+// makes the relaunch wait until it calls them down. Not without a spare:
+// the job is requeued then, and must keep its size.
+func (r *Runner) giveBack(ctx context.Context, a *attempt) {
+	lost := a.lostNodes()
+	if len(lost) == 0 || len(r.Plan.Spares()) == 0 {
+		return
+	}
+	var keep []string
+	for _, n := range r.Plan.Alloc {
+		if !slices.Contains(lost, n) && !slices.Contains(r.Plan.Excluded, n) {
+			keep = append(keep, n)
+		}
+	}
+	if slices.Equal(keep, a.shrunk) {
+		return
+	}
+	if err := r.Slurm.Shrink(ctx, r.Job, keep); err != nil {
+		r.say("warning: cannot give lost node(s) %s back to Slurm (%v); the relaunch may wait until Slurm calls them down", strings.Join(lost, ","), err)
+		return
+	}
+	a.shrunk = keep
+	r.say("gave lost node(s) %s back to Slurm: the job now holds %s", strings.Join(lost, ","), strings.Join(keep, ","))
 }
 
 // failStep ends the step after the agents' verdict: the step is cancelled
@@ -372,24 +449,7 @@ func (r *Runner) failStep(ctx context.Context, a *attempt, proc Proc) {
 	f := a.agentFailure
 	r.say("the agents detected a %s failure on %s %.2f s after its last sign of life (coordinator %s): %s; stopping the step",
 		f.Class, f.Node, f.Latency.Seconds(), f.Coordinator, f.Cause)
-	if f.Class == recoverylog.KindNode && len(r.Plan.Spares()) > 0 {
-		// Slurm would keep the step, and the relaunch waiting for its
-		// resources, until it calls the node down; give the node back.
-		// Not without a spare: the job is requeued then, and must keep
-		// its size.
-		var keep []string
-		for _, n := range r.Plan.Alloc {
-			if n != f.Node && !slices.Contains(r.Plan.Excluded, n) {
-				keep = append(keep, n)
-			}
-		}
-		if err := r.Slurm.Shrink(ctx, r.Job, keep); err != nil {
-			r.say("warning: cannot give lost node %s back to Slurm (%v); the relaunch may wait until Slurm calls it down", f.Node, err)
-		} else {
-			a.shrunk = keep
-			r.say("gave lost node %s back to Slurm: the job now holds %s", f.Node, strings.Join(keep, ","))
-		}
-	}
+	r.giveBack(ctx, a)
 	if a.stepID != "" {
 		if err := r.Slurm.Cancel(ctx, a.stepID); err != nil {
 			r.say("warning: %v", err)
@@ -565,7 +625,7 @@ func (r *Runner) health(ctx context.Context, a *attempt) Health {
 		if slices.Contains(a.outcome.NodeFailures, n) {
 			continue
 		}
-		if af := a.agentFailure; af != nil && af.Class == recoverylog.KindNode && af.Node == n {
+		if slices.Contains(a.lostNodes(), n) {
 			continue // a probe step on it would wait for a slurmd that is gone
 		}
 		if h.NodeStates != nil && NodeLost(h.NodeStates[n]) != "" {

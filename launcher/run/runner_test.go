@@ -669,6 +669,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 		stopped   string   // "yes": reft run cancelled the step and signalled srun; "no"; "": either (a race)
 		shrunk    []string // the nodes the job kept (nil: not shrunk)
 		noSpare   bool     // the allocation is the step's four nodes: a lost node requeues the job
+		twoSpares bool     // n1-n6, two spares
 		excluded  []string
 		comment   string // prefix
 		relaunchW string // prefix of the relaunch's cause
@@ -678,6 +679,12 @@ func TestRunAgentsVerdict(t *testing.T) {
 			relaunch: []string{"n1", "n5", "n3", "n4"}, kind: recoverylog.KindNode, by: "agents",
 			probed: []string{"n1", "n3", "n4", "n5"}, stopped: "yes", excluded: []string{"n2"}, shrunk: []string{"n1", "n3", "n4", "n5"},
 			comment: "reft: 1 failure (node n2 lost, replaced by n5)", relaunchW: "node failure: n5 in n2's place"},
+		{name: "two nodes lost together", twoSpares: true,
+			first: fakeAttempt{block: true, agentLog: map[string][]string{"n1": {
+				agentFailureLine("n1", "n2", "node", "", 0.8), agentFailureLine("n1", "n3", "node", "", 0.9)}}},
+			relaunch: []string{"n1", "n5", "n6", "n4"}, kind: recoverylog.KindNode, by: "agents",
+			probed: []string{"n1", "n4", "n5", "n6"}, stopped: "yes", excluded: []string{"n2", "n3"}, shrunk: []string{"n1", "n4", "n5", "n6"},
+			comment: "reft: 1 failure (nodes n2,n3 lost, replaced by n5,n6)", relaunchW: "node failure: n5 in n2's place, n6 in n3's place"},
 		{name: "node lost, no spare", noSpare: true,
 			first: fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
 			kind:  recoverylog.KindNode, by: "agents",
@@ -705,6 +712,9 @@ func TestRunAgentsVerdict(t *testing.T) {
 			al, spares, want := alloc, 1, ExitOK
 			if tc.noSpare {
 				al, spares, want = four, 0, ExitRequeued
+			}
+			if tc.twoSpares {
+				al, spares = append(slices.Clone(alloc), "n6"), 2
 			}
 			h := newHarness(t, al, spares, fastPolicy(), tc.first,
 				fakeAttempt{exit: 0, agentLog: resumeLogs("2", 5, tc.relaunch...)})

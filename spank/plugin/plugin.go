@@ -1,8 +1,9 @@
 // Command plugin is the Go half of the reft SPANK plugin, built with
 // -buildmode=c-shared as libreft_spank.so. spank/shim.c loads it lazily, with
-// asynchronous signals blocked, and only in processes that never run Go after
-// fork: srun, sbatch, salloc (validating --reft), the prolog, and slurmstepd
-// before it forks tasks. See spank/README.md for which callback does what.
+// asynchronous signals blocked, and only where no forked child runs Go: srun,
+// sbatch, salloc (validating --reft), the prolog, and slurmstepd (before it
+// forks tasks, and in its own process when they have exited). See
+// spank/README.md for which callback does what.
 //
 // Rules for this file: no exported function panics across the C boundary
 // (each recovers), none exits the process, none forks. Strings come in as C
@@ -35,6 +36,7 @@ import (
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/launcher/version"
 	"github.com/reft-hpc/reft/spank/spec"
+	"github.com/reft-hpc/reft/spank/stepend"
 )
 
 func main() {} // required by -buildmode=c-shared
@@ -344,6 +346,79 @@ func reft_go_extern_exit(cfgPath, stateDir *C.char, job, uid C.uint32_t, errb *C
 		return -1
 	}
 	return 0
+}
+
+// reft_go_step_end runs in slurmstepd (root) as a reft step ends on this
+// node after one of its tasks failed, before slurmstepd reports the step
+// complete: if the agents find a node of the step lost, the report waits
+// until that node has left the job, so that slurmctld ends the step
+// (spank/stepend says why). Returns 0 (no hold), 1 (held: out says how
+// long and why) or -1 with a message.
+//
+//export reft_go_step_end
+func reft_go_step_end(cfgPath *C.char, job, step, uid C.uint32_t, out *C.char, outlen C.int, errb *C.char, errlen C.int) (rc C.int) {
+	defer guard(errb, errlen, &rc)
+	cfg, err := config.Load(C.GoString(cfgPath), false)
+	if err != nil {
+		put(errb, errlen, err.Error())
+		return -1
+	}
+	if !cfg.Detect.Enabled {
+		return 0 // no verdicts to wait for
+	}
+	j := strconv.FormatUint(uint64(job), 10)
+	sl := mesh.Slurm{Job: j, Conf: cfg.Agent.SlurmConf}
+	if _, err := exec.LookPath("scontrol"); err != nil {
+		sl.Scontrol = "/usr/bin/scontrol"
+	}
+	h := stepend.Hold{
+		Verdict: cfg.Detect.Timeout.D() + cfg.Detect.Confirm.D() + 500*time.Millisecond,
+		Max:     stepEndMax,
+		Lost: func(ctx context.Context) ([]string, error) {
+			return lostNodes(ctx, agent.SocketPath(cfg.Agent.RunDir, j), uint32(uid))
+		},
+		JobNodes: sl.JobNodes,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), h.Verdict+h.Max+5*time.Second)
+	defer cancel()
+	if h.StepNodes, err = sl.StepNodes(ctx, stepName(uint32(step))); err != nil {
+		put(errb, errlen, fmt.Sprintf("step %s.%s: %v", j, stepName(uint32(step)), err))
+		return -1
+	}
+	r := h.Run(ctx)
+	if len(r.Lost) == 0 {
+		return 0
+	}
+	put(out, outlen, r.String())
+	return 1
+}
+
+// stepEndMax bounds a step-end hold: reft run gives a lost node back
+// within about a second of the agents' verdict.
+const stepEndMax = 15 * time.Second
+
+// lostNodes asks the job's agent, which must run as the job's user, for
+// the nodes its failure detector published lost.
+func lostNodes(ctx context.Context, sock string, uid uint32) ([]string, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	cred, err := agent.PeerCred(c.(*net.UnixConn))
+	if err != nil {
+		return nil, err
+	}
+	if cred.Uid != uid {
+		return nil, fmt.Errorf("socket %s is held by uid %d, not the job's uid %d", sock, cred.Uid, uid)
+	}
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	var st proto.Status
+	if err := proto.Call(c, proto.TStatus, 1, nil, &st); err != nil {
+		return nil, err
+	}
+	return st.LostNodes, nil
 }
 
 // jobGoesOnHere reports whether slurmctld still runs the job on this node

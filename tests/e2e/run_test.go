@@ -523,10 +523,28 @@ func waitJobEnd(t *testing.T, job string, timeout time.Duration) string {
 			return st
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("job %s still %q after %v", job, st, timeout)
+			t.Fatalf("job %s still %q after %v\n%s", job, st, timeout, jobDiag(t, job))
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// jobDiag is what a hung job shows: slurmctld's record, its steps, the
+// nodes, and the job's output (from its StdOut path).
+func jobDiag(t *testing.T, job string) string {
+	t.Helper()
+	var b strings.Builder
+	sj := run(t, 30*time.Second, root, "scontrol", "show", "job", job).Stdout
+	b.WriteString(sj)
+	b.WriteString(run(t, 30*time.Second, root, "squeue", "-s", "-j", job, "-o", "%i %T %N %M").Stdout)
+	b.WriteString(run(t, 30*time.Second, root, "sinfo", "-N", "-o", "%N %T %E").Stdout)
+	if m := regexp.MustCompile(`StdOut=(\S+)`).FindStringSubmatch(sj); m != nil {
+		if out, err := os.ReadFile(m[1]); err == nil {
+			b.WriteString("output:\n")
+			b.Write(out)
+		}
+	}
+	return b.String()
 }
 
 func ptrVal(p *float64) any {
