@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -249,6 +250,7 @@ func reft_go_step(cfgPath, stateDir, specIn *C.char, job, step, uid C.uint32_t, 
 		return fail("%v", err)
 	}
 	_ = hr
+	keepStepConn(sock)
 	env := []string{
 		"REFT_AGENT_SOCKET=" + sock,
 		"REFT_SPEC=" + s.String(),
@@ -374,9 +376,7 @@ func reft_go_step_end(cfgPath *C.char, job, step, uid C.uint32_t, out *C.char, o
 	h := stepend.Hold{
 		Verdict: cfg.Detect.Timeout.D() + cfg.Detect.Confirm.D() + 500*time.Millisecond,
 		Max:     stepEndMax,
-		Lost: func(ctx context.Context) ([]string, error) {
-			return lostNodes(ctx, agent.SocketPath(cfg.Agent.RunDir, j), uint32(uid))
-		},
+		Lost:     stepLostNodes,
 		JobNodes: sl.JobNodes,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), h.Verdict+h.Max+5*time.Second)
@@ -397,25 +397,39 @@ func reft_go_step_end(cfgPath *C.char, job, step, uid C.uint32_t, out *C.char, o
 // within about a second of the agents' verdict.
 const stepEndMax = 15 * time.Second
 
-// lostNodes asks the job's agent, which must run as the job's user, for
-// the nodes its failure detector published lost.
-func lostNodes(ctx context.Context, sock string, uid uint32) ([]string, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", sock)
+// stepConn is this slurmstepd's connection to the job's agent, opened in
+// user_init as the job's user: the agent answers only that uid (root gets
+// no exception, docs/PROTOCOL.md), and the step-end hold runs as root.
+var stepConn struct {
+	sync.Mutex
+	c  net.Conn
+	id uint32
+}
+
+func keepStepConn(sock string) {
+	c, err := net.DialTimeout("unix", sock, time.Second)
 	if err != nil {
-		return nil, err
+		return // no hold at the step's end, nothing else lost
 	}
-	defer c.Close()
-	cred, err := agent.PeerCred(c.(*net.UnixConn))
-	if err != nil {
-		return nil, err
+	stepConn.Lock()
+	stepConn.c = c
+	stepConn.Unlock()
+}
+
+// stepLostNodes asks the agent, on stepConn, for the nodes its failure
+// detector published lost.
+func stepLostNodes(ctx context.Context) ([]string, error) {
+	stepConn.Lock()
+	defer stepConn.Unlock()
+	if stepConn.c == nil {
+		return nil, errors.New("no connection to the job's agent from this step")
 	}
-	if cred.Uid != uid {
-		return nil, fmt.Errorf("socket %s is held by uid %d, not the job's uid %d", sock, cred.Uid, uid)
-	}
-	c.SetDeadline(time.Now().Add(2 * time.Second))
+	stepConn.id++
+	stepConn.c.SetDeadline(time.Now().Add(2 * time.Second))
 	var st proto.Status
-	if err := proto.Call(c, proto.TStatus, 1, nil, &st); err != nil {
+	if err := proto.Call(stepConn.c, proto.TStatus, stepConn.id, nil, &st); err != nil {
+		stepConn.c.Close()
+		stepConn.c = nil
 		return nil, err
 	}
 	return st.LostNodes, nil
