@@ -374,8 +374,8 @@ func reft_go_step_end(cfgPath *C.char, job, step, uid C.uint32_t, out *C.char, o
 		sl.Scontrol = "/usr/bin/scontrol"
 	}
 	h := stepend.Hold{
-		Verdict: cfg.Detect.Timeout.D() + cfg.Detect.Confirm.D() + 500*time.Millisecond,
-		Max:     stepEndMax,
+		Verdict:  cfg.Detect.Timeout.D() + cfg.Detect.Confirm.D() + 500*time.Millisecond,
+		Max:      stepEndMax,
 		Lost:     stepLostNodes,
 		JobNodes: sl.JobNodes,
 	}
