@@ -101,6 +101,33 @@ func (s *Server) noticeFailures() {
 	})
 }
 
+// peerFound records that the mesh connected to node's agent, and tells the
+// detector (now, or when it starts).
+func (s *Server) peerFound(node string) {
+	now := time.Now()
+	s.foundMu.Lock()
+	if s.found == nil {
+		s.found = map[string]time.Time{}
+	}
+	s.found[node] = now
+	d := s.det
+	s.foundMu.Unlock()
+	if d != nil {
+		d.Seen(node, now)
+	}
+}
+
+// attachDetector hands d the peers the mesh has connected to so far, and
+// the later ones as they come.
+func (s *Server) attachDetector(d *detect.Detector) {
+	s.foundMu.Lock()
+	defer s.foundMu.Unlock()
+	s.det = d
+	for n, at := range s.found {
+		d.Seen(n, at)
+	}
+}
+
 // lostNodes are the nodes whose loss the detector published.
 func (s *Server) lostNodes() []string {
 	s.lostMu.Lock()
@@ -138,6 +165,7 @@ func startDetector(ctx context.Context, cfg config.Config, m *mesh.Mesh, srv *Se
 	if err := d.Register(m.Server()); err != nil {
 		return nil, err
 	}
+	srv.attachDetector(d)
 	d.Start(ctx)
 	return d, nil
 }

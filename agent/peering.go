@@ -84,7 +84,7 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	// flush until a dedicated detector calls NotifyPeerFailure itself.
 	mc := mesh.Config{Peer: pc, Hosted: srv.Hosted,
 		PeerLost:  func(node string, err error) { srv.NotifyPeerFailure(node, "peer_lost: "+err.Error()) },
-		PeerFound: srv.PeerRecovered}
+		PeerFound: func(node string) { srv.PeerRecovered(node); srv.peerFound(node) }}
 	return mesh.Start(ctx, mc, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)
 }
 

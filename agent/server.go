@@ -112,6 +112,11 @@ type Server struct {
 	// reply's lost_nodes), in the order learned.
 	lostMu sync.Mutex
 	lost   []string
+	// found: when the mesh last connected to each peer's agent, and det
+	// the detector once it runs (it learns of those connections).
+	foundMu sync.Mutex
+	found   map[string]time.Time
+	det     *detect.Detector
 }
 
 // Listen creates the socket at path with mode 0600. A stale socket at path

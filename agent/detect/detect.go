@@ -389,6 +389,21 @@ func isRemote(err error) bool {
 	return errors.As(err, &e) && !peer.IsCode(err, peer.CodeForbidden)
 }
 
+// Seen records that node's agent was up at (the mesh connected to it).
+// A node the detector starts watching only after a neighbour's failure
+// (the ring closes over it) may never have answered this agent before;
+// without this it would pass for one not up yet and never be suspected.
+func (d *Detector) Seen(node string, at time.Time) {
+	if _, ok := d.nodes[node]; !ok {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if at.After(d.heard[node]) {
+		d.heard[node] = at
+	}
+}
+
 // alive records a sign of life of node's agent; a node published as
 // failed that answers again (its agent was restarted) is live again, and
 // one that said goodbye is live again when it sends a request (beat) of

@@ -95,15 +95,25 @@ func newJob(t testing.TB, n int, hang map[string]time.Duration) *testJob {
 
 // newJobTimed starts n agents with the given detector timers.
 func newJobTimed(t testing.TB, n int, hang map[string]time.Duration, interval, timeout, confirm time.Duration) *testJob {
+	return newJobSpares(t, n, 0, hang, interval, timeout, confirm)
+}
+
+// newJobSpares is newJobTimed with the last spares of the n nodes in the
+// job but running no agent (reft run's spares): nothing answers there.
+func newJobSpares(t testing.TB, n, spares int, hang map[string]time.Duration, interval, timeout, confirm time.Duration) *testJob {
 	t.Helper()
 	j := &testJob{t: t, agents: map[string]*testAgent{}, addrs: map[string]string{}, slurmd: map[string]bool{},
 		blocked: map[[2]string]bool{}, hang: hang}
 	var nodes []Node
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("n%d", i+1)
-		j.names = append(j.names, name)
 		nodes = append(nodes, Node{Name: name, Index: i})
 		j.slurmd[name] = true
+		if i >= n-spares {
+			j.addrs[name] = closedAddr(t)
+			continue
+		}
+		j.names = append(j.names, name)
 	}
 	auth, err := peer.NewSecret(bytes.Repeat([]byte("k"), 32), 1000)
 	if err != nil {
@@ -169,7 +179,7 @@ func (j *testJob) waitHeard() {
 			a.det.mu.Lock()
 			ok := len(a.det.watching) > 0
 			for _, w := range a.det.watching {
-				ok = ok && !a.det.heard[w].IsZero()
+				ok = ok && (!a.det.heard[w].IsZero() || j.agents[w] == nil)
 			}
 			a.det.mu.Unlock()
 			if ok {
@@ -322,6 +332,52 @@ func TestDetectFailures(t *testing.T) {
 					e["latency_s"].(float64)*1000, tInterval, tTimeout, tConfirm)
 			}
 		})
+	}
+}
+
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// TestDetectNeighboursLostTogether: five nodes, n4 and n5 spares without
+// agents. n3's only watcher with an agent is n2; n2 and n3 die together.
+// n1 publishes n2's failure, its ring then closes over n3, which it never
+// beat before but saw up through the mesh (Seen), and publishes n3's too.
+// Without Seen, n3 would pass for a node not up yet and never be called
+// lost.
+func TestDetectNeighboursLostTogether(t *testing.T) {
+	j := newJobSpares(t, 5, 2, nil, tInterval, tTimeout, tConfirm)
+	now := time.Now()
+	for _, a := range j.agents { // the mesh connected every agent to every other
+		for _, o := range j.names {
+			if o != a.name {
+				a.det.Seen(o, now)
+			}
+		}
+	}
+	if w := j.agents["n1"].det.Watching(); slices.Contains(w, "n3") {
+		t.Fatalf("n1 watches %v: the test needs n3 out of its ring at first", w)
+	}
+	j.kill("n2", "node")
+	j.kill("n3", "node")
+	got, events := j.published(2)
+	var nodes []string
+	for _, f := range got["n1"] {
+		nodes = append(nodes, f.Node)
+		if f.Class != ClassNode || f.Coordinator != "n1" {
+			t.Errorf("n1 learnt %+v: want a node failure it published", f)
+		}
+	}
+	slices.Sort(nodes)
+	if !slices.Equal(nodes, []string{"n2", "n3"}) || len(events) != 2 {
+		t.Errorf("n1 learnt failures of %v (%d failure_detected events), want n2 and n3 once each", nodes, len(events))
 	}
 }
 

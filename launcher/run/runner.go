@@ -381,10 +381,11 @@ func (r *Runner) checkAgents(ctx context.Context, a *attempt, w *Watcher) bool {
 
 // verdictSettle is how long after the agents' first verdict on a step
 // reft run still takes their verdicts on other nodes as part of the same
-// failure: nodes lost together (a rack's power, a switch) are detected
-// within a beat or two of each other, and a relaunch that still names one
-// of them would only fail again.
-const verdictSettle = time.Second
+// failure: of nodes lost together (a rack's power, a switch) one may be
+// watched only by another that died, and is found once the ring closes
+// over it, a beat or two later; a relaunch that still named it would only
+// fail again. srun takes about as long to end the step (failStopGrace).
+const verdictSettle = 2 * time.Second
 
 // settle waits out verdictSettle after the first verdict (srun usually
 // takes longer to end the step), reads the agents' verdicts once more,

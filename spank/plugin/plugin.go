@@ -375,6 +375,7 @@ func reft_go_step_end(cfgPath *C.char, job, step, uid C.uint32_t, out *C.char, o
 	}
 	h := stepend.Hold{
 		Verdict:  cfg.Detect.Timeout.D() + cfg.Detect.Confirm.D() + 500*time.Millisecond,
+		Settle:   stepEndSettle,
 		Max:      stepEndMax,
 		Lost:     stepLostNodes,
 		JobNodes: sl.JobNodes,
@@ -394,8 +395,13 @@ func reft_go_step_end(cfgPath *C.char, job, step, uid C.uint32_t, out *C.char, o
 }
 
 // stepEndMax bounds a step-end hold: reft run gives a lost node back
-// within about a second of the agents' verdict.
-const stepEndMax = 15 * time.Second
+// within about a second of the agents' verdict. stepEndSettle is how long
+// after the first verdict others still join it, as in reft run
+// (launcher/run's verdictSettle).
+const (
+	stepEndMax    = 15 * time.Second
+	stepEndSettle = 2 * time.Second
+)
 
 // stepConn is this slurmstepd's connection to the job's agent, opened in
 // user_init as the job's user: the agent answers only that uid (root gets

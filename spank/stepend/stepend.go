@@ -34,6 +34,10 @@ type Hold struct {
 	// step's tasks ended (detect.timeout + detect.confirm): a failed node
 	// is confirmed after its peers' ranks have already died of it.
 	Verdict time.Duration
+	// Settle is how long after the first lost node the agents' verdicts
+	// on others still count (nodes lost together are confirmed a beat or
+	// two apart); each must leave the job before the hold ends.
+	Settle time.Duration
 	// Max bounds the hold once a lost node of the step is known.
 	Max time.Duration
 	// Poll is the interval between questions (default 100 ms).
@@ -66,41 +70,51 @@ func (h Hold) Run(ctx context.Context) Result {
 		poll = 100 * time.Millisecond
 	}
 	start := time.Now()
-	var lost []string
-	for deadline := start.Add(h.Verdict); ; {
+	var res Result
+	var first time.Time // when the first lost node of the step was known
+	for {
 		ln, err := h.Lost(ctx)
-		if err != nil {
+		switch {
+		case err != nil && len(res.Lost) == 0:
 			return Result{Reason: "no agent to ask: " + err.Error()}
-		}
-		for _, n := range ln {
-			if slices.Contains(h.StepNodes, n) && !slices.Contains(lost, n) {
-				lost = append(lost, n)
+		case err == nil: // after a verdict the agent may be stopping: keep what it said
+			for _, n := range ln {
+				if slices.Contains(h.StepNodes, n) && !slices.Contains(res.Lost, n) {
+					res.Lost = append(res.Lost, n)
+				}
 			}
 		}
-		if len(lost) > 0 {
-			break
-		}
-		if !time.Now().Before(deadline) {
-			return Result{Reason: fmt.Sprintf("the agents found no node of the step lost within %s", h.Verdict)}
+		now := time.Now()
+		if len(res.Lost) == 0 {
+			if now.Sub(start) >= h.Verdict {
+				return Result{Reason: fmt.Sprintf("the agents found no node of the step lost within %s", h.Verdict)}
+			}
+		} else {
+			if first.IsZero() {
+				first = now
+			}
+			nodes, err := h.JobNodes(ctx)
+			out := err == nil && !slices.ContainsFunc(res.Lost, func(n string) bool { return slices.Contains(nodes, n) })
+			if out && now.Sub(first) >= h.Settle {
+				res.Held, res.Left, res.Reason = time.Since(start), true, ""
+				return res
+			}
+			switch {
+			case err != nil:
+				res.Reason = err.Error()
+			case !out:
+				res.Reason = fmt.Sprintf("gave up after %s (Slurm may keep this step until the job ends; later steps of the job need srun --overlap)", h.Max)
+			}
+			if now.Sub(first) >= h.Max {
+				res.Held = time.Since(start)
+				return res
+			}
 		}
 		if !sleep(ctx, poll) {
-			return Result{Reason: "cancelled"}
-		}
-	}
-	res := Result{Lost: lost}
-	for deadline := time.Now().Add(h.Max); ; {
-		nodes, err := h.JobNodes(ctx)
-		if err == nil && !slices.ContainsFunc(lost, func(n string) bool { return slices.Contains(nodes, n) }) {
-			res.Held, res.Left = time.Since(start), true
-			return res
-		}
-		if err != nil {
-			res.Reason = err.Error()
-		} else {
-			res.Reason = fmt.Sprintf("gave up after %s (Slurm may keep this step until the job ends; later steps of the job need srun --overlap)", h.Max)
-		}
-		if !time.Now().Before(deadline) || !sleep(ctx, poll) {
 			res.Held = time.Since(start)
+			if len(res.Lost) == 0 {
+				res.Reason = "cancelled"
+			}
 			return res
 		}
 	}

@@ -39,6 +39,7 @@ func TestHold(t *testing.T) {
 		left     bool
 		reason   string // substring of String()
 		jobCalls int    // at least
+		settle   time.Duration
 	}{
 		{name: "no agent", lost: seq[[]string]{answers: [][]string{nil}, errs: []error{noAgent}},
 			job: seq[[]string]{answers: [][]string{all}}, reason: "no hold: no agent to ask"},
@@ -54,6 +55,10 @@ func TestHold(t *testing.T) {
 			lost:     seq[[]string]{answers: [][]string{{"n2", "n3"}}},
 			job:      seq[[]string]{answers: [][]string{all, {"n1", "n3", "n4", "n5"}, {"n1", "n4", "n5"}}},
 			wantLost: []string{"n2", "n3"}, left: true, reason: "n2,n3 left the job", jobCalls: 3},
+		{name: "a second node confirmed a beat later", settle: 30 * time.Millisecond,
+			lost:     seq[[]string]{answers: [][]string{{"n2"}, {"n2"}, {"n2"}, {"n2", "n3"}}},
+			job:      seq[[]string]{answers: [][]string{all, {"n1", "n3", "n4", "n5"}, {"n1", "n3", "n4", "n5"}, {"n1", "n3", "n4", "n5"}, {"n1", "n4", "n5"}}},
+			wantLost: []string{"n2", "n3"}, left: true, reason: "n2,n3 left the job", jobCalls: 5},
 		{name: "the node never leaves", lost: seq[[]string]{answers: [][]string{{"n2"}}},
 			job: seq[[]string]{answers: [][]string{all}}, wantLost: []string{"n2"}, reason: "still in the job: gave up after", jobCalls: 2},
 		{name: "Slurm does not answer", lost: seq[[]string]{answers: [][]string{{"n2"}}},
@@ -62,7 +67,7 @@ func TestHold(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := Hold{StepNodes: step, Lost: tc.lost.next, JobNodes: tc.job.next,
-				Verdict: 50 * time.Millisecond, Max: 60 * time.Millisecond, Poll: 5 * time.Millisecond}
+				Verdict: 50 * time.Millisecond, Settle: tc.settle, Max: 60 * time.Millisecond, Poll: 5 * time.Millisecond}
 			r := h.Run(context.Background())
 			if !slices.Equal(r.Lost, tc.wantLost) || r.Left != tc.left || !strings.Contains(r.String(), tc.reason) {
 				t.Errorf("%+v (%s): want lost %v, left %v, %q", r, r, tc.wantLost, tc.left, tc.reason)
