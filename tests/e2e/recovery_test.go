@@ -56,13 +56,7 @@ func TestReftRunBeyondTolerance(t *testing.T) {
 				waitJobEnd(t, job, 5*time.Minute)
 				return job, dir
 			})
-			out := jobOutput(t, dir, job)
-			if st := waitJobEnd(t, job, time.Minute); st != "COMPLETED" || !strings.Contains(out, "reft run exit 0\n") {
-				t.Fatalf("job %s ended %s:\n%s", job, st, out)
-			}
-			if h := hashRe.FindAllStringSubmatch(out, -1); len(h) != 1 || h[0][1] != refHash {
-				t.Fatalf("final-params-sha256 %v, uninterrupted %s:\n%s", h, refHash, out)
-			}
+			out := completedSame(t, dir, job, refHash)
 
 			ev := recoveryEvents(t, job)
 			names := eventNames(ev)

@@ -198,10 +198,7 @@ func checkResume(t *testing.T, job, dir, refHash, kind, node string) []recoveryE
 	if !strings.Contains(out, "reft run exit 0\n") {
 		t.Fatalf("reft run did not exit 0:\n%s", out)
 	}
-	h := hashRe.FindAllStringSubmatch(out, -1)
-	if len(h) != 1 || h[0][1] != refHash {
-		t.Fatalf("final-params-sha256 %v, uninterrupted %s:\n%s", h, refHash, out)
-	}
+	sameHash(t, out, refHash)
 	if n := len(resumedRe.FindAllString(out, -1)); n != 1 {
 		t.Errorf("%d 'resumed from step' lines, want 1:\n%s", n, out)
 	}
@@ -529,6 +526,27 @@ func waitJobEnd(t *testing.T, job string, timeout time.Duration) string {
 	}
 }
 
+// completedSame checks that a reft run job completed (reft run exit 0)
+// with the uninterrupted run's final parameters, and returns its output.
+func completedSame(t *testing.T, dir, job, refHash string) string {
+	t.Helper()
+	out := jobOutput(t, dir, job)
+	if st := waitJobEnd(t, job, time.Minute); st != "COMPLETED" || !strings.Contains(out, "reft run exit 0\n") {
+		t.Fatalf("job %s ended %s:\n%s", job, st, out)
+	}
+	sameHash(t, out, refHash)
+	return out
+}
+
+// sameHash checks that the output printed one final-params-sha256, the
+// uninterrupted run's.
+func sameHash(t *testing.T, out, refHash string) {
+	t.Helper()
+	if h := hashRe.FindAllStringSubmatch(out, -1); len(h) != 1 || h[0][1] != refHash {
+		t.Fatalf("final-params-sha256 %v, uninterrupted %s:\n%s", h, refHash, out)
+	}
+}
+
 // jobDiag is what a hung job shows: slurmctld's record, its steps, the
 // nodes, and the job's output (from its StdOut path).
 func jobDiag(t *testing.T, job string) string {
@@ -629,13 +647,7 @@ func runNodeLossSpare(t *testing.T, command string, lo, hi int) spareLoss {
 func checkNodeLossSpare(t *testing.T, nl spareLoss, refHash string) []recoveryEvent {
 	t.Helper()
 	job, dir := nl.job, nl.dir
-	out := jobOutput(t, dir, job)
-	if st := waitJobEnd(t, job, time.Minute); st != "COMPLETED" || !strings.Contains(out, "reft run exit 0\n") {
-		t.Fatalf("job %s ended %s:\n%s", job, st, out)
-	}
-	if h := hashRe.FindAllStringSubmatch(out, -1); len(h) != 1 || h[0][1] != refHash {
-		t.Fatalf("final-params-sha256 %v, uninterrupted %s:\n%s", h, refHash, out)
-	}
+	out := completedSame(t, dir, job, refHash)
 	ev := recoveryEvents(t, job)
 	names := eventNames(ev)
 	if len(names) < 5 || !slices.Equal(names[:4], []string{"step_launched", "failure_detected", "node_excluded", "step_relaunched"}) ||
@@ -811,9 +823,7 @@ func TestReftRunNodeLossRequeue(t *testing.T) {
 	if !strings.Contains(out, "reft run: requeued the job") || !strings.HasSuffix(strings.TrimRight(out, "\n"), "reft run exit 0") {
 		t.Fatalf("want the first run to requeue the job and the second to finish (exit 0):\n%s", out)
 	}
-	if h := hashRe.FindAllStringSubmatch(out, -1); len(h) != 1 || h[0][1] != refHash {
-		t.Fatalf("final-params-sha256 %v, uninterrupted %s:\n%s", h, refHash, out)
-	}
+	sameHash(t, out, refHash)
 	// The second run resumed from the survivors' memory: at most the step
 	// in flight when n3 died is lost, not the whole run.
 	ev = recoveryEvents(t, job)
