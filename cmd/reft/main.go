@@ -34,7 +34,7 @@ var commands = map[string]command{
 	"plan":         {"reliability and cost planning (survival, placement, interval, memory, simulate)", plan.Main},
 	"run":          {"run a training step inside an allocation and relaunch it after failures", reftrun.Command},
 	"status":       {"a running job's agents: committed steps, protection, bytes held, memory (--json)", status.Command},
-	"status-local": {"this node's agent status for a job, one JSON line (reft run's probe)", reftrun.StatusLocal},
+	"status-local": {"this node's agent status for a job, as JSON in reft-report lines (reft run's probe)", reftrun.StatusLocal},
 	"version": {"print the reft version", func(_ []string, stdout, _ io.Writer) int {
 		fmt.Fprintln(stdout, "reft", version.Version)
 		return 0

@@ -248,6 +248,61 @@ func TestParseReports(t *testing.T) {
 	}
 }
 
+// TestParseReportsInterleaved: reports longer than srun forwards whole
+// come in pieces, and the nodes' pieces interleave (as srun merges four
+// tasks' output); each node's report is put together again. A report
+// missing a piece is dropped, not misread.
+func TestParseReportsInterleaved(t *testing.T) {
+	long := strings.Repeat("peer n5: no agent of job 42 on 127.0.0.1: 47483 refused; ", 40)
+	lines := map[string][]string{}
+	for _, n := range []string{"n1", "n3", "n4"} {
+		r := AgentReport{Node: n, Job: "42", OK: true, Status: &proto.Status{Node: n, PlacementWarnings: []string{long},
+			Ranks: []proto.RankStatus{{Rank: 1, Newest: 17, Bytes: 4096}}}}
+		if n == "n4" {
+			r = AgentReport{Node: n, Job: "42", Error: long}
+		}
+		b, _ := json.Marshal(r)
+		var w strings.Builder
+		if err := writeReport(&w, n, b); err != nil {
+			t.Fatal(err)
+		}
+		lines[n] = strings.SplitAfter(strings.TrimSuffix(w.String(), "\n"), "\n")
+		for _, l := range lines[n] {
+			if len(l) > 1000 {
+				t.Fatalf("a report line of %d bytes: srun would cut it", len(l))
+			}
+		}
+		if len(lines[n]) < 3 {
+			t.Fatalf("%s's report in %d piece(s): the test wants several", n, len(lines[n]))
+		}
+	}
+	var out strings.Builder
+	for i := 0; ; i++ {
+		more := false
+		for _, n := range []string{"n3", "n1", "n4"} {
+			if i < len(lines[n]) {
+				out.WriteString(strings.TrimSuffix(lines[n][i], "\n") + "\n")
+				more = true
+			}
+		}
+		if i == 1 {
+			out.WriteString("srun: error: n2: task 1: Exited with exit code 1\n")
+		}
+		if !more {
+			break
+		}
+	}
+	got := ParseReports([]byte(out.String()), []string{"n1", "n3", "n4"})
+	if len(got) != 3 || got["n1"].Status.Ranks[0].Newest != 17 || got["n3"].Status.PlacementWarnings[0] != long || got["n4"].Error != long {
+		t.Errorf("reports %+v", got)
+	}
+	// n3's second piece lost: n3 is dropped, the others stay.
+	cut := strings.Replace(out.String(), lines["n3"][1], "", 1)
+	if got := ParseReports([]byte(cut), []string{"n1", "n3", "n4"}); len(got) != 2 || got["n3"].Node != "" {
+		t.Errorf("with a piece missing: %+v", got)
+	}
+}
+
 func TestSocketPathMatchesAgent(t *testing.T) {
 	if got, want := socketPath("/run/reft", "42"), agent.SocketPath("/run/reft", "42"); got != want {
 		t.Errorf("socketPath %s, agent.SocketPath %s", got, want)
@@ -293,10 +348,9 @@ func TestStatusLocal(t *testing.T) {
 	if code := StatusLocal([]string{"--config", conf, "--job", "42"}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	var r AgentReport
-	if err := json.Unmarshal([]byte(out.String()), &r); err != nil || !r.OK || r.Node != "n1" || r.Job != "42" ||
-		r.Status == nil || r.Status.Ranks[0].Newest != 6 {
-		t.Fatalf("report %q: %+v %v", out.String(), r, err)
+	r, ok := ParseReports([]byte(out.String()), []string{"n1"})["n1"]
+	if !ok || !r.OK || r.Node != "n1" || r.Job != "42" || r.Status == nil || r.Status.Ranks[0].Newest != 6 {
+		t.Fatalf("report %q: %+v", out.String(), r)
 	}
 
 	// No agent: still exit 0, the report says why.
@@ -304,7 +358,7 @@ func TestStatusLocal(t *testing.T) {
 	if code := StatusLocal([]string{"--config", conf, "--job", "43"}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	if err := json.Unmarshal([]byte(out.String()), &r); err != nil || r.OK || !strings.Contains(r.Error, "no agent answers on "+socketPath(runDir, "43")) {
+	if r = ParseReports([]byte(out.String()), []string{"n1"})["n1"]; r.OK || !strings.Contains(r.Error, "no agent answers on "+socketPath(runDir, "43")) {
 		t.Fatalf("report %q", out.String())
 	}
 

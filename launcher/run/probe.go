@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -59,7 +60,8 @@ func StatusLocal(args []string, stdout, stderr io.Writer) int {
 	stopAgent := fs.Bool("stop-agent", false, "then stop the agent (SIGTERM) and wait for it to exit; the job's next step starts a new one")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: reft status-local [--config FILE] [--job ID]\n\n"+
-			"Prints this node's agent status for a job as one JSON line (reft run uses it).\n\n")
+			"Prints this node's agent status for a job as JSON, in reft-report lines\n"+
+			"of at most 700 bytes each (reft run's probe step reads them).\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -105,8 +107,36 @@ func StatusLocal(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "reft status-local:", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "%s\n", b)
+	if err := writeReport(stdout, rep.Node, b); err != nil {
+		fmt.Fprintln(stderr, "reft status-local:", err)
+		return 1
+	}
 	return 0
+}
+
+// A report goes out as lines of at most reportPiece bytes of its JSON,
+// "reft-report <node> <i>/<n> <piece>", each in one write. srun forwards
+// a task's output line by line only up to its I/O buffer (1 KiB in Slurm
+// 22.05): a longer line is cut into messages that interleave with other
+// tasks' (seen: four nodes' reports merged into garbage, and reft run
+// learning nothing of what was committed).
+const (
+	reportTag   = "reft-report"
+	reportPiece = 700
+)
+
+func writeReport(w io.Writer, node string, b []byte) error {
+	if node == "" || strings.ContainsAny(node, " \t\n") {
+		node = "?"
+	}
+	n := (len(b) + reportPiece - 1) / reportPiece
+	for i := 0; i < n; i++ {
+		piece := b[i*reportPiece : min((i+1)*reportPiece, len(b))]
+		if _, err := fmt.Fprintf(w, "%s %s %d/%d %s\n", reportTag, node, i+1, n, piece); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // stopPID sends SIGTERM to the agent and waits until it has exited.
@@ -141,25 +171,50 @@ func nodeName() string {
 	return h
 }
 
-// ParseReports reads the probe step's output: one AgentReport per line.
-// Other lines are ignored; reports for nodes outside want are dropped.
+// ParseReports reads the probe step's output: each node's AgentReport in
+// pieces (writeReport), in order per node, whatever other nodes' lines
+// come between; a whole report on a line of its own is read too. Other
+// lines are ignored; reports for nodes outside want, and incomplete ones,
+// are dropped.
 func ParseReports(out []byte, want []string) map[string]AgentReport {
 	got := map[string]AgentReport{}
+	pieces := map[string][]string{}
+	take := func(b []byte) {
+		var r AgentReport
+		if json.Unmarshal(b, &r) != nil || r.Node == "" || !slices.Contains(want, r.Node) {
+			return
+		}
+		got[r.Node] = r
+	}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if !strings.HasPrefix(line, "{") {
+		line := strings.TrimRight(sc.Text(), "\r")
+		if strings.HasPrefix(strings.TrimSpace(line), "{") {
+			take([]byte(strings.TrimSpace(line)))
 			continue
 		}
-		var r AgentReport
-		if json.Unmarshal([]byte(line), &r) != nil || r.Node == "" {
+		f := strings.SplitN(line, " ", 4)
+		if len(f) != 4 || f[0] != reportTag {
 			continue
 		}
-		for _, n := range want {
-			if n == r.Node {
-				got[n] = r
+		var i, n int
+		if _, err := fmt.Sscanf(f[2], "%d/%d", &i, &n); err != nil || i < 1 || i > n || n > 1<<16 {
+			continue
+		}
+		ps := pieces[f[1]]
+		if i == 1 || len(ps) != i-1 { // a new report, or a piece out of order: start over
+			ps = nil
+			if i != 1 {
+				pieces[f[1]] = nil
+				continue
 			}
+		}
+		ps = append(ps, f[3])
+		pieces[f[1]] = ps
+		if len(ps) == n {
+			take([]byte(strings.Join(ps, "")))
+			delete(pieces, f[1])
 		}
 	}
 	return got

@@ -700,7 +700,10 @@ func checkNodeLossSpare(t *testing.T, nl spareLoss, refHash string) []recoveryEv
 	if lost > 1 {
 		t.Errorf("the trainer finished step %d before the failure and resumed from step %d: %d steps lost, want at most 1", last, resumed.Generation, lost)
 	}
-	if resumed.LostSteps != nil && *resumed.LostSteps != lost {
+	// reft run counts from the newest step any rank committed; a rank
+	// commits a step before it prints the step's loss line, so the node's
+	// death can fall between the two: one more step than the log shows.
+	if resumed.LostSteps != nil && (*resumed.LostSteps < lost || *resumed.LostSteps > lost+1) {
 		t.Errorf("reft run says %d steps lost, the trainer's log %d", *resumed.LostSteps, lost)
 	}
 	if resumed.LostSteps == nil {
