@@ -607,8 +607,12 @@ func (r *Runner) argv(relaunch int) ([]string, []string, error) {
 	}
 	argv = append(argv, r.SrunOpts...)
 	argv = append(argv, r.Command...)
-	env := slices.DeleteFunc(slices.Clone(r.Env), func(kv string) bool { return strings.HasPrefix(kv, "SLURM_HOSTFILE=") })
-	return argv, append(env, "SLURM_HOSTFILE="+hostfile), nil
+	env := slices.DeleteFunc(slices.Clone(r.Env), func(kv string) bool {
+		return strings.HasPrefix(kv, "SLURM_HOSTFILE=") || strings.HasPrefix(kv, "REFT_RUN=")
+	})
+	// REFT_RUN marks the step as reft run's for the SPANK plugin's
+	// step-end hold (spank/stepend), which waits for reft run's shrink.
+	return argv, append(env, "SLURM_HOSTFILE="+hostfile, "REFT_RUN="+strconv.Itoa(relaunch)), nil
 }
 
 // health asks Slurm about the step's nodes and the agents on those that

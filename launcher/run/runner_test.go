@@ -350,6 +350,11 @@ func TestRunRankFailureResumes(t *testing.T) {
 	if !slices.Contains(h.f.envs[1], "SLURM_HOSTFILE="+hf) || slices.Contains(h.f.envs[1], "SLURM_HOSTFILE=/old") {
 		t.Errorf("env %v", h.f.envs[1])
 	}
+	// REFT_RUN (the relaunch count) marks reft run's steps for the SPANK
+	// plugin's step-end hold.
+	if !slices.Contains(h.f.envs[0], "REFT_RUN=0") || !slices.Contains(h.f.envs[1], "REFT_RUN=1") {
+		t.Errorf("envs %v / %v: want REFT_RUN=0, then 1", h.f.envs[0], h.f.envs[1])
+	}
 	if b, _ := os.ReadFile(hf); string(b) != "n1\nn2\nn3\nn4\n" {
 		t.Errorf("hostfile %q", b)
 	}
