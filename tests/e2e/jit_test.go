@@ -167,6 +167,6 @@ func TestJITRankFailure(t *testing.T) {
 func cleanStores(t *testing.T, job string, nodes []string) {
 	t.Helper()
 	u := mustRun(t, time.Minute, alice, "id", "-u").Stdout
-	run(t, time.Minute, alice, "srun", "--jobid="+job, "--reft=off", "-w", strings.Join(nodes, ","), "-N"+strconv.Itoa(len(nodes)),
+	run(t, time.Minute, alice, "srun", "--jobid="+job, "--overlap", "--reft=off", "-w", strings.Join(nodes, ","), "-N"+strconv.Itoa(len(nodes)),
 		"--ntasks-per-node=1", "rm", "-rf", reftStoreRoot+"/"+strings.TrimSpace(u)+"/"+job)
 }
