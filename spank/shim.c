@@ -70,7 +70,7 @@ typedef int (*prolog_fn)(char *, char *, char *, uint32_t, char *, int);
 typedef int (*extern_plan_fn)(char *, char *, uint32_t, uint32_t, char *, char *, int, char *, int);
 typedef int (*step_fn)(char *, char *, char *, uint32_t, uint32_t, uint32_t, char *, int, int, char *, int, char *, int);
 typedef int (*extern_exit_fn)(char *, char *, uint32_t, uint32_t, char *, int);
-typedef int (*step_end_fn)(char *, uint32_t, uint32_t, uint32_t, char *, int, char *, int);
+typedef int (*step_end_fn)(char *, uint32_t, uint32_t, char *, int, char *, int);
 
 static struct {
 	void *handle;
@@ -563,7 +563,7 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 /* A reft step whose task failed on this node: before slurmstepd reports the
  * step complete, wait until a node of the step that the agents found lost
  * has left the job (reft_go_step_end; spank/stepend says why). */
-static void hold_step_end(spank_t sp, uint32_t job, uint32_t step, uint32_t uid)
+static void hold_step_end(spank_t sp, uint32_t job, uint32_t step)
 {
 	char out[1024] = "", err[2048] = "", run[16];
 	if (!g_task_failed || !go.handle || g_task_error[0] || is_off(effective_spec()))
@@ -572,7 +572,7 @@ static void hold_step_end(spank_t sp, uint32_t job, uint32_t step, uint32_t uid)
 	 * plain srun nobody removes the node within the hold's bound. */
 	if (spank_getenv(sp, "REFT_RUN", run, sizeof(run)) != ESPANK_SUCCESS)
 		return;
-	int rc = CALL_GO(go.step_end(g_config, job, step, uid, out, sizeof(out), err, sizeof(err)));
+	int rc = CALL_GO(go.step_end(g_config, job, step, out, sizeof(out), err, sizeof(err)));
 	if (rc < 0)
 		slurm_error("reft: step %u.%u: %s", job, step, err);
 	else if (rc == 1)
@@ -595,7 +595,7 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 		return 0;
 	if (step != EXTERN_STEP) {
 		if (step != BATCH_STEP)
-			hold_step_end(sp, job, step, uid);
+			hold_step_end(sp, job, step);
 		return 0;
 	}
 	marker_path(job, marker, sizeof(marker));

@@ -1,15 +1,14 @@
 package gpuhealth
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/rs/zerolog"
 )
 
@@ -78,29 +77,10 @@ func newFake(gpus ...gpu) *fakeNVML {
 }
 
 // logBuf collects the monitor's log lines; the monitor writes from its goroutine.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type logBuf struct{ logtest.Buffer }
 
 // count is how many log lines carry event ev.
-func (l *logBuf) count(ev string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), `"event":"`+ev+`"`)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+func (l *logBuf) count(ev string) int { return len(l.Events(ev)) }
 
 func twoGPUs() []gpu { return []gpu{{uuid: "GPU-aaa"}, {uuid: "GPU-bbb"}} }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/rs/zerolog"
 )
 
@@ -194,22 +195,7 @@ func testCtx(t testing.TB, d time.Duration) context.Context {
 }
 
 // syncBuffer is a log sink tests can read while servers write.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = logtest.Buffer
 
 // waitFor polls cond until it holds or d passes.
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {

@@ -358,7 +358,7 @@ func reft_go_extern_exit(cfgPath, stateDir *C.char, job, uid C.uint32_t, errb *C
 // long and why) or -1 with a message.
 //
 //export reft_go_step_end
-func reft_go_step_end(cfgPath *C.char, job, step, uid C.uint32_t, out *C.char, outlen C.int, errb *C.char, errlen C.int) (rc C.int) {
+func reft_go_step_end(cfgPath *C.char, job, step C.uint32_t, out *C.char, outlen C.int, errb *C.char, errlen C.int) (rc C.int) {
 	defer guard(errb, errlen, &rc)
 	cfg, err := config.Load(C.GoString(cfgPath), false)
 	if err != nil {

@@ -24,7 +24,6 @@ package e2e
 // step N.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"maps"
@@ -37,6 +36,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 )
 
 // clusterNodes are the test cluster's nodes (cluster up's default of 5);
@@ -81,23 +82,8 @@ type nodeLossRun struct {
 	killedAt   time.Time // when the kill-node commands returned
 }
 
-// lockedBuffer is a bytes.Buffer that the test reads while a command writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// lockedBuffer is a buffer that the test reads while a command writes.
+type lockedBuffer = logtest.Buffer
 
 // bgRun is a command running in the background as a user.
 type bgRun struct {

@@ -3,10 +3,10 @@ package train
 import (
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/reft-hpc/reft/agent/aor"
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/proto"
 )
 
@@ -180,21 +180,6 @@ func TestAORRegistration(t *testing.T) {
 }
 
 // logBuf is an io.Writer for a rank's log that tests can read.
-type logBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuf struct{ logtest.Buffer }
 
 func (l *logBuf) contains(s string) bool { return strings.Contains(l.String(), s) }
