@@ -10,19 +10,22 @@ import (
 
 // TestPlots draws every subcommand's figure as PNG and SVG. A PNG must
 // decode at a sensible size; an SVG must be an SVG that carries the legend
-// text, which proves the curves were labelled.
+// entries, the title and both axis labels, which proves the curves were
+// labelled (the survival figure with every Fig. 8 shape).
 func TestPlots(t *testing.T) {
 	tests := []struct {
-		name   string
-		args   []string
+		name string
+		args []string
+		// legend entries, then the title and the axis labels
 		legend []string
 	}{
-		{"survival", []string{"survival"}, []string{"reft, c=1.3 (16.2 days)", "checkpoint only, c=1.3 (0.408 days)", "threshold 0.9"}},
-		{"placement", []string{"placement", "--nodes", "17", "--replicas", "2", "--failures", "3"}, []string{"mixed placement", "ring placement"}},
-		{"placement-group", []string{"placement"}, []string{"group placement", "GEMINI Corollary 1 bound"}},
-		{"interval", []string{"interval", "--gpus", "1024", "--checkpoint-seconds", "5", "--restart-seconds", "9.9", "--step-seconds", "2"}, []string{"periodic checkpoints at c*", "reft: one 2s step", "this job: 1024 GPUs"}},
-		{"memory", []string{"memory", "--params", "7B", "--dp", "4", "--tp", "8"}, []string{"own shards", "redundancy", "REFT bound"}},
-		{"simulate", []string{"simulate", "--nodes", "120", "--hw-rate", "1e-3", "--trials", "300"}, []string{"reft, analytic", "reft, simulated with interval", "checkpoint only, analytic"}},
+		{"survival", []string{"survival"}, []string{"reft, c=1.3 (16.2 days)", "checkpoint only, c=1.3 (0.408 days)", "In-memory state survival: 3072 units", "time since last persistent checkpoint (days)", "probability state survives",
+			"reft, c=1 (", "reft, c=2 (", "checkpoint only, c=2 ("}},
+		{"placement", []string{"placement", "--nodes", "17", "--replicas", "2", "--failures", "3"}, []string{"mixed placement", "ring placement", "Recovery from CPU memory: 17 machines, 2 replicas", "machines failed at once (k)", "probability of recovery from CPU memory"}},
+		{"placement-group", []string{"placement"}, []string{"group placement", "GEMINI Corollary 1 bound", "machines failed at once (k)"}},
+		{"interval", []string{"interval", "--gpus", "1024", "--checkpoint-seconds", "5", "--restart-seconds", "9.9", "--step-seconds", "2"}, []string{"periodic checkpoints at c*", "reft: one 2s step", "this job: 1024 GPUs", "Wasted time at the optimal checkpoint interval", "GPUs in the job", "wasted share of wall time (%)"}},
+		{"memory", []string{"memory", "--params", "7B", "--dp", "4", "--tp", "8"}, []string{"own shards", "redundancy", "REFT bound", "Host memory per node for snapshots", "protection mode", "GiB per node"}},
+		{"simulate", []string{"simulate", "--nodes", "120", "--hw-rate", "1e-3", "--trials", "300"}, []string{"reft, analytic", "reft, simulated with interval", "checkpoint only, analytic", "Monte Carlo survival: 120 nodes", "days", "probability state survives"}},
 	}
 	dir := t.TempDir()
 	for _, tc := range tests {
@@ -57,7 +60,7 @@ func TestPlots(t *testing.T) {
 			}
 			for _, l := range tc.legend {
 				if !strings.Contains(s, svgEscape(l)) {
-					t.Errorf("SVG lacks legend text %q", l)
+					t.Errorf("SVG lacks the text %q (legend, title or axis label)", l)
 				}
 			}
 		})
