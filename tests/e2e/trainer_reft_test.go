@@ -39,14 +39,7 @@ const snapshotsOffLine = "snapshots off: REFT_AGENT_SOCKET is not set"
 // srun --jobid, so they share the job's agents and node-local stores.
 func allocate(t *testing.T, args ...string) string {
 	t.Helper()
-	r := mustRun(t, 3*time.Minute, alice, append([]string{"salloc", "--no-shell", "--time=15"}, args...)...)
-	m := grantedRe.FindStringSubmatch(r.Stderr)
-	if m == nil {
-		t.Fatalf("salloc granted no allocation:\n%s", r)
-	}
-	id := m[1]
-	t.Cleanup(func() { run(t, time.Minute, root, "scancel", id) })
-	return id
+	return allocateAs(t, alice, args...)
 }
 
 // lossLines maps step to rank 0's "step N loss X" line.
