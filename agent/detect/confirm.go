@@ -223,6 +223,30 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 	case !slices.Contains(slurmd, slurmdDown):
 		why = "its slurmd could not be checked (no address)"
 	}
+	if class == ClassAgent {
+		// A node's processes do not all die at the same instant (a kill
+		// of the node's every process, the OOM killer, a panic in
+		// progress): the agent's reset can come while slurmd still
+		// answers. Only a slurmd that still answers a suspicion timeout
+		// later makes this an agent failure; reft run would otherwise
+		// relaunch onto a dead node.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d.cfg.Timeout):
+		}
+		d.mu.Lock()
+		heard = d.heard[node]
+		_, known = d.failed[node]
+		_, gone = d.gone[node]
+		d.mu.Unlock()
+		if gone || known || heard.After(last) {
+			return
+		}
+		if d.checkSlurmd(ctx, node) == slurmdDown {
+			class, why = ClassNode, fmt.Sprintf("its slurmd answered at first but not %s later (the whole node went down)", d.cfg.Timeout)
+		}
+	}
 	now := time.Now()
 	f := Failure{Node: node, Class: class, Reporter: d.cfg.Self, ConfirmedBy: unreachable, LastHeard: last, DetectedAt: now}
 	f.Cause = fmt.Sprintf("the agent of %s is unreachable (%v); %s", node, cause, why)

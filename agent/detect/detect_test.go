@@ -194,9 +194,11 @@ func (j *testJob) waitHeard() {
 }
 
 // kill ends node's agent: "agent" (its node stays up), "node" (its slurmd
-// goes too), "silent" (the node vanishes without closing a connection:
-// every link to it drops, its slurmd does not answer), or "leave" (the
-// agent stops cleanly and says so).
+// goes too), "staggered" (a node whose processes die one by one: its
+// slurmd still answers when the agent's connections reset, and stops
+// answering a fifth of the suspicion timeout later), "silent" (the node
+// vanishes without closing a connection: every link to it drops, its
+// slurmd does not answer), or "leave" (the agent stops cleanly and says so).
 func (j *testJob) kill(name, how string) {
 	a := j.agents[name]
 	a.mu.Lock()
@@ -207,7 +209,7 @@ func (j *testJob) kill(name, how string) {
 		return
 	}
 	j.mu.Lock()
-	if how != "agent" {
+	if how != "agent" && how != "staggered" {
 		j.slurmd[name] = false
 	}
 	if how == "silent" {
@@ -225,6 +227,13 @@ func (j *testJob) kill(name, how string) {
 	if how != "silent" {
 		a.srv.Close()
 		a.cl.Close()
+	}
+	if how == "staggered" {
+		time.AfterFunc(tTimeout/5, func() {
+			j.mu.Lock()
+			j.slurmd[name] = false
+			j.mu.Unlock()
+		})
 	}
 }
 
@@ -293,6 +302,7 @@ func TestDetectFailures(t *testing.T) {
 	}{
 		{"node", 4, []kill{{node: "n3", how: "node", class: ClassNode, coordinator: "n1"}}},
 		{"agent", 4, []kill{{node: "n2", how: "agent", class: ClassAgent, coordinator: "n1"}}},
+		{"node dying in stages", 4, []kill{{node: "n2", how: "staggered", class: ClassNode, coordinator: "n1"}}},
 		{"silent node", 4, []kill{{node: "n4", how: "silent", class: ClassNode, coordinator: "n1"}}},
 		{"coordinator", 4, []kill{{node: "n1", how: "node", class: ClassNode, coordinator: "n2"}}},
 		{"coordinator after a failure", 5, []kill{
