@@ -75,7 +75,7 @@ func run() int {
 	snap, err := openSnapshotter(world, cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "reft-train: rank %d: snapshots: %v\n", world.Rank(), err)
-		world.c.Abort()
+		abortWorld()
 		return 1
 	}
 	opts := train.Options{
@@ -106,7 +106,7 @@ func run() int {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "reft-train: rank %d: %v\n", world.Rank(), err)
 		if world.Size() > 1 {
-			world.c.Abort() // the other ranks would block in collectives forever
+			abortWorld() // the other ranks would block in collectives forever
 		}
 		return 1
 	}

@@ -113,3 +113,21 @@ func TestTrainerFailAt(t *testing.T) {
 		t.Errorf("a killed run printed a final hash:\n%s", r)
 	}
 }
+
+// TestTrainerFailedRankFailsStep: a rank that fails (here every rank: its
+// agent socket does not exist) aborts the MPI job with a non-zero status.
+// empi's Abort passed 0 and Open MPI exited with it, so srun, and reft run
+// after a failed restore, took the step for a completed one (CI run 10).
+func TestTrainerFailedRankFailsStep(t *testing.T) {
+	r := run(t, 2*time.Minute, alice, append([]string{"srun", "--mpi=pmix", "-N2", "-n2",
+		"--export=ALL,REFT_AGENT_SOCKET=/nonexistent/agent.sock", bin("reft-train")}, trainFlags...)...)
+	if r.Code == 0 {
+		t.Fatalf("a run whose ranks failed to open their snapshots exited 0:\n%s", r)
+	}
+	if !strings.Contains(r.Stderr, "snapshots:") || !strings.Contains(r.Stderr, "/nonexistent/agent.sock") {
+		t.Errorf("no snapshot error naming the socket:\n%s", r)
+	}
+	if hashRe.MatchString(r.Stdout) {
+		t.Errorf("a failed run printed a final hash:\n%s", r)
+	}
+}
