@@ -22,6 +22,7 @@ import (
 	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
+	"github.com/reft-hpc/reft/tmpfs/gc"
 )
 
 // MinMemoryBudget is the least snapshot memory an agent starts with.
@@ -49,6 +50,9 @@ type Options struct {
 	// It is injected so that this package, which the SPANK plugin links,
 	// never links NVML.
 	GPU func(ctx context.Context, enabled bool, log zerolog.Logger) func() *proto.GPU
+	// GCJobs is whom the garbage collection at start asks which jobs are
+	// alive; nil: Slurm (squeue, scontrol; [agent] slurm_conf).
+	GCJobs gc.Jobs
 }
 
 // jobWatchInterval is how often the agent asks slurmctld whether its job
@@ -153,8 +157,21 @@ func Run(ctx context.Context, o Options) error {
 	}
 	go watchSocket(ctx, cancel, sock, logger)
 	go watchJob(ctx, cancel, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, jobWatchInterval, logger)
+	// In the background: Slurm may be slow to answer, and the steps wait
+	// for this agent's hello. Its own store is open and locked by now.
+	jobs := o.GCJobs
+	if jobs == nil {
+		jobs = gc.Slurm{Conf: cfg.Agent.SlurmConf}
+	}
+	gcDone := make(chan struct{})
+	go func() {
+		defer close(gcDone)
+		collectOnStart(ctx, cfg.Store.TmpfsRoot, o.UID, o.Job, jobs, logger)
+	}()
 	err = srv.Serve(ctx)
 	srv.Close()
+	cancel()
+	<-gcDone // it logs; the log closes when Run returns
 	logger.Info().Str("event", "agent_stopped").Msg("agent stopped")
 	return err
 }
@@ -253,25 +270,35 @@ func openStore(cfg config.Config, job string, budget uint64, persisting bool, lo
 	if err != nil {
 		return nil, fmt.Errorf("memory budget: %w", err)
 	}
-	alloc, err := hostmem.NewAllocator(hostmem.Config{Budget: b, Log: log, Metrics: m})
+	// No GPU registrar here: the agent never copies to or from a device.
+	// The rank does, so the client registers its own mappings of the
+	// arenas (hostmem/cuda); registration is per process and per mapping.
+	alloc, err := hostmem.NewAllocator(hostmem.Config{Budget: b, HugeTLBDir: cfg.Store.HugeTLBFS, Log: log, Metrics: m})
 	if err != nil {
 		return nil, err
 	}
-	// Keep one generation besides the newest: ranks commit asynchronously,
-	// so at a failure one rank may hold step k+1 while another has only k,
-	// and k must still be there for the job-wide choice.
 	// The persistent writer pins a generation for longer than a few saves:
 	// one spare arena per rank keeps saves from allocating meanwhile.
 	spare := 0
 	if persisting {
 		spare = 1
 	}
-	st, err := tmpfs.Open(tmpfs.Options{Root: cfg.Store.TmpfsRoot, JobID: job, Keep: 1, Spare: spare, Alloc: alloc, Log: log})
+	st, err := tmpfs.Open(tmpfs.Options{Root: cfg.Store.TmpfsRoot, JobID: job, Keep: storeKeep(cfg), Spare: spare, Alloc: alloc, Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot store: %w (store.tmpfs_root in reft.toml must be a tmpfs the job's user can use)", err)
 	}
 	return st, nil
 }
+
+// alwaysKept is the older completed generation the agent keeps whatever
+// store.keep says: ranks commit asynchronously, so at a failure one rank
+// may hold step k+1 while another has only k, and k must still be there
+// for the job-wide choice.
+const alwaysKept = 1
+
+// storeKeep is the store's Keep: the generation always kept, plus
+// store.keep older ones the site asked for.
+func storeKeep(cfg config.Config) int { return alwaysKept + cfg.Store.Keep }
 
 // checkStore resolves the memory budget and checks the job's store directory.
 func checkStore(cfg config.Config, uid int, job string) (uint64, string, error) {

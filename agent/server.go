@@ -334,7 +334,7 @@ func (s *Server) Status() proto.Status {
 		Clients: int(s.clients.Load()), Connections: s.accepted.Load(), BadFrames: s.badFrames.Load(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
 		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.placementWarnings(), Memory: s.memoryStatus(),
-		LostNodes: s.lostNodes(),
+		Store: s.storeCounters(), LostNodes: s.lostNodes(),
 	}
 }
 
@@ -358,8 +358,23 @@ func (s *Server) memoryStatus() *proto.Memory {
 			m.InUse = am.ArenaBytes.Load()
 		}
 		m.PinnedBytes, m.UnpinnedArenas, m.HugePageArenas = am.PinnedBytes.Load(), am.UnpinnedArenas.Load(), am.HugePageArenas.Load()
+		m.BudgetRefusals = am.BudgetRefusals.Load()
 	}
 	return m
+}
+
+// storeCounters is the store's event counters (tmpfs.Metrics).
+func (s *Server) storeCounters() *proto.StoreCounters {
+	if s.store == nil {
+		return nil
+	}
+	m := s.store.Metrics()
+	return &proto.StoreCounters{
+		Saves: m.Saves.Load(), Commits: m.Commits.Load(),
+		SaveFailures: m.SaveFailures.Load(), NoSpace: m.NoSpace.Load(), OverBudget: m.OverBudget.Load(),
+		Restores: m.Restores.Load(), ChecksumFailures: m.ChecksumFailures.Load(), BadGenerations: m.BadGenerations.Load(),
+		Discarded: m.Discarded.Load(),
+	}
 }
 
 // noteRegistered records a rank's registration for the status reply.

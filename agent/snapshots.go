@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -61,6 +62,36 @@ func (rc *rankConn) close() {
 // replyErr sends an error reply with code and a one-line message.
 func replyErr(c net.Conn, id uint32, code, format string, args ...any) error {
 	return proto.WriteMsg(c, proto.TError, id, proto.Error{Code: code, Message: fmt.Sprintf(format, args...)})
+}
+
+// badChunks says which bytes of the caller's buffers the corrupt chunks of
+// a generation with manifest m held: each chunk (a range of a section)
+// split over the regions that map buffers into that section, in arena
+// order.
+func badChunks(m *tmpfs.Manifest, bad []tmpfs.BadChunk) []proto.BadChunk {
+	secOff := make(map[string]int64, len(m.Buffers))
+	for _, b := range m.Buffers {
+		secOff[b.Name] = b.Offset
+	}
+	regions := slices.Clone(m.RegionList())
+	slices.SortFunc(regions, func(a, b tmpfs.Region) int { return cmp.Compare(a.ArenaOffset, b.ArenaOffset) })
+	var out []proto.BadChunk
+	for _, c := range bad {
+		lo := secOff[c.Buffer] + c.Offset // the chunk in the arena
+		hi := lo + c.Length
+		n := len(out)
+		for _, r := range regions {
+			a, b := max(lo, r.ArenaOffset), min(hi, r.ArenaOffset+r.Size)
+			if a < b {
+				out = append(out, proto.BadChunk{Buffer: r.Buffer, Section: c.Buffer, Chunk: c.Index,
+					Offset: r.Offset + a - r.ArenaOffset, Length: b - a})
+			}
+		}
+		if len(out) == n { // agent-only bytes: no client buffer holds them
+			out = append(out, proto.BadChunk{Section: c.Buffer, Chunk: c.Index, Offset: c.Offset, Length: c.Length})
+		}
+	}
+	return out
 }
 
 // storeErr maps a store failure to the protocol's error code.
@@ -415,7 +446,12 @@ func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Gener
 	r, err := s.store.Verify(g)
 	if err != nil {
 		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", g.Step).Msg("restore refused")
-		return replyErr(c, id, storeErr(err), "restore of rank %d step %d: %v", rc.key.Rank, g.Step, err)
+		e := proto.Error{Code: storeErr(err), Message: fmt.Sprintf("restore of rank %d step %d: %v", rc.key.Rank, g.Step, err)}
+		var cerr *tmpfs.ChecksumError
+		if errors.As(err, &cerr) {
+			e.BadChunks = badChunks(m, cerr.Chunks)
+		}
+		return proto.WriteMsg(c, proto.TError, id, e)
 	}
 	if old := rc.restored[g.Step]; old != nil {
 		old.Close()

@@ -26,9 +26,10 @@ import (
 // older generation kept, spare extra arenas, and a memory budget (0: none).
 func openTestStore(t *testing.T, root string, budget int64, spare int) *tmpfs.Store {
 	t.Helper()
-	cfg := hostmem.Config{NoPin: true}
+	cfg := hostmem.Config{NoPin: true, Metrics: new(hostmem.Metrics)}
 	if budget > 0 {
-		b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: budget}, Headroom: 1}, nil)
+		// One Metrics for budget and allocator, as in openStore.
+		b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: budget}, Headroom: 1}, cfg.Metrics)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,6 +90,22 @@ func (c *client) call(typ proto.Type, req, resp any) string {
 		c.t.Fatalf("%s: %v", typ, err)
 	}
 	return ""
+}
+
+// callErr sends a request and returns the agent's error reply (nil on
+// success).
+func (c *client) callErr(typ proto.Type, req, resp any) *proto.Error {
+	c.t.Helper()
+	c.id++
+	err := proto.Call(c.c, typ, c.id, req, resp)
+	var perr *proto.Error
+	if errors.As(err, &perr) {
+		return perr
+	}
+	if err != nil {
+		c.t.Fatalf("%s: %v", typ, err)
+	}
+	return nil
 }
 
 func (c *client) must(typ proto.Type, req, resp any) {
@@ -303,8 +320,18 @@ func TestSnapshotCorruptGeneration(t *testing.T) {
 	c.must(proto.TRelease, proto.StepReq{Step: 2}, nil)
 	m := mapArena(t, ar.Arena, ar.ArenaSize, unix.PROT_READ|unix.PROT_WRITE)
 	m[ar.Buffers[1].Offset+4097] ^= 0xFF
-	if code := c.call(proto.TRestore, proto.StepReq{Step: 2}, nil); code != proto.CodeCorrupt {
-		t.Fatalf("restore of a corrupt generation: %q", code)
+	perr := c.callErr(proto.TRestore, proto.StepReq{Step: 2}, nil)
+	if perr == nil || perr.Code != proto.CodeCorrupt {
+		t.Fatalf("restore of a corrupt generation: %v", perr)
+	}
+	// Chunk 1 of adam (5000 bytes in 4096-byte chunks): bytes 4096..5000.
+	if want := []proto.BadChunk{{Buffer: "adam", Section: "adam", Chunk: 1, Offset: 4096, Length: 904}}; !slices.Equal(perr.BadChunks, want) {
+		t.Fatalf("bad chunks %+v, want %+v", perr.BadChunks, want)
+	}
+	var st proto.Status
+	c.must(proto.TStatus, nil, &st)
+	if s := st.Store; s == nil || s.ChecksumFailures != 1 || s.BadGenerations != 1 || s.Commits != 2 || s.Restores != 2 {
+		t.Fatalf("status store counters after a corrupt restore: %+v, want 1 checksum failure, 1 bad generation, 2 commits, 2 restores", s)
 	}
 	if got := c.steps(); !slices.Equal(got, []int64{1}) {
 		t.Fatalf("generations after corruption %v, want [1]", got)
@@ -321,6 +348,15 @@ func TestSnapshotOverBudget(t *testing.T) {
 	code := c.call(proto.TRegister, regReq(0, proto.BufferSpec{Name: "huge", Size: 4 << 20}), nil)
 	if code != proto.CodeNoSpace {
 		t.Fatalf("register beyond the budget: %q, want no_space", code)
+	}
+	// The refusal is counted where an operator sees it.
+	var st proto.Status
+	c.must(proto.TStatus, nil, &st)
+	if s := st.Store; s == nil || s.SaveFailures != 1 || s.OverBudget != 1 || s.NoSpace != 0 {
+		t.Fatalf("status store counters after a refused save: %+v, want 1 failure, over budget", s)
+	}
+	if st.Memory == nil || st.Memory.BudgetRefusals != 1 {
+		t.Fatalf("status memory after a refused save: %+v, want 1 budget refusal", st.Memory)
 	}
 }
 
@@ -652,5 +688,43 @@ func stripRegions(t *testing.T, root string, rank int, step int64) {
 		if err := os.WriteFile(filepath.Join(dirs[0], name), data, 0o600); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestBadChunks: a corrupt chunk is named by the buffer bytes it held, one
+// entry per region it overlaps; bytes no region maps are named by section.
+func TestBadChunks(t *testing.T) {
+	identity := &tmpfs.Manifest{ChunkSize: 4096, Buffers: []tmpfs.Buffer{{Name: "w", Offset: 0, Size: 10000}, {Name: "v", Offset: 12288, Size: 100}}}
+	// Two sections; section s0 holds v[0:50] then w[6000:10000] (crossing
+	// chunk 0 and 1), s1 holds w[0:6000]; agent-only section aor@w.
+	regions := &tmpfs.Manifest{ChunkSize: 4096,
+		Sources: []tmpfs.Source{{Name: "w", Size: 10000}, {Name: "v", Size: 50}},
+		Buffers: []tmpfs.Buffer{{Name: "s0", Offset: 0, Size: 4050}, {Name: "s1", Offset: 8192, Size: 6000}, {Name: "aor@w", Offset: 16384, Size: 100}},
+		Regions: []tmpfs.Region{
+			{Buffer: "v", Offset: 0, Size: 50, ArenaOffset: 0},
+			{Buffer: "w", Offset: 6000, Size: 4000, ArenaOffset: 50},
+			{Buffer: "w", Offset: 0, Size: 6000, ArenaOffset: 8192},
+		}}
+	tests := []struct {
+		name string
+		m    *tmpfs.Manifest
+		bad  []tmpfs.BadChunk
+		want []proto.BadChunk
+	}{
+		{"identity", identity, []tmpfs.BadChunk{{Buffer: "w", Index: 2, Offset: 8192, Length: 1808}, {Buffer: "v", Index: 0, Offset: 0, Length: 100}},
+			[]proto.BadChunk{{Buffer: "w", Section: "w", Chunk: 2, Offset: 8192, Length: 1808}, {Buffer: "v", Section: "v", Chunk: 0, Offset: 0, Length: 100}}},
+		{"chunk over two buffers", regions, []tmpfs.BadChunk{{Buffer: "s0", Index: 0, Offset: 0, Length: 4050}},
+			[]proto.BadChunk{{Buffer: "v", Section: "s0", Chunk: 0, Offset: 0, Length: 50}, {Buffer: "w", Section: "s0", Chunk: 0, Offset: 6000, Length: 4000}}},
+		{"second chunk of a section", regions, []tmpfs.BadChunk{{Buffer: "s1", Index: 1, Offset: 4096, Length: 1904}},
+			[]proto.BadChunk{{Buffer: "w", Section: "s1", Chunk: 1, Offset: 4096, Length: 1904}}},
+		{"agent-only section", regions, []tmpfs.BadChunk{{Buffer: "aor@w", Index: 0, Offset: 0, Length: 100}},
+			[]proto.BadChunk{{Section: "aor@w", Chunk: 0, Offset: 0, Length: 100}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := badChunks(tc.m, tc.bad); !slices.Equal(got, tc.want) {
+				t.Fatalf("badChunks = %+v, want %+v", got, tc.want)
+			}
+		})
 	}
 }

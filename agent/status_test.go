@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/launcher/status"
+	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // fakeJobs is a JobSource with a fixed answer.
@@ -139,4 +141,39 @@ func TestReftStatus(t *testing.T) {
 		t.Errorf("table:\n%s", table.String())
 	}
 	t.Logf("with n3's agent stopped:\n%s", table.String())
+
+	// A save that fails on n1 (an arena larger than any tmpfs) is counted
+	// in n1's store section of `reft status --json`, with a note.
+	huge := tmpfs.Spec{Step: 99, ChunkSize: 1 << 30, Buffers: []tmpfs.BufferSpec{{Name: "x", Size: 1 << 50}}}
+	if _, err := j.nodes[0].st.Begin(tmpfs.Key{Rank: 0, Shard: "forced"}, huge); err == nil {
+		t.Fatal("a 1 PiB save succeeded")
+	}
+	rep = query(opts(uid, uid), func(n status.NodeReport) bool {
+		return n.Node != "n1" || (n.Status != nil && n.Status.Store != nil && n.Status.Store.SaveFailures == 1)
+	})
+	js, err := json.Marshal(rep) // what `reft status --json` prints
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parsed struct {
+		Nodes []struct {
+			Node   string `json:"node"`
+			Status *struct {
+				Store  map[string]int64 `json:"store"`
+				Memory map[string]int64 `json:"memory"`
+			} `json:"status"`
+			Warnings []string `json:"warnings"`
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal(js, &parsed); err != nil {
+		t.Fatal(err)
+	}
+	n1 := parsed.Nodes[0]
+	if n1.Node != "n1" || n1.Status == nil || n1.Status.Store["save_failures"] != 1 || n1.Status.Store["commits"] < 3 ||
+		!slices.ContainsFunc(n1.Warnings, func(w string) bool { return strings.Contains(w, "1 snapshot save(s) failed") }) {
+		t.Fatalf("n1 in reft status --json after a failed save: %s", js)
+	}
+	if _, ok := n1.Status.Memory["budget_refusals"]; !ok {
+		t.Fatalf("n1's memory section lacks budget_refusals: %s", js)
+	}
 }

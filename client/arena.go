@@ -1,17 +1,49 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/reft-hpc/reft/hostmem/cuda"
 )
+
+// HostRegistrar page-locks host memory for a GPU runtime, so that a
+// device-to-host copy into an arena is a DMA straight into it rather than
+// through the runtime's bounce buffer. *cuda.Runtime (hostmem/cuda) is one.
+// Register may return cuda.ErrNoContext: the process uses no GPU yet, so
+// nothing was registered and a later mapping tries again.
+type HostRegistrar interface {
+	Register(b []byte) error
+	Unregister(b []byte) error
+}
+
+var (
+	processCUDAOnce sync.Once
+	processCUDA     *cuda.Runtime
+)
+
+// defaultRegistrar is the CUDA runtime this process has loaded itself (a
+// trainer using CUDA), once per process; nil when it has none: reft never
+// loads CUDA into a process that does not use it.
+func defaultRegistrar() HostRegistrar {
+	processCUDAOnce.Do(func() { processCUDA = cuda.Loaded() })
+	if !processCUDA.Available() {
+		return nil
+	}
+	return processCUDA
+}
 
 // mapping is one arena file mapped into this process.
 type mapping struct {
-	path  string
-	write bool
-	data  []byte
+	path       string
+	write      bool
+	data       []byte
+	registered bool // with the GPU runtime
+	refused    bool // the GPU runtime refused it: not tried again
 }
 
 type mapKey struct {
@@ -23,19 +55,35 @@ type mapKey struct {
 // later generations, so mapping it once saves the mmap and the page faults
 // of every later save or restore. Saves map read-write, restores read-only,
 // so one path can have one mapping of each kind. Callers serialize access.
-type arenas map[mapKey]*mapping
+//
+// Read-write mappings are registered with the GPU runtime (gpu, when set):
+// saves are where device-to-host copies land. Read-only ones are not:
+// CUDA pins read-only memory only with cudaHostRegisterReadOnly, which not
+// every device supports, and a restore reads its arena once, which does
+// not repay the pinning of every page.
+type arenas struct {
+	m      map[mapKey]*mapping
+	gpu    HostRegistrar
+	log    func(string)
+	warned bool
+}
+
+func newArenas(gpu HostRegistrar, log func(string)) arenas {
+	return arenas{m: map[mapKey]*mapping{}, gpu: gpu, log: log}
+}
 
 // get returns the mapping of path with size bytes, mapping it (again, when
 // the agent changed the arena's size) as needed.
-func (a arenas) get(path string, size int64, write bool) ([]byte, error) {
+func (a *arenas) get(path string, size int64, write bool) ([]byte, error) {
 	k := mapKey{path, write}
-	if m := a[k]; m != nil {
+	if m := a.m[k]; m != nil {
 		if int64(len(m.data)) == size {
+			a.register(m)
 			return m.data, nil
 		}
-		delete(a, k)
-		if err := unix.Munmap(m.data); err != nil {
-			return nil, fmt.Errorf("unmapping arena %s: %w", path, err)
+		delete(a.m, k)
+		if err := a.unmap(m); err != nil {
+			return nil, err
 		}
 	}
 	if size <= 0 || int64(int(size)) != size {
@@ -64,17 +112,58 @@ func (a arenas) get(path string, size int64, write bool) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mapping arena %s (%d bytes): %w", path, size, err)
 	}
-	a[k] = &mapping{path: path, write: write, data: data}
+	m := &mapping{path: path, write: write, data: data}
+	a.m[k] = m
+	a.register(m)
 	return data, nil
 }
 
+// register registers a read-write mapping with the GPU runtime, once; a
+// mapping made before the process used a GPU is tried again at its next
+// use. A refusal is said once and leaves the mapping unregistered: the
+// copies still work, through the runtime's bounce buffer.
+func (a *arenas) register(m *mapping) {
+	if a.gpu == nil || !m.write || m.registered || m.refused {
+		return
+	}
+	err := a.gpu.Register(m.data)
+	switch {
+	case err == nil:
+		m.registered = true
+	case errors.Is(err, cuda.ErrNoContext):
+	default:
+		m.refused = true
+		if !a.warned {
+			a.warned = true
+			a.log(fmt.Sprintf("the GPU runtime refused to register snapshot arena %s (%v); device-to-host copies into arenas "+
+				"stage through the runtime's bounce buffer", m.path, err))
+		}
+	}
+}
+
+// unmap unregisters and unmaps m: a registration must not outlive its
+// pages.
+func (a *arenas) unmap(m *mapping) error {
+	var errs []error
+	if m.registered {
+		if err := a.gpu.Unregister(m.data); err != nil && !errors.Is(err, cuda.ErrNoContext) {
+			errs = append(errs, fmt.Errorf("unregistering arena %s from the GPU runtime: %w", m.path, err))
+		}
+		m.registered = false
+	}
+	if err := unix.Munmap(m.data); err != nil {
+		errs = append(errs, fmt.Errorf("unmapping arena %s: %w", m.path, err))
+	}
+	return errors.Join(errs...)
+}
+
 // unmapAll releases every mapping; the first error is returned.
-func (a arenas) unmapAll() error {
+func (a *arenas) unmapAll() error {
 	var first error
-	for k, m := range a {
-		delete(a, k)
-		if err := unix.Munmap(m.data); err != nil && first == nil {
-			first = fmt.Errorf("unmapping arena %s: %w", m.path, err)
+	for k, m := range a.m {
+		delete(a.m, k)
+		if err := a.unmap(m); err != nil && first == nil {
+			first = err
 		}
 	}
 	return first

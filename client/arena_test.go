@@ -3,6 +3,7 @@ package client
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"unsafe"
 )
@@ -12,7 +13,7 @@ func TestArenaCache(t *testing.T) {
 	if err := os.WriteFile(p, make([]byte, 8192), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a := arenas{}
+	a := newArenas(nil, func(string) {})
 	defer a.unmapAll()
 	w, err := a.get(p, 4096, true)
 	if err != nil {
@@ -57,7 +58,18 @@ func TestArenaCache(t *testing.T) {
 	if _, err := a.get(filepath.Join(t.TempDir(), "missing"), 4096, false); err == nil {
 		t.Fatal("mapping a missing file succeeded")
 	}
-	if err := a.unmapAll(); err != nil || len(a) != 0 {
-		t.Fatalf("unmapAll = %v, %d left", err, len(a))
+	if err := a.unmapAll(); err != nil || len(a.m) != 0 {
+		t.Fatalf("unmapAll = %v, %d left", err, len(a.m))
+	}
+}
+
+// TestDefaultRegistrarWithoutCUDA: a process that has not loaded a CUDA
+// runtime gets no registrar; reft does not load one for it.
+func TestDefaultRegistrarWithoutCUDA(t *testing.T) {
+	if g := defaultRegistrar(); g != nil {
+		t.Fatalf("default registrar %v in a process without CUDA", g)
+	}
+	if maps, err := os.ReadFile("/proc/self/maps"); err != nil || strings.Contains(string(maps), "libcudart") {
+		t.Fatalf("libcudart mapped into the process (%v)", err)
 	}
 }

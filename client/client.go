@@ -2,8 +2,11 @@
 // state into the node's reft-agent and to restore it after a restart. It
 // speaks the local protocol of docs/PROTOCOL.md over the agent's Unix
 // socket; bulk bytes go through arena files the agent names and the client
-// maps. The package is free of cgo: the caller supplies the rank's place in
-// the job (FromEnv reads it from Slurm; a trainer may ask pmix instead).
+// maps. The package has no cgo of its own: hostmem/cuda, which registers
+// the arenas with a CUDA runtime the process has loaded (dlopen, nothing
+// linked), is its only cgo, and without cgo it does nothing. The caller
+// supplies the rank's place in the job (FromEnv reads it from Slurm; a
+// trainer may ask pmix instead).
 //
 //	c, err := client.Open(ctx, client.Options{Rank: r, World: n, Agree: allGather})
 //	c.Register("weights", w, client.Replicated)
@@ -75,6 +78,11 @@ type Options struct {
 	// Log receives the once-only notices (a disabled client) and the JIT
 	// flush's lines. nil: stderr.
 	Log func(msg string)
+	// GPU registers the arenas this rank saves into with a GPU runtime,
+	// so that device-to-host copies into them are DMA (arena.go). nil:
+	// the CUDA runtime the process has loaded itself (hostmem/cuda),
+	// registering on the device it uses; none in a process without CUDA.
+	GPU HostRegistrar
 	// JITWait is how long a flush after a peer failure notice
 	// (WatchFailures) waits for the trainer to reach a consistent step
 	// before it gives up; 0: DefaultJITWait.
@@ -166,7 +174,7 @@ func Open(ctx context.Context, opt Options) (*Client, error) {
 	if opt.Log == nil {
 		opt.Log = func(msg string) { fmt.Fprintln(os.Stderr, "reft:", msg) }
 	}
-	c := &Client{opt: opt, maps: arenas{}}
+	c := &Client{opt: opt, maps: newArenas(nil, opt.Log)}
 	c.gate.init()
 	c.jit.init()
 	if c.opt.Socket == "" {
@@ -185,6 +193,9 @@ func Open(ctx context.Context, opt Options) (*Client, error) {
 		return nil, err
 	}
 	c.conn = cn
+	if c.maps.gpu = opt.GPU; c.maps.gpu == nil {
+		c.maps.gpu = defaultRegistrar()
+	}
 	hello := proto.Hello{Client: "reft-go/0.1", PID: os.Getpid(), Step: os.Getenv("REFT_STEP_ID"), Rank: opt.Rank}
 	if err := cn.call(ctx, proto.THello, hello, &c.hello); err != nil {
 		cn.close()

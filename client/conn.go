@@ -17,7 +17,16 @@ import (
 type Error struct {
 	Code    string
 	Message string
+	// BadChunks, when Code is CodeCorrupt, lists the byte ranges of the
+	// rank's buffers whose checksum chunks failed (the other chunks were
+	// sound): those bytes can be fetched from elsewhere (a replica, an
+	// older step). Empty when the agent could not say.
+	BadChunks []BadChunk
 }
+
+// BadChunk is one corrupt checksum chunk, or the part of it that held a
+// buffer's bytes (docs/PROTOCOL.md, "Errors").
+type BadChunk = proto.BadChunk
 
 func (e *Error) Error() string { return "reft agent: " + e.Code + ": " + e.Message }
 
@@ -93,7 +102,7 @@ func (c *conn) call(ctx context.Context, t proto.Type, req, resp any) error {
 		if err := f.Unmarshal(&e); err != nil {
 			return c.fail(ctx, fmt.Errorf("error reply to %s: %w", t, err))
 		}
-		return &Error{Code: e.Code, Message: e.Message}
+		return &Error{Code: e.Code, Message: e.Message, BadChunks: e.BadChunks}
 	case t | proto.ReplyBit:
 		if resp == nil {
 			return nil

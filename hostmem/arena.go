@@ -68,10 +68,10 @@ func NewAllocator(cfg Config) (*Allocator, error) {
 	if cfg.HugeTLBDir != "" {
 		var st unix.Statfs_t
 		if err := unix.Statfs(cfg.HugeTLBDir, &st); err != nil {
-			return nil, fmt.Errorf("hostmem: hugetlbfs directory %s: %w; mount one (mount -t hugetlbfs none DIR) or unset hugetlbfs in reft.toml", cfg.HugeTLBDir, err)
+			return nil, fmt.Errorf("hostmem: hugetlbfs directory %s: %w; mount one (mount -t hugetlbfs none DIR) or unset [store] hugetlbfs in reft.toml", cfg.HugeTLBDir, err)
 		}
 		if int64(st.Type) != hugetlbfsMagic {
-			return nil, fmt.Errorf("hostmem: %s is not a hugetlbfs mount (filesystem type %#x); mount one (mount -t hugetlbfs none DIR) or unset hugetlbfs in reft.toml", cfg.HugeTLBDir, st.Type)
+			return nil, fmt.Errorf("hostmem: %s is not a hugetlbfs mount (filesystem type %#x); mount one (mount -t hugetlbfs none DIR) or unset [store] hugetlbfs in reft.toml", cfg.HugeTLBDir, st.Type)
 		}
 		a.hugeSize = int64(st.Bsize)
 	}

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
@@ -350,5 +352,68 @@ func TestMapByDescriptorOverSCMRights(t *testing.T) {
 	copy(rank.Bytes()[4096:], "sent over SCM_RIGHTS")
 	if !bytes.HasPrefix(ag.Bytes()[4096:], []byte("sent over SCM_RIGHTS")) || rank.Size() != ag.Size() {
 		t.Fatal("the rank's mapping from a passed descriptor is not the agent's arena")
+	}
+}
+
+// vmFlags returns the VmFlags of the mapping that starts at b, from
+// /proc/self/smaps.
+func vmFlags(t *testing.T, b []byte) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := strconv.FormatUint(uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), 16)
+	in := false
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if lo, _, ok := strings.Cut(f[0], "-"); ok && !strings.HasSuffix(f[0], ":") {
+			in = strings.TrimLeft(lo, "0") == start
+			continue
+		}
+		if in && f[0] == "VmFlags:" {
+			return f[1:]
+		}
+	}
+	t.Fatalf("no mapping at %#x in /proc/self/smaps", uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+	return nil
+}
+
+// TestTransparentHugePages: an arena on tmpfs is advised MADV_HUGEPAGE
+// (VmFlags "hg") and counted by default; NoHugePages leaves it alone.
+func TestTransparentHugePages(t *testing.T) {
+	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage"); errors.Is(err, os.ErrNotExist) {
+		t.Skip("this kernel has no transparent huge pages (/sys/kernel/mm/transparent_hugepage is missing): nothing to advise")
+	}
+	tests := []struct {
+		name    string
+		noHuge  bool
+		arenas  int64
+		advised bool
+	}{
+		{"default", false, 1, true},
+		{"NoHugePages", true, 0, false},
+	}
+	store := mountFS(t, "tmpfs", "size=16m")
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := new(Metrics)
+			a := newAlloc(t, Config{NoHugePages: tc.noHuge, NoPin: true, Metrics: m})
+			r, err := a.Create(filepath.Join(store, tc.name), 4<<20, Self())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Remove()
+			flags := vmFlags(t, r.Bytes())
+			if got := m.HugePageArenas.Load(); got != tc.arenas {
+				t.Errorf("HugePageArenas = %d, want %d", got, tc.arenas)
+			}
+			if got := slices.Contains(flags, "hg"); got != tc.advised {
+				t.Errorf("VmFlags %v: advised huge pages (hg) = %v, want %v", flags, got, tc.advised)
+			}
+		})
 	}
 }

@@ -12,5 +12,8 @@
 //
 // When a GPU runtime is present, a HostRegistrar (see package
 // hostmem/cuda) registers each mapping with it so device-to-host copies DMA
-// directly into the arena.
+// directly into the arena. Registration covers one process's mapping, so
+// it belongs in the process that copies from the device: the rank (the
+// clients register their own mappings). The agent sets no HostRegistrar:
+// it never touches a device.
 package hostmem

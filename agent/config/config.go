@@ -50,6 +50,12 @@ type Store struct {
 	TmpfsRoot string `toml:"tmpfs_root"`
 	// MemoryBudget caps the snapshot memory of one job on one node.
 	MemoryBudget MemoryBudget `toml:"memory_budget"`
+	// HugeTLBFS is a hugetlbfs mount for the arena files ("": none, arenas
+	// stay in TmpfsRoot with transparent huge pages advised).
+	HugeTLBFS string `toml:"hugetlbfs"`
+	// Keep is how many older completed generations per rank the store
+	// keeps, on top of the ones the agent always keeps.
+	Keep int `toml:"keep"`
 }
 
 // Persist is the persistent (shared filesystem) checkpoint.
@@ -333,6 +339,7 @@ func (c Config) Validate() error {
 	}
 	for _, e := range []error{
 		abs("store.tmpfs_root", c.Store.TmpfsRoot, false),
+		abs("store.hugetlbfs", c.Store.HugeTLBFS, true),
 		abs("persist.dir", c.Persist.Dir, true),
 		abs("agent.binary", c.Agent.Binary, false),
 		abs("agent.run_dir", c.Agent.RunDir, false),
@@ -342,6 +349,9 @@ func (c Config) Validate() error {
 		if e != nil {
 			return e
 		}
+	}
+	if c.Store.Keep < 0 {
+		return fmt.Errorf("store.keep = %d: want the number of older completed generations to keep, >= 0", c.Store.Keep)
 	}
 	if f := c.Persist.FailuresPerNodeDay; !(f > 0) || math.IsInf(f, 0) {
 		return fmt.Errorf("persist.failures_per_node_day = %g: want failures per node per day, > 0 (e.g. 0.016: 2e-3 per GPU-day, 8 GPUs)", f)

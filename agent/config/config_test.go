@@ -49,6 +49,9 @@ func TestParseValid(t *testing.T) {
 		{"bytes unit", "[store]\nmemory_budget = \"64GiB\"", func(c Config) bool { return c.Store.MemoryBudget.Bytes == 64<<30 }},
 		{"fraction", "[store]\nmemory_budget = 0.25", func(c Config) bool { return c.Store.MemoryBudget.Fraction == 0.25 }},
 		{"percent", "[store]\nmemory_budget = \"25%\"", func(c Config) bool { return c.Store.MemoryBudget.Fraction == 0.25 }},
+		{"hugetlbfs", "[store]\nhugetlbfs = \"/dev/hugepages\"", func(c Config) bool { return c.Store.HugeTLBFS == "/dev/hugepages" }},
+		{"hugetlbfs default off", "[store]\nkeep = 0", func(c Config) bool { return c.Store.HugeTLBFS == "" }},
+		{"keep", "[store]\nkeep = 2", func(c Config) bool { return c.Store.Keep == 2 }},
 		{"durations", "[heartbeat]\ninterval = \"100ms\"\ntimeout = \"1s\"", func(c Config) bool {
 			return c.Heartbeat.Interval.D() == 100*time.Millisecond && c.Heartbeat.Timeout.D() == time.Second
 		}},
@@ -125,6 +128,9 @@ func TestParseInvalid(t *testing.T) {
 		{"infinite failure rate", "[persist]\nfailures_per_node_day = inf", "persist.failures_per_node_day = +Inf"},
 		{"failure rate string", "[persist]\nfailures_per_node_day = \"often\"", "failures_per_node_day"},
 		{"failure rate miscased", "[persist]\nFailures_Per_Node_Day = 1.0", `unknown key "persist.Failures_Per_Node_Day"`},
+		{"relative hugetlbfs", "[store]\nhugetlbfs = \"hugepages\"", "store.hugetlbfs = \"hugepages\": must be an absolute path"},
+		{"negative keep", "[store]\nkeep = -1", "store.keep = -1: want the number of older completed generations to keep, >= 0"},
+		{"keep string", "[store]\nkeep = \"all\"", "keep"},
 		{"zero budget", "[store]\nmemory_budget = 0", "memory_budget = 0: want bytes"},
 		{"fraction above one", "[store]\nmemory_budget = 1.5", "fraction of MemTotal"},
 		{"bad size", "[store]\nmemory_budget = \"lots\"", "memory_budget"},

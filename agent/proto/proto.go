@@ -263,6 +263,9 @@ type Status struct {
 	// Memory is what the snapshot store holds and uses of the budget
 	// (absent with snapshots off).
 	Memory *Memory `json:"memory,omitempty"`
+	// Store is the snapshot store's event counters since the agent
+	// started (absent with snapshots off).
+	Store *StoreCounters `json:"store,omitempty"`
 	// LostNodes are the job's nodes whose loss the agents' failure
 	// detector published, in the order this agent learned of them.
 	LostNodes []string `json:"lost_nodes,omitempty"`
@@ -284,6 +287,27 @@ type Memory struct {
 	PinnedBytes    int64 `json:"pinned_bytes"`
 	UnpinnedArenas int64 `json:"unpinned_arenas"`
 	HugePageArenas int64 `json:"huge_page_arenas"`
+	// BudgetRefusals counts arena allocations the budget refused.
+	BudgetRefusals int64 `json:"budget_refusals"`
+}
+
+// StoreCounters is the status reply's store section: what happened to
+// the node's snapshots since the agent started. A failed save costs the
+// trainer only that snapshot, so these are how an operator sees it.
+type StoreCounters struct {
+	Saves        int64 `json:"saves"`         // generations begun
+	Commits      int64 `json:"commits"`       // generations committed
+	SaveFailures int64 `json:"save_failures"` // saves (or registrations' preallocations) that failed, any reason
+	NoSpace      int64 `json:"no_space"`      // of those, a full tmpfs or hugetlbfs pool
+	OverBudget   int64 `json:"over_budget"`   // of those, the memory budget
+	Restores     int64 `json:"restores"`      // generations verified for a restore
+	// ChecksumFailures counts corrupt chunks found; BadGenerations the
+	// generations marked bad for them.
+	ChecksumFailures int64 `json:"checksum_failures"`
+	BadGenerations   int64 `json:"bad_generations"`
+	// Discarded counts incomplete or damaged generations removed when
+	// the store was re-indexed at start.
+	Discarded int64 `json:"discarded"`
 }
 
 // GPU states, of the node and of a device.
@@ -523,6 +547,24 @@ type Notice struct {
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// BadChunks, in a corrupt reply to restore, lists the chunks of the
+	// generation that failed their CRC-32C, so the caller can fetch
+	// those bytes elsewhere (a peer, an older step).
+	BadChunks []BadChunk `json:"bad_chunks,omitempty"`
+}
+
+// BadChunk is one corrupt chunk of a generation, or one part of it: a
+// checksum chunk of section Section that covers bytes [Offset,
+// Offset+Length) of the registered buffer Buffer. A chunk that covers
+// several buffers' bytes (a layout other than one section per buffer) is
+// listed once per buffer; one that covers no client bytes (an agent-only
+// section) has an empty Buffer, and Offset is then within the section.
+type BadChunk struct {
+	Buffer  string `json:"buffer,omitempty"`
+	Section string `json:"section"`
+	Chunk   int    `json:"chunk"` // index of the checksum chunk in the section
+	Offset  int64  `json:"offset"`
+	Length  int64  `json:"length"`
 }
 
 func (e *Error) Error() string { return "agent error " + e.Code + ": " + e.Message }

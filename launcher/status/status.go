@@ -85,7 +85,8 @@ type NodeReport struct {
 	// Status is the agent's status reply (docs/PROTOCOL.md, "status").
 	Status *proto.Status `json:"status,omitempty"`
 	// Warnings name degraded states: peering off, peers not connected,
-	// unpinned arenas, ranks without protection across nodes, GPU failing.
+	// unpinned arenas, failed saves, corrupt generations, ranks without
+	// protection across nodes, GPU failing.
 	Warnings []string `json:"warnings,omitempty"`
 }
 
@@ -348,6 +349,15 @@ func warnings(nr *NodeReport, all []NodeReport) []string {
 		}
 		if m.Budget > 0 && float64(m.InUse) > 0.9*float64(m.Budget) {
 			w = append(w, fmt.Sprintf("memory budget %.0f%% used", 100*float64(m.InUse)/float64(m.Budget)))
+		}
+	}
+	if c := st.Store; c != nil {
+		if c.SaveFailures > 0 {
+			w = append(w, fmt.Sprintf("%d snapshot save(s) failed (%d tmpfs full, %d over the memory budget; the agent's log says why)",
+				c.SaveFailures, c.NoSpace, c.OverBudget))
+		}
+		if c.BadGenerations > 0 {
+			w = append(w, fmt.Sprintf("%d generation(s) found corrupt (%d chunk(s) failed their CRC-32C)", c.BadGenerations, c.ChecksumFailures))
 		}
 	}
 	for _, r := range st.Ranks {

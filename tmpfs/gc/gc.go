@@ -13,7 +13,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"github.com/rs/zerolog"
@@ -79,9 +81,13 @@ func Collect(ctx context.Context, opt Options) ([]Decision, error) {
 	if err != nil || len(dirs) == 0 {
 		return nil, err
 	}
-	jobs, err := opt.Jobs.List(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("gc: ask Slurm which jobs are alive (nothing was removed): %w", err)
+	var jobs map[string]Job
+	// Slurm is asked only when there is something to decide: an agent
+	// alone on its node (the common start) costs slurmctld nothing.
+	if slices.ContainsFunc(dirs, func(d tmpfs.JobDir) bool { return d.JobID != opt.Except }) {
+		if jobs, err = opt.Jobs.List(ctx); err != nil {
+			return nil, fmt.Errorf("gc: ask Slurm which jobs are alive (nothing was removed): %w", err)
+		}
 	}
 	var out []Decision
 	for _, d := range dirs {
@@ -133,10 +139,16 @@ func Collect(ctx context.Context, opt Options) ([]Decision, error) {
 // Slurm asks slurmctld with squeue and scontrol.
 type Slurm struct {
 	Squeue, Scontrol string // programs; "" means from PATH
+	// Conf, if set, is slurm.conf's path, passed as SLURM_CONF ([agent]
+	// slurm_conf); "": the commands' own default.
+	Conf string
 }
 
 func (s Slurm) run(ctx context.Context, prog string, args ...string) (string, string, error) {
 	cmd := exec.CommandContext(ctx, prog, args...)
+	if s.Conf != "" {
+		cmd.Env = append(os.Environ(), "SLURM_CONF="+s.Conf)
+	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -137,6 +137,20 @@ func TestCollectRemovesNothingWithoutSlurm(t *testing.T) {
 	}
 }
 
+// TestCollectAloneAsksNoSlurm: an agent whose own job is the only one in
+// the store does not ask Slurm (it would fail here) and removes nothing.
+func TestCollectAloneAsksNoSlurm(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "reft")
+	dir := makeJob(t, root, "7")
+	decs, err := Collect(context.Background(), Options{Root: root, UID: -1, Except: "7", Jobs: &fakeJobs{listErr: errors.New("squeue was asked")}})
+	if err != nil || len(decs) != 1 || decs[0].Remove || decs[0].Reason != "this agent's own job" {
+		t.Fatalf("decisions %+v, %v", decs, err)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("own job's data: %v", err)
+	}
+}
+
 func TestCollectSparesLiveAgent(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "reft")
 	s, err := tmpfs.Open(tmpfs.Options{Root: root, JobID: "8"})
@@ -217,6 +231,15 @@ func TestSlurmCommands(t *testing.T) {
 	args, _ := os.ReadFile(argLog)
 	if !strings.Contains(string(args), "squeue -h -a -r -t all -o %A %T") || !strings.Contains(string(args), "scontrol -o show job 201") {
 		t.Fatalf("commands run:\n%s", args)
+	}
+	// [agent] slurm_conf reaches the commands as SLURM_CONF.
+	withConf, confLog := fakeSlurm(t, "", "echo \"conf=$SLURM_CONF\" >> $(dirname $0)/args; echo JobState=RUNNING\n")
+	withConf.Conf = "/etc/slurm-test/slurm.conf"
+	if _, _, err := withConf.Show(ctx, "5"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(confLog); !strings.Contains(string(got), "conf=/etc/slurm-test/slurm.conf") {
+		t.Fatalf("SLURM_CONF not passed:\n%s", got)
 	}
 	bad, _ := fakeSlurm(t, "garbage\n", "exit 3\n")
 	if _, err := bad.List(ctx); err == nil {

@@ -203,7 +203,8 @@ class Connection:
                     self._broken = "the reft agent at %s closed this connection: %s: %s" % (
                         self.path, code, message)
                     self._close_socket()
-                raise Error("%s: %s" % (name, message), code=code)
+                raise Error("%s: %s" % (name, message), code=code,
+                            bad_chunks=reply.get("bad_chunks"))
             if send_err is not None or rid != fid or rtype != ftype | REPLY_BIT:
                 self._broken = ("protocol error talking to the reft agent at %s: a %s request "
                                 "(id %d) got a %s frame with id %d" % (self.path, name, fid,

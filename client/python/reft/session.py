@@ -254,7 +254,7 @@ class Session:
         self._frozen = False  # registration was sent (or attempted)
         self._registered = False
         self._pending = None
-        self._arenas = ArenaCache()
+        self._arenas = ArenaCache(lambda msg: self._log(msg))
         self._warned = False
         self._comm = False  # the last comm notice sent
         self._comm_lock = threading.Lock()

@@ -159,6 +159,32 @@ class RealAgent(unittest.TestCase):
         self.assertEqual(cm.exception.code, "not_found")
         self.assertEqual(s.restore(), 1)
 
+    def test_corrupt_restore_names_the_bad_chunks(self):
+        s = self.session(chunk_size=4096)
+        w, v = pattern(3 * 4096 + 100, 1), pattern(5000, 2)
+        s.register("w", w)
+        s.register("v", v, replicated=False)
+        for step in (1, 2):
+            self.assertTrue(s.save(step).wait(timeout=60))
+        store = s.status()["store_dir"]
+        mans = glob.glob(os.path.join(store, "r0", "state", "g2-*", "MANIFEST"))
+        self.assertEqual(len(mans), 1, mans)
+        with open(mans[0]) as f:
+            man = json.load(f)
+        off = next(b["offset"] for b in man["buffers"] if b["name"] == "w")
+        with open(os.path.join(os.path.dirname(os.path.dirname(mans[0])), man["arena"]), "r+b") as f:
+            f.seek(off + 4096 + 5)  # chunk 1 of w
+            c = f.read(1)
+            f.seek(off + 4096 + 5)
+            f.write(bytes([c[0] ^ 0xFF]))
+        with self.assertRaises(reft.Error) as cm:
+            s.restore(step=2)
+        self.assertEqual(cm.exception.code, "corrupt")
+        self.assertEqual(cm.exception.bad_chunks,
+                         [{"buffer": "w", "section": "w", "chunk": 1, "offset": 4096, "length": 4096}])
+        self.assertEqual(s.restore(), 1)  # the bad generation left the list
+        self.assertEqual(s.status()["store"]["bad_generations"], 1)
+
 
 if __name__ == "__main__":
     unittest.main()
