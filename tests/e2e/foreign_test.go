@@ -5,7 +5,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -22,8 +21,8 @@ import (
 // port is the one alice's agent already listens on: bob's n2 agent moves
 // to its next candidate, and bob's n1 agent, searching n2's candidates in
 // order, reaches alice's agent first. Alice's agent must refuse it at the
-// handshake (MUNGE credential made by bob's uid), log the refusal, and go
-// on serving its own job; bob's agents must still find each other.
+// handshake (bob's MUNGE credential names bob's job), log the refusal, and
+// go on serving its own job; bob's agents must still find each other.
 func TestForeignJobAgentGetsNothing(t *testing.T) {
 	enableReft(t)
 	ja := allocateAs(t, alice, "--reft=arc", "-N2", "-n2", "-w", "n1,n2")
@@ -73,11 +72,9 @@ func TestForeignJobAgentGetsNothing(t *testing.T) {
 	if owner == "" {
 		t.Fatalf("no agent of job %s listens on port %d (its first candidate); cannot tell whose port bob's agent tried", ja, collide)
 	}
-	bu, err := user.Lookup(bob)
-	if err != nil {
-		t.Fatal(err)
-	}
-	refusal := "made by uid " + bu.Uid
+	// The credential is bob's (munged vouches for his uid) and names his
+	// job; the listener refuses on the first that differs, the job.
+	refusal := fmt.Sprintf("dialer is job %q; this agent serves job %q", jb, ja)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var got []string
