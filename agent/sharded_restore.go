@@ -533,6 +533,7 @@ type restoreStats struct {
 func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (tmpfs.Generation, string, error) {
 	si := rc.sg
 	ctx := context.Background()
+	s.repl.hosts.forget() // a restore follows a relaunch: ranks may have moved
 	v := s.view(ctx, si)
 	steps := si.candidateSteps(v)
 	if step >= 0 {

@@ -146,9 +146,10 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 
 // shJobRun is a job: its nodes by rank.
 type shJobRun struct {
-	t     testing.TB
-	spec  string
-	nodes []*shNode // by rank
+	t      testing.TB
+	spec   string
+	nodes  []*shNode // by rank
+	spares []*shNode // the allocation's nodes without ranks
 	pdir  string
 	lo    int // the port range's low end
 	opt   shOpts
@@ -165,6 +166,9 @@ type shOpts struct {
 	// a group's members (0: the default).
 	topo     config.Topology
 	ringWait time.Duration
+	// alloc is the allocation's node order; its nodes that no rank runs
+	// on are spares, with agents of their own (nil: the ranks' nodes).
+	alloc []string
 }
 
 // startJob starts one agent per distinct name (rank i on names[i], so a
@@ -183,7 +187,7 @@ func startJob(t testing.TB, spc string, names []string, roots map[string]string,
 		o.bufs = shBuffers
 	}
 	topo := mesh.Topology{}
-	for _, nm := range names {
+	for _, nm := range append(slices.Clone(o.alloc), names...) {
 		if !slices.ContainsFunc(topo.Nodes, func(n mesh.Node) bool { return n.Name == nm }) {
 			topo.Nodes = append(topo.Nodes, mesh.Node{Index: len(topo.Nodes), Name: nm, Addr: "127.0.0.1"})
 		}
@@ -191,22 +195,37 @@ func startJob(t testing.TB, spc string, names []string, roots map[string]string,
 	lo := shPorts(t, len(topo.Nodes))
 	j := &shJobRun{t: t, spec: spc, pdir: pdir, lo: lo, opt: o}
 	started := map[string]*shNode{}
-	for _, nm := range names {
+	for _, n := range topo.Nodes {
+		nm := n.Name
 		if roots[nm] == "" {
 			roots[nm] = filepath.Join(t.TempDir(), "shm")
 		}
-		if started[nm] == nil {
-			started[nm] = shStart(t, nm, roots[nm], spc, mesh.Fixed(topo), lo, pdir, o)
+		started[nm] = shStart(t, nm, roots[nm], spc, mesh.Fixed(topo), lo, pdir, o)
+		if !slices.Contains(names, nm) {
+			j.spares = append(j.spares, started[nm])
 		}
+	}
+	for _, nm := range names {
 		j.nodes = append(j.nodes, started[nm])
 	}
 	return j
 }
 
 func (j *shJobRun) stop() {
-	for _, n := range j.nodes {
+	for _, n := range append(slices.Clone(j.nodes), j.spares...) {
 		n.stop()
 	}
+}
+
+// alloc is the job's node order (spares included).
+func (j *shJobRun) alloc() []string {
+	out := slices.Clone(j.opt.alloc)
+	for _, n := range j.nodes {
+		if !slices.Contains(out, n.name) {
+			out = append(out, n.name)
+		}
+	}
+	return out
 }
 
 // shBuffers are a rank's registered buffers at step: replicated ones are
@@ -350,11 +369,16 @@ func (j *shJobRun) relaunch(roots map[string]string, failed []int) *shJobRun {
 	for r, n := range j.nodes {
 		names[r] = n.name
 	}
+	o := j.opt
+	o.alloc = slices.Clone(o.alloc)
 	for i, r := range failed {
 		os.RemoveAll(roots[names[r]]) // the node's tmpfs is gone
+		// The lost node leaves the allocation; spare s<i+1> takes its
+		// ranks (an allocation's spare if it has one).
+		o.alloc = slices.DeleteFunc(o.alloc, func(n string) bool { return n == names[r] })
 		names[r] = "s" + strconv.Itoa(i+1)
 	}
-	return startJob(j.t, j.spec, names, roots, j.pdir, j.opt)
+	return startJob(j.t, j.spec, names, roots, j.pdir, o)
 }
 
 func subsets(m, k int) [][]int {
