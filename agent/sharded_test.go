@@ -150,10 +150,10 @@ type shJobRun struct {
 	spec   string
 	nodes  []*shNode // by rank
 	spares []*shNode // the allocation's nodes without ranks
-	pdir  string
-	lo    int // the port range's low end
-	opt   shOpts
-	took  []time.Duration // each rank's RestoreStep in the last restoreAll
+	pdir   string
+	lo     int // the port range's low end
+	opt    shOpts
+	took   []time.Duration // each rank's RestoreStep in the last restoreAll
 }
 
 // shOpts change the harness's defaults (benchmarks).
