@@ -229,6 +229,10 @@ type restorePlan struct {
 	parity  [][]cand // per position: its parity units; nil without
 	others  []cand   // the rank's unreplicated buffers: copies of its generation, or its placement peers' replicas
 	reasons []string // why not ok
+	// lost are the shards no in-memory source can give back, each with
+	// why (the restore_fallback and restore_persistent events list them
+	// all; the reasons shorten a big group's).
+	lost []lostShard
 	// whole: copies of generations that hold the replicated buffers
 	// whole (aor without arc or aec), the rank's own first.
 	whole []cand
@@ -242,6 +246,15 @@ type restorePlan struct {
 	// generation, wherever it survives) or peer (replicas, replicate.go).
 	othersSource sg.Source
 	si           *sgInfo // the rank's group on the ring the step was saved with
+}
+
+// lostShard is one shard of a rank's state that memory lost.
+type lostShard struct {
+	Kind     string `json:"kind"`            // replicated, optimizer or unreplicated
+	Group    string `json:"group,omitempty"` // the sharding group
+	Position int    `json:"position"`        // ring position; -1 for unreplicated buffers
+	Rank     int    `json:"rank"`            // the owner
+	Reason   string `json:"reason"`
 }
 
 func (p restorePlan) sources() string {
@@ -380,6 +393,7 @@ func (s *Server) plan(si *sgInfo, v *storeView, step int64) restorePlan {
 			p.decode = append(p.decode, q)
 		case sg.SourcePersistent:
 			lost = true
+			p.lost = append(p.lost, lostShard{Kind: sg.Replicated.String(), Group: group, Position: q, Rank: sh.Rank, Reason: sh.Reason})
 		}
 		p.shards = append(p.shards, src)
 	}
@@ -448,6 +462,7 @@ func (s *Server) planOthers(si *sgInfo, v *storeView, p *restorePlan, locs func(
 	default:
 		p.reasons = append(p.reasons, fmt.Sprintf("%s and its placement peers hold replicas of steps %v, not of step %d", what, steps, p.step))
 	}
+	p.lost = append(p.lost, lostShard{Kind: "unreplicated", Position: -1, Rank: si.rank, Reason: p.reasons[len(p.reasons)-1]})
 }
 
 // candidateSteps are the steps any member of the SG (or the rank itself)
@@ -542,6 +557,7 @@ func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (t
 	chosen, first := s.firstRestorable(si, v, steps)
 	event := "restore_local"
 	var reason string
+	var lost []lostShard // what memory lost, when the persistent tier restores
 	if chosen == nil {
 		if step >= 0 {
 			// The ranks agreed on a step memory cannot give (a persisted
@@ -564,8 +580,11 @@ func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (t
 			return tmpfs.Generation{}, "", lostError{fmt.Sprintf("%s; %v", reason, err)}
 		}
 		chosen, event = p, "restore_persistent"
+		if first != nil {
+			lost = first.lost
+		}
 		log.Warn().Str("event", "restore_fallback").Int("rank", si.rank).Int64("generation", p.step).Str("reason", reason).
-			Msg("in-memory restore is impossible; restoring from the persistent directory")
+			Interface("lost_shards", lost).Msg("in-memory restore is impossible; restoring from the persistent directory")
 	}
 	t0 := time.Now()
 	// The step's own ring, from here on: the assembly reads its shards by
@@ -619,7 +638,7 @@ func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (t
 		Strs("peers", peers).Str("sources", chosen.sources()).Dur("duration", d).
 		Float64("rate_mb_s", float64(total)/1e6/max(d.Seconds(), 1e-9))
 	if reason != "" {
-		ev = ev.Str("reason", reason)
+		ev = ev.Str("reason", reason).Interface("lost_shards", lost)
 	}
 	ev.Msg("restore assembled from the sharding group")
 	return g, event, nil
@@ -999,6 +1018,13 @@ func persistedKey(rank int) string { return persistedShard + "-for-" + strconv.I
 func (s *Server) planAOR(si *sgInfo, p *restorePlan, pl sg.Plan, group string, locs func(int) []genLoc, step int64) {
 	names := si.aorStateNames()
 	p.opt = map[string][]cand{}
+	had := len(p.reasons)
+	defer func() {
+		if len(p.reasons) > had {
+			p.lost = append(p.lost, lostShard{Kind: sg.Optimizer.String(), Group: group, Position: si.pos, Rank: si.rank,
+				Reason: strings.Join(p.reasons[had:], "; ")})
+		}
+	}()
 	switch p.optSource {
 	case sg.SourceLocal:
 		for _, n := range names {

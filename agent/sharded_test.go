@@ -470,9 +470,13 @@ func TestShardedRestoreEveryFailureSet(t *testing.T) {
 	}
 }
 
-// TestShardedRestoreBeyondTolerance: arc loses two ring neighbours. With a
-// persistent tier the job restores from it and says which shard memory
-// lost; without one, restore fails naming the lost shard and the fix.
+// TestShardedRestoreBeyondTolerance: failures beyond a mode's tolerance.
+// With a persistent tier the job restores from it; every rank's
+// restore_fallback and restore_persistent events say why (the group and
+// exactly the lost ranks) and list every shard memory lost, each with its
+// reason (lost_shards), however many (the human reason names two and
+// counts the rest). Without one, restore fails naming the lost shard and
+// the fix.
 func TestShardedRestoreBeyondTolerance(t *testing.T) {
 	// The agreed persisted step may still be in the survivors' memory
 	// (persist=1) or long released from it (persist=3, two steps later):
@@ -481,15 +485,21 @@ func TestShardedRestoreBeyondTolerance(t *testing.T) {
 	for _, tc := range []struct {
 		spec        string
 		saved, want int64
+		failed      []int
+		group       string // the reason's start
+		lostRanks   []int  // whose shards lost_shards lists
+		shardReason string // in each lost shard's reason
 	}{
-		{"arc,persist=1", 3, 3},
-		{"arc,persist=3", 5, 3},
+		{"arc,persist=1", 3, 3, []int{1, 2}, "SG (pp=0,tp=0) lost ranks 1 and 2", []int{2}, "its ARC copy on rank 1"},
+		{"arc,persist=3", 5, 3, []int{1, 2}, "SG (pp=0,tp=0) lost ranks 1 and 2", []int{2}, "its ARC copy on rank 1"},
+		{"aec,persist=1", 3, 3, []int{1, 2}, "SG (pp=0,tp=0) lost ranks 1 and 2", []int{1, 2}, "AEC stripe"},
+		{"aec,persist=1", 3, 3, []int{0, 1, 2}, "SG (pp=0,tp=0) lost ranks 0, 1 and 2", []int{0, 1, 2}, "AEC stripe"},
 	} {
-		t.Run("persistent "+tc.spec, func(t *testing.T) {
+		t.Run(fmt.Sprintf("persistent %s/lost=%v", tc.spec, tc.failed), func(t *testing.T) {
 			roots := map[string]string{}
 			j := startJob(t, tc.spec, []string{"n1", "n2", "n3", "n4"}, roots, t.TempDir())
 			j.saveSteps(tc.saved, false)
-			j = j.relaunch(roots, []int{1, 2})
+			j = j.relaunch(roots, tc.failed)
 			step, errs, bufs := j.restoreAll(false)
 			if step != tc.want {
 				t.Fatalf("agreed on step %d, want the persisted step %d (errors %v)", step, tc.want, errs)
@@ -500,12 +510,34 @@ func TestShardedRestoreBeyondTolerance(t *testing.T) {
 				if len(evs) != 1 {
 					t.Fatalf("rank %d logged %d restore_persistent events", r, len(evs))
 				}
+				fb := n.log.Events("restore_fallback")
+				if len(fb) != 1 {
+					t.Fatalf("rank %d logged %d restore_fallback events", r, len(fb))
+				}
 				reason, _ := evs[0]["reason"].(string)
-				if !strings.Contains(reason, "SG (pp=0,tp=0) lost ranks 1 and 2") {
-					t.Errorf("rank %d: reason %q does not name the group and exactly the lost ranks 1 and 2", r, reason)
+				if !strings.Contains(reason, tc.group) {
+					t.Errorf("rank %d: reason %q does not name the group and exactly the lost ranks %v", r, reason, tc.failed)
+				}
+				for _, e := range []map[string]any{fb[0], evs[0]} {
+					lost, _ := e["lost_shards"].([]any)
+					var ranks []int
+					for _, l := range lost {
+						ls, _ := l.(map[string]any)
+						rk, _ := ls["rank"].(float64)
+						ranks = append(ranks, int(rk))
+						why, _ := ls["reason"].(string)
+						if ls["kind"] != "replicated" || ls["group"] != "(pp=0,tp=0)" || !strings.Contains(why, fmt.Sprintf("rank %d's shard was on", int(rk))) ||
+							!strings.Contains(why, tc.shardReason) || ls["position"] != rk {
+							t.Errorf("rank %d's %s: lost shard %v, want rank %d's replicated shard of (pp=0,tp=0) at its position with %q in its reason", r, e["event"], ls, int(rk), tc.shardReason)
+						}
+					}
+					if !slices.Equal(ranks, tc.lostRanks) {
+						t.Errorf("rank %d's %s lists lost shards of ranks %v, want %v", r, e["event"], ranks, tc.lostRanks)
+					}
 				}
 				if r == 0 {
 					t.Logf("reason: %s", reason)
+					t.Logf("lost_shards: %v", evs[0]["lost_shards"])
 				}
 			}
 		})
