@@ -561,40 +561,82 @@ func TestShardedRestoreBeyondTolerance(t *testing.T) {
 	})
 }
 
-// TestShardedRestoreCorruptPeerChunk: a surviving owner's shard is
-// corrupted at rest; the ranks that fetch it take the chunk from the ARC
-// copy instead, and every rank gets the exact bytes.
+// TestShardedRestoreCorruptPeerChunk: rank 1's own shard of step 3 is
+// corrupted at rest on n2 (one byte in the middle). Every rank that reads
+// it finds the chunk's checksum wrong and takes it from rank 0's ARC copy
+// on n1 instead, says so (chunk_failover: the chunk, n2's checksum error,
+// n1) and counts it in its restore event; every rank gets the exact bytes.
+// Rank 0 reads its own ARC copy, so it never touches the corrupt chunk.
+// With n4 lost, the replacement of rank 3 does the same while it fetches
+// everything from peers.
 func TestShardedRestoreCorruptPeerChunk(t *testing.T) {
-	roots := map[string]string{}
-	j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "")
-	j.saveSteps(3, false)
-	// Flip a byte of rank 1's own shard of step 3 on n2.
-	st := j.nodes[1].st
-	g := st.Generations(tmpfs.Key{Rank: 1, Shard: tmpfs.DefaultShard})[0]
-	var off int64 = -1
-	for _, b := range g.Manifest.Buffers {
-		if b.Name == secShard {
-			off = b.Offset + b.Size/2
-		}
+	for _, tc := range []struct {
+		name   string
+		failed []int
+		peer   []int // ranks that fetch the corrupt chunk from n2 over the network
+	}{
+		{"survivors", nil, []int{2, 3}},
+		{"replacement of n4", []int{3}, []int{2, 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			roots := map[string]string{}
+			j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "")
+			j.saveSteps(3, false)
+			// Flip a byte of rank 1's own shard of step 3 on n2.
+			st := j.nodes[1].st
+			g := st.Generations(tmpfs.Key{Rank: 1, Shard: tmpfs.DefaultShard})[0]
+			var off, chunk int64 = -1, -1
+			for _, b := range g.Manifest.Buffers {
+				if b.Name == secShard {
+					off = b.Offset + b.Size/2
+					chunk = (b.Size / 2) / g.Manifest.ChunkSize
+				}
+			}
+			if g.Step != 3 || off < 0 {
+				t.Fatalf("generation %d has no %s", g.Step, secShard)
+			}
+			f, err := os.OpenFile(g.ArenaPath, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b [1]byte
+			f.ReadAt(b[:], off)
+			b[0] ^= 0xff
+			f.WriteAt(b[:], off)
+			f.Close()
+			j = j.relaunch(roots, tc.failed)
+			step, errs, bufs := j.restoreAll(false)
+			if step != 3 {
+				t.Fatalf("agreed on step %d, want 3 (%v)", step, errs)
+			}
+			checkRestored(t, step, errs, bufs, false)
+			for r, n := range j.nodes {
+				fo := n.log.Events("chunk_failover")
+				_, ev := restoreEvent(t, n)
+				got, _ := ev["failovers"].(float64)
+				switch {
+				case r == 0:
+					if len(fo) != 0 || got != 0 {
+						t.Errorf("rank 0 (own ARC copy of shard 1) logged failovers %v: %v", got, fo)
+					}
+				case r == 1:
+					// Its own copy fails locally: the ARC copy on n1 serves it.
+					if len(fo) != 1 || !strings.Contains(fmt.Sprint(fo[0]["copies_failed"]), "snapshot chunk corrupt") || got < 1 {
+						t.Errorf("rank 1 logged chunk_failover %v and %v failovers, want its own corrupt copy named", fo, got)
+					}
+				case slices.Contains(tc.peer, r):
+					want := fmt.Sprintf("map[chunk:%d failed:[n2: chunk %d from ", chunk, chunk)
+					if len(fo) != 1 || fo[0]["section"] != secShard || fo[0]["owner_rank"] != 1.0 || !strings.Contains(fmt.Sprint(fo[0]["chunks"]), want) ||
+						!strings.Contains(fmt.Sprint(fo[0]["chunks"]), "source's stored") || !strings.Contains(fmt.Sprint(fo[0]["chunks"]), "from:n1") || got != 1 {
+						t.Errorf("%s (rank %d) logged chunk_failover %v and %v failovers; want chunk %d of rank 1's shard failing on n2 with a checksum mismatch and taken from n1", n.name, r, fo, got, chunk)
+					}
+				}
+				if len(fo) > 0 && r == 3 {
+					t.Logf("%s: %v", n.name, fo[0])
+				}
+			}
+		})
 	}
-	if g.Step != 3 || off < 0 {
-		t.Fatalf("generation %d has no %s", g.Step, secShard)
-	}
-	f, err := os.OpenFile(g.ArenaPath, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b [1]byte
-	f.ReadAt(b[:], off)
-	b[0] ^= 0xff
-	f.WriteAt(b[:], off)
-	f.Close()
-	j = j.relaunch(roots, nil)
-	step, errs, bufs := j.restoreAll(false)
-	if step != 3 {
-		t.Fatalf("agreed on step %d, want 3 (%v)", step, errs)
-	}
-	checkRestored(t, step, errs, bufs, false)
 }
 
 // checkProgress: a restore's progress events never go backwards and end
