@@ -309,20 +309,15 @@ func (r *replicator) hosting(m *mesh.Mesh, world int) (nodes map[string]bool, mi
 	return nodes, missing, why
 }
 
-// searchHosts asks the agents of the nodes not known to host ranks which
-// of the missing ranks run there; it returns why some did not answer.
+// searchHosts asks the job's other agents which of the missing ranks run
+// on their nodes (a node may host found ranks and missing ones); it
+// returns why some did not answer.
 func (r *replicator) searchHosts(m *mesh.Mesh, missing []int) string {
-	r.hosts.mu.Lock()
-	known := map[string]bool{}
-	for _, n := range r.hosts.nodes {
-		known[n] = true
-	}
-	r.hosts.mu.Unlock()
 	var mu sync.Mutex
 	var whys []string
 	var wg sync.WaitGroup
 	for _, n := range m.Nodes() {
-		if n.Name == m.Self().Name || known[n.Name] {
+		if n.Name == m.Self().Name {
 			continue
 		}
 		wg.Add(1)

@@ -335,7 +335,9 @@ func TestHolders(t *testing.T) {
 }
 
 // TestReplicaPlacementLikeExplain: four ranks on n1-n4 of an allocation
-// with a spare between them (n1 s1 n2 n3 n4) in two racks. The copies of
+// with a spare between them (n1 s1 n2 n3 n4) in two racks, in one
+// sharding group (dp=4) or two (dp=2,pp=2: an agent's group search finds
+// only half the ranks, the placement's search the rest). The copies of
 // every rank's unreplicated buffers land exactly where reft explain's
 // placement puts them (across the racks, none on the spare), the agents
 // log that placement, and after n2 is lost and its rank relaunched on the
@@ -343,40 +345,47 @@ func TestHolders(t *testing.T) {
 // from a placement peer.
 func TestReplicaPlacementLikeExplain(t *testing.T) {
 	racks := config.Topology{Domains: map[string]string{"rackA": "n[1-2]", "rackB": "n[3-4],s1"}}
-	roots := map[string]string{}
-	j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "", shOpts{topo: racks, alloc: []string{"n1", "s1", "n2", "n3", "n4"}})
-	j.saveSteps(3, true)
-	j.waitReplicas(t, 3, 1)
-	want := map[string][]string{}
-	for r, n := range j.nodes {
-		want[n.name] = j.replicaHolders(n.name, 1)
-		for _, h := range want[n.name] {
-			if !slices.Contains([]string{"n1", "n2"}, h) == !slices.Contains([]string{"n1", "n2"}, n.name) {
-				t.Errorf("%s's copies are on %s, in the same rack", n.name, h)
+	for _, layout := range []string{"dp=4", "dp=2,pp=2"} {
+		t.Run(layout, func(t *testing.T) {
+			roots := map[string]string{}
+			j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "", shOpts{topo: racks, alloc: []string{"n1", "s1", "n2", "n3", "n4"}, layout: layout})
+			j.saveSteps(3, true)
+			j.waitReplicas(t, 3, 1)
+			want := map[string][]string{}
+			for r, n := range j.nodes {
+				want[n.name] = j.replicaHolders(n.name, 1)
+				for _, h := range want[n.name] {
+					if slices.Contains([]string{"n1", "n2"}, h) == slices.Contains([]string{"n1", "n2"}, n.name) {
+						t.Errorf("%s's copies are on %s, in the same rack", n.name, h)
+					}
+				}
+				for _, o := range append(slices.Clone(j.nodes), j.spares...) {
+					if o != n && !slices.Contains(want[n.name], o.name) && replicaStep(o, r) >= 0 {
+						t.Errorf("%s holds a replica of rank %d, but reft explain's placement puts it on %v", o.name, r, want[n.name])
+					}
+				}
+				evs := n.log.Events("replica_placement")
+				if len(evs) == 0 || fmt.Sprint(evs[len(evs)-1]["holders"]) != fmt.Sprint(want[n.name]) {
+					t.Errorf("%s logged replica_placement %v, want holders %v", n.name, evs, want[n.name])
+				}
+				if evs := n.log.Events("replica_placement_partial"); len(evs) > 0 {
+					t.Errorf("%s placed without the full rank map: %v", n.name, evs)
+				}
 			}
-		}
-		for _, o := range append(slices.Clone(j.nodes), j.spares...) {
-			if o != n && !slices.Contains(want[n.name], o.name) && replicaStep(o, r) >= 0 {
-				t.Errorf("%s holds a replica of rank %d, but reft explain's placement puts it on %v", o.name, r, want[n.name])
+			if len(j.spares) != 1 || j.spares[0].name != "s1" || len(j.spares[0].st.Keys()) != 0 {
+				t.Fatalf("spare s1 holds %v, want nothing", j.spares[0].st.Keys())
 			}
-		}
-		evs := n.log.Events("replica_placement")
-		if len(evs) == 0 || fmt.Sprint(evs[len(evs)-1]["holders"]) != fmt.Sprint(want[n.name]) {
-			t.Errorf("%s logged replica_placement %v, want holders %v", n.name, evs, want[n.name])
-		}
-	}
-	if len(j.spares) != 1 || j.spares[0].name != "s1" || len(j.spares[0].st.Keys()) != 0 {
-		t.Fatalf("spare s1 holds %v, want nothing", j.spares[0].st.Keys())
-	}
-	t.Logf("holders: %v", want)
-	j = j.relaunch(roots, []int{1})
-	step, errs, bufs := j.restoreAll(true)
-	if step != 3 {
-		t.Fatalf("agreed on step %d, want 3 (errors %v)", step, errs)
-	}
-	checkRestored(t, step, errs, bufs, true)
-	if ev, fields := restoreEvent(t, j.nodes[1]); !strings.Contains(fmt.Sprint(fields["sources"]), "unreplicated:peer@"+want["n2"][0]) {
-		t.Errorf("rank 1 on the spare logged %s with sources %v, want its unreplicated buffers from %s", ev, fields["sources"], want["n2"][0])
+			t.Logf("holders: %v", want)
+			j = j.relaunch(roots, []int{1})
+			step, errs, bufs := j.restoreAll(true)
+			if step != 3 {
+				t.Fatalf("agreed on step %d, want 3 (errors %v)", step, errs)
+			}
+			checkRestored(t, step, errs, bufs, true)
+			if ev, fields := restoreEvent(t, j.nodes[1]); !strings.Contains(fmt.Sprint(fields["sources"]), "unreplicated:peer@"+want["n2"][0]) {
+				t.Errorf("rank 1 on the spare logged %s with sources %v, want its unreplicated buffers from %s", ev, fields["sources"], want["n2"][0])
+			}
+		})
 	}
 }
 
