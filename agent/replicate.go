@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,8 +26,11 @@ import (
 // cover (ZeRO-1 moments without aor, TP/PP slices, RNG state) live only in
 // its own generation. After each such generation commits, the owner's
 // agent pushes a `replicate` request (docs/PEER_PROTOCOL.md) to its node's
-// placement peers: sg.Place over the job's nodes in allocation order, with
-// the SPEC's tolerance as the number of peer copies (at least one). Each
+// placement peers: the placement `reft explain` prints (sg.Model), that is
+// sg.PlaceSpread over the nodes that host ranks (spares keep no copies),
+// in allocation order spread across the failure domains of [topology],
+// with the SPEC's tolerance as the number of peer copies (at least one).
+// Which nodes host ranks the agents say themselves (rankHosts). Each
 // peer copies the sections with background fetches into its own store
 // under (rank, replicaShard) and commits them atomically, so a replica is
 // always one whole committed generation of the owner, possibly older than
@@ -69,6 +73,9 @@ type replicator struct {
 	comm int                 // connections in a communication phase
 	once sync.Map            // warnings said once, by key
 
+	hosts  rankHosts // where the job's ranks run, for the placement
+	placed string    // the placement last logged (replica_placement)
+
 	// Counters, for the status and the tests.
 	requested   atomic.Int64 // replicate requests received
 	pausedWaits atomic.Int64 // copies that found the limiter paused before a section
@@ -79,6 +86,7 @@ type replicator struct {
 type pendingOut struct {
 	next    *peer.ReplicateRequest // the newest commit not yet announced
 	copies  int
+	world   int
 	running bool
 }
 
@@ -178,20 +186,208 @@ func (si *sgInfo) copies() int {
 }
 
 // holders are the nodes that keep copies of self's placed state: GEMINI
-// placement over the job's nodes in allocation order.
-func holders(nodes []mesh.Node, self string, copies int) ([]string, error) {
-	names := make([]string, len(nodes))
-	for i, n := range nodes {
-		names[i] = n.Name
+// placement as reft explain computes it (sg.Model.Placement), over the
+// nodes of alloc (allocation order) that host ranks, spread across the
+// failure domains dom (sg.PlaceSpread), with copies cut to the nodes there
+// are. hosting nil counts every node of alloc (the placement while the
+// rank map is incomplete).
+func holders(alloc []string, hosting map[string]bool, dom map[string]string, self string, copies int) ([]string, sg.Placement, error) {
+	var names []string
+	for _, n := range alloc {
+		if hosting == nil || hosting[n] {
+			names = append(names, n)
+		}
+	}
+	if !slices.Contains(names, self) {
+		return nil, sg.Placement{}, fmt.Errorf("this node (%s) is not among the nodes that host the job's ranks (%s)", self, strings.Join(names, ","))
 	}
 	if len(names) < 2 {
-		return nil, fmt.Errorf("the job has %d node(s): no other node can keep a copy", len(names))
+		return nil, sg.Placement{}, fmt.Errorf("the job's ranks run on %d node(s): no other node can keep a copy", len(names))
 	}
-	p, err := sg.Place(names, min(copies, len(names)-1)+1)
+	p, err := sg.PlaceSpread(names, dom, min(copies, len(names)-1)+1)
+	if err != nil {
+		return nil, sg.Placement{}, err
+	}
+	return p.Holders[self], p, nil
+}
+
+// rankHosts is where the job's ranks run, as their agents report them
+// (the hosted ranks of watermarks replies, as for rings): a node with no
+// rank (a spare) keeps no copies, as in reft explain.
+type rankHosts struct {
+	mu       sync.Mutex
+	nodes    map[int]string // rank -> node
+	searched time.Time      // the last search of the job's agents
+	waited   bool           // the first bounded wait for a full map is over
+}
+
+// hostsSearchPace spaces the searches for ranks not found yet.
+const hostsSearchPace = time.Second
+
+// note records that rank runs on node (ring searches learn it too).
+func (h *rankHosts) note(rank int, node string) {
+	h.mu.Lock()
+	if h.nodes == nil {
+		h.nodes = map[int]string{}
+	}
+	h.nodes[rank] = node
+	h.mu.Unlock()
+}
+
+// forget drops the map: ranks may move when a job is relaunched, which a
+// restore follows.
+func (h *rankHosts) forget() {
+	h.mu.Lock()
+	h.nodes, h.searched, h.waited = nil, time.Time{}, false
+	h.mu.Unlock()
+}
+
+// missing lists the ranks below world not in the map.
+func (h *rankHosts) missing(world int) []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []int
+	for r := range world {
+		if h.nodes[r] == "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// hosting returns the nodes that host the job's ranks, searching the
+// job's agents for ranks it has not found. The first time it waits (at
+// most ringWait) for every rank to register; later it searches at most
+// once per hostsSearchPace. missing lists the ranks not found, and why
+// the agents that did not answer.
+func (r *replicator) hosting(m *mesh.Mesh, world int) (nodes map[string]bool, missing []int, why string) {
+	s := r.s
+	for _, h := range s.Hosted(nil) {
+		r.hosts.note(h.Rank, s.info.Node)
+	}
+	wait := s.ringWait
+	if wait <= 0 {
+		wait = ringWaitDefault
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		missing = r.hosts.missing(world)
+		if len(missing) == 0 {
+			break
+		}
+		r.hosts.mu.Lock()
+		due := time.Since(r.hosts.searched) >= hostsSearchPace || !r.hosts.waited
+		first := !r.hosts.waited
+		r.hosts.mu.Unlock()
+		if !due {
+			break
+		}
+		why = r.searchHosts(m, missing)
+		r.hosts.mu.Lock()
+		r.hosts.searched = time.Now()
+		r.hosts.mu.Unlock()
+		if len(r.hosts.missing(world)) == 0 || !first || time.Now().After(deadline) || r.ctx.Err() != nil {
+			r.hosts.mu.Lock()
+			r.hosts.waited = true
+			r.hosts.mu.Unlock()
+			missing = r.hosts.missing(world)
+			break
+		}
+		select {
+		case <-r.ctx.Done():
+		case <-time.After(ringPoll):
+		}
+	}
+	r.hosts.mu.Lock()
+	defer r.hosts.mu.Unlock()
+	nodes = map[string]bool{}
+	for rank, n := range r.hosts.nodes {
+		if rank < world {
+			nodes[n] = true
+		}
+	}
+	return nodes, missing, why
+}
+
+// searchHosts asks the job's other agents which of the missing ranks run
+// on their nodes (a node may host found ranks and missing ones); it
+// returns why some did not answer.
+func (r *replicator) searchHosts(m *mesh.Mesh, missing []int) string {
+	var mu sync.Mutex
+	var whys []string
+	var wg sync.WaitGroup
+	for _, n := range m.Nodes() {
+		if n.Name == m.Self().Name {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(r.ctx, gatherWait)
+			defer cancel()
+			rep, err := m.Watermarks(ctx, n.Name, missing)
+			if err != nil {
+				mu.Lock()
+				whys = append(whys, fmt.Sprintf("%s: %v", n.Name, err))
+				mu.Unlock()
+				return
+			}
+			for _, h := range rep.Hosted {
+				if slices.Contains(missing, h.Rank) {
+					r.hosts.note(h.Rank, n.Name)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Strings(whys)
+	return strings.Join(whys, "; ")
+}
+
+// placement returns this node's placement peers for the state of a rank
+// of a job of world ranks, logging the placement when it changes.
+func (r *replicator) placement(m *mesh.Mesh, world, copies int, log zerolog.Logger) ([]string, error) {
+	var alloc []string
+	for _, n := range m.Nodes() {
+		alloc = append(alloc, n.Name)
+	}
+	hosting, missing, why := r.hosting(m, world)
+	if len(missing) > 0 {
+		reason := fmt.Sprintf("ranks %s are not registered with any agent that answered", strings.Join(intStrings(missing), ","))
+		if why != "" {
+			reason += " (" + why + ")"
+		}
+		r.warnOnce(log, "place:partial").Str("event", "replica_placement_partial").Ints("missing_ranks", missing).Str("reason", reason).
+			Msg("placing the copies of unreplicated buffers over all the job's nodes, spares included, until every rank's node is known: reft explain's placement needs the rank-to-node map")
+		hosting = nil
+	}
+	var names []string
+	for _, n := range alloc {
+		if hosting == nil || hosting[n] {
+			names = append(names, n)
+		}
+	}
+	dom, err := r.s.topo.DomainsOf(names)
+	if err != nil {
+		r.warnOnce(log, "place:domains").Str("event", "replica_placement_domains").Err(err).
+			Msg("the failure domains in reft.toml do not work: copies of unreplicated buffers are placed without them")
+		dom = nil
+	}
+	hs, p, err := holders(alloc, hosting, dom, m.Self().Name, copies)
 	if err != nil {
 		return nil, err
 	}
-	return p.Holders[self], nil
+	key := fmt.Sprint(names, p.Replicas, hs, p.Groups, p.Ring)
+	r.mu.Lock()
+	changed := key != r.placed
+	r.placed = key
+	r.mu.Unlock()
+	if changed {
+		log.Info().Str("event", "replica_placement").Strs("nodes", names).Str("strategy", p.Strategy).Int("replicas", p.Replicas).
+			Strs("holders", hs).Interface("groups", p.Groups).Strs("ring", p.Ring).
+			Msgf("copies of this node's unreplicated buffers go to %s (GEMINI %s placement over the nodes that host ranks, as reft explain prints)", strings.Join(hs, ","), p.Strategy)
+	}
+	return hs, nil
 }
 
 // announce queues generation g of a rank for its placement peers; it
@@ -213,7 +409,7 @@ func (s *Server) announce(rc *rankConn, g tmpfs.Generation, log zerolog.Logger) 
 		po = &pendingOut{}
 		r.out[g.Key.Rank] = po
 	}
-	po.next, po.copies = req, rc.sg.copies()
+	po.next, po.copies, po.world = req, rc.sg.copies(), rc.sg.world
 	if po.running {
 		return
 	}
@@ -227,7 +423,7 @@ func (r *replicator) sendLoop(po *pendingOut, log zerolog.Logger) {
 	defer r.wg.Done()
 	for {
 		r.mu.Lock()
-		req, copies := po.next, po.copies
+		req, copies, world := po.next, po.copies, po.world
 		po.next = nil
 		if req == nil || r.ctx.Err() != nil {
 			po.running = false
@@ -235,19 +431,19 @@ func (r *replicator) sendLoop(po *pendingOut, log zerolog.Logger) {
 			return
 		}
 		r.mu.Unlock()
-		r.send(*req, copies, log)
+		r.send(*req, copies, world, log)
 	}
 }
 
 // send tells every placement peer of this node about req.
-func (r *replicator) send(req peer.ReplicateRequest, copies int, log zerolog.Logger) {
+func (r *replicator) send(req peer.ReplicateRequest, copies, world int, log zerolog.Logger) {
 	m := r.s.meshNow()
 	if m == nil {
 		r.warnOnce(log, "send:nomesh").Str("event", "replica_off").Int("rank", req.Rank).
 			Msg("background replication waits for peering (status says why it is not on): the rank's unreplicated buffers have no peer copy yet")
 		return
 	}
-	hs, err := holders(m.Nodes(), m.Self().Name, copies)
+	hs, err := r.placement(m, world, copies, log)
 	if err != nil {
 		r.warnOnce(log, "send:place").Str("event", "replica_off").Err(err).Int("rank", req.Rank).
 			Msg("background replication is off: a lost node's unreplicated buffers come only from the persistent tier")

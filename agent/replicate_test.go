@@ -8,9 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/sg"
 	reftclient "github.com/reft-hpc/reft/client"
+	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -19,18 +21,35 @@ import (
 // holds, so after a node loss only a placement peer's replica gives it back.
 
 // replicaHolders are the nodes (by name) that keep copies of node's
-// ranks' unreplicated buffers under spec.
+// ranks' unreplicated buffers: reft explain's placement (sg.Model) of the
+// job's ranks, allocation and failure domains.
 func (j *shJobRun) replicaHolders(node string, copies int) []string {
 	j.t.Helper()
-	var nodes []mesh.Node
-	for i, n := range j.nodes {
-		nodes = append(nodes, mesh.Node{Index: i, Name: n.name})
+	rankNode := make([]string, len(j.nodes))
+	for r, n := range j.nodes {
+		rankNode[r] = n.name
 	}
-	hs, err := holders(nodes, node, copies)
+	return modelHolders(j.t, j.spec, rankNode, j.alloc(), j.opt.topo)[node]
+}
+
+// modelHolders is the placement `reft explain` computes for spc: every
+// node's holders.
+func modelHolders(t testing.TB, spc string, rankNode, alloc []string, topo config.Topology) map[string][]string {
+	t.Helper()
+	sp, err := spec.Parse(spc)
 	if err != nil {
-		j.t.Fatal(err)
+		t.Fatal(err)
 	}
-	return hs
+	dom, err := topo.DomainsOf(alloc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := sg.NewModel(sg.Job{Spec: sp, Layout: sg.Layout{DP: len(rankNode), PP: 1, TP: 1},
+		Topology: sg.Topology{RankNode: rankNode, Nodes: alloc, Domain: dom}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return md.Placement.Holders
 }
 
 func (j *shJobRun) node(name string) *shNode {
@@ -228,40 +247,145 @@ func TestReplicaPausedDuringCommPhase(t *testing.T) {
 	}
 }
 
-// TestHolders: GEMINI placement over the job's nodes, in allocation order.
+// TestHolders: the agent's placement peers are those of reft explain's
+// model (sg.Model.Placement) over the nodes that host ranks: spares keep
+// no copies wherever they sit in the allocation, placement groups span
+// failure domains, and nodes with several ranks count once.
 func TestHolders(t *testing.T) {
-	nodes := func(names ...string) []mesh.Node {
-		var out []mesh.Node
-		for i, n := range names {
-			out = append(out, mesh.Node{Index: i, Name: n})
-		}
-		return out
-	}
+	racks := config.Topology{Domains: map[string]string{"rackA": "n[1-2]", "rackB": "n[3-4],s1"}}
+	pattern := config.Topology{DomainPattern: `^n(\d)`} // one domain per digit: n1a, n1b share one
 	cases := []struct {
-		nodes  []mesh.Node
-		self   string
-		copies int
-		want   []string
-		err    string
+		name     string
+		spec     string
+		rankNode []string // by rank
+		alloc    []string // allocation order; nil: the ranks' nodes
+		topo     config.Topology
+		self     string
+		want     []string // nil: only compared with the model
 	}{
-		{nodes("n1", "n2", "n3", "n4"), "n1", 1, []string{"n2"}, ""},
-		{nodes("n1", "n2", "n3", "n4"), "n4", 1, []string{"n3"}, ""},
-		{nodes("n1", "n2", "n3", "n4", "n5"), "n5", 1, []string{"n3"}, ""}, // mixed: ring n3 n4 n5
-		{nodes("n1", "n2", "n3", "n4"), "n3", 2, []string{"n4", "n1"}, ""}, // mixed: one ring of all four
-		{nodes("n1", "n2"), "n1", 3, []string{"n2"}, ""},                   // copies cut to the nodes there are
-		{nodes("n1"), "n1", 1, nil, "no other node"},
+		{"arc, 4 nodes", "arc", []string{"n1", "n2", "n3", "n4"}, nil, config.Topology{}, "n1", []string{"n2"}},
+		{"arc, 4 nodes, last", "arc", []string{"n1", "n2", "n3", "n4"}, nil, config.Topology{}, "n4", []string{"n3"}},
+		{"arc, 5 nodes: mixed", "arc", []string{"n1", "n2", "n3", "n4", "n5"}, nil, config.Topology{}, "n5", []string{"n3"}},
+		{"arc+aec: ring of four", "arc+aec", []string{"n1", "n2", "n3", "n4"}, nil, config.Topology{}, "n3", []string{"n4", "n1"}},
+		{"arc, spare last", "arc", []string{"n1", "n2", "n3", "n4"}, []string{"n1", "n2", "n3", "n4", "s1"}, config.Topology{}, "n4", []string{"n3"}},
+		{"arc, spare first", "arc", []string{"n1", "n2", "n3", "n4"}, []string{"s1", "n1", "n2", "n3", "n4"}, config.Topology{}, "n1", []string{"n2"}},
+		{"arc, spare between", "arc", []string{"n1", "n2", "n3", "n4"}, []string{"n1", "s1", "n2", "n3", "n4"}, config.Topology{}, "n2", []string{"n1"}},
+		{"arc, racks: groups span them", "arc", []string{"n1", "n2", "n3", "n4"}, nil, racks, "n1", []string{"n3"}},
+		{"arc, racks and a spare", "arc", []string{"n1", "n2", "n3", "n4"}, []string{"n1", "s1", "n2", "n3", "n4"}, racks, "n2", []string{"n4"}},
+		{"aec:2, racks, spare", "aec:2", []string{"n1", "n2", "n3", "n4", "n5"}, []string{"n1", "n2", "s1", "n3", "n4", "n5"}, racks, "n3", nil},
+		{"arc, two ranks a node", "arc", []string{"n1a", "n1a", "n2a", "n2a", "n3a", "n3a"}, []string{"n1a", "n2a", "s1", "n3a"}, config.Topology{}, "n3a", nil},
+		{"arc, domain pattern", "arc", []string{"n1a", "n1b", "n2a", "n2b"}, []string{"n1a", "n1b", "n2a", "n2b", "n3a"}, pattern, "n1a", []string{"n2a"}},
+		{"arc+aec, two nodes: copies cut", "arc+aec", []string{"n1", "n2", "n2"}, []string{"n1", "s1", "n2"}, config.Topology{}, "n1", []string{"n2"}},
 	}
 	for _, tc := range cases {
-		got, err := holders(tc.nodes, tc.self, tc.copies)
-		if tc.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("holders(%v, %s, %d) error %v, want %q", tc.nodes, tc.self, tc.copies, err, tc.err)
+		t.Run(tc.name, func(t *testing.T) {
+			alloc := tc.alloc
+			if alloc == nil {
+				alloc = slices.Compact(slices.Clone(tc.rankNode))
 			}
-			continue
+			want := modelHolders(t, tc.spec, tc.rankNode, alloc, tc.topo)
+			hosting := map[string]bool{}
+			for _, n := range tc.rankNode {
+				hosting[n] = true
+			}
+			var names []string
+			for _, n := range alloc {
+				if hosting[n] {
+					names = append(names, n)
+				}
+			}
+			dom, err := tc.topo.DomainsOf(names)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sp, _ := spec.Parse(tc.spec)
+			copies := max(sp.AECParity, boolInt(sp.AEC)) + boolInt(sp.ARC)
+			for _, n := range alloc {
+				got, _, err := holders(alloc, hosting, dom, n, copies)
+				if !hosting[n] {
+					if err == nil {
+						t.Errorf("spare %s got holders %v, want an error (it hosts no rank)", n, got)
+					}
+					if len(want[n]) > 0 {
+						t.Errorf("the model gives spare %s holders %v", n, want[n])
+					}
+					continue
+				}
+				if err != nil || !slices.Equal(got, want[n]) {
+					t.Errorf("holders of %s = %v, %v; the model (reft explain) says %v", n, got, err, want[n])
+				}
+				for _, h := range got {
+					if !hosting[h] {
+						t.Errorf("holders of %s include %s, which hosts no rank", n, h)
+					}
+				}
+			}
+			if tc.want != nil {
+				if got, _, _ := holders(alloc, hosting, dom, tc.self, copies); !slices.Equal(got, tc.want) {
+					t.Errorf("holders of %s = %v, want %v", tc.self, got, tc.want)
+				}
+			}
+		})
+	}
+	t.Run("one node", func(t *testing.T) {
+		if _, _, err := holders([]string{"n1", "s1"}, map[string]bool{"n1": true}, nil, "n1", 1); err == nil || !strings.Contains(err.Error(), "no other node") {
+			t.Errorf("one node with ranks: error %v, want no other node", err)
 		}
-		if err != nil || !slices.Equal(got, tc.want) {
-			t.Errorf("holders(%v, %s, %d) = %v, %v; want %v", tc.nodes, tc.self, tc.copies, got, err, tc.want)
-		}
+	})
+}
+
+// TestReplicaPlacementLikeExplain: four ranks on n1-n4 of an allocation
+// with a spare between them (n1 s1 n2 n3 n4) in two racks, in one
+// sharding group (dp=4) or two (dp=2,pp=2: an agent's group search finds
+// only half the ranks, the placement's search the rest). The copies of
+// every rank's unreplicated buffers land exactly where reft explain's
+// placement puts them (across the racks, none on the spare), the agents
+// log that placement, and after n2 is lost and its rank relaunched on the
+// spare, every rank restores bit for bit, rank 1's unreplicated buffers
+// from a placement peer.
+func TestReplicaPlacementLikeExplain(t *testing.T) {
+	racks := config.Topology{Domains: map[string]string{"rackA": "n[1-2]", "rackB": "n[3-4],s1"}}
+	for _, layout := range []string{"dp=4", "dp=2,pp=2"} {
+		t.Run(layout, func(t *testing.T) {
+			roots := map[string]string{}
+			j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "", shOpts{topo: racks, alloc: []string{"n1", "s1", "n2", "n3", "n4"}, layout: layout})
+			j.saveSteps(3, true)
+			j.waitReplicas(t, 3, 1)
+			want := map[string][]string{}
+			for r, n := range j.nodes {
+				want[n.name] = j.replicaHolders(n.name, 1)
+				for _, h := range want[n.name] {
+					if slices.Contains([]string{"n1", "n2"}, h) == slices.Contains([]string{"n1", "n2"}, n.name) {
+						t.Errorf("%s's copies are on %s, in the same rack", n.name, h)
+					}
+				}
+				for _, o := range append(slices.Clone(j.nodes), j.spares...) {
+					if o != n && !slices.Contains(want[n.name], o.name) && replicaStep(o, r) >= 0 {
+						t.Errorf("%s holds a replica of rank %d, but reft explain's placement puts it on %v", o.name, r, want[n.name])
+					}
+				}
+				evs := n.log.Events("replica_placement")
+				if len(evs) == 0 || fmt.Sprint(evs[len(evs)-1]["holders"]) != fmt.Sprint(want[n.name]) {
+					t.Errorf("%s logged replica_placement %v, want holders %v", n.name, evs, want[n.name])
+				}
+				if evs := n.log.Events("replica_placement_partial"); len(evs) > 0 {
+					t.Errorf("%s placed without the full rank map: %v", n.name, evs)
+				}
+			}
+			if len(j.spares) != 1 || j.spares[0].name != "s1" || len(j.spares[0].st.Keys()) != 0 {
+				t.Fatalf("spare s1 holds %v, want nothing", j.spares[0].st.Keys())
+			}
+			t.Logf("holders: %v", want)
+			j = j.relaunch(roots, []int{1})
+			step, errs, bufs := j.restoreAll(true)
+			if step != 3 {
+				t.Fatalf("agreed on step %d, want 3 (errors %v)", step, errs)
+			}
+			checkRestored(t, step, errs, bufs, true)
+			if ev, fields := restoreEvent(t, j.nodes[1]); !strings.Contains(fmt.Sprint(fields["sources"]), "unreplicated:peer@"+want["n2"][0]) {
+				t.Errorf("rank 1 on the spare logged %s with sources %v, want its unreplicated buffers from %s", ev, fields["sources"], want["n2"][0])
+			}
+		})
 	}
 }
 

@@ -361,6 +361,7 @@ func (s *Server) noteHost(g *groupState, rank int, node string) {
 	s.groupsMu.Lock()
 	g.hosts[rank] = node
 	s.groupsMu.Unlock()
+	s.repl.hosts.note(rank, node) // the job's rank map, for placement
 }
 
 // localShared warns about the group's members registered on this node,

@@ -181,6 +181,25 @@ func newSGInfo(sp spec.Spec, req proto.Register) (*sgInfo, error) {
 	return si, nil
 }
 
+// whyLocal says why a registration under a SPEC that protects across
+// nodes got the node-local layout (si nil), "" when it did not or the
+// SPEC does not protect.
+func whyLocal(sp spec.Spec, req proto.Register, si *sgInfo) string {
+	if si != nil || !sp.Enabled() || !sp.ARC && !sp.AEC && !sp.AOR {
+		return ""
+	}
+	l, err := jobLayout(sp, req.Layout, req.World)
+	switch {
+	case err != nil:
+		return "" // refused elsewhere
+	case l.DP < 2:
+		return "dp=1: its sharding group has no other member to keep a copy or parity"
+	case !sp.ARC && !sp.AEC:
+		return "aor keeps replicas only of ZeRO-1 optimizer state registered with aor objects, and this registration has none (an optimizer without state, such as SGD, or no ZeRO-1); add arc or aec (aor+arc) to protect the rest"
+	}
+	return "nothing is registered as replicated, so the rank has no sharding group; register the buffers that are the same on every DP rank as replicated"
+}
+
 // dpOrder is the group's members by DP index.
 func (si *sgInfo) dpOrder() []int {
 	c := si.layout.Coord(si.rank)

@@ -19,16 +19,25 @@ import (
 
 // AOR over the multi-agent harness: DP = 4 ranks, one per node, each with
 // a replicated parameter buffer, the step's reduced gradient (replicated)
-// and its ZeRO-1 shard of Adam's m and v. The test computes every owner's
-// m and v with agent/aor's kernels, as a trainer does; the agents keep
-// the replicas. A lost node's rank gets back its m and v from its ring
+// and its ZeRO-1 shard of the optimizer's state (m and v for Adam and
+// AdamW, m for momentum, none for SGD). The test computes every owner's
+// state with agent/aor's kernels, as a trainer does; the agents keep the
+// replicas. A lost node's rank gets back its state from its ring
 // predecessor's replica, bit for bit.
 
 const aorElems = 40_003 // gradient elements
 
 var (
-	aorCut = [][2]int64{{0, 10_001}, {10_001, 10_001}, {20_002, 10_001}, {30_003, 10_000}}
-	aorOpt = aor.Optimizer{Kind: aor.Adam, Beta1: 0.9, Beta2: 0.999}
+	aorCut  = [][2]int64{{0, 10_001}, {10_001, 10_001}, {20_002, 10_001}, {30_003, 10_000}}
+	aorAdam = aor.Optimizer{Kind: aor.Adam, Beta1: 0.9, Beta2: 0.999}
+	// aorOptimizers are the optimizers AOR supports, PyTorch's defaults
+	// (momentum's factor as commonly set).
+	aorOptimizers = []aor.Optimizer{
+		{Kind: aor.SGD},
+		{Kind: aor.Momentum, Momentum: 0.9},
+		aorAdam,
+		{Kind: aor.AdamW, Beta1: 0.9, Beta2: 0.999},
+	}
 )
 
 // aorGrad is the step's reduced gradient (the same on every rank).
@@ -41,20 +50,23 @@ func aorGrad(step int64) []float32 {
 	return g
 }
 
-// aorMV is rank dp's m and v after steps 1..step (from zero), or, with
-// skip, the state a trainer has at step whatever it saved.
-func aorMV(step int64, dp int) (m, v []float32) {
+// aorOptState is rank dp's optimizer state after steps 1..step (from zero),
+// by state buffer name (m, v; none for sgd).
+func aorOptState(opt aor.Optimizer, step int64, dp int) map[string][]float32 {
 	sh := aorCut[dp]
-	m, v = make([]float32, sh[1]), make([]float32, sh[1])
+	out := map[string][]float32{}
+	for _, name := range opt.StateBuffers() {
+		out[name] = make([]float32, sh[1])
+	}
 	for s := int64(1); s <= step; s++ {
 		g := aorGrad(s)[sh[0] : sh[0]+sh[1]]
-		aorOpt.Moments(m, v, g)
+		opt.Moments(out[aor.StateM], out[aor.StateV], g)
 	}
-	return m, v
+	return out
 }
 
 // aorRankBufs are a rank's buffers at step (zeros at step 0).
-func aorRankBufs(t testing.TB, step int64, rank int) map[string][]byte {
+func aorRankBufs(t testing.TB, opt aor.Optimizer, step int64, rank int) map[string][]byte {
 	out := map[string][]byte{}
 	w := make([]byte, 30_011)
 	if step > 0 {
@@ -78,19 +90,21 @@ func aorRankBufs(t testing.TB, step int64, rank int) map[string][]byte {
 	} else {
 		put("grads", make([]float32, aorElems))
 	}
-	m, v := aorMV(step, rank)
-	put("m", m)
-	put("v", v)
+	for name, f := range aorOptState(opt, step, rank) {
+		put(name, f)
+	}
 	return out
 }
 
-func aorInfo(state string, rank int) reftclient.AOR {
-	return reftclient.AOR{Optimizer: aorOpt.Kind, State: state, Beta1: aorOpt.Beta1, Beta2: aorOpt.Beta2,
+func aorInfo(opt aor.Optimizer, state string, rank int) reftclient.AOR {
+	return reftclient.AOR{Optimizer: opt.Kind, State: state, Beta1: opt.Beta1, Beta2: opt.Beta2, Momentum: opt.Momentum,
 		Grad: "grads", Shards: aorCut, Index: rank}
 }
 
-// aorOpen registers a rank's buffers as reft-train does under --zero1.
-func aorOpen(t testing.TB, j *shJobRun, rank int, bufs map[string][]byte) *reftclient.Client {
+// aorOpen registers a rank's buffers as reft-train does under --zero1: the
+// gradient and the state buffers with aor objects; without state (sgd)
+// the gradient is a replicated buffer like any other.
+func aorOpen(t testing.TB, j *shJobRun, opt aor.Optimizer, rank int, bufs map[string][]byte) *reftclient.Client {
 	t.Helper()
 	c, err := reftclient.Open(context.Background(), reftclient.Options{Socket: j.nodes[rank].sock, Rank: rank, World: len(j.nodes),
 		Layout: "dp=" + strconv.Itoa(len(j.nodes)), ChunkSize: 64 << 10})
@@ -107,15 +121,16 @@ func aorOpen(t testing.TB, j *shJobRun, rank int, bufs map[string][]byte) *reftc
 	}
 	must(c.Register("layer0.weight", bufs["layer0.weight"], reftclient.Replicated))
 	must(c.Register("grads", bufs["grads"], reftclient.Replicated))
-	must(c.RegisterOptimizerState("m", bufs["m"], aorInfo("m", rank)))
-	must(c.RegisterOptimizerState("v", bufs["v"], aorInfo("v", rank)))
+	for _, st := range opt.StateBuffers() {
+		must(c.RegisterOptimizerState(st, bufs[st], aorInfo(opt, st, rank)))
+	}
 	return c
 }
 
 // aorSave has client c of rank save steps (bufs updated to each first).
-func aorSave(t testing.TB, c *reftclient.Client, rank int, bufs map[string][]byte, steps ...int64) error {
+func aorSave(t testing.TB, c *reftclient.Client, opt aor.Optimizer, rank int, bufs map[string][]byte, steps ...int64) error {
 	for _, st := range steps {
-		for k, v := range aorRankBufs(t, st, rank) {
+		for k, v := range aorRankBufs(t, opt, st, rank) {
 			copy(bufs[k], v)
 		}
 		if err := c.Save(st).Wait(context.Background()); err != nil {
@@ -142,8 +157,8 @@ func aorRelaunch(t *testing.T, j *shJobRun, roots map[string]string, failed []in
 
 // aorRestore opens every rank with zeroed buffers, agrees on the newest
 // common step, restores it and checks every rank's buffers against that
-// step; it returns the clients (still open) and their buffers.
-func aorRestore(t *testing.T, j *shJobRun, want int64) ([]*reftclient.Client, []map[string][]byte) {
+// step, bit for bit; it returns the clients (still open) and their buffers.
+func aorRestore(t *testing.T, j *shJobRun, opt aor.Optimizer, want int64) ([]*reftclient.Client, []map[string][]byte) {
 	t.Helper()
 	w := len(j.nodes)
 	cs := make([]*reftclient.Client, w)
@@ -152,8 +167,8 @@ func aorRestore(t *testing.T, j *shJobRun, want int64) ([]*reftclient.Client, []
 	errs := make([]error, w)
 	var wg sync.WaitGroup
 	for r := range w {
-		bufs[r] = aorRankBufs(t, 0, r)
-		cs[r] = aorOpen(t, j, r, bufs[r])
+		bufs[r] = aorRankBufs(t, opt, 0, r)
+		cs[r] = aorOpen(t, j, opt, r, bufs[r])
 		t.Cleanup(func() { cs[r].Close() })
 		wg.Add(1)
 		go func() {
@@ -179,8 +194,8 @@ func aorRestore(t *testing.T, j *shJobRun, want int64) ([]*reftclient.Client, []
 		if errs[r] != nil {
 			t.Fatalf("rank %d: restore of step %d: %v", r, want, errs[r])
 		}
-		exp := aorRankBufs(t, want, r)
-		for _, name := range []string{"layer0.weight", "m", "v"} {
+		exp := aorRankBufs(t, opt, want, r)
+		for _, name := range append([]string{"layer0.weight"}, opt.StateBuffers()...) {
 			if !slices.Equal(bufs[r][name], exp[name]) {
 				t.Fatalf("rank %d buffer %s differs from step %d", r, name, want)
 			}
@@ -205,26 +220,41 @@ func restoreEvent(t *testing.T, n *shNode) (string, map[string]any) {
 	return name, ev
 }
 
-// TestAORRestoreEveryNode: with aor (replicated buffers whole on every
-// member) and arc+aor (sharded slice with ARC copies), losing any one node
-// restores every rank's m and v bit for bit from the predecessor's
-// replica; the ranks then go on saving from the seeded replicas, and
-// losing the next node restores again.
+// TestAORRestoreEveryNode: for SGD, momentum, Adam and AdamW, with aor
+// (replicated buffers whole on every member), arc+aor (sharded slice with
+// ARC copies) and aec+aor (sharded slice with XOR parity), losing any one
+// node restores every rank's parameters and optimizer state bit for bit,
+// the lost rank's state from its predecessor's AOR replica; the ranks
+// then go on saving from the seeded replicas, and losing the next node
+// restores again. SGD keeps no state, so AOR has nothing to replicate and
+// its registration is an ordinary one: aor alone gives it no protection
+// across nodes (the agent says so), arc or aec do.
 func TestAORRestoreEveryNode(t *testing.T) {
-	for _, spc := range []string{"aor", "arc+aor"} {
+	type tcase struct {
+		opt  aor.Optimizer
+		spec string
+	}
+	var cases []tcase
+	for _, o := range aorOptimizers {
+		for _, spc := range []string{"aor", "arc+aor", "aec+aor"} {
+			cases = append(cases, tcase{o, spc})
+		}
+	}
+	for _, tc := range cases {
+		states := tc.opt.StateBuffers()
 		for lost := range 4 {
-			t.Run(fmt.Sprintf("%s/lost=%d", spc, lost), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/%s/lost=%d", tc.opt.Kind, tc.spec, lost), func(t *testing.T) {
 				roots := map[string]string{}
-				j := startJob(t, spc, []string{"n1", "n2", "n3", "n4"}, roots, "")
+				j := startJob(t, tc.spec, []string{"n1", "n2", "n3", "n4"}, roots, "")
 				var wg sync.WaitGroup
 				for r := range 4 {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						bufs := aorRankBufs(t, 0, r)
-						c := aorOpen(t, j, r, bufs)
+						bufs := aorRankBufs(t, tc.opt, 0, r)
+						c := aorOpen(t, j, tc.opt, r, bufs)
 						defer c.Close()
-						if err := aorSave(t, c, r, bufs, 1, 2, 3); err != nil {
+						if err := aorSave(t, c, tc.opt, r, bufs, 1, 2, 3); err != nil {
 							t.Error(err)
 						}
 					}()
@@ -238,19 +268,39 @@ func TestAORRestoreEveryNode(t *testing.T) {
 						t.Fatalf("rank %d: replica invalid without a gap: %v", r, evs)
 					}
 				}
+				if len(states) == 0 && tc.spec == "aor" {
+					// Nothing to replicate: the ranks' registrations are not
+					// sharded, so the lost rank's state is nowhere else.
+					j = aorRelaunch(t, j, roots, []int{lost}, "a")
+					c := aorOpen(t, j, tc.opt, lost, aorRankBufs(t, tc.opt, 0, lost))
+					defer c.Close()
+					if g, err := c.Generations(context.Background()); err != nil || len(g) != 0 {
+						t.Fatalf("rank %d's replacement lists steps %v (%v) under aor with SGD, which has no state to replicate", lost, g, err)
+					}
+					evs := j.nodes[lost].log.Events("protection_local")
+					if len(evs) != 1 || !strings.Contains(fmt.Sprint(evs[0]["reason"]), "add arc or aec") {
+						t.Fatalf("rank %d's agent logged protection_local %v, want one saying aor has nothing to replicate", lost, evs)
+					}
+					return
+				}
 				j = aorRelaunch(t, j, roots, []int{lost}, "a")
-				cs, bufs := aorRestore(t, j, 3)
+				cs, bufs := aorRestore(t, j, tc.opt, 3)
 				ev, fields := restoreEvent(t, j.nodes[lost])
 				src, _ := fields["sources"].(string)
-				if ev != "restore_peer" || !strings.Contains(src, "m:aor@") || !strings.Contains(src, "v:aor@") {
-					t.Fatalf("replacement of rank %d logged %s with sources %q, want restore_peer with m and v from aor", lost, ev, src)
+				if ev != "restore_peer" && ev != "decode" {
+					t.Fatalf("replacement of rank %d logged %s, want restore_peer or decode", lost, ev)
+				}
+				for _, st := range states {
+					if !strings.Contains(src, st+":aor@") {
+						t.Fatalf("replacement of rank %d logged sources %q, want %s from the AOR replica", lost, src, st)
+					}
 				}
 				// Go on: step 4 from the replicas the restore seeded.
 				for r := range 4 {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						if err := aorSave(t, cs[r], r, bufs[r], 4); err != nil {
+						if err := aorSave(t, cs[r], tc.opt, r, bufs[r], 4); err != nil {
 							t.Error(err)
 						}
 					}()
@@ -266,8 +316,8 @@ func TestAORRestoreEveryNode(t *testing.T) {
 				// turn: every replica after a restore must be right.
 				next := (lost + 1) % 4
 				j = aorRelaunch(t, j, roots, []int{next}, "b")
-				aorRestore(t, j, 4)
-				if ev, _ := restoreEvent(t, j.nodes[next]); ev != "restore_peer" {
+				aorRestore(t, j, tc.opt, 4)
+				if ev, _ := restoreEvent(t, j.nodes[next]); ev != "restore_peer" && ev != "decode" {
 					t.Fatalf("replacement of rank %d logged %s", next, ev)
 				}
 			})
@@ -287,14 +337,14 @@ func TestAORGap(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			bufs := aorRankBufs(t, 0, r)
-			c := aorOpen(t, j, r, bufs)
+			bufs := aorRankBufs(t, aorAdam, 0, r)
+			c := aorOpen(t, j, aorAdam, r, bufs)
 			defer c.Close()
 			steps := []int64{1, 2, 3}
 			if r == 0 {
 				steps = []int64{1, 3}
 			}
-			if err := aorSave(t, c, r, bufs, steps...); err != nil {
+			if err := aorSave(t, c, aorAdam, r, bufs, steps...); err != nil {
 				t.Error(err)
 			}
 		}()
@@ -305,7 +355,7 @@ func TestAORGap(t *testing.T) {
 		t.Fatalf("rank 0 logged aor_invalid %v, want one naming the missing step 2", evs)
 	}
 	j = aorRelaunch(t, j, roots, []int{1}, "a")
-	c := aorOpen(t, j, 1, aorRankBufs(t, 0, 1))
+	c := aorOpen(t, j, aorAdam, 1, aorRankBufs(t, aorAdam, 0, 1))
 	defer c.Close()
 	err := c.RestoreStep(context.Background(), 3)
 	if err == nil || !strings.Contains(err.Error(), "the AOR replica rank 0 keeps is not valid for that step") {
@@ -320,7 +370,7 @@ func TestAORBadRegistration(t *testing.T) {
 	roots := map[string]string{}
 	j := startJob(t, "aor", []string{"n1", "n2", "n3", "n4"}, roots, "")
 	a := func(state string, idx int) *proto.AOR {
-		x := aorInfo(state, idx)
+		x := aorInfo(aorAdam, state, idx)
 		return &x
 	}
 	bufs := func(m, v *proto.AOR, gradRep bool) []proto.BufferSpec {
@@ -368,15 +418,15 @@ func TestAORGapPersistent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			bufs := aorRankBufs(t, 0, r)
-			c := aorOpen(t, j, r, bufs)
+			bufs := aorRankBufs(t, aorAdam, 0, r)
+			c := aorOpen(t, j, aorAdam, r, bufs)
 			defer c.Close()
 			steps := []int64{1, 2, 3}
 			if r == 0 {
 				steps = []int64{1, 3}
 			}
 			for _, st := range steps {
-				if err := aorSave(t, c, r, bufs, st); err != nil {
+				if err := aorSave(t, c, aorAdam, r, bufs, st); err != nil {
 					t.Error(err)
 					return
 				}
@@ -386,7 +436,7 @@ func TestAORGapPersistent(t *testing.T) {
 	}
 	wg.Wait()
 	j = aorRelaunch(t, j, roots, []int{1}, "a")
-	cs, bufs := aorRestore(t, j, 3)
+	cs, bufs := aorRestore(t, j, aorAdam, 3)
 	if ev, fields := restoreEvent(t, j.nodes[1]); ev != "restore_persistent" {
 		t.Fatalf("replacement of rank 1 logged %s %v, want restore_persistent", ev, fields)
 	}
@@ -394,7 +444,7 @@ func TestAORGapPersistent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := aorSave(t, cs[r], r, bufs[r], 4); err != nil {
+			if err := aorSave(t, cs[r], aorAdam, r, bufs[r], 4); err != nil {
 				t.Error(err)
 			}
 			j.nodes[r].per.Wait()
@@ -407,7 +457,7 @@ func TestAORGapPersistent(t *testing.T) {
 		}
 	}
 	j = aorRelaunch(t, j, roots, []int{2}, "b")
-	aorRestore(t, j, 4)
+	aorRestore(t, j, aorAdam, 4)
 	if ev, _ := restoreEvent(t, j.nodes[2]); ev != "restore_peer" {
 		t.Fatalf("replacement of rank 2 logged %s, want restore_peer (from rank 1's seeded replica)", ev)
 	}

@@ -229,6 +229,10 @@ type restorePlan struct {
 	parity  [][]cand // per position: its parity units; nil without
 	others  []cand   // the rank's unreplicated buffers: copies of its generation, or its placement peers' replicas
 	reasons []string // why not ok
+	// lost are the shards no in-memory source can give back, each with
+	// why (the restore_fallback and restore_persistent events list them
+	// all; the reasons shorten a big group's).
+	lost []lostShard
 	// whole: copies of generations that hold the replicated buffers
 	// whole (aor without arc or aec), the rank's own first.
 	whole []cand
@@ -242,6 +246,15 @@ type restorePlan struct {
 	// generation, wherever it survives) or peer (replicas, replicate.go).
 	othersSource sg.Source
 	si           *sgInfo // the rank's group on the ring the step was saved with
+}
+
+// lostShard is one shard of a rank's state that memory lost.
+type lostShard struct {
+	Kind     string `json:"kind"`            // replicated, optimizer or unreplicated
+	Group    string `json:"group,omitempty"` // the sharding group
+	Position int    `json:"position"`        // ring position; -1 for unreplicated buffers
+	Rank     int    `json:"rank"`            // the owner
+	Reason   string `json:"reason"`
 }
 
 func (p restorePlan) sources() string {
@@ -380,6 +393,7 @@ func (s *Server) plan(si *sgInfo, v *storeView, step int64) restorePlan {
 			p.decode = append(p.decode, q)
 		case sg.SourcePersistent:
 			lost = true
+			p.lost = append(p.lost, lostShard{Kind: sg.Replicated.String(), Group: group, Position: q, Rank: sh.Rank, Reason: sh.Reason})
 		}
 		p.shards = append(p.shards, src)
 	}
@@ -448,6 +462,7 @@ func (s *Server) planOthers(si *sgInfo, v *storeView, p *restorePlan, locs func(
 	default:
 		p.reasons = append(p.reasons, fmt.Sprintf("%s and its placement peers hold replicas of steps %v, not of step %d", what, steps, p.step))
 	}
+	p.lost = append(p.lost, lostShard{Kind: "unreplicated", Position: -1, Rank: si.rank, Reason: p.reasons[len(p.reasons)-1]})
 }
 
 // candidateSteps are the steps any member of the SG (or the rank itself)
@@ -522,8 +537,12 @@ func (s *Server) persistedSteps(si *sgInfo, log zerolog.Logger) []int64 {
 // restoreStats is what an assembled restore did.
 type restoreStats struct {
 	local, peer, decoded atomic.Int64
-	peers                sync.Map         // node -> struct{}
-	prog                 *restoreProgress // nil: not reported
+	// failovers counts the chunks (and local sections) that a copy
+	// failed, a checksum mismatch or a lost peer, and another gave.
+	failovers atomic.Int64
+	peers     sync.Map         // node -> struct{}
+	prog      *restoreProgress // nil: not reported
+	log       *zerolog.Logger  // the restore's; nil: the server's
 }
 
 // restoreSharded assembles the rank's state at step (< 0: the newest the
@@ -533,6 +552,7 @@ type restoreStats struct {
 func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (tmpfs.Generation, string, error) {
 	si := rc.sg
 	ctx := context.Background()
+	s.repl.hosts.forget() // a restore follows a relaunch: ranks may have moved
 	v := s.view(ctx, si)
 	steps := si.candidateSteps(v)
 	if step >= 0 {
@@ -541,6 +561,7 @@ func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (t
 	chosen, first := s.firstRestorable(si, v, steps)
 	event := "restore_local"
 	var reason string
+	var lost []lostShard // what memory lost, when the persistent tier restores
 	if chosen == nil {
 		if step >= 0 {
 			// The ranks agreed on a step memory cannot give (a persisted
@@ -563,8 +584,11 @@ func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (t
 			return tmpfs.Generation{}, "", lostError{fmt.Sprintf("%s; %v", reason, err)}
 		}
 		chosen, event = p, "restore_persistent"
+		if first != nil {
+			lost = first.lost
+		}
 		log.Warn().Str("event", "restore_fallback").Int("rank", si.rank).Int64("generation", p.step).Str("reason", reason).
-			Msg("in-memory restore is impossible; restoring from the persistent directory")
+			Interface("lost_shards", lost).Msg("in-memory restore is impossible; restoring from the persistent directory")
 	}
 	t0 := time.Now()
 	// The step's own ring, from here on: the assembly reads its shards by
@@ -572,7 +596,7 @@ func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (t
 	// on it, and the group keeps it for the saves that follow.
 	si = chosen.si
 	rc.sg, rc.ringFixed = si, false
-	st := restoreStats{prog: newRestoreProgress(log, si.rank, chosen.step, rc.registeredBytes()+chosen.parityBytes(si), s.progressEvery)}
+	st := restoreStats{prog: newRestoreProgress(log, si.rank, chosen.step, rc.registeredBytes()+chosen.parityBytes(si), s.progressEvery), log: &log}
 	g, err := s.assemble(ctx, rc, si, chosen, &st, log)
 	st.prog.close()
 	if err == nil {
@@ -615,10 +639,10 @@ func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (t
 	total := st.local.Load() + st.peer.Load() + st.decoded.Load()
 	ev := log.Info().Str("event", event).Int("rank", si.rank).Int64("generation", chosen.step).Int64("bytes", total).
 		Int64("local_bytes", st.local.Load()).Int64("peer_bytes", st.peer.Load()).Int64("decoded_bytes", st.decoded.Load()).
-		Strs("peers", peers).Str("sources", chosen.sources()).Dur("duration", d).
+		Strs("peers", peers).Str("sources", chosen.sources()).Int64("failovers", st.failovers.Load()).Dur("duration", d).
 		Float64("rate_mb_s", float64(total)/1e6/max(d.Seconds(), 1e-9))
 	if reason != "" {
-		ev = ev.Str("reason", reason)
+		ev = ev.Str("reason", reason).Interface("lost_shards", lost)
 	}
 	ev.Msg("restore assembled from the sharding group")
 	return g, event, nil
@@ -878,10 +902,12 @@ func (s *Server) decode(ctx context.Context, si *sgInfo, p *restorePlan, rep []b
 
 // fetchInto fills dst with a section that each candidate holds whole:
 // from this node's store if a local copy verifies, else from the peers, a
-// chunk that fails its checksum taken from the next copy.
+// chunk that fails its checksum taken from the next copy. Every copy that
+// failed while another delivered is logged (chunk_failover) and counted.
 func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []cand, st *restoreStats) error {
 	var lastErr error
 	var remote []cand
+	var localBad []string // local copies that failed, with why
 	for _, c := range cands {
 		if c.loc.node != "" {
 			remote = append(remote, c)
@@ -889,10 +915,12 @@ func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []cand, st *re
 		}
 		if err := s.copyLocal(dst, c); err != nil {
 			lastErr = err
+			localBad = append(localBad, err.Error())
 			continue
 		}
 		st.local.Add(int64(len(dst)))
 		st.prog.add(int64(len(dst)))
+		s.logFailover(st, c, localBad, nil, nil, "this node")
 		return nil
 	}
 	if len(remote) == 0 {
@@ -906,6 +934,7 @@ func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []cand, st *re
 		return errors.Join(lastErr, errors.New("peering is off: the copies on other nodes cannot be read"))
 	}
 	var spec peer.FetchSpec
+	nodeOf := map[string]string{} // source address -> node
 	for _, c := range remote {
 		cctx, cancel := context.WithTimeout(ctx, gatherWait)
 		info, err := m.Manifest(cctx, c.loc.node, c.loc.key)
@@ -916,11 +945,13 @@ func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []cand, st *re
 		cancel()
 		if err != nil {
 			lastErr = err
+			localBad = append(localBad, fmt.Sprintf("%s on %s: %v", c.sec, c.loc.node, err))
 			continue
 		}
 		b := info.Buffer(c.sec)
 		if b == nil || b.Size != int64(len(dst)) {
 			lastErr = fmt.Errorf("%s on %s has no section %s of %d bytes", c.loc.key, c.loc.node, c.sec, len(dst))
+			localBad = append(localBad, lastErr.Error())
 			continue
 		}
 		if spec.Sources == nil {
@@ -929,6 +960,7 @@ func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []cand, st *re
 			continue // another chunking: its checksums do not compare
 		}
 		spec.Sources = append(spec.Sources, src)
+		nodeOf[src.Addr] = c.loc.node
 		st.peers.Store(c.loc.node, struct{}{})
 	}
 	if len(spec.Sources) == 0 {
@@ -937,11 +969,46 @@ func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []cand, st *re
 	if len(dst) == 0 {
 		return nil
 	}
-	if _, err := m.Fetch(ctx, spec); err != nil {
+	fs, err := m.Fetch(ctx, spec)
+	if err != nil {
 		return err
 	}
 	st.peer.Add(int64(len(dst)))
+	s.logFailover(st, cands[0], localBad, fs.Recovered, nodeOf, "peers")
 	return nil
+}
+
+// chunkFailover is one chunk that a copy failed and another delivered.
+type chunkFailover struct {
+	Chunk  int      `json:"chunk"`
+	Failed []string `json:"failed"` // "node: why", in the order tried
+	From   string   `json:"from"`   // the node that delivered it
+}
+
+// logFailover says, once per section, which copies failed (whole:
+// local copies and peers that could not serve the section; chunks: the
+// chunks a peer failed and another delivered) and counts them.
+func (s *Server) logFailover(st *restoreStats, c cand, whole []string, chunks []peer.ChunkRecovery, nodeOf map[string]string, by string) {
+	if len(whole) == 0 && len(chunks) == 0 {
+		return
+	}
+	n := len(whole)
+	fo := make([]chunkFailover, len(chunks))
+	for i, rc := range chunks {
+		fo[i] = chunkFailover{Chunk: rc.Chunk, From: nodeOf[rc.From.Addr]}
+		for _, a := range rc.Attempts {
+			fo[i].Failed = append(fo[i].Failed, fmt.Sprintf("%s: %v", nodeOf[a.Source.Addr], a.Err))
+		}
+		n += len(rc.Attempts)
+	}
+	st.failovers.Add(int64(n))
+	log := s.log
+	if st.log != nil {
+		log = *st.log
+	}
+	log.Warn().Str("event", "chunk_failover").Int("owner_rank", c.loc.key.Rank).Int64("generation", c.loc.key.Step).Str("section", c.sec).
+		Strs("copies_failed", whole).Interface("chunks", fo).Int("failovers", n).
+		Msgf("restore: %d read(s) of section %s failed (a checksum mismatch or a copy that could not be read); another copy served them (%s)", n, c.sec, by)
 }
 
 // copyLocal copies a section of a generation in this node's store,
@@ -998,6 +1065,13 @@ func persistedKey(rank int) string { return persistedShard + "-for-" + strconv.I
 func (s *Server) planAOR(si *sgInfo, p *restorePlan, pl sg.Plan, group string, locs func(int) []genLoc, step int64) {
 	names := si.aorStateNames()
 	p.opt = map[string][]cand{}
+	had := len(p.reasons)
+	defer func() {
+		if len(p.reasons) > had {
+			p.lost = append(p.lost, lostShard{Kind: sg.Optimizer.String(), Group: group, Position: si.pos, Rank: si.rank,
+				Reason: strings.Join(p.reasons[had:], "; ")})
+		}
+	}()
 	switch p.optSource {
 	case sg.SourceLocal:
 		for _, n := range names {

@@ -146,13 +146,14 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 
 // shJobRun is a job: its nodes by rank.
 type shJobRun struct {
-	t     testing.TB
-	spec  string
-	nodes []*shNode // by rank
-	pdir  string
-	lo    int // the port range's low end
-	opt   shOpts
-	took  []time.Duration // each rank's RestoreStep in the last restoreAll
+	t      testing.TB
+	spec   string
+	nodes  []*shNode // by rank
+	spares []*shNode // the allocation's nodes without ranks
+	pdir   string
+	lo     int // the port range's low end
+	opt    shOpts
+	took   []time.Duration // each rank's RestoreStep in the last restoreAll
 }
 
 // shOpts change the harness's defaults (benchmarks).
@@ -165,6 +166,9 @@ type shOpts struct {
 	// a group's members (0: the default).
 	topo     config.Topology
 	ringWait time.Duration
+	// alloc is the allocation's node order; its nodes that no rank runs
+	// on are spares, with agents of their own (nil: the ranks' nodes).
+	alloc []string
 }
 
 // startJob starts one agent per distinct name (rank i on names[i], so a
@@ -183,7 +187,7 @@ func startJob(t testing.TB, spc string, names []string, roots map[string]string,
 		o.bufs = shBuffers
 	}
 	topo := mesh.Topology{}
-	for _, nm := range names {
+	for _, nm := range append(slices.Clone(o.alloc), names...) {
 		if !slices.ContainsFunc(topo.Nodes, func(n mesh.Node) bool { return n.Name == nm }) {
 			topo.Nodes = append(topo.Nodes, mesh.Node{Index: len(topo.Nodes), Name: nm, Addr: "127.0.0.1"})
 		}
@@ -191,22 +195,37 @@ func startJob(t testing.TB, spc string, names []string, roots map[string]string,
 	lo := shPorts(t, len(topo.Nodes))
 	j := &shJobRun{t: t, spec: spc, pdir: pdir, lo: lo, opt: o}
 	started := map[string]*shNode{}
-	for _, nm := range names {
+	for _, n := range topo.Nodes {
+		nm := n.Name
 		if roots[nm] == "" {
 			roots[nm] = filepath.Join(t.TempDir(), "shm")
 		}
-		if started[nm] == nil {
-			started[nm] = shStart(t, nm, roots[nm], spc, mesh.Fixed(topo), lo, pdir, o)
+		started[nm] = shStart(t, nm, roots[nm], spc, mesh.Fixed(topo), lo, pdir, o)
+		if !slices.Contains(names, nm) {
+			j.spares = append(j.spares, started[nm])
 		}
+	}
+	for _, nm := range names {
 		j.nodes = append(j.nodes, started[nm])
 	}
 	return j
 }
 
 func (j *shJobRun) stop() {
-	for _, n := range j.nodes {
+	for _, n := range append(slices.Clone(j.nodes), j.spares...) {
 		n.stop()
 	}
+}
+
+// alloc is the job's node order (spares included).
+func (j *shJobRun) alloc() []string {
+	out := slices.Clone(j.opt.alloc)
+	for _, n := range j.nodes {
+		if !slices.Contains(out, n.name) {
+			out = append(out, n.name)
+		}
+	}
+	return out
 }
 
 // shBuffers are a rank's registered buffers at step: replicated ones are
@@ -350,11 +369,16 @@ func (j *shJobRun) relaunch(roots map[string]string, failed []int) *shJobRun {
 	for r, n := range j.nodes {
 		names[r] = n.name
 	}
+	o := j.opt
+	o.alloc = slices.Clone(o.alloc)
 	for i, r := range failed {
 		os.RemoveAll(roots[names[r]]) // the node's tmpfs is gone
+		// The lost node leaves the allocation; spare s<i+1> takes its
+		// ranks (an allocation's spare if it has one).
+		o.alloc = slices.DeleteFunc(o.alloc, func(n string) bool { return n == names[r] })
 		names[r] = "s" + strconv.Itoa(i+1)
 	}
-	return startJob(j.t, j.spec, names, roots, j.pdir, j.opt)
+	return startJob(j.t, j.spec, names, roots, j.pdir, o)
 }
 
 func subsets(m, k int) [][]int {
@@ -387,21 +411,32 @@ func checkRestored(t *testing.T, step int64, errs []error, bufs []map[string][]b
 	}
 }
 
+// upTo is every subset of 0..m-1 with 1 to k members.
+func upTo(m, k int) [][]int {
+	var out [][]int
+	for i := 1; i <= k; i++ {
+		out = append(out, subsets(m, i)...)
+	}
+	return out
+}
+
 // TestShardedRestoreEveryFailureSet: for each mode and combination, every
 // set of failed members up to its tolerance (and arc's non-adjacent pair,
-// which it also survives) restores step 3 bit for bit.
+// which it also survives) restores step 3 bit for bit. (aor's combinations
+// need optimizer state: TestAORRestoreEveryNode.)
 func TestShardedRestoreEveryFailureSet(t *testing.T) {
 	cases := []struct {
 		spec string
 		sets [][]int
 		want []string // restore events the replacement ranks may log
 	}{
-		{"arc", subsets(4, 1), []string{"restore_peer"}},
+		{"arc", upTo(4, 1), []string{"restore_peer"}},
 		{"arc", [][]int{{0, 2}, {1, 3}}, []string{"restore_peer"}},
-		{"aec", subsets(4, 1), []string{"decode"}},
-		{"aec:2", subsets(4, 2), []string{"decode"}},
-		{"arc+aec", subsets(4, 2), []string{"restore_peer", "decode"}},
-		{"arc+aec:2", subsets(4, 3), []string{"restore_peer", "decode"}},
+		{"aec", upTo(4, 1), []string{"decode"}},
+		{"aec:2", upTo(4, 2), []string{"decode"}},
+		{"aec:3", upTo(4, 3), []string{"decode"}},
+		{"arc+aec", upTo(4, 2), []string{"restore_peer", "decode"}},
+		{"arc+aec:2", upTo(4, 3), []string{"restore_peer", "decode"}},
 	}
 	for _, tc := range cases {
 		for _, failed := range tc.sets {
@@ -435,9 +470,13 @@ func TestShardedRestoreEveryFailureSet(t *testing.T) {
 	}
 }
 
-// TestShardedRestoreBeyondTolerance: arc loses two ring neighbours. With a
-// persistent tier the job restores from it and says which shard memory
-// lost; without one, restore fails naming the lost shard and the fix.
+// TestShardedRestoreBeyondTolerance: failures beyond a mode's tolerance.
+// With a persistent tier the job restores from it; every rank's
+// restore_fallback and restore_persistent events say why (the group and
+// exactly the lost ranks) and list every shard memory lost, each with its
+// reason (lost_shards), however many (the human reason names two and
+// counts the rest). Without one, restore fails naming the lost shard and
+// the fix.
 func TestShardedRestoreBeyondTolerance(t *testing.T) {
 	// The agreed persisted step may still be in the survivors' memory
 	// (persist=1) or long released from it (persist=3, two steps later):
@@ -446,15 +485,21 @@ func TestShardedRestoreBeyondTolerance(t *testing.T) {
 	for _, tc := range []struct {
 		spec        string
 		saved, want int64
+		failed      []int
+		group       string // the reason's start
+		lostRanks   []int  // whose shards lost_shards lists
+		shardReason string // in each lost shard's reason
 	}{
-		{"arc,persist=1", 3, 3},
-		{"arc,persist=3", 5, 3},
+		{"arc,persist=1", 3, 3, []int{1, 2}, "SG (pp=0,tp=0) lost ranks 1 and 2", []int{2}, "its ARC copy on rank 1"},
+		{"arc,persist=3", 5, 3, []int{1, 2}, "SG (pp=0,tp=0) lost ranks 1 and 2", []int{2}, "its ARC copy on rank 1"},
+		{"aec,persist=1", 3, 3, []int{1, 2}, "SG (pp=0,tp=0) lost ranks 1 and 2", []int{1, 2}, "AEC stripe"},
+		{"aec,persist=1", 3, 3, []int{0, 1, 2}, "SG (pp=0,tp=0) lost ranks 0, 1 and 2", []int{0, 1, 2}, "AEC stripe"},
 	} {
-		t.Run("persistent "+tc.spec, func(t *testing.T) {
+		t.Run(fmt.Sprintf("persistent %s/lost=%v", tc.spec, tc.failed), func(t *testing.T) {
 			roots := map[string]string{}
 			j := startJob(t, tc.spec, []string{"n1", "n2", "n3", "n4"}, roots, t.TempDir())
 			j.saveSteps(tc.saved, false)
-			j = j.relaunch(roots, []int{1, 2})
+			j = j.relaunch(roots, tc.failed)
 			step, errs, bufs := j.restoreAll(false)
 			if step != tc.want {
 				t.Fatalf("agreed on step %d, want the persisted step %d (errors %v)", step, tc.want, errs)
@@ -465,12 +510,34 @@ func TestShardedRestoreBeyondTolerance(t *testing.T) {
 				if len(evs) != 1 {
 					t.Fatalf("rank %d logged %d restore_persistent events", r, len(evs))
 				}
+				fb := n.log.Events("restore_fallback")
+				if len(fb) != 1 {
+					t.Fatalf("rank %d logged %d restore_fallback events", r, len(fb))
+				}
 				reason, _ := evs[0]["reason"].(string)
-				if !strings.Contains(reason, "SG (pp=0,tp=0) lost ranks 1 and 2") {
-					t.Errorf("rank %d: reason %q does not name the group and exactly the lost ranks 1 and 2", r, reason)
+				if !strings.Contains(reason, tc.group) {
+					t.Errorf("rank %d: reason %q does not name the group and exactly the lost ranks %v", r, reason, tc.failed)
+				}
+				for _, e := range []map[string]any{fb[0], evs[0]} {
+					lost, _ := e["lost_shards"].([]any)
+					var ranks []int
+					for _, l := range lost {
+						ls, _ := l.(map[string]any)
+						rk, _ := ls["rank"].(float64)
+						ranks = append(ranks, int(rk))
+						why, _ := ls["reason"].(string)
+						if ls["kind"] != "replicated" || ls["group"] != "(pp=0,tp=0)" || !strings.Contains(why, fmt.Sprintf("rank %d's shard was on", int(rk))) ||
+							!strings.Contains(why, tc.shardReason) || ls["position"] != rk {
+							t.Errorf("rank %d's %s: lost shard %v, want rank %d's replicated shard of (pp=0,tp=0) at its position with %q in its reason", r, e["event"], ls, int(rk), tc.shardReason)
+						}
+					}
+					if !slices.Equal(ranks, tc.lostRanks) {
+						t.Errorf("rank %d's %s lists lost shards of ranks %v, want %v", r, e["event"], ranks, tc.lostRanks)
+					}
 				}
 				if r == 0 {
 					t.Logf("reason: %s", reason)
+					t.Logf("lost_shards: %v", evs[0]["lost_shards"])
 				}
 			}
 		})
@@ -494,40 +561,82 @@ func TestShardedRestoreBeyondTolerance(t *testing.T) {
 	})
 }
 
-// TestShardedRestoreCorruptPeerChunk: a surviving owner's shard is
-// corrupted at rest; the ranks that fetch it take the chunk from the ARC
-// copy instead, and every rank gets the exact bytes.
+// TestShardedRestoreCorruptPeerChunk: rank 1's own shard of step 3 is
+// corrupted at rest on n2 (one byte in the middle). Every rank that reads
+// it finds the chunk's checksum wrong and takes it from rank 0's ARC copy
+// on n1 instead, says so (chunk_failover: the chunk, n2's checksum error,
+// n1) and counts it in its restore event; every rank gets the exact bytes.
+// Rank 0 reads its own ARC copy, so it never touches the corrupt chunk.
+// With n4 lost, the replacement of rank 3 does the same while it fetches
+// everything from peers.
 func TestShardedRestoreCorruptPeerChunk(t *testing.T) {
-	roots := map[string]string{}
-	j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "")
-	j.saveSteps(3, false)
-	// Flip a byte of rank 1's own shard of step 3 on n2.
-	st := j.nodes[1].st
-	g := st.Generations(tmpfs.Key{Rank: 1, Shard: tmpfs.DefaultShard})[0]
-	var off int64 = -1
-	for _, b := range g.Manifest.Buffers {
-		if b.Name == secShard {
-			off = b.Offset + b.Size/2
-		}
+	for _, tc := range []struct {
+		name   string
+		failed []int
+		peer   []int // ranks that fetch the corrupt chunk from n2 over the network
+	}{
+		{"survivors", nil, []int{2, 3}},
+		{"replacement of n4", []int{3}, []int{2, 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			roots := map[string]string{}
+			j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, roots, "")
+			j.saveSteps(3, false)
+			// Flip a byte of rank 1's own shard of step 3 on n2.
+			st := j.nodes[1].st
+			g := st.Generations(tmpfs.Key{Rank: 1, Shard: tmpfs.DefaultShard})[0]
+			var off, chunk int64 = -1, -1
+			for _, b := range g.Manifest.Buffers {
+				if b.Name == secShard {
+					off = b.Offset + b.Size/2
+					chunk = (b.Size / 2) / g.Manifest.ChunkSize
+				}
+			}
+			if g.Step != 3 || off < 0 {
+				t.Fatalf("generation %d has no %s", g.Step, secShard)
+			}
+			f, err := os.OpenFile(g.ArenaPath, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b [1]byte
+			f.ReadAt(b[:], off)
+			b[0] ^= 0xff
+			f.WriteAt(b[:], off)
+			f.Close()
+			j = j.relaunch(roots, tc.failed)
+			step, errs, bufs := j.restoreAll(false)
+			if step != 3 {
+				t.Fatalf("agreed on step %d, want 3 (%v)", step, errs)
+			}
+			checkRestored(t, step, errs, bufs, false)
+			for r, n := range j.nodes {
+				fo := n.log.Events("chunk_failover")
+				_, ev := restoreEvent(t, n)
+				got, _ := ev["failovers"].(float64)
+				switch {
+				case r == 0:
+					if len(fo) != 0 || got != 0 {
+						t.Errorf("rank 0 (own ARC copy of shard 1) logged failovers %v: %v", got, fo)
+					}
+				case r == 1:
+					// Its own copy fails locally: the ARC copy on n1 serves it.
+					if len(fo) != 1 || !strings.Contains(fmt.Sprint(fo[0]["copies_failed"]), "snapshot chunk corrupt") || got < 1 {
+						t.Errorf("rank 1 logged chunk_failover %v and %v failovers, want its own corrupt copy named", fo, got)
+					}
+				case slices.Contains(tc.peer, r):
+					want := fmt.Sprintf("map[chunk:%d failed:[n2: chunk %d from ", chunk, chunk)
+					if len(fo) != 1 || fo[0]["section"] != secShard || fo[0]["owner_rank"] != 1.0 || !strings.Contains(fmt.Sprint(fo[0]["chunks"]), want) ||
+						!strings.Contains(fmt.Sprint(fo[0]["chunks"]), "source's stored") || !strings.Contains(fmt.Sprint(fo[0]["chunks"]), "from:n1") || got != 1 {
+						t.Errorf("%s (rank %d) logged chunk_failover %v and %v failovers; want chunk %d of rank 1's shard failing on n2 with a checksum mismatch and taken from n1", n.name, r, fo, got, chunk)
+					}
+				}
+				if len(fo) > 0 && r == 3 {
+					t.Logf("%s: %v", n.name, fo[0])
+				}
+			}
+		})
 	}
-	if g.Step != 3 || off < 0 {
-		t.Fatalf("generation %d has no %s", g.Step, secShard)
-	}
-	f, err := os.OpenFile(g.ArenaPath, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b [1]byte
-	f.ReadAt(b[:], off)
-	b[0] ^= 0xff
-	f.WriteAt(b[:], off)
-	f.Close()
-	j = j.relaunch(roots, nil)
-	step, errs, bufs := j.restoreAll(false)
-	if step != 3 {
-		t.Fatalf("agreed on step %d, want 3 (%v)", step, errs)
-	}
-	checkRestored(t, step, errs, bufs, false)
 }
 
 // checkProgress: a restore's progress events never go backwards and end

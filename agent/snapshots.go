@@ -209,6 +209,10 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	if err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
+	if why := whyLocal(s.spec(), req, si); why != "" {
+		s.repl.warnOnce(log, fmt.Sprintf("local:%d", req.Rank)).Str("event", "protection_local").Int("rank", req.Rank).Str("reason", why).
+			Msgf("rank %d's state is kept on this node only, although --reft=%s protects across nodes: %s", req.Rank, s.spec(), why)
+	}
 	if si != nil {
 		// A ring fixed already (another local rank's save, a restore)
 		// lays this rank out on it at once.

@@ -73,7 +73,10 @@ type Options struct {
 	// calls it with its own committed steps and it returns the steps that
 	// every rank holds (Gather builds one from an all-gather). Restore needs
 	// it when World > 1. Every rank must call Restore, as with any
-	// collective.
+	// collective. Restore calls it again after the copy, with other values,
+	// so that no rank trains unless every rank restored: it must return
+	// exactly the values that every rank passed (their intersection), as
+	// Gather's does.
 	Agree func(ctx context.Context, mine []int64) ([]int64, error)
 	// Log receives the once-only notices (a disabled client) and the JIT
 	// flush's lines. nil: stderr.

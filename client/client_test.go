@@ -458,47 +458,177 @@ func TestRestoreAgreement(t *testing.T) {
 		}
 	})
 	t.Run("local failure still takes part", func(t *testing.T) {
-		var got []int64
-		called := false
+		var calls [][]int64
 		c := open(t, a, client.Options{Rank: 1, World: 2, Agree: func(_ context.Context, mine []int64) ([]int64, error) {
-			called, got = true, mine
-			return []int64{1}, nil
+			calls = append(calls, slices.Clone(mine))
+			if len(calls) == 1 {
+				return []int64{1}, nil
+			}
+			return slices.DeleteFunc(slices.Clone(mine), func(v int64) bool { return v == 1 }), nil // the other rank fails nowhere
 		}})
 		// Nothing registered: this rank cannot restore, but the others
-		// must not hang in the collective.
+		// must not hang in the collectives, the step's nor the outcome's.
 		_, _, err := c.Restore(ctx)
-		if err == nil || !called || len(got) != 0 {
-			t.Fatalf("Restore = %v, Agree called %v with %v; want an error after Agree with no steps", err, called, got)
+		var re *client.RestoreError
+		if !errors.As(err, &re) || len(calls) < 2 || len(calls[0]) != 0 || len(calls[1]) != 0 || !slices.Equal(re.Ranks, []int{1}) || re.Step != -1 {
+			t.Fatalf("Restore = %v, Agree calls %v; want a RestoreError naming rank 1 after agreeing with no steps and on a failure", err, calls)
+		}
+		if !strings.Contains(err.Error(), "restore failed on rank 1 before a step was chosen") || !strings.Contains(err.Error(), "no buffers registered") {
+			t.Fatalf("error %q does not say rank 1 failed before a step was chosen, and why", err)
 		}
 	})
 }
 
+// corruptGeneration flips a byte of rank's committed generation of step in
+// the agent's store, so that the agent's restore finds it corrupt.
+func corruptGeneration(t *testing.T, a *agenttest.Agent, rank int, step int64) {
+	t.Helper()
+	dir := filepath.Join(a.Store.Dir(), fmt.Sprintf("r%d", rank), "state")
+	ms, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("g%d-*", step), "MANIFEST"))
+	if len(ms) != 1 {
+		t.Fatalf("rank %d's manifests of step %d: %v", rank, step, ms)
+	}
+	m := readManifest(t, ms[0])
+	f, err := os.OpenFile(filepath.Join(dir, m.Arena), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b [1]byte
+	off := m.Buffers[0].Offset + 100
+	if _, err := f.ReadAt(b[:], off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b[:], off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRestoreAllOrNothing: four ranks agree on step 2; the ranks whose
+// copy of it is corrupt cannot restore it, and then no rank's Restore
+// succeeds: every rank gets a RestoreError naming exactly the failed
+// ranks (the failed ones with their own corrupt error). Calling Restore
+// again on every rank, as the error says, restores step 1 everywhere,
+// since the agent dropped the corrupt generations.
+func TestRestoreAllOrNothing(t *testing.T) {
+	const world = 4
+	cases := []struct {
+		name   string
+		failed []int
+		who    string // how the error names them
+	}{
+		{"none", nil, ""},
+		{"rank 2", []int{2}, "rank 2"},
+		{"ranks 1 and 3", []int{1, 3}, "ranks 1, 3"},
+		{"every rank", []int{0, 1, 2, 3}, "ranks 0, 1, 2, 3"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := startAgent(t)
+			ctx := ctxT(t)
+			g := newGather(world)
+			cs := make([]*client.Client, world)
+			bufs := make([][]byte, world)
+			for r := range world {
+				cs[r] = open(t, a, client.Options{Rank: r, World: world, Agree: client.Gather(g.gather(r))})
+				bufs[r] = make([]byte, 10_000)
+				cs[r].Register("w", bufs[r], client.Sharded)
+				for s := 1; s <= 2; s++ {
+					pattern(bufs[r], 10*r+s)
+					if err := cs[r].Save(int64(s)).Wait(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				clear(bufs[r])
+			}
+			for _, r := range tc.failed {
+				corruptGeneration(t, a, r, 2)
+			}
+			restoreAll := func() ([]int64, []error) {
+				steps, errs := make([]int64, world), make([]error, world)
+				var wg sync.WaitGroup
+				for r := range world {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						var ok bool
+						steps[r], ok, errs[r] = cs[r].Restore(ctx)
+						if !ok && errs[r] == nil {
+							errs[r] = errors.New("nothing restored")
+						}
+					}()
+				}
+				wg.Wait()
+				return steps, errs
+			}
+			steps, errs := restoreAll()
+			want := int64(2)
+			if len(tc.failed) > 0 {
+				for r, err := range errs {
+					var re *client.RestoreError
+					if !errors.As(err, &re) || re.Step != 2 || !slices.Equal(re.Ranks, tc.failed) || re.More {
+						t.Fatalf("rank %d: Restore = %d, %v; want a RestoreError of step 2 naming ranks %v", r, steps[r], err, tc.failed)
+					}
+					if !strings.Contains(err.Error(), "restore of step 2 failed on "+tc.who+": no rank may train") {
+						t.Errorf("rank %d: error %q does not name %s", r, err, tc.who)
+					}
+					var ce *client.Error
+					if slices.Contains(tc.failed, r) != (errors.As(err, &ce) && ce.Code == client.CodeCorrupt) {
+						t.Errorf("rank %d: error %v; want its own corrupt error exactly on the failed ranks", r, err)
+					}
+				}
+				t.Logf("rank 0: %v", errs[0])
+				steps, errs = restoreAll() // again, as the error says
+				want = 1
+			}
+			for r := range world {
+				if errs[r] != nil || steps[r] != want {
+					t.Fatalf("rank %d: Restore = %d, %v; want step %d", r, steps[r], errs[r], want)
+				}
+				mustEqual(t, fmt.Sprintf("rank %d", r), bufs[r], patterned(len(bufs[r]), 10*r+int(want)))
+			}
+		})
+	}
+}
+
 // gather is an in-process all-gather among world goroutines, standing in
-// for MPI or torch.distributed.
+// for MPI or torch.distributed: each rank's n-th call joins round n.
 type gather struct {
-	mu    sync.Mutex
-	world int
+	mu     sync.Mutex
+	world  int
+	rounds []*gatherRound
+	next   []int // per rank, its next round
+}
+
+type gatherRound struct {
 	lists [][]int64
 	n     int
 	done  chan struct{}
 }
 
 func newGather(world int) *gather {
-	return &gather{world: world, lists: make([][]int64, world), done: make(chan struct{})}
+	return &gather{world: world, next: make([]int, world)}
 }
 
 func (g *gather) gather(rank int) func(context.Context, []int64) ([][]int64, error) {
 	return func(ctx context.Context, mine []int64) ([][]int64, error) {
 		g.mu.Lock()
-		g.lists[rank] = mine
-		g.n++
-		if g.n == g.world {
-			close(g.done)
+		i := g.next[rank]
+		g.next[rank]++
+		for len(g.rounds) <= i {
+			g.rounds = append(g.rounds, &gatherRound{lists: make([][]int64, g.world), done: make(chan struct{})})
+		}
+		rd := g.rounds[i]
+		rd.lists[rank] = slices.Clone(mine) // a real all-gather copies too
+		rd.n++
+		if rd.n == g.world {
+			close(rd.done)
 		}
 		g.mu.Unlock()
 		select {
-		case <-g.done:
-			return g.lists, nil
+		case <-rd.done:
+			return rd.lists, nil
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

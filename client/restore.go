@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/reft-hpc/reft/agent/proto"
 )
@@ -75,9 +77,13 @@ func (c *Client) Progress(ctx context.Context, step int64) error {
 // rank of the job holds and returns it; ok is false when there is none
 // (start fresh). With World > 1 it is a collective: every rank must call
 // it, and Options.Agree picks the step. It first finishes an outstanding
-// save. A generation found corrupt is dropped by the agent and the error's
-// Code is CodeCorrupt; calling Restore again (on every rank) picks the
-// newest step that is left.
+// save. With World > 1 no rank returns success unless every rank does:
+// after the copy the ranks agree again (Options.Agree, see there), and if
+// any rank failed, every rank's Restore returns a *RestoreError naming the
+// failed ranks (its buffers may then hold the step's bytes). A generation
+// found corrupt is dropped by the agent and the failed rank's error has
+// Code CodeCorrupt; calling Restore again (on every rank) picks the newest
+// step that is left.
 func (c *Client) Restore(ctx context.Context) (step int64, ok bool, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -94,29 +100,157 @@ func (c *Client) Restore(ctx context.Context) (step int64, ok bool, err error) {
 			"pass client.Gather(yourAllGather) or call RestoreStep with an agreed step", c.opt.World)
 	}
 	mine, err := c.prepareRestore(ctx)
-	if c.opt.World > 1 {
-		// Take part even after a local failure (with no steps), so that
-		// the other ranks are not left waiting in the collective.
-		all, aerr := c.opt.Agree(ctx, mine)
+	if c.opt.World <= 1 {
 		if err != nil {
 			return 0, false, fmt.Errorf("restore: %w", err)
 		}
-		if aerr != nil {
-			return 0, false, fmt.Errorf("restore: agreeing on the step with the other ranks: %w", aerr)
+		step, ok = CommonNewest([][]int64{mine})
+		if !ok {
+			return 0, false, nil
 		}
-		mine = Common([][]int64{all, mine})
+		if err := c.restore(ctx, step); err != nil {
+			return 0, false, err
+		}
+		return step, true, nil
 	}
+	// Take part even after a local failure (with no steps), so that the
+	// other ranks are not left waiting in the collective.
+	all, aerr := c.opt.Agree(ctx, mine)
+	if aerr != nil {
+		return 0, false, errors.Join(fmt.Errorf("restore: agreeing on the step with the other ranks: %w", aerr), err)
+	}
+	step, ok = -1, false
 	if err != nil {
-		return 0, false, fmt.Errorf("restore: %w", err)
+		err = fmt.Errorf("restore: %w", err)
+	} else if step, ok = CommonNewest([][]int64{all, mine}); ok {
+		err = c.restore(ctx, step)
+	} else {
+		step = -1
 	}
-	step, ok = CommonNewest([][]int64{mine})
+	// Agree again: no rank trains unless every rank holds the step.
+	failed, more, aerr := agreeFailed(ctx, c.opt.Agree, c.opt.Rank, c.opt.World, err != nil)
+	if aerr != nil {
+		return 0, false, errors.Join(fmt.Errorf("restore: agreeing with the other ranks that every rank restored: %w", aerr), err)
+	}
+	if err != nil && !slices.Contains(failed, c.opt.Rank) {
+		failed = append(failed, c.opt.Rank) // an Agree that breaks its contract must not hide our own failure
+		slices.Sort(failed)
+	}
+	if len(failed) > 0 {
+		return 0, false, &RestoreError{Step: step, Ranks: failed, More: more, Err: err}
+	}
 	if !ok {
 		return 0, false, nil
 	}
-	if err := c.restore(ctx, step); err != nil {
-		return 0, false, err
-	}
 	return step, true, nil
+}
+
+// RestoreError is Restore's error on every rank when a rank of the job
+// could not restore: no rank may train from a state the others lack.
+type RestoreError struct {
+	Step  int64 // the agreed step; -1 when a rank failed before one was chosen
+	Ranks []int // the ranks that failed, ascending (at most maxNamedRanks)
+	More  bool  // more ranks failed than Ranks names
+	Err   error // this rank's own failure; nil on the ranks that restored
+}
+
+func (e *RestoreError) Error() string {
+	return restoreFailedMessage(e.Step, e.Ranks, e.More) + ownFailure(e.Err)
+}
+
+func (e *RestoreError) Unwrap() error { return e.Err }
+
+// restoreFailedMessage is the text every rank reports; the Python client
+// (reft/session.py) writes the same.
+func restoreFailedMessage(step int64, ranks []int, more bool) string {
+	names := make([]string, len(ranks))
+	for i, r := range ranks {
+		names[i] = strconv.Itoa(r)
+	}
+	who := "rank " + names[0]
+	if len(names) > 1 {
+		who = "ranks " + strings.Join(names, ", ")
+	}
+	if more {
+		who += " and more"
+	}
+	what := fmt.Sprintf("restore of step %d failed on %s", step, who)
+	if step < 0 {
+		what = fmt.Sprintf("restore failed on %s before a step was chosen", who)
+	}
+	return what + ": no rank may train from a state the others lack, so restore fails on every rank; " +
+		"the failed rank's error and its node's agent log say why; call restore again on every rank " +
+		"(a corrupt generation is dropped, so the ranks agree on an older step) or restart the job"
+}
+
+func ownFailure(err error) string {
+	if err == nil {
+		return ""
+	}
+	return " (this rank: " + err.Error() + ")"
+}
+
+// The outcome agreement names failed ranks through Agree's contract alone
+// (it returns the values every rank passed): each round splits the ranges
+// of ranks that hold a failure into up to outcomeBuckets parts, and every
+// rank passes the indexes of the parts it does not fail in, so the parts
+// missing from the result hold failed ranks. All is well after one round;
+// naming f failed ranks of W takes 1 + ceil(log_64 W) rounds, each passing
+// at most maxNamedRanks * outcomeBuckets values.
+const (
+	outcomeBuckets = 64
+	maxNamedRanks  = 16
+)
+
+// agreeFailed runs the outcome agreement of a rank (failed: this rank
+// failed) and returns the failed ranks, ascending; more is true when more
+// than maxNamedRanks parts held failures and only the first are named.
+func agreeFailed(ctx context.Context, agree func(context.Context, []int64) ([]int64, error), rank, world int, failed bool) (ranks []int, more bool, err error) {
+	mine := []int64{0}
+	if failed {
+		mine = []int64{}
+	}
+	got, err := agree(ctx, mine)
+	if err != nil || slices.Contains(got, 0) {
+		return nil, false, err
+	}
+	ranges := [][2]int{{0, world}} // [lo, hi): each holds a failed rank
+	for slices.ContainsFunc(ranges, func(r [2]int) bool { return r[1]-r[0] > 1 }) {
+		var parts [][2]int
+		for _, r := range ranges {
+			n := r[1] - r[0]
+			k := min(outcomeBuckets, n)
+			for i := range k {
+				parts = append(parts, [2]int{r[0] + i*n/k, r[0] + (i+1)*n/k})
+			}
+		}
+		mine = mine[:0]
+		for i, p := range parts {
+			if !failed || rank < p[0] || rank >= p[1] {
+				mine = append(mine, int64(i))
+			}
+		}
+		if got, err = agree(ctx, mine); err != nil {
+			return nil, false, err
+		}
+		clean := map[int64]bool{}
+		for _, i := range got {
+			clean[i] = true
+		}
+		ranges = ranges[:0]
+		for i, p := range parts {
+			if !clean[int64(i)] {
+				ranges = append(ranges, p)
+			}
+		}
+		if len(ranges) > maxNamedRanks {
+			ranges, more = ranges[:maxNamedRanks], true
+		}
+	}
+	for _, r := range ranges {
+		ranks = append(ranks, r[0])
+	}
+	return ranks, more, nil
 }
 
 // prepareRestore finishes the outstanding save and lists this rank's steps.

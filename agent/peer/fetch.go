@@ -72,6 +72,17 @@ type FetchStats struct {
 	Requests  int           // fetch requests sent
 	Failovers int           // chunk attempts that failed and moved on
 	Duration  time.Duration // wall time
+	// Recovered are the chunks delivered after failed attempts (a
+	// checksum mismatch, a source without them, a dead peer): which
+	// sources failed them and why, and which delivered them.
+	Recovered []ChunkRecovery
+}
+
+// ChunkRecovery is a chunk that a later source delivered.
+type ChunkRecovery struct {
+	Chunk    int
+	Attempts []Attempt
+	From     Source
 }
 
 // Attempt is one failed try of a chunk.
@@ -269,6 +280,12 @@ func (cl *Client) Fetch(ctx context.Context, spec FetchSpec) (FetchStats, error)
 	if fatal != nil {
 		return stats, fatal
 	}
+	for _, c := range chunks {
+		if st := state[c]; len(st.attempts) > 0 && st.cur < len(st.cands) && !slices.Contains(failed, c) {
+			stats.Recovered = append(stats.Recovered, ChunkRecovery{Chunk: c, Attempts: st.attempts, From: st.cands[st.cur]})
+		}
+	}
+	slices.SortFunc(stats.Recovered, func(a, b ChunkRecovery) int { return a.Chunk - b.Chunk })
 	if len(failed) > 0 {
 		slices.Sort(failed)
 		fe := &FetchError{Total: len(chunks)}

@@ -185,6 +185,26 @@ func TestFetchFallback(t *testing.T) {
 			if st.Failovers != tc.failovers {
 				t.Fatalf("%d failovers, want %d", st.Failovers, tc.failovers)
 			}
+			// Every failover is reported with the chunk, the failed
+			// attempts and the source that delivered it.
+			var n int
+			for _, rc := range st.Recovered {
+				n += len(rc.Attempts)
+				for _, a := range rc.Attempts {
+					if a.Source == rc.From {
+						t.Errorf("chunk %d recovered from %s, which failed it", rc.Chunk, rc.From.Addr)
+					}
+				}
+				if (rc.Chunk == 3 || rc.Chunk == 17) && rc.From.Addr != sGood.Addr().String() {
+					t.Errorf("corrupt chunk %d recovered from %s, want the good peer", rc.Chunk, rc.From.Addr)
+				}
+				if tc.name == "corrupt first" && (!errors.Is(rc.Attempts[0].Err, ErrChecksum) || rc.Chunk != 3 && rc.Chunk != 17) {
+					t.Errorf("chunk %d recovered after %v; want chunks 3 and 17 after a checksum error", rc.Chunk, rc.Attempts)
+				}
+			}
+			if n != tc.failovers {
+				t.Errorf("recovered chunks report %d failed attempts, want %d (%+v)", n, tc.failovers, st.Recovered)
+			}
 		})
 	}
 

@@ -62,6 +62,58 @@ def common_newest(lists):
     return max(common) if common else None
 
 
+# The outcome agreement of restore() names the failed ranks through
+# agree's contract alone (it returns the values every rank passed): each
+# round splits the ranges of ranks that hold a failure into up to
+# _OUTCOME_BUCKETS parts, and every rank passes the indexes of the parts it
+# does not fail in. The Go client (client/restore.go, agreeFailed) does
+# the same, so the clients of one job agree with each other.
+_OUTCOME_BUCKETS = 64
+_MAX_NAMED_RANKS = 16
+
+
+def _agree_values(agree, mine):
+    got = agree(mine)
+    try:
+        return list(got)
+    except TypeError:
+        raise Error("restore(): agree returned %r; expected a list of steps" % (got,)) from None
+
+
+def _agree_failed(agree, rank, world, failed):
+    """The failed ranks (ascending, at most _MAX_NAMED_RANKS) and whether
+    more failed, from every rank's call with its own outcome."""
+    if 0 in _agree_values(agree, [] if failed else [0]):
+        return [], False
+    ranges, more = [(0, world)], False
+    while any(hi - lo > 1 for lo, hi in ranges):
+        parts = []
+        for lo, hi in ranges:
+            n = hi - lo
+            k = min(_OUTCOME_BUCKETS, n)
+            parts.extend((lo + i * n // k, lo + (i + 1) * n // k) for i in range(k))
+        mine = [i for i, (lo, hi) in enumerate(parts) if not failed or not lo <= rank < hi]
+        clean = set(_agree_values(agree, mine))
+        ranges = [p for i, p in enumerate(parts) if i not in clean]
+        if len(ranges) > _MAX_NAMED_RANKS:
+            ranges, more = ranges[:_MAX_NAMED_RANKS], True
+    return [lo for lo, _ in ranges], more
+
+
+def _restore_failed_message(step, ranks, more):
+    """What every rank says when a rank could not restore (the Go client's
+    restoreFailedMessage says the same)."""
+    who = "rank %d" % ranks[0] if len(ranks) == 1 else "ranks " + ", ".join(str(r) for r in ranks)
+    if more:
+        who += " and more"
+    what = ("restore failed on %s before a step was chosen" % who if step is None
+            else "restore of step %d failed on %s" % (step, who))
+    return (what + ": no rank may train from a state the others lack, so restore fails on every "
+            "rank; the failed rank's error and its node's agent log say why; call restore again "
+            "on every rank (a corrupt generation is dropped, so the ranks agree on an older step) "
+            "or restart the job")
+
+
 def _check_step(what, step):
     if isinstance(step, bool) or not isinstance(step, int):
         raise Error("%s: step must be an int, not %s" % (what, type(step).__name__))
@@ -643,7 +695,17 @@ class Session:
         or None when there is nothing to restore. Without ``step``: the
         newest step every rank holds (world > 1 needs ``agree``); with
         ``step``: exactly that one (reft.Error code not_found otherwise).
-        A save in progress is finished first."""
+        A save in progress is finished first.
+
+        Without ``step`` and with world > 1 it is a collective, and no rank
+        returns unless every rank restored: after the copy the ranks call
+        ``agree`` again (which must return exactly the values every rank
+        passed, their intersection), and if any rank failed, every rank
+        raises reft.Error naming the failed ranks (``ranks``; ``code`` is
+        the rank's own failure's code, None on the ranks that restored,
+        whose buffers may then hold the step's bytes). A corrupt generation
+        is dropped by the agent: calling restore() again on every rank
+        picks the newest step that is left."""
         self._check_usable("restore()")
         if step is not None:
             _check_step("restore", step)
@@ -665,27 +727,46 @@ class Session:
             if not self.enabled:
                 self._warn_disabled()
                 return None
-            if step is None:
-                step = self._choose()
-                if step is None:
-                    return None
-            return self._restore(step)
+            if step is not None:
+                return self._restore(step)
+            if self._agree is None:  # world 1: the newest generation
+                mine = [g["step"] for g in self._generations()]
+                return self._restore(mine[0]) if mine else None
+            return self._restore_agreed()
 
-    def _choose(self):
-        mine = [g["step"] for g in self._generations()]
-        if self._agree is None:  # world 1: the newest generation
-            return mine[0] if mine else None
-        common = self._agree(list(mine))
-        if not common:
-            return None
+    def _restore_agreed(self):
+        # Take part in both agreements even after a local failure, so that
+        # the other ranks are not left waiting in the collectives.
+        err, chosen = None, None
         try:
-            chosen = max(common)
-        except TypeError:
-            raise Error("restore(): agree returned %r; expected a list of steps" % (common,)) from None
-        if chosen not in mine:
-            raise Error("restore(): agree chose step %r, which this rank (%d) does not hold "
-                        "(it holds %s); agree must return steps every rank holds"
-                        % (chosen, self.rank, mine))
+            mine = [g["step"] for g in self._generations()]
+        except Error as e:
+            mine, err = [], e
+        common = _agree_values(self._agree, list(mine))
+        if err is None and common:
+            try:
+                chosen = max(common)
+            except TypeError:
+                raise Error("restore(): agree returned %r; expected a list of steps" % (common,)) from None
+            if chosen not in mine:
+                err = Error("restore(): agree chose step %r, which this rank (%d) does not hold "
+                            "(it holds %s); agree must return steps every rank holds"
+                            % (chosen, self.rank, mine))
+            else:
+                try:
+                    self._restore(chosen)
+                except Error as e:
+                    err = e
+        ranks, more = _agree_failed(self._agree, self.rank, self.world, err is not None)
+        if err is not None and self.rank not in ranks:
+            ranks = sorted(ranks + [self.rank])  # an agree that breaks its contract must not hide our failure
+        if ranks:
+            msg = _restore_failed_message(chosen, ranks, more)
+            if err is not None:
+                msg += " (this rank: %s)" % err
+            e = Error(msg, code=err.code if err is not None else None)
+            e.ranks, e.more, e.step = ranks, more, chosen
+            raise e from err
         return chosen
 
     def _restore(self, step):

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -184,6 +185,113 @@ class RealAgent(unittest.TestCase):
                          [{"buffer": "w", "section": "w", "chunk": 1, "offset": 4096, "length": 4096}])
         self.assertEqual(s.restore(), 1)  # the bad generation left the list
         self.assertEqual(s.status()["store"]["bad_generations"], 1)
+
+
+class Intersection:
+    """agree for the ranks of one process (threads): each rank's n-th call
+    joins round n and returns the values every rank passed, as an
+    all-gather and an intersection do across processes."""
+
+    def __init__(self, world):
+        self.world, self.lock, self.rounds, self.next = world, threading.Lock(), [], [0] * world
+        self.calls = 0
+
+    def agree(self, rank):
+        def call(mine):
+            with self.lock:
+                i = self.next[rank]
+                self.next[rank] += 1
+                self.calls = max(self.calls, self.next[rank])
+                while len(self.rounds) <= i:
+                    self.rounds.append({"lists": [None] * self.world, "n": 0, "done": threading.Event()})
+                rd = self.rounds[i]
+                rd["lists"][rank] = set(mine)
+                rd["n"] += 1
+                if rd["n"] == self.world:
+                    rd["out"] = sorted(set.intersection(*rd["lists"]), reverse=True)
+                    rd["done"].set()
+            if not rd["done"].wait(60):
+                raise RuntimeError("rank %d waited 60 s for the other ranks" % rank)
+            return list(rd["out"])
+        return call
+
+
+def run_ranks(world, fn):
+    """fn(rank) on world threads; returns each rank's result or exception."""
+    out = [None] * world
+
+    def run(r):
+        try:
+            out[r] = fn(r)
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            out[r] = e
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    return out
+
+
+class AllOrNothing(unittest.TestCase):
+    """Four ranks agree on step 2; the ranks whose copy of it is corrupt
+    cannot restore it, and then no rank's restore() returns: every rank
+    raises naming exactly the failed ranks (the failed ones with their own
+    corrupt code). Calling restore() again on every rank restores step 1
+    everywhere (the agent dropped the corrupt copies). The Go client's
+    TestRestoreAllOrNothing checks the same, with the same words."""
+
+    def session(self, **kw):
+        s = reft.Session(socket_path=self.agent.path, **kw)
+        self.addCleanup(s.close)
+        return s
+
+    def corrupt(self, store, rank, step):
+        mans = glob.glob(os.path.join(store, "r%d" % rank, "state", "g%d-*" % step, "MANIFEST"))
+        self.assertEqual(len(mans), 1, mans)
+        with open(mans[0]) as f:
+            man = json.load(f)
+        with open(os.path.join(store, "r%d" % rank, "state", man["arena"]), "r+b") as f:
+            off = man["buffers"][0]["offset"] + 100
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ 0xFF]))
+
+    def test_restore_all_or_nothing(self):
+        world = 4
+        for failed, who in (([], ""), ([2], "rank 2"), ([1, 3], "ranks 1, 3")):
+            with self.subTest(failed=failed):
+                self.agent = conformance._Agent(agent_binary(), 0)
+                self.addCleanup(self.agent.stop)
+                ag = Intersection(world)
+                ss, bufs = [], []
+                for r in range(world):
+                    s = self.session(rank=r, world=world, agree=ag.agree(r))
+                    buf = bytearray(10000)
+                    s.register("w", buf, replicated=False)
+                    for step in (1, 2):
+                        buf[:] = pattern(10000, 10 * r + step)
+                        self.assertTrue(s.save(step).wait(timeout=60))
+                    buf[:] = bytes(10000)
+                    ss.append(s)
+                    bufs.append(buf)
+                store = ss[0].status()["store_dir"]
+                for r in failed:
+                    self.corrupt(store, r, 2)
+                got = run_ranks(world, lambda r: ss[r].restore())
+                want = 2
+                if failed:
+                    for r, e in enumerate(got):
+                        self.assertIsInstance(e, reft.Error, "rank %d: %r" % (r, e))
+                        self.assertEqual((e.ranks, e.more, e.step), (failed, False, 2), "rank %d: %s" % (r, e))
+                        self.assertIn("restore of step 2 failed on %s: no rank may train" % who, str(e))
+                        self.assertEqual(e.code, "corrupt" if r in failed else None, "rank %d: %s" % (r, e))
+                    got = run_ranks(world, lambda r: ss[r].restore())  # again, as the error says
+                    want = 1
+                self.assertEqual(got, [want] * world)
+                for r in range(world):
+                    self.assertEqual(bufs[r], pattern(10000, 10 * r + want), "rank %d" % r)
 
 
 if __name__ == "__main__":

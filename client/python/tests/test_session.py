@@ -187,35 +187,66 @@ class JobWideRestore(AgentCase):
         s.save(3).wait()
         self.assertEqual(s.restore(step=3), 3)  # an explicit step needs no agreement
 
-    def test_agree_picks_the_common_step(self):
-        seen = []
+    @staticmethod
+    def other_rank_holds(steps, log=None):
+        """agree of rank 0 of two, whose other rank holds steps and
+        restores them fine: the first call intersects with steps, the
+        outcome rounds return what this rank passed."""
+        calls = []
 
         def agree(mine):
-            seen.append(mine)
-            return [2, 3]  # what the other ranks also hold
+            calls.append(list(mine))
+            if log is not None:
+                log.append(list(mine))
+            return [s for s in mine if s in steps] if len(calls) == 1 else list(mine)
+        return agree
 
-        s = self.session(rank=0, world=2, agree=agree)
+    def test_agree_picks_the_common_step(self):
+        seen = []
+        s = self.session(rank=0, world=2, agree=self.other_rank_holds([2, 3], seen))
         buf = pattern(10, 0)
         s.register("w", buf)
         for step in (2, 3, 4):
             buf[:] = pattern(10, step)
             s.save(step).wait()
         self.assertEqual(s.restore(), 3)
-        self.assertEqual(seen, [[4, 3]])
+        self.assertEqual(seen, [[4, 3], [0]])  # the steps, then "restored"
         self.assertEqual(buf, pattern(10, 3))
 
     def test_agree_nothing_common(self):
-        s = self.session(rank=0, world=2, agree=lambda mine: [])
+        s = self.session(rank=0, world=2, agree=self.other_rank_holds([]))
         s.register("w", bytearray(10))
         s.save(1).wait()
         self.assertIsNone(s.restore())
 
     def test_agree_must_choose_a_held_step(self):
-        s = self.session(rank=0, world=2, agree=lambda mine: [8])
+        calls = []
+
+        def agree(mine):  # the other rank holds step 8 and restores it fine
+            calls.append(mine)
+            return [8] if len(calls) == 1 else list(mine)
+        s = self.session(rank=0, world=2, agree=agree)
         s.register("w", bytearray(10))
         s.save(1).wait()
-        with self.assertRaisesRegex(reft.Error, "step 8, which this rank"):
+        with self.assertRaisesRegex(reft.Error, r"restore of step 8 failed on rank 0: .*"
+                                                r"\(this rank: restore\(\): agree chose step 8, which this rank"):
             s.restore()
+
+    def test_outcome_agreement_names_the_failed_ranks(self):
+        # The rounds of the Go client's TestAgreeFailed, with the same
+        # results: 1 + ceil(log_64 world) rounds, the lowest 16 failed
+        # ranks named.
+        from reft.session import _agree_failed
+        from test_conformance_agent import Intersection, run_ranks
+        many = [7 * i for i in range(20)]
+        for world, failed, rounds in ((4, [], 1), (4, [2], 2), (64, [0, 63], 2), (65, [64], 3),
+                                      (1000, [0, 517, 999], 3), (200, many, 3)):
+            with self.subTest(world=world, failed=failed):
+                ag = Intersection(world)
+                got = run_ranks(world, lambda r: _agree_failed(ag.agree(r), r, world, r in failed))
+                want = (failed[:16], len(failed) > 16)
+                self.assertEqual(got, [want] * world)
+                self.assertEqual(ag.calls, rounds)
 
     def test_common_newest(self):
         self.assertEqual(reft.common_newest([[5, 4, 3], [4, 3], [3, 4, 6]]), 4)
