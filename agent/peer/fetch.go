@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -72,6 +73,10 @@ type FetchStats struct {
 	Requests  int           // fetch requests sent
 	Failovers int           // chunk attempts that failed and moved on
 	Duration  time.Duration // wall time
+	// Buffered is the most receive-buffer bytes one request of a Deliver
+	// fetch held at once: at most max(Window, ChunkSize), whatever the
+	// peer sends (a fetch holds that per request in flight). 0 for Dst.
+	Buffered int64
 }
 
 // Attempt is one failed try of a chunk.
@@ -163,6 +168,7 @@ func (cl *Client) Fetch(ctx context.Context, spec FetchSpec) (FetchStats, error)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var peak atomic.Int64
 	results := make(chan runResult)
 	inflight := 0
 	dead := map[string]error{}
@@ -186,7 +192,7 @@ func (cl *Client) Fetch(ctx context.Context, spec FetchSpec) (FetchStats, error)
 			for i, run := range splitRuns(list, cl.cfg.ConnsPerPeer) {
 				inflight++
 				stats.Requests++
-				go func() { results <- cl.run(ctx, &spec, src, run, i) }()
+				go func() { results <- cl.run(ctx, &spec, src, run, i, &peak) }()
 			}
 		}
 	}
@@ -266,6 +272,7 @@ func (cl *Client) Fetch(ctx context.Context, spec FetchSpec) (FetchStats, error)
 		}
 	}
 	stats.Duration = time.Since(start)
+	stats.Buffered = peak.Load()
 	if fatal != nil {
 		return stats, fatal
 	}
