@@ -273,11 +273,15 @@ func (s *Server) decideRing(si *sgInfo, g *groupState) (ring []int, how string, 
 	}
 }
 
-// searchGroup asks this agent and the job's other agents which of the
-// group's members run where, recording the answers in g: the nodes
-// known to host members are not asked again. It returns a ring a
-// member's agent fixed (and its node), the hosts found so far, and why
-// some agents did not answer.
+// searchGroup asks this agent and every other agent of the job which of
+// the group's members run where (O(job) requests, each of the members'
+// ranks only: no agent knows the rank-to-node map before asking, see
+// docs/ARCHITECTURE.md "Sharding-group rings"), recording the answers in
+// g; once every member is found, views ask only the group's nodes. Each
+// call asks every node again: one without a member yet may get one (a
+// late registration), one with a member may have fixed a ring to adopt.
+// It returns a ring a member's agent fixed (and its node), the hosts
+// found so far, and why some agents did not answer.
 func (s *Server) searchGroup(ctx context.Context, si *sgInfo, g *groupState) (adopted []int, from string, hosts map[int]string, why string) {
 	members := si.dpOrder()
 	for _, h := range s.Hosted(members) {

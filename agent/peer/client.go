@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -165,6 +166,7 @@ type clientConn struct {
 
 	mu      sync.Mutex
 	next    uint32
+	wrapped bool // next went round: any id may have been issued
 	streams map[uint32]*recvStream
 	calls   map[uint32]chan Frame
 	dead    error
@@ -180,7 +182,11 @@ func (cc *clientConn) register(st *recvStream, ch chan Frame) (uint32, error) {
 	for {
 		cc.next++
 		id := cc.next
-		if id == 0 || cc.streams[id] != nil || cc.calls[id] != nil {
+		if id == 0 {
+			cc.wrapped = true
+			continue
+		}
+		if cc.streams[id] != nil || cc.calls[id] != nil {
 			continue
 		}
 		if st != nil {
@@ -204,6 +210,15 @@ func (cc *clientConn) stream(id uint32) *recvStream {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	return cc.streams[id]
+}
+
+// issued reports whether request id was ever made on this connection: a
+// chunk of an ended request may still be in flight, one of a request
+// never made is a broken peer.
+func (cc *clientConn) issued(id uint32) bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return id != 0 && (cc.wrapped || id <= cc.next)
 }
 
 func (cc *clientConn) readLoop() {
@@ -235,6 +250,9 @@ func (cc *clientConn) loop() error {
 	for {
 		h, err := c.readHeader()
 		if err != nil {
+			if frameErr(err) && !c.isClosed() { // tell the listener why, as it would tell us
+				c.writeError(0, frameCode(err), err.Error(), nil)
+			}
 			return err
 		}
 		switch h.Type {
@@ -243,9 +261,16 @@ func (cc *clientConn) loop() error {
 				return err
 			}
 		case TChunk:
+			c.lastData.Store(time.Now().UnixNano())
 			st := cc.stream(h.ID)
-			if st == nil { // cancelled or ended: drop what was in flight
-				if err := c.discard(h.Length); err != nil {
+			if st == nil {
+				if !cc.issued(h.ID) {
+					err := fmt.Errorf("peer sent chunk %d for request %d, which this connection never made", h.Arg, h.ID)
+					c.writeError(0, CodeMalformed, err.Error(), nil)
+					return err
+				}
+				// Cancelled or ended: drop what was in flight.
+				if err := c.skipChunk(h.Length); err != nil {
 					return err
 				}
 				continue
@@ -257,11 +282,15 @@ func (cc *clientConn) loop() error {
 		case TError, TWatermarksReply, TManifestReply, TReplicateReply, TStatusReply, TBeatReply, TProbeReply, TFailureReply:
 			f, err := c.readPayload(h)
 			if err != nil {
+				if frameErr(err) {
+					c.writeError(0, CodeMalformed, err.Error(), nil)
+				}
 				return err
 			}
 			if h.Type == TError {
 				e := &Error{}
 				if err := unmarshal(f, e); err != nil {
+					c.writeError(0, CodeMalformed, err.Error(), nil)
 					return err
 				}
 				if h.ID == 0 {
@@ -281,7 +310,9 @@ func (cc *clientConn) loop() error {
 				ch <- f
 			}
 		default:
-			return fmt.Errorf("peer sent a %s frame, which a dialer does not take", h.Type)
+			err := fmt.Errorf("peer sent a %s frame, which a dialer does not take", h.Type)
+			c.writeError(0, CodeMalformed, err.Error(), nil)
+			return err
 		}
 	}
 }
@@ -451,7 +482,23 @@ func (st *recvStream) post(ev event) {
 	}
 }
 
-func (st *recvStream) nextEvent(ctx context.Context) (event, error) {
+// ErrStalled: a request got no chunk for Config.Timeout while its window
+// was open and its connection, alive, carried no chunk bytes at all.
+var ErrStalled = errors.New("peer stream stalled")
+
+// nextEvent waits for the stream's next event. With stall > 0 it gives up
+// when nothing arrives for stall although every chunk received has been
+// credited (the listener may send) and the connection carries no chunk
+// bytes for anyone: the peer's stream is stuck, and its heartbeats would
+// keep the connection, and this wait, alive for ever.
+func (st *recvStream) nextEvent(ctx context.Context, stall time.Duration) (event, error) {
+	since := time.Now().UnixNano()
+	var tick <-chan time.Time
+	if stall > 0 {
+		t := time.NewTicker(stall / 4)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		st.mu.Lock()
 		if len(st.queue) > 0 {
@@ -465,6 +512,12 @@ func (st *recvStream) nextEvent(ctx context.Context) (event, error) {
 		case <-st.wake:
 		case <-ctx.Done():
 			return event{}, ctx.Err()
+		case now := <-tick:
+			last := max(since, st.cc.c.lastData.Load())
+			if now.Sub(time.Unix(0, last)) >= stall {
+				return event{}, fmt.Errorf("%w: request %d got no chunk for %s with its window open, while the connection stayed alive but carried no chunk bytes (the peer's stream is stuck)",
+					ErrStalled, st.id, stall)
+			}
 		}
 	}
 }
@@ -477,7 +530,7 @@ func (st *recvStream) receive(h Header) error {
 	st.rmu.Lock()
 	defer st.rmu.Unlock()
 	if st.detached {
-		return c.discard(h.Length)
+		return c.skipChunk(h.Length)
 	}
 	first, count := st.req.First, st.req.Count
 	if h.Arg < uint64(first) || h.Arg >= uint64(first+count) {
@@ -490,7 +543,7 @@ func (st *recvStream) receive(h Header) error {
 	st.got[idx-first] = true
 	want := st.spec.chunkLen(idx)
 	if int64(h.Length) != want {
-		if err := c.discard(h.Length); err != nil {
+		if err := c.skipChunk(h.Length); err != nil {
 			return err
 		}
 		st.cc.unregister(st.id)
@@ -577,6 +630,13 @@ type bufPool struct {
 	cap   int
 	limit int64
 	used  int64
+	peak  *atomic.Int64 // the fetch's: the most one request held
+}
+
+// notePeak raises peak to v.
+func notePeak(peak *atomic.Int64, v int64) {
+	for p := peak.Load(); v > p && !peak.CompareAndSwap(p, v); p = peak.Load() {
+	}
 }
 
 func (p *bufPool) get(n int) ([]byte, error) {
@@ -586,6 +646,7 @@ func (p *bufPool) get(n int) ([]byte, error) {
 		return nil, fmt.Errorf("peer sent past its window of %d bytes (%d in use)", p.limit, p.used)
 	}
 	p.used += int64(n)
+	notePeak(p.peak, p.used)
 	if k := len(p.free); k > 0 {
 		b := p.free[k-1]
 		p.free = p.free[:k-1]
@@ -614,7 +675,7 @@ type runResult struct {
 
 // run sends one fetch request for chunks list (contiguous) and consumes its
 // stream.
-func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []int, connIdx int) runResult {
+func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []int, connIdx int, peak *atomic.Int64) runResult {
 	res := runResult{src: src, list: list, bad: map[int]error{}}
 	cc, err := cl.conn(ctx, src.Addr, connIdx)
 	if err != nil {
@@ -629,7 +690,7 @@ func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []i
 		Size: spec.Size, Window: window, Background: spec.Background}
 	st := &recvStream{cc: cc, req: req, spec: spec, src: src, got: make([]bool, len(list)), wake: make(chan struct{}, 1)}
 	if spec.Deliver != nil {
-		st.pool = &bufPool{cap: int(spec.ChunkSize), limit: max(window, spec.ChunkSize)}
+		st.pool = &bufPool{cap: int(spec.ChunkSize), limit: max(window, spec.ChunkSize), peak: peak}
 	}
 	id, err := cc.register(st, nil)
 	if err != nil {
@@ -641,8 +702,14 @@ func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []i
 		res.end = &ConnError{cc.addr, err}
 		return res
 	}
+	// A background stream may wait on either side's paused limiter for
+	// as long as the trainer communicates: only foreground ones stall.
+	var stall time.Duration
+	if !spec.Background {
+		stall = cl.cfg.Timeout
+	}
 	for left := len(list); left > 0; left-- {
-		ev, err := st.nextEvent(ctx)
+		ev, err := st.nextEvent(ctx, stall)
 		if err != nil {
 			cc.c.write(TCancel, id, 0, crc32c(nil), nil)
 			res.end = err

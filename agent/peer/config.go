@@ -44,7 +44,9 @@ type Config struct {
 	Heartbeat time.Duration
 	// Timeout declares a connection dead when nothing arrived for this
 	// long, heartbeats included; 0: 2 s. With the defaults a dead peer is
-	// noticed in 1.5 to 2 s, inside the 2 s failure-detection budget.
+	// noticed in 1.5 to 2 s, inside the 2 s failure-detection budget. A
+	// foreground fetch request that gets no chunk for this long, with its
+	// window open and no chunk bytes on its connection, is stalled.
 	Timeout time.Duration
 
 	// Window is the default bytes a fetch may have in flight; 0: 16 MiB.

@@ -32,6 +32,9 @@ type conn struct {
 
 	wmu       sync.Mutex
 	lastWrite atomic.Int64 // unix nanoseconds
+	// lastData is when chunk bytes last arrived (unix nanoseconds): a
+	// connection busy with other streams' chunks excuses a quiet one.
+	lastData atomic.Int64
 
 	once   sync.Once
 	closed chan struct{}
@@ -140,10 +143,24 @@ func (c *conn) readFrame() (Frame, error) {
 	return c.readPayload(h)
 }
 
-// discard skips a payload nobody wants (a cancelled stream's chunk).
+// discard skips a payload nobody wants (a ping's, a frame refused).
 func (c *conn) discard(n uint32) error {
 	_, err := c.br.Discard(int(n))
 	return c.readErr(noEOF(err))
+}
+
+// skipChunk skips the payload of a chunk nobody wants (a cancelled
+// stream's), piece by piece as it arrives.
+func (c *conn) skipChunk(n uint32) error {
+	for left := int(n); left > 0; {
+		k, err := c.br.Discard(min(left, crcPiece))
+		c.lastData.Store(time.Now().UnixNano())
+		if err != nil {
+			return c.readErr(noEOF(err))
+		}
+		left -= k
+	}
+	return nil
 }
 
 // readInto reads len(dst) payload bytes into dst and returns their CRC-32C,
@@ -155,6 +172,7 @@ func (c *conn) readInto(dst []byte) (uint32, error) {
 		if _, err := io.ReadFull(c.br, dst[off:end]); err != nil {
 			return 0, c.readErr(noEOF(err))
 		}
+		c.lastData.Store(time.Now().UnixNano())
 		crc = crc32.Update(crc, castagnoli, dst[off:end])
 		off = end
 	}

@@ -36,8 +36,15 @@
 // the listener keeps at most Window bytes unacknowledged; the fetcher
 // returns credit as chunks are consumed, so memory is bounded and a slow
 // consumer pushes back on the sender. A chunk that fails (checksum, the
-// peer lacks it, the connection dies or falls silent past Config.Timeout)
-// moves to its next candidate while the rest keep streaming.
+// peer lacks it, the connection dies or falls silent past Config.Timeout,
+// or its foreground stream stalls that long on a live connection) moves
+// to its next candidate while the rest keep streaming.
+//
+// Neither side trusts a length, index, id or size from the other before
+// checking it (docs/PEER_PROTOCOL.md, "Receiver checks"); a listener
+// answers each bad request with an error frame and a log line. The fuzz
+// targets FuzzDecode, FuzzHostileListener and FuzzHostileDialer drive
+// the decoder, the dialer's receive path and the listener's request path.
 //
 // Liveness. Both ends ping an idle connection every Config.Heartbeat and
 // declare it dead after Config.Timeout without a byte, so a peer whose node

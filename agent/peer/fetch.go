@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -76,6 +77,10 @@ type FetchStats struct {
 	// checksum mismatch, a source without them, a dead peer): which
 	// sources failed them and why, and which delivered them.
 	Recovered []ChunkRecovery
+	// Buffered is the most receive-buffer bytes one request of a Deliver
+	// fetch held at once: at most max(Window, ChunkSize), whatever the
+	// peer sends (a fetch holds that per request in flight). 0 for Dst.
+	Buffered int64
 }
 
 // ChunkRecovery is a chunk that a later source delivered.
@@ -174,6 +179,7 @@ func (cl *Client) Fetch(ctx context.Context, spec FetchSpec) (FetchStats, error)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var peak atomic.Int64
 	results := make(chan runResult)
 	inflight := 0
 	dead := map[string]error{}
@@ -197,7 +203,7 @@ func (cl *Client) Fetch(ctx context.Context, spec FetchSpec) (FetchStats, error)
 			for i, run := range splitRuns(list, cl.cfg.ConnsPerPeer) {
 				inflight++
 				stats.Requests++
-				go func() { results <- cl.run(ctx, &spec, src, run, i) }()
+				go func() { results <- cl.run(ctx, &spec, src, run, i, &peak) }()
 			}
 		}
 	}
@@ -277,6 +283,7 @@ func (cl *Client) Fetch(ctx context.Context, spec FetchSpec) (FetchStats, error)
 		}
 	}
 	stats.Duration = time.Since(start)
+	stats.Buffered = peak.Load()
 	if fatal != nil {
 		return stats, fatal
 	}

@@ -170,6 +170,14 @@ func frameErr(err error) bool {
 	return false
 }
 
+// frameCode is the error code that answers a bad frame.
+func frameCode(err error) string {
+	if errors.Is(err, ErrVersion) {
+		return CodeVersion
+	}
+	return CodeMalformed
+}
+
 // maxLength is the largest payload a frame of type t may carry.
 func maxLength(t Type) uint32 {
 	if t == TChunk {

@@ -145,6 +145,24 @@ type FetchRequest struct {
 	Background bool  `json:"background,omitempty"` // rate-limited replication traffic
 }
 
+// check refuses field values no correct dialer sends, before the
+// listener looks anything up; the range is checked against the buffer.
+func (r *FetchRequest) check() error {
+	switch {
+	case r.First < 0:
+		return fmt.Errorf("fetch: first chunk %d is negative", r.First)
+	case r.Count < 1:
+		return fmt.Errorf("fetch: count %d; a fetch asks for at least one chunk", r.Count)
+	case r.ChunkSize < 0 || r.ChunkSize > MaxPayload:
+		return fmt.Errorf("fetch: chunk_size %d outside [0, %d] (0: not checked)", r.ChunkSize, MaxPayload)
+	case r.Size < 0:
+		return fmt.Errorf("fetch: size %d is negative (0: not checked)", r.Size)
+	case r.Window < 0:
+		return fmt.Errorf("fetch: window %d is negative (0: the listener's default)", r.Window)
+	}
+	return nil
+}
+
 // ReplicateRequest tells a placement peer that the dialer's node committed
 // a generation whose Sections it should copy in the background (GEMINI
 // placement of a rank's unreplicated buffers). The listener only queues it

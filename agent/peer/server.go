@@ -103,13 +103,19 @@ func Listen(cfg Config, src ChunkSource) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, src: src, ln: ln, log: cfg.Log.With().Str("component", "peer").Logger(),
-		streams: make(chan struct{}, cfg.MaxStreams), shakes: make(chan struct{}, cfg.MaxHandshakes),
-		conns: map[*conn]struct{}{}}
+	s := newServer(cfg, src, ln)
 	s.wg.Add(1)
 	go s.accept()
 	s.log.Info().Str("addr", ln.Addr().String()).Str("auth", cfg.Auth.Method()).Msg("peer listener up")
 	return s, nil
+}
+
+// newServer makes a server on ln (cfg with its defaults) that accepts
+// nothing yet.
+func newServer(cfg Config, src ChunkSource, ln *net.TCPListener) *Server {
+	return &Server{cfg: cfg, src: src, ln: ln, log: cfg.Log.With().Str("component", "peer").Logger(),
+		streams: make(chan struct{}, cfg.MaxStreams), shakes: make(chan struct{}, cfg.MaxHandshakes),
+		conns: map[*conn]struct{}{}}
 }
 
 // Handler serves one request type that is not the store's (Type.Handled):
@@ -181,26 +187,35 @@ func (s *Server) accept() {
 			s.log.Error().Err(err).Msg("peer accept failed; the listener stops")
 			return
 		}
-		c := newConn(nc, s.cfg.Timeout)
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			nc.Close()
+		if !s.track(nc, s.serve) {
 			return
 		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go func() {
-			defer s.wg.Done()
-			defer func() {
-				s.mu.Lock()
-				delete(s.conns, c)
-				s.mu.Unlock()
-			}()
-			s.serve(c)
-		}()
 	}
+}
+
+// track serves a new connection with serve on a goroutine of its own,
+// closed by Close; false (nc closed) when the server is closed.
+func (s *Server) track(nc net.Conn, serve func(*conn)) bool {
+	c := newConn(nc, s.cfg.Timeout)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		nc.Close()
+		return false
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
+		serve(c)
+	}()
+	return true
 }
 
 // serverConn is one authenticated connection's state.
@@ -213,6 +228,57 @@ type serverConn struct {
 	mu   sync.Mutex
 	strs map[uint32]*sendStream
 	wg   sync.WaitGroup
+	// calls holds a slot per control request being answered, so a peer
+	// that sends requests without reading the replies cannot make this
+	// side start goroutines without bound.
+	calls    chan struct{}
+	refusals atomic.Int64 // refusals logged above debug, for the log's cap
+}
+
+// maxCalls bounds the control requests (watermarks, manifest, replicate,
+// status, and the handlers') one connection has in progress; beyond it a
+// request is answered busy. An agent asks a handful at once.
+const maxCalls = 64
+
+// maxRefusalLogs is how many refusals above debug level one connection
+// logs one by one.
+const maxRefusalLogs = 16
+
+// refuse answers request id (of type t) with an error frame and logs it,
+// so a peer's bad request shows in this agent's log as well as the
+// peer's. A connection logs maxRefusalLogs of them above debug level,
+// then says once that it stops, so a broken peer cannot flood the log.
+func (sc *serverConn) refuse(id uint32, t Type, code, msg string, chunk *int) {
+	lvl := refusalLevel(code)
+	var n int64
+	if lvl > zerolog.DebugLevel {
+		n = sc.refusals.Add(1)
+	}
+	switch {
+	case n <= maxRefusalLogs:
+		ev := sc.log.WithLevel(lvl).Str("event", "peer_request_refused").Str("request", t.String()).
+			Uint32("id", id).Str("code", code)
+		if chunk != nil {
+			ev = ev.Int("chunk", *chunk)
+		}
+		ev.Msg(msg)
+	case n == maxRefusalLogs+1:
+		sc.log.Warn().Str("event", "peer_refusals_unlogged").
+			Msgf("refused %d requests of this connection; further refusals on it are answered but not logged", maxRefusalLogs)
+	}
+	sc.c.writeError(id, code, msg, chunk)
+}
+
+// refusalLevel: a request no correct agent sends is a warning; one that
+// races a release or a busy moment is not.
+func refusalLevel(code string) zerolog.Level {
+	switch code {
+	case CodeBusy, CodeCancelled:
+		return zerolog.DebugLevel
+	case CodeNotFound, CodeCorrupt, CodeMismatch, CodeUnknownType:
+		return zerolog.InfoLevel
+	}
+	return zerolog.WarnLevel
 }
 
 func (s *Server) serve(c *conn) {
@@ -224,12 +290,18 @@ func (s *Server) serve(c *conn) {
 		c.close(err)
 		return
 	}
+	s.serveConn(c, node, role)
+}
+
+// serveConn serves an authenticated connection until it ends.
+func (s *Server) serveConn(c *conn, node, role string) {
+	remote := c.nc.RemoteAddr().String()
 	s.stats.Accepted.Add(1)
-	sc := &serverConn{s: s, c: c, node: node, role: role, strs: map[uint32]*sendStream{},
+	sc := &serverConn{s: s, c: c, node: node, role: role, strs: map[uint32]*sendStream{}, calls: make(chan struct{}, maxCalls),
 		log: s.log.With().Str("remote", remote).Str("peer_node", node).Str("peer_role", role).Logger()}
 	sc.log.Debug().Msg("peer connection authenticated")
 	go c.heartbeat(s.cfg.Heartbeat)
-	err = sc.readLoop()
+	err := sc.readLoop()
 	c.close(err)
 	sc.mu.Lock()
 	for _, st := range sc.strs {
@@ -238,7 +310,7 @@ func (s *Server) serve(c *conn) {
 	sc.mu.Unlock()
 	sc.wg.Wait()
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-		sc.log.Warn().Err(err).Msg("peer connection ended")
+		sc.log.Warn().Str("event", "peer_conn_ended").Err(err).Msg("peer connection ended")
 	}
 }
 
@@ -251,7 +323,7 @@ func (sc *serverConn) readLoop() error {
 		h, err := c.readHeader()
 		if err != nil {
 			if frameErr(err) && !c.isClosed() { // not for I/O errors: nobody would read it
-				c.writeError(0, CodeMalformed, err.Error(), nil)
+				sc.refuse(0, h.Type, frameCode(err), err.Error(), nil)
 			}
 			return err
 		}
@@ -289,32 +361,30 @@ func (sc *serverConn) readLoop() error {
 			if sc.role == RoleStatus && h.Type != TStatus {
 				// A status tool reads no snapshot data: refuse and close.
 				msg := fmt.Sprintf("a %q connection may ask for status only, not %s", RoleStatus, h.Type)
-				c.writeError(h.ID, CodeForbidden, msg, nil)
+				sc.refuse(h.ID, h.Type, CodeForbidden, msg, nil)
 				return fmt.Errorf("%w: %s", ErrAuth, msg)
 			}
 			f, err := c.readPayload(h)
 			if err != nil {
-				c.writeError(h.ID, CodeMalformed, err.Error(), nil)
+				sc.refuse(h.ID, h.Type, CodeMalformed, err.Error(), nil)
 				return err
 			}
 			if h.ID == 0 {
-				c.writeError(0, CodeInvalid, fmt.Sprintf("%s request with id 0 (0 is the connection's)", h.Type), nil)
+				sc.refuse(0, h.Type, CodeInvalid, fmt.Sprintf("%s request with id 0 (0 is the connection's)", h.Type), nil)
 				continue
 			}
 			if h.Type == TFetch {
 				sc.request(f) // quick: the stream runs on its own goroutine
 				continue
 			}
-			sc.wg.Add(1)
-			go func() {
-				defer sc.wg.Done()
-				sc.request(f)
-			}()
+			if !sc.call(f, sc.request) {
+				continue
+			}
 		case TBeat, TProbe, TFailure:
 			if sc.role == RoleStatus {
 				// A status tool must not take part in (or forge) detection.
 				msg := fmt.Sprintf("a %q connection may ask for status only, not %s", RoleStatus, h.Type)
-				c.writeError(h.ID, CodeForbidden, msg, nil)
+				sc.refuse(h.ID, h.Type, CodeForbidden, msg, nil)
 				return fmt.Errorf("%w: %s", ErrAuth, msg)
 			}
 			hd := sc.s.handler(h.Type)
@@ -322,26 +392,41 @@ func (sc *serverConn) readLoop() error {
 				if err := c.discard(h.Length); err != nil {
 					return err
 				}
-				c.writeError(h.ID, CodeUnknownType, fmt.Sprintf("this agent serves no %s requests (failure detection off)", h.Type), nil)
+				sc.refuse(h.ID, h.Type, CodeUnknownType, fmt.Sprintf("this agent serves no %s requests (failure detection off)", h.Type), nil)
 				continue
 			}
 			f, err := c.readPayload(h)
 			if err != nil {
-				c.writeError(h.ID, CodeMalformed, err.Error(), nil)
+				sc.refuse(h.ID, h.Type, CodeMalformed, err.Error(), nil)
 				return err
 			}
-			sc.wg.Add(1)
-			go func() { // a handler may call other agents: never block the reader
-				defer sc.wg.Done()
-				sc.handle(hd, f)
-			}()
+			// A handler may call other agents: never block the reader.
+			sc.call(f, func(f Frame) { sc.handle(hd, f) })
 		default:
 			if err := c.discard(h.Length); err != nil {
 				return err
 			}
-			c.writeError(h.ID, CodeUnknownType, fmt.Sprintf("a listener does not take %s frames", h.Type), nil)
+			sc.refuse(h.ID, h.Type, CodeUnknownType, fmt.Sprintf("a listener does not take %s frames", h.Type), nil)
 		}
 	}
+}
+
+// call answers control request f with serve on a goroutine of its own,
+// or busy when maxCalls are in progress on this connection.
+func (sc *serverConn) call(f Frame, serve func(Frame)) bool {
+	select {
+	case sc.calls <- struct{}{}:
+	default:
+		sc.refuse(f.ID, f.Type, CodeBusy, fmt.Sprintf("%d requests of this connection are in progress; read their replies before sending more", maxCalls), nil)
+		return false
+	}
+	sc.wg.Add(1)
+	go func() {
+		defer sc.wg.Done()
+		defer func() { <-sc.calls }()
+		serve(f)
+	}()
+	return true
 }
 
 func (sc *serverConn) request(f Frame) {
@@ -350,7 +435,7 @@ func (sc *serverConn) request(f Frame) {
 	case TWatermarks:
 		var req WatermarksRequest
 		if err := unmarshal(f, &req); err != nil {
-			c.writeError(f.ID, CodeMalformed, err.Error(), nil)
+			sc.refuse(f.ID, f.Type, CodeMalformed, err.Error(), nil)
 			return
 		}
 		rep := &WatermarksReply{Node: sc.s.cfg.Node, Generations: sc.s.src.Watermarks(req.Ranks)}
@@ -361,48 +446,52 @@ func (sc *serverConn) request(f Frame) {
 	case TManifest:
 		var k GenKey
 		if err := unmarshal(f, &k); err != nil {
-			c.writeError(f.ID, CodeMalformed, err.Error(), nil)
+			sc.refuse(f.ID, f.Type, CodeMalformed, err.Error(), nil)
 			return
 		}
 		g, err := sc.s.src.Open(k)
 		if err != nil {
-			c.writeError(f.ID, codeOf(err), err.Error(), nil)
+			sc.refuse(f.ID, f.Type, codeOf(err), err.Error(), nil)
 			return
 		}
 		info := g.Info()
 		g.Close()
 		if err := c.writeMsg(TManifestReply, f.ID, info); err != nil && !c.isClosed() {
-			c.writeError(f.ID, CodeInternal, err.Error(), nil)
+			sc.refuse(f.ID, f.Type, CodeInternal, err.Error(), nil)
 		}
 	case TFetch:
 		var req FetchRequest
 		if err := unmarshal(f, &req); err != nil {
-			c.writeError(f.ID, CodeMalformed, err.Error(), nil)
+			sc.refuse(f.ID, f.Type, CodeMalformed, err.Error(), nil)
+			return
+		}
+		if err := req.check(); err != nil {
+			sc.refuse(f.ID, f.Type, CodeInvalid, err.Error(), nil)
 			return
 		}
 		sc.startFetch(f.ID, req)
 	case TReplicate:
 		var req ReplicateRequest
 		if err := unmarshal(f, &req); err != nil {
-			c.writeError(f.ID, CodeMalformed, err.Error(), nil)
+			sc.refuse(f.ID, f.Type, CodeMalformed, err.Error(), nil)
 			return
 		}
 		if sc.s.cfg.Replicate == nil {
-			c.writeError(f.ID, CodeUnknownType, "this agent keeps no replicas (no replicate handler)", nil)
+			sc.refuse(f.ID, f.Type, CodeUnknownType, "this agent keeps no replicas (no replicate handler)", nil)
 			return
 		}
 		if err := sc.s.cfg.Replicate(sc.node, req); err != nil {
-			c.writeError(f.ID, CodeInvalid, err.Error(), nil)
+			sc.refuse(f.ID, f.Type, CodeInvalid, err.Error(), nil)
 			return
 		}
 		c.writeMsg(TReplicateReply, f.ID, &ReplicateReply{})
 	case TStatus:
 		if sc.s.cfg.Status == nil {
-			c.writeError(f.ID, CodeNotFound, sc.s.cfg.Node+" serves no status", nil)
+			sc.refuse(f.ID, f.Type, CodeNotFound, sc.s.cfg.Node+" serves no status", nil)
 			return
 		}
 		if err := c.writeMsg(TStatusReply, f.ID, sc.s.cfg.Status()); err != nil && !c.isClosed() {
-			c.writeError(f.ID, CodeInternal, err.Error(), nil)
+			sc.refuse(f.ID, f.Type, CodeInternal, err.Error(), nil)
 		}
 	}
 }
@@ -473,12 +562,12 @@ func (st *sendStream) acquire(n int64) error {
 }
 
 func (sc *serverConn) startFetch(id uint32, req FetchRequest) {
-	s, c := sc.s, sc.c
+	s := sc.s
 	select {
 	case s.streams <- struct{}{}:
 	default:
 		s.stats.Busy.Add(1)
-		c.writeError(id, CodeBusy, fmt.Sprintf("%s is streaming %d fetches already; retry later or from another copy", s.cfg.Node, s.cfg.MaxStreams), nil)
+		sc.refuse(id, TFetch, CodeBusy, fmt.Sprintf("%s is streaming %d fetches already; retry later or from another copy", s.cfg.Node, s.cfg.MaxStreams), nil)
 		return
 	}
 	if req.Window <= 0 {
@@ -491,7 +580,7 @@ func (sc *serverConn) startFetch(id uint32, req FetchRequest) {
 		sc.mu.Unlock()
 		<-s.streams
 		cancel()
-		c.writeError(id, CodeInvalid, fmt.Sprintf("request id %d is already streaming", id), nil)
+		sc.refuse(id, TFetch, CodeInvalid, fmt.Sprintf("request id %d is already streaming", id), nil)
 		return
 	}
 	sc.strs[id] = st
@@ -518,7 +607,7 @@ func (sc *serverConn) startFetch(id uint32, req FetchRequest) {
 func (sc *serverConn) stream(st *sendStream) {
 	s, c, req := sc.s, sc.c, st.req
 	fail := func(code string, chunk *int, format string, a ...any) {
-		c.writeError(st.id, code, fmt.Sprintf(format, a...), chunk)
+		sc.refuse(st.id, TFetch, code, fmt.Sprintf(format, a...), chunk)
 	}
 	g, err := s.src.Open(req.GenKey)
 	if err != nil {
@@ -542,9 +631,11 @@ func (sc *serverConn) stream(st *sendStream) {
 		fail(CodeInternal, nil, "%s: chunk size %d outside (0, %d]", req.ChunkKey, info.ChunkSize, MaxPayload)
 		return
 	}
+	// req.check made First >= 0 and Count >= 1, so n-Count cannot
+	// overflow and First+Count, once inside n, cannot either.
 	n := len(b.CRC32C)
-	if req.First < 0 || req.Count < 1 || req.First > n-req.Count {
-		fail(CodeInvalid, nil, "%s: chunks [%d, %d+%d) outside the buffer's %d chunks", req.ChunkKey, req.First, req.First, req.Count, n)
+	if req.First > n-req.Count {
+		fail(CodeInvalid, nil, "%s: %d chunks from chunk %d run past the buffer's %d chunks", req.ChunkKey, req.Count, req.First, n)
 		return
 	}
 	for i := req.First; i < req.First+req.Count; i++ {

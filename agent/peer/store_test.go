@@ -17,7 +17,7 @@ const storeChunk = 64 << 10
 
 var storeBuffers = []tmpfs.BufferSpec{{Name: "params", Size: 5*storeChunk + 123}, {Name: "adam.m", Size: 70_001}, {Name: "empty", Size: 0}}
 
-func openTestStore(t *testing.T, job string) *tmpfs.Store {
+func openTestStore(t testing.TB, job string) *tmpfs.Store {
 	t.Helper()
 	s, err := tmpfs.Open(tmpfs.Options{Root: filepath.Join(t.TempDir(), "reft"), JobID: job, ChunkSize: storeChunk, Keep: 1,
 		Log: zerolog.New(zerolog.NewTestWriter(t))})
@@ -36,7 +36,7 @@ func stateFor(step int64) map[string][]byte {
 	return m
 }
 
-func commit(t *testing.T, s *tmpfs.Store, k tmpfs.Key, step int64) tmpfs.Generation {
+func commit(t testing.TB, s *tmpfs.Store, k tmpfs.Key, step int64) tmpfs.Generation {
 	t.Helper()
 	o, err := s.Begin(k, tmpfs.Spec{Step: step, Buffers: storeBuffers})
 	if err != nil {
