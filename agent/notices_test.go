@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"os"
 	"slices"
 	"strings"
@@ -9,6 +8,7 @@ import (
 	"time"
 
 	"github.com/reft-hpc/reft/agent/detect"
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/proto"
 )
 
@@ -17,7 +17,7 @@ import (
 // between its own requests' replies; a connection that never watched gets
 // none and its request/reply stream is untouched.
 func TestPeerFailureNotices(t *testing.T) {
-	var logBuf bytes.Buffer
+	var logBuf logtest.Buffer
 	s, path := startServer(t, os.Getuid(), &logBuf)
 	plain, watching := dial(t, path), dial(t, path)
 	if err := proto.Call(plain, proto.THello, 1, nil, nil); err != nil {
@@ -83,7 +83,7 @@ func TestPeerFailureNotices(t *testing.T) {
 // TestDetectorVerdictNotices: a failure the detector publishes reaches the
 // watching clients as a peer_failure notice naming its class and cause.
 func TestDetectorVerdictNotices(t *testing.T) {
-	var logBuf bytes.Buffer
+	var logBuf logtest.Buffer
 	s, path := startServer(t, os.Getuid(), &logBuf)
 	s.noticeFailures()
 	watching := dial(t, path)

@@ -17,13 +17,14 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/proto"
 )
 
 const nobody = 65534
 
 // startServer runs a server for a job owned by uid and returns its socket.
-func startServer(t *testing.T, uid int, logBuf *bytes.Buffer) (*Server, string) {
+func startServer(t *testing.T, uid int, logBuf *logtest.Buffer) (*Server, string) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "reft-agent-test-") // not t.TempDir: its parent is 0700 and uid 65534 must reach the socket
 	if err != nil {
@@ -36,7 +37,7 @@ func startServer(t *testing.T, uid int, logBuf *bytes.Buffer) (*Server, string) 
 	path := filepath.Join(dir, "agent.sock")
 	log := zerolog.Nop()
 	if logBuf != nil {
-		log = zerolog.New(&syncWriter{buf: logBuf})
+		log = zerolog.New(logBuf)
 	}
 	s, err := Listen(path, Info{Job: "42", Node: "n1", Spec: "arc", Version: "test", UID: uid, Restart: 1}, log)
 	if err != nil {
@@ -129,7 +130,7 @@ func TestMalformedFrames(t *testing.T) {
 		{"length below header", []byte{0, 0, 0, 2, 0, 0}, proto.CodeMalformed, 0, true},
 		{"length above limit", []byte{0x7f, 0, 0, 0}, proto.CodeMalformed, 0, true},
 	}
-	var logBuf bytes.Buffer
+	var logBuf logtest.Buffer
 	s, path := startServer(t, os.Getuid(), &logBuf)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -173,7 +174,7 @@ func TestRefusesRootForAnotherUsersJob(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Fatal("this test needs root (it checks that even root is refused); run the unit tests as root")
 	}
-	var logBuf bytes.Buffer
+	var logBuf logtest.Buffer
 	_, path := startServer(t, nobody, &logBuf)
 	var h proto.HelloReply
 	err := proto.Call(dial(t, path), proto.THello, 1, nil, &h)
