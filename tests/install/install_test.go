@@ -1,0 +1,119 @@
+// Package install tests `make install`: the files it installs under
+// DESTDIR, and that the shipped plugstack line and reft.toml name the
+// installed paths for PREFIX and SYSCONFDIR, not the source's /usr/local.
+package install
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/reft-hpc/reft/agent/config"
+)
+
+// repoRoot is the checkout's root (the Makefile's directory).
+func repoRoot(t *testing.T) string {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("cannot find the test's source path")
+	}
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// makeInstall runs the Makefile's install recipe into destdir. `-o all`
+// keeps make from building: build holds stand-ins for the artifacts, since
+// this test is about where they go and what the configuration names.
+func makeInstall(t *testing.T, build, destdir string, vars ...string) {
+	t.Helper()
+	args := append([]string{"-C", repoRoot(t), "-o", "all", "install", "BUILD=" + build, "DESTDIR=" + destdir}, vars...)
+	cmd := exec.Command("make", args...)
+	// An outer `make unit` must not pass its flags (-n, -j...) down.
+	cmd.Env = append(os.Environ(), "MAKEFLAGS=", "MFLAGS=", "MAKELEVEL=")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func TestInstallPaths(t *testing.T) {
+	cases := []struct {
+		name, prefix, sysconfdir string
+		vars                     []string // make variables; none: the Makefile's defaults
+	}{
+		{"defaults", "/usr/local", "/etc", nil},
+		{"prefix and sysconfdir", "/opt/reft", "/opt/reft/etc", []string{"PREFIX=/opt/reft", "SYSCONFDIR=/opt/reft/etc"}},
+		{"prefix only", "/srv/reft-1.0", "/etc", []string{"PREFIX=/srv/reft-1.0"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tmp := t.TempDir()
+			build, dest := filepath.Join(tmp, "build"), filepath.Join(tmp, "dest")
+			if err := os.MkdirAll(build, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			artifacts := []string{"reft", "reft-agent", "spank_reft.so", "libreft_spank.so"}
+			for _, a := range artifacts {
+				if err := os.WriteFile(filepath.Join(build, a), []byte("stand-in for "+a), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			makeInstall(t, build, dest, c.vars...)
+
+			for _, f := range []string{
+				c.prefix + "/bin/reft", c.prefix + "/bin/reft-agent",
+				c.prefix + "/lib/slurm/spank_reft.so", c.prefix + "/lib/slurm/libreft_spank.so",
+			} {
+				st, err := os.Stat(filepath.Join(dest, f))
+				if err != nil {
+					t.Errorf("%s not installed: %v", f, err)
+				} else if st.Mode().Perm() != 0o755 {
+					t.Errorf("%s: mode %v, want 0755", f, st.Mode().Perm())
+				}
+			}
+
+			// The plugstack line names the installed plugin and config.
+			conf := filepath.Join(dest, c.sysconfdir, "slurm", "plugstack.conf.d", "reft.conf")
+			b, err := os.ReadFile(conf)
+			if err != nil {
+				t.Fatalf("plugstack line not installed: %v", err)
+			}
+			var active []string
+			for _, l := range strings.Split(string(b), "\n") {
+				if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+					active = append(active, l)
+				}
+			}
+			want := "optional " + c.prefix + "/lib/slurm/spank_reft.so config=" + c.sysconfdir + "/reft/reft.toml"
+			if len(active) != 1 || active[0] != want {
+				t.Errorf("%s: plugin lines %q, want [%q]", conf, active, want)
+			}
+
+			// reft.toml parses strictly, and the agent it starts is the
+			// installed one.
+			toml := filepath.Join(dest, c.sysconfdir, "reft", "reft.toml")
+			data, err := os.ReadFile(toml)
+			if err != nil {
+				t.Fatalf("reft.toml not installed: %v", err)
+			}
+			cfg, err := config.Parse(toml, data)
+			if err != nil {
+				t.Fatalf("installed reft.toml: %v", err)
+			}
+			if cfg.Agent.Binary != c.prefix+"/bin/reft-agent" {
+				t.Errorf("installed reft.toml: agent.binary %q, want %q", cfg.Agent.Binary, c.prefix+"/bin/reft-agent")
+			}
+
+			// A second install keeps the site's edited configuration.
+			edited := append(data, []byte("\n# edited by the site\n")...)
+			if err := os.WriteFile(toml, edited, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			makeInstall(t, build, dest, c.vars...)
+			if got, _ := os.ReadFile(toml); string(got) != string(edited) {
+				t.Errorf("a second make install replaced the edited %s", toml)
+			}
+		})
+	}
+}
