@@ -1,9 +1,12 @@
-// Package install tests `make install`: the files it installs under
-// DESTDIR, and that the shipped plugstack line and reft.toml name the
-// installed paths for PREFIX and SYSCONFDIR, not the source's /usr/local.
-package install
+// Package makefile tests Makefile recipes that need no build and no
+// cluster: `make install` (the files it installs under DESTDIR, and that the
+// shipped plugstack line and reft.toml name the installed paths for PREFIX
+// and SYSCONFDIR, not the source's /usr/local), and that `make e2e` and
+// `make bench` always take the test cluster down again.
+package makefile
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,16 +26,23 @@ func repoRoot(t *testing.T) string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// makeInstall runs the Makefile's install recipe into destdir. `-o all`
-// keeps make from building: build holds stand-ins for the artifacts, since
-// this test is about where they go and what the configuration names.
-func makeInstall(t *testing.T, build, destdir string, vars ...string) {
+// runMake runs make in the checkout with `-o all`, which keeps it from
+// building: these tests are about the recipes, not the artifacts.
+func runMake(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	args := append([]string{"-C", repoRoot(t), "-o", "all", "install", "BUILD=" + build, "DESTDIR=" + destdir}, vars...)
-	cmd := exec.Command("make", args...)
+	cmd := exec.Command("make", append([]string{"-C", repoRoot(t), "-o", "all"}, args...)...)
 	// An outer `make unit` must not pass its flags (-n, -j...) down.
 	cmd.Env = append(os.Environ(), "MAKEFLAGS=", "MFLAGS=", "MAKELEVEL=")
-	if out, err := cmd.CombinedOutput(); err != nil {
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// makeInstall runs the install recipe into destdir; build holds stand-ins
+// for the artifacts.
+func makeInstall(t *testing.T, build, destdir string, vars ...string) {
+	t.Helper()
+	args := append([]string{"install", "BUILD=" + build, "DESTDIR=" + destdir}, vars...)
+	if out, err := runMake(t, args...); err != nil {
 		t.Fatalf("make %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
@@ -113,6 +123,49 @@ func TestInstallPaths(t *testing.T) {
 			makeInstall(t, build, dest, c.vars...)
 			if got, _ := os.ReadFile(toml); string(got) != string(edited) {
 				t.Errorf("a second make install replaced the edited %s", toml)
+			}
+		})
+	}
+}
+
+// TestClusterAlwaysTakenDown: `make e2e` and `make bench` run their cluster
+// part between the cluster tool's `up` and `down`, and call `down` whatever
+// happens (`up` failing halfway included), exiting non-zero on any failure.
+// A stand-in cluster tool records its calls, and GO stands in for the test
+// runs.
+func TestClusterAlwaysTakenDown(t *testing.T) {
+	cases := []struct {
+		name, target, goCmd string
+		upRC, downRC        int
+		wantOK              bool
+		wantMsg             string // in make's output
+	}{
+		{"e2e passes", "e2e", "true", 0, 0, true, ""},
+		{"e2e tests fail", "e2e", "false", 0, 0, false, ""},
+		{"e2e up fails halfway", "e2e", "true", 7, 0, false, "Error 7"},
+		{"e2e down fails", "e2e", "true", 0, 3, false, "Error 1"},
+		{"bench passes", "bench", "true", 0, 0, true, ""},
+		{"bench up fails halfway", "bench", "true", 7, 0, false, "Error 7"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			calls := filepath.Join(dir, "calls")
+			tool := filepath.Join(dir, "cluster")
+			script := fmt.Sprintf("#!/bin/sh\necho \"$1\" >>%s\ncase $1 in up) exit %d ;; down) exit %d ;; esac\n", calls, c.upRC, c.downRC)
+			if err := os.WriteFile(tool, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			out, err := runMake(t, c.target, "CLUSTER="+tool, "GO="+c.goCmd)
+			if (err == nil) != c.wantOK {
+				t.Errorf("make %s: error %v, want success %v\n%s", c.target, err, c.wantOK, out)
+			}
+			if !strings.Contains(out, c.wantMsg) {
+				t.Errorf("make %s: output lacks %q:\n%s", c.target, c.wantMsg, out)
+			}
+			b, _ := os.ReadFile(calls)
+			if got := strings.Fields(string(b)); strings.Join(got, " ") != "up down" {
+				t.Errorf("make %s: cluster tool called with %v, want up, then down", c.target, got)
 			}
 		})
 	}
