@@ -357,8 +357,15 @@ static void log_disabled(void)
 		slurm_error("reft: %s; reft is disabled until it is fixed", g_disabled);
 }
 
+/* Parses the plugstack arguments, once per process. Slurm 22.05 calls no
+ * slurm_spank_init in the prolog (job_script context): there
+ * slurm_spank_job_prolog parses them. */
 static void parse_args(int ac, char **av)
 {
+	static int parsed;
+	if (parsed)
+		return;
+	parsed = 1;
 	for (int i = 0; i < ac; i++) {
 		if (strncmp(av[i], "config=", 7) == 0 && av[i][7] == '/') {
 			snprintf(g_config, sizeof(g_config), "%s", av[i] + 7);
@@ -376,11 +383,11 @@ static void parse_args(int ac, char **av)
 
 /*
  * default= is a SPEC, and only Go knows the grammar (spank/spec), so it is
- * checked the first time a process is about to act on reft, with Go loaded
- * for that anyway: never in slurmd (which must not carry a Go runtime), and
- * not in srun/sbatch/salloc without --reft. A bad default disables reft like
- * an unknown argument: a job that asks for reft is refused with the reason,
- * and a job that gives no --reft runs without reft, as if default=off.
+ * checked where Go may load: in a step's slurmstepd at init, in the prolog,
+ * and in srun/sbatch/salloc when the user asks for reft; never in slurmd,
+ * which must not carry a Go runtime. A bad default disables reft like an
+ * unknown argument: a job that asks for reft is refused with the reason, and
+ * a job that gives no --reft runs without reft, as if default=off.
  * Call with Go loaded.
  */
 static void check_default(void)
@@ -405,7 +412,17 @@ static void check_default(void)
 
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
+	char err[1024];
+
 	parse_args(ac, av);
+	/* A step's slurmstepd checks default= now, before the job's I/O is
+	 * set up: from user_init on, an error would also reach the user's
+	 * stderr, in jobs that never asked for reft. It loads Go for that
+	 * only when default= is set, and then most steps use reft anyway.
+	 * If Go cannot load, user_init reports it to a step that uses reft. */
+	if (spank_context() == S_CTX_REMOTE && !g_disabled[0] && !is_off(g_default) &&
+	    load_go(err, sizeof(err)) == 0)
+		check_default();
 	/* In job_script context spank_option_getopt only finds options that
 	 * are not registered there; everywhere else, register, so that sbatch,
 	 * salloc and #SBATCH accept --reft and slurmstepd receives it. */
@@ -458,11 +475,12 @@ static int reft_opt_cb(int val, const char *optarg, int remote)
  * prolog drains the node. */
 int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 {
-	(void) ac; (void) av;
 	char *optarg = NULL, err[2048] = "";
 	uint32_t job = 0;
-	const char *s = g_default;
+	const char *s;
 
+	parse_args(ac, av); /* no slurm_spank_init in this context */
+	s = g_default;
 	if (spank_option_getopt(sp, &reft_option, &optarg) == ESPANK_SUCCESS && optarg)
 		s = optarg;
 	if (is_off(s) || g_disabled[0])
