@@ -6,6 +6,8 @@ package e2e
 // per-node agent, its socket, and that Slurm behaves as without the plugin.
 // Each test enables the plugin by writing a plugstack.conf.d line (srun and
 // slurmstepd read plugstack at every launch) and removes it when it ends.
+// slurmd reads it only at its start, so TestReftExternStepStartsAgent
+// restarts a node with the line present, and again without it.
 
 import (
 	"encoding/json"
