@@ -64,17 +64,23 @@ unit:
 	$(GO) test -count=1 ./...
 	cd client/python && $(PYTHON) -m unittest discover -s tests
 
-# End-to-end tests on the local cluster. The cluster is brought up here and
-# always taken down again, pass or fail. The cluster tool's own lifecycle test
-# runs last: it calls `up` a second time, then `down`, and checks that nothing
-# of the cluster is left.
+# WITH_CLUSTER starts a recipe line that needs the local test cluster: it
+# brings the cluster up and always takes it down again when the line ends
+# (pass, fail, a failed or half-done `up`, SIGINT or SIGTERM), so no daemon
+# is left running; the line exits with its first failure's status.
+WITH_CLUSTER = trap 'rc=$$?; trap - EXIT; $(CLUSTER) down || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc' EXIT; \
+	trap 'exit 130' INT TERM HUP; \
+	$(CLUSTER) up || exit $$?
+
+# End-to-end tests on the local cluster. The cluster tool's own lifecycle
+# test runs last: it calls `up` a second time, then `down`, and checks that
+# nothing of the cluster is left.
 e2e: all
-	$(CLUSTER) up
-	@rc=0; \
+	@$(WITH_CLUSTER); \
+	rc=0; \
 	$(GO) test -count=1 -tags e2e -timeout 30m -v ./tests/e2e/ || rc=$$?; \
 	$(GO) test -count=1 -tags e2e -timeout 5m -run Munge -v ./agent/peer/ || rc=$$?; \
 	( cd tests/cluster && $(GO) test -count=1 -tags e2e -timeout 10m -v . ) || rc=$$?; \
-	$(CLUSTER) down || rc=$$?; \
 	exit $$rc
 
 test: unit e2e
@@ -84,16 +90,32 @@ demo: all
 
 # The trainer overhead benchmark trains for minutes; on a busy machine the
 # default 10-minute test timeout is not enough.
+# The benchmarks; the last one (step launch time with the SPANK plugin, see
+# docs/BENCHMARKS.md) runs on the local test cluster, so `make bench` needs
+# root, like `make test`.
 bench: all
 	$(GO) test -timeout 60m -run '^$$' -bench . -benchtime 3x ./...
+	@$(WITH_CLUSTER); \
+	$(GO) test -count=1 -tags e2e -timeout 30m -run '^$$' -bench StepLaunch -benchtime 1x ./tests/e2e/
+
+# The shipped plugstack line and reft.toml name /usr/local and /etc: install
+# rewrites them for PREFIX and SYSCONFDIR (DESTDIR is only where the files
+# land, not a path they name). Existing configuration files are kept.
+INSTALL_SED := -e 's|/usr/local/lib/slurm/spank_reft.so|$(PREFIX)/lib/slurm/spank_reft.so|' \
+	-e 's|config=/etc/reft/reft.toml|config=$(SYSCONFDIR)/reft/reft.toml|'
+ifneq ($(PREFIX),/usr/local)
+INSTALL_SED += -e 's|^\# binary = "/usr/local/bin/reft-agent"|binary = "$(PREFIX)/bin/reft-agent" \# set by make install PREFIX=$(PREFIX)|'
+endif
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSCONFDIR)/reft
 	install -m 0755 $(BUILD)/reft $(BUILD)/reft-agent $(DESTDIR)$(PREFIX)/bin/
-	test -e $(DESTDIR)$(SYSCONFDIR)/reft/reft.toml || install -m 0644 etc/reft.toml $(DESTDIR)$(SYSCONFDIR)/reft/reft.toml
+	sed $(INSTALL_SED) etc/reft.toml >$(BUILD)/reft.toml.install
+	sed $(INSTALL_SED) etc/plugstack.conf.d/reft.conf >$(BUILD)/reft.conf.install
+	test -e $(DESTDIR)$(SYSCONFDIR)/reft/reft.toml || install -m 0644 $(BUILD)/reft.toml.install $(DESTDIR)$(SYSCONFDIR)/reft/reft.toml
 	install -d $(DESTDIR)$(PREFIX)/lib/slurm $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d
 	install -m 0755 $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so $(DESTDIR)$(PREFIX)/lib/slurm/
-	test -e $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d/reft.conf || install -m 0644 etc/plugstack.conf.d/reft.conf $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d/reft.conf
+	test -e $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d/reft.conf || install -m 0644 $(BUILD)/reft.conf.install $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d/reft.conf
 
 clean:
 	rm -rf $(BUILD)

@@ -48,7 +48,7 @@ SPANK_PLUGIN(reft, 1);
 
 static char g_config[PATH_MAX] = "/etc/reft/reft.toml";
 static char g_default[1024] = "off";
-static char g_disabled[512];   /* why the plugin refuses reft, or "" */
+static char g_disabled[2048];  /* why the plugin refuses reft, or "" */
 static char *g_opt;            /* last --reft value seen in this process */
 static char g_task_error[4096]; /* printed by every task of the step */
 
@@ -346,25 +346,83 @@ static int spawn_agent(const char *plan, uid_t uid, gid_t gid, const char *marke
 
 /* ---- SPANK callbacks --------------------------------------------------- */
 
+/* Log a plugstack.conf problem where the administrator looks: slurmd's log
+ * (slurmd, slurmstepd and the prolog write there). srun, sbatch and salloc
+ * say it only to a user who asks for reft (reft_opt_cb), so that commands
+ * without --reft print nothing new. */
+static void log_disabled(void)
+{
+	int ctx = spank_context();
+	if (ctx != S_CTX_LOCAL && ctx != S_CTX_ALLOCATOR)
+		slurm_error("reft: %s; reft is disabled until it is fixed", g_disabled);
+}
+
+/* Parses the plugstack arguments, once per process. Slurm 22.05 calls no
+ * slurm_spank_init in the prolog (job_script context): there
+ * slurm_spank_job_prolog parses them. */
 static void parse_args(int ac, char **av)
 {
+	static int parsed;
+	if (parsed)
+		return;
+	parsed = 1;
 	for (int i = 0; i < ac; i++) {
 		if (strncmp(av[i], "config=", 7) == 0 && av[i][7] == '/') {
 			snprintf(g_config, sizeof(g_config), "%s", av[i] + 7);
-		} else if (strncmp(av[i], "default=", 8) == 0 && av[i][8]) {
+		} else if (strncmp(av[i], "default=", 8) == 0 && av[i][8] &&
+			   strlen(av[i] + 8) < sizeof(g_default)) {
 			snprintf(g_default, sizeof(g_default), "%s", av[i] + 8);
-		} else {
+		} else if (!g_disabled[0]) {
 			snprintf(g_disabled, sizeof(g_disabled),
 				 "plugstack.conf argument \"%s\" is unknown or malformed "
 				 "(valid: config=/ABSOLUTE/PATH, default=SPEC)", av[i]);
-			slurm_error("reft: %s; reft is disabled until it is fixed", g_disabled);
+			log_disabled();
 		}
 	}
 }
 
+/*
+ * default= is a SPEC, and only Go knows the grammar (spank/spec), so it is
+ * checked where Go may load: in a step's slurmstepd at init, in the prolog,
+ * and in srun/sbatch/salloc when the user asks for reft; never in slurmd,
+ * which must not carry a Go runtime. A bad default disables reft like an
+ * unknown argument: a job that asks for reft is refused with the reason, and
+ * a job that gives no --reft runs without reft, as if default=off.
+ * Call with Go loaded.
+ */
+static void check_default(void)
+{
+	static int checked;
+	char canon[1024], err[1024] = "", prefix[1100];
+
+	if (checked || g_disabled[0] || is_off(g_default))
+		return;
+	checked = 1;
+	if (CALL_GO(go.normalize(g_default, canon, sizeof(canon), err, sizeof(err))) == 0)
+		return;
+	/* Go's message starts "--reft=SPEC: "; here the SPEC came from plugstack */
+	const char *why = err;
+	snprintf(prefix, sizeof(prefix), "--reft=%s: ", g_default);
+	if (strncmp(err, prefix, strlen(prefix)) == 0)
+		why = err + strlen(prefix);
+	snprintf(g_disabled, sizeof(g_disabled), "plugstack.conf argument \"default=%.200s\" is invalid: %.1500s",
+		 g_default, why);
+	log_disabled();
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
+	char err[1024];
+
 	parse_args(ac, av);
+	/* A step's slurmstepd checks default= now, before the job's I/O is
+	 * set up: from user_init on, an error would also reach the user's
+	 * stderr, in jobs that never asked for reft. It loads Go for that
+	 * only when default= is set, and then most steps use reft anyway.
+	 * If Go cannot load, user_init reports it to a step that uses reft. */
+	if (spank_context() == S_CTX_REMOTE && !g_disabled[0] && !is_off(g_default) &&
+	    load_go(err, sizeof(err)) == 0)
+		check_default();
 	/* In job_script context spank_option_getopt only finds options that
 	 * are not registered there; everywhere else, register, so that sbatch,
 	 * salloc and #SBATCH accept --reft and slurmstepd receives it. */
@@ -398,6 +456,13 @@ static int reft_opt_cb(int val, const char *optarg, int remote)
 		slurm_error("--reft: %s", err);
 		return -1;
 	}
+	if (!is_off(optarg)) {
+		check_default();
+		if (g_disabled[0]) {
+			slurm_error("--reft=%s: reft is disabled on this cluster: %s", optarg, g_disabled);
+			return -1;
+		}
+	}
 	if (CALL_GO(go.normalize((char *) optarg, canon, sizeof(canon), err, sizeof(err))) != 0) {
 		slurm_error("%s", err);
 		return -1;
@@ -410,11 +475,12 @@ static int reft_opt_cb(int val, const char *optarg, int remote)
  * prolog drains the node. */
 int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 {
-	(void) ac; (void) av;
 	char *optarg = NULL, err[2048] = "";
 	uint32_t job = 0;
-	const char *s = g_default;
+	const char *s;
 
+	parse_args(ac, av); /* no slurm_spank_init in this context */
+	s = g_default;
 	if (spank_option_getopt(sp, &reft_option, &optarg) == ESPANK_SUCCESS && optarg)
 		s = optarg;
 	if (is_off(s) || g_disabled[0])
@@ -425,6 +491,9 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 		slurm_error("reft: job %u: %s", job, err);
 		return 0;
 	}
+	check_default();
+	if (g_disabled[0])
+		return 0; /* logged; the job's steps tell a user who asked for reft */
 	if (CALL_GO(go.prolog(g_config, REFT_STATE_DIR, (char *) s, job, err, sizeof(err))) < 0)
 		slurm_error("reft: job %u prolog: %s", job, err);
 	return 0;
@@ -485,7 +554,20 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		return 0;
 	}
 	node_name(sp, node, sizeof(node));
+	if (!g_disabled[0] && load_go(err, sizeof(err)) != 0) {
+		snprintf(g_task_error, sizeof(g_task_error), "node %s: %s", node, err);
+		return 0;
+	}
+	if (!g_disabled[0])
+		check_default();
 	if (g_disabled[0]) {
+		if (!g_opt) {
+			/* the step gave no --reft: run it without reft, as with
+			 * default=off (the reason is in slurmd's log) */
+			for (const char **e = reft_env_names; *e; e++)
+				spank_unsetenv(sp, *e);
+			return 0;
+		}
 		snprintf(g_task_error, sizeof(g_task_error), "node %s: reft is disabled on this node: %s", node, g_disabled);
 		return 0;
 	}
@@ -494,10 +576,6 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	    spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS) {
 		snprintf(g_task_error, sizeof(g_task_error), "node %s: cannot read the job's ids from Slurm", node);
-		return 0;
-	}
-	if (load_go(err, sizeof(err)) != 0) {
-		snprintf(g_task_error, sizeof(g_task_error), "node %s: %s", node, err);
 		return 0;
 	}
 	int restart = restart_count(sp);
@@ -566,7 +644,7 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 static void hold_step_end(spank_t sp, uint32_t job, uint32_t step)
 {
 	char out[1024] = "", err[2048] = "", run[16];
-	if (!g_task_failed || !go.handle || g_task_error[0] || is_off(effective_spec()))
+	if (!g_task_failed || !go.handle || g_task_error[0] || g_disabled[0] || is_off(effective_spec()))
 		return; /* a step that ran without reft never loaded Go */
 	/* Only steps of reft run, which gives a lost node back at once: for a
 	 * plain srun nobody removes the node within the hold's bound. */

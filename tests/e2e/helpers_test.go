@@ -117,7 +117,7 @@ func command(ctx context.Context, user string, args ...string) *exec.Cmd {
 
 // run runs a command as user and returns its result; it fails the test only
 // when the command cannot be started or outlives timeout.
-func run(t *testing.T, timeout time.Duration, user string, args ...string) result {
+func run(t testing.TB, timeout time.Duration, user string, args ...string) result {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		r := runOnce(t, timeout, user, args...)
@@ -134,7 +134,7 @@ func run(t *testing.T, timeout time.Duration, user string, args ...string) resul
 	}
 }
 
-func runOnce(t *testing.T, timeout time.Duration, user string, args ...string) result {
+func runOnce(t testing.TB, timeout time.Duration, user string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -153,7 +153,7 @@ func runOnce(t *testing.T, timeout time.Duration, user string, args ...string) r
 }
 
 // mustRun is run that also requires exit code 0.
-func mustRun(t *testing.T, timeout time.Duration, user string, args ...string) result {
+func mustRun(t testing.TB, timeout time.Duration, user string, args ...string) result {
 	t.Helper()
 	r := run(t, timeout, user, args...)
 	if r.Code != 0 {
@@ -163,7 +163,7 @@ func mustRun(t *testing.T, timeout time.Duration, user string, args ...string) r
 }
 
 // cluster runs the cluster tool (as root).
-func cluster(t *testing.T, args ...string) string {
+func cluster(t testing.TB, args ...string) string {
 	t.Helper()
 	args = append([]string{filepath.Join(repo, "tests", "cluster", "cluster")}, args...)
 	return mustRun(t, 3*time.Minute, root, args...).Stdout
@@ -172,7 +172,7 @@ func cluster(t *testing.T, args ...string) string {
 // sharedDir makes a directory that every node and the given user can use
 // (t.TempDir lives in the host's /tmp, which the nodes cannot see). It is
 // removed when the test ends.
-func sharedDir(t *testing.T, owner string) string {
+func sharedDir(t testing.TB, owner string) string {
 	t.Helper()
 	base := filepath.Join(clusterDir, "scratch")
 	if err := os.MkdirAll(base, 0o755); err != nil {
@@ -207,7 +207,7 @@ var jobIDRe = regexp.MustCompile(`^(\d+)`)
 
 // sbatch submits a batch script as user and returns the job id. The job is
 // cancelled when the test ends, if still there.
-func sbatch(t *testing.T, user, script string, args ...string) string {
+func sbatch(t testing.TB, user, script string, args ...string) string {
 	t.Helper()
 	dir := sharedDir(t, user)
 	path := filepath.Join(dir, "job.sh")
@@ -227,7 +227,7 @@ func sbatch(t *testing.T, user, script string, args ...string) string {
 }
 
 // jobOutput reads a batch job's output file written under sharedDir.
-func jobOutput(t *testing.T, scriptDir, jobID string) string {
+func jobOutput(t testing.TB, scriptDir, jobID string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(scriptDir, "slurm-"+jobID+".out"))
 	if err != nil {
@@ -237,7 +237,7 @@ func jobOutput(t *testing.T, scriptDir, jobID string) string {
 }
 
 // jobState asks slurmctld, then accounting, for a job's state.
-func jobState(t *testing.T, jobID string) string {
+func jobState(t testing.TB, jobID string) string {
 	t.Helper()
 	r := run(t, 30*time.Second, root, "squeue", "-h", "-j", jobID, "-o", "%T")
 	if s := strings.TrimSpace(r.Stdout); r.Code == 0 && s != "" {
@@ -259,7 +259,7 @@ var finalStates = map[string]bool{
 }
 
 // waitJob waits until the job reaches a final state and returns it.
-func waitJob(t *testing.T, jobID string, timeout time.Duration) string {
+func waitJob(t testing.TB, jobID string, timeout time.Duration) string {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {

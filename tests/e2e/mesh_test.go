@@ -96,8 +96,8 @@ func TestMeshAgentsConnect(t *testing.T) {
 
 	// 1. The first reft step starts the agents (the extern step does when
 	// slurmd loaded the plugin at its start, which the tests' plugstack
-	// toggling does not give); every agent logs peer_connected for each
-	// other node.
+	// toggling does not give; TestReftExternStepStartsAgent covers that
+	// path); every agent logs peer_connected for each other node.
 	mustRun(t, 2*time.Minute, alice, "srun", "--jobid="+job, "--reft=arc", "-N3", "--ntasks-per-node=1", "true")
 	start := time.Now()
 	deadline := start.Add(90 * time.Second)

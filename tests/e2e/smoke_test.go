@@ -40,10 +40,18 @@ func TestShmPrivatePerNode(t *testing.T) {
 	mustRun(t, time.Minute, alice, "srun", "-N1", "-w", "n1", "sh", "-c", "echo payload > "+name)
 	t.Cleanup(func() { run(t, time.Minute, alice, "srun", "-N1", "-w", "n1", "rm", "-f", name) })
 
-	if r := run(t, time.Minute, alice, "srun", "-N1", "-w", "n2", "test", "-e", name); r.Code == 0 {
-		t.Fatalf("%s written on n1 is visible on n2", name)
+	// The task prints test -e's status (1: no such file) and the step
+	// succeeds: a failing srun must not pass for an invisible file (srun
+	// itself says "srun: error: ... Exited with exit code 1" for a task
+	// that fails, so the status travels on stdout instead).
+	r := mustRun(t, time.Minute, alice, "srun", "-N1", "-w", "n2", "sh", "-c", "test -e "+name+"; echo test-e=$?")
+	if got := strings.TrimSpace(r.Stdout); got != "test-e=1" || strings.Contains(r.Stderr, "srun: error") {
+		if got == "test-e=0" {
+			t.Fatalf("%s written on n1 is visible on n2", name)
+		}
+		t.Fatalf("test -e %s on n2: want test-e=1 and no srun error:\n%s", name, r)
 	}
-	r := mustRun(t, time.Minute, alice, "srun", "-N1", "-w", "n1", "cat", name)
+	r = mustRun(t, time.Minute, alice, "srun", "-N1", "-w", "n1", "cat", name)
 	if strings.TrimSpace(r.Stdout) != "payload" {
 		t.Fatalf("n1 lost its own /dev/shm file: %s", r)
 	}
