@@ -178,7 +178,8 @@ func BenchmarkSave256MiB(b *testing.B) {
 //   - memmove_GB/s: copy() of the same bytes from the same arena mapping
 //     (the generation's, mapped read-only as the client maps it) into the
 //     same registered buffers, in the same 4 MiB chunks on as many
-//     goroutines as the client's Workers: the copy a restore cannot avoid.
+//     goroutines as the client's RestoreWorkers (workers= in the name; the
+//     default is GOMAXPROCS): the copy a restore cannot avoid.
 //   - restore_GB/s and x_memmove: as in BenchmarkSave256MiB, each restore
 //     paired with a baseline round, x_memmove the median of the ratios.
 //   - A state of four equal buffers; 4 GiB skips, saying why, without the
@@ -232,7 +233,7 @@ func benchRestore(b *testing.B, size, workers int) {
 	roomForRestore(b, size)
 	a := startAgent(b)
 	ctx := context.Background()
-	c := open(b, a, client.Options{Workers: workers})
+	c := open(b, a, client.Options{Workers: workers, RestoreWorkers: workers})
 	state := anon(b, size)
 	q := size / 4
 	names := []string{"params", "grads", "adam.m", "adam.v"}

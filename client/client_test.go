@@ -79,6 +79,7 @@ func TestOpenOptions(t *testing.T) {
 		{"negative local rank", client.Options{LocalRank: -2}, "LocalRank = -2"},
 		{"negative chunk", client.Options{ChunkSize: -1}, "ChunkSize"},
 		{"negative workers", client.Options{Workers: -1}, "Workers"},
+		{"negative restore workers", client.Options{RestoreWorkers: -1}, "RestoreWorkers"},
 		{"no agent", client.Options{Socket: "/nonexistent/agent.sock"}, "connecting to the reft agent"},
 	}
 	for _, tt := range tests {
@@ -297,7 +298,7 @@ func TestRestoreCorruptChunk(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a := startAgentWith(t, agenttest.Options{Layout: tc.layout})
 			ctx := ctxT(t)
-			c := open(t, a, client.Options{ChunkSize: 4096, Workers: tc.workers})
+			c := open(t, a, client.Options{ChunkSize: 4096, Workers: tc.workers, RestoreWorkers: tc.workers})
 			bufs := [][]byte{make([]byte, 20_000), make([]byte, 9_000)}
 			for i, b := range bufs {
 				if err := c.Register(fmt.Sprintf("b%d", i), b, client.Kind(i%2)); err != nil {

@@ -184,7 +184,7 @@ func (c *Client) restore(ctx context.Context, step int64) error {
 			tasks = c.restoreTasks(arena, regions)
 		}
 		if err == nil {
-			if cerr := copyChunks(tasks, c.opt.Workers, nil); cerr != nil {
+			if cerr := copyChunks(tasks, c.opt.RestoreWorkers, nil); cerr != nil {
 				err = fmt.Errorf("copying out of the arena: %w", cerr)
 			} else if check != nil {
 				bad = check()
