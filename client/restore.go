@@ -154,6 +154,10 @@ func (c *Client) RestoreStep(ctx context.Context, step int64) error {
 	return c.restore(ctx, step)
 }
 
+// maxReportedBad bounds a release's bad_chunks, so that it fits in a frame
+// however much of an arena is corrupt.
+const maxReportedBad = 1024
+
 // restore asks the agent for step, copies the arena into the buffers and
 // releases the arena. The client verifies every chunk's CRC-32C as it
 // copies it (tmpfs.CopyCRC), so the arena is read once; it reports chunks
@@ -193,7 +197,8 @@ func (c *Client) restore(ctx context.Context, step int64) error {
 	}
 	// Release even after a failure: the agent keeps the arena out of reuse
 	// until then.
-	rerr := c.conn.call(ctx, proto.TRelease, proto.Release{Step: step, BadChunks: bad}, nil)
+	report := bad[:min(len(bad), maxReportedBad)] // the agent verifies every chunk anyway
+	rerr := c.conn.call(ctx, proto.TRelease, proto.Release{Step: step, BadChunks: report}, nil)
 	switch {
 	case rerr != nil && len(bad) > 0:
 		err = errors.Join(err, rerr) // the agent's verdict: corrupt, naming the chunks
