@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,6 +54,15 @@ const (
 	persistedShard = "persisted"
 )
 
+// encodeWorkers is the goroutines the parity encode (XOR or aec:K) uses
+// at commit (erasure.NewCodec; BenchmarkAECEncode measures it against
+// klauspost with the same count). One: the commit runs while the trainer
+// computes its next step, so, like the client's copier
+// (client.Options.Workers), it takes one core and leaves the others to the
+// trainer. A decode runs at restore, when every rank waits for it, so the
+// decoder uses every core (GOMAXPROCS).
+const encodeWorkers = 1
+
 // sliceBuf is a replicated buffer's place in the SG's slice.
 type sliceBuf struct {
 	name      string
@@ -74,7 +84,8 @@ type sgInfo struct {
 	slice   []sliceBuf
 	other   []proto.BufferSpec // not replicated: saved whole
 	el      *erasure.Layout
-	codec   *erasure.Codec
+	codec   *erasure.Codec // encodes at commit, on encodeWorkers
+	decoder *erasure.Codec // decodes at restore, on every core
 	// whole: aor without arc or aec. The replicated buffers are saved
 	// whole, each in a section of its name (every member's copy is the
 	// same, so any member's restores a lost one); the slice is not cut.
@@ -174,7 +185,10 @@ func newSGInfo(sp spec.Spec, req proto.Register) (*sgInfo, error) {
 			return nil, fmt.Errorf("--reft=%s with dp=%d: %w", sp, si.m, err)
 		}
 		si.el = &el
-		if si.codec, err = erasure.NewCodec(el, 0); err != nil {
+		if si.codec, err = erasure.NewCodec(el, encodeWorkers); err != nil {
+			return nil, err
+		}
+		if si.decoder, err = erasure.NewCodec(el, runtime.GOMAXPROCS(0)); err != nil {
 			return nil, err
 		}
 	}

@@ -890,7 +890,7 @@ func (s *Server) decode(ctx context.Context, si *sgInfo, p *restorePlan, rep []b
 		}()
 	}
 	wg.Wait()
-	if err := si.codec.Reconstruct(p.decode, shards, parities); err != nil {
+	if err := si.decoder.Reconstruct(p.decode, shards, parities); err != nil {
 		return fmt.Errorf("decoding shards %v from parity: %w", p.decode, err)
 	}
 	for _, q := range p.decode {

@@ -2,10 +2,13 @@ package agent
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -45,6 +48,9 @@ type rankConn struct {
 	comm bool
 	// watch is set once the connection sent watch (notices.go).
 	watch *watcher
+	// verifyTooBig: a restore's checksums did not fit in its reply, which
+	// was logged once; the agent verifies such restores itself.
+	verifyTooBig bool
 }
 
 // close aborts the connection's unfinished save and drops its restore pins.
@@ -140,6 +146,20 @@ func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zer
 		}
 		return s.commit(c, rc, f.ID, req, log)
 	}
+	switch f.Type {
+	case proto.TRestore:
+		req := proto.Restore{Step: -1}
+		if err := f.Unmarshal(&req); err != nil {
+			return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
+		}
+		return s.restore(c, rc, f.ID, req.Step, req.Verify == proto.VerifyClient, log)
+	case proto.TRelease:
+		var req proto.Release
+		if err := f.Unmarshal(&req); err != nil {
+			return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
+		}
+		return s.release(c, rc, f.ID, req, log)
+	}
 	req := proto.StepReq{Step: -1}
 	if err := f.Unmarshal(&req); err != nil {
 		return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
@@ -155,24 +175,69 @@ func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zer
 		rc.open = nil
 		log.Info().Str("event", "save_aborted").Int("rank", rc.key.Rank).Int64("step", req.Step).Msg("the client aborted a save")
 		return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, req)
-	case proto.TRestore:
-		return s.restore(c, rc, f.ID, req.Step, log)
-	case proto.TRelease:
-		r, ok := rc.restored[req.Step]
-		if !ok {
-			return replyErr(c, f.ID, proto.CodeBadState, "release of step %d: it was not restored on this connection", req.Step)
-		}
-		r.Close()
-		delete(rc.restored, req.Step)
-		if rc.sg != nil && len(rc.restored) == 0 {
-			// The assembled state was copied out: free its arena.
-			if err := s.store.Drop(tmpfs.Key{Rank: rc.key.Rank, Shard: restoreShard}); err != nil {
-				log.Warn().Err(err).Int("rank", rc.key.Rank).Msg("release: freeing the assembled restore")
-			}
-		}
-		return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, req)
 	}
 	return replyErr(c, f.ID, proto.CodeUnknownType, "unknown message type %s", f.Type)
+}
+
+// release ends a restore: the client has copied out of the arena. A
+// client that verified the copy reports the chunks that failed; the store
+// then verifies the generation itself, marks it bad when the arena is
+// corrupt, and the reply is corrupt either way, since the client's copy is
+// not the generation. The pin is dropped in every case.
+func (s *Server) release(c net.Conn, rc *rankConn, id uint32, req proto.Release, log zerolog.Logger) error {
+	r, ok := rc.restored[req.Step]
+	if !ok {
+		return replyErr(c, id, proto.CodeBadState, "release of step %d: it was not restored on this connection", req.Step)
+	}
+	var verr error
+	var bad []proto.BadChunk
+	if len(req.BadChunks) > 0 {
+		verr = s.reportedCorrupt(rc, r, req, log)
+		var cerr *tmpfs.ChecksumError
+		if errors.As(verr, &cerr) {
+			bad = badChunks(r.Manifest(), cerr.Chunks)
+		}
+	}
+	r.Close()
+	delete(rc.restored, req.Step)
+	if rc.sg != nil && len(rc.restored) == 0 {
+		// The assembled state was copied out: free its arena.
+		if err := s.store.Drop(tmpfs.Key{Rank: rc.key.Rank, Shard: restoreShard}); err != nil {
+			log.Warn().Err(err).Int("rank", rc.key.Rank).Msg("release: freeing the assembled restore")
+		}
+	}
+	if verr != nil {
+		return proto.WriteMsg(c, proto.TError, id, proto.Error{Code: proto.CodeCorrupt, BadChunks: bad,
+			Message: fmt.Sprintf("restore of rank %d step %d: %v", rc.key.Rank, req.Step, verr)})
+	}
+	return proto.WriteMsg(c, proto.TRelease|proto.ReplyBit, id, proto.StepReq{Step: req.Step})
+}
+
+// reportedCorrupt handles a client's report of chunks that failed its
+// checksums while it copied a restore: the store reads the arena and
+// decides. It returns the error for the client: the store's *ChecksumError
+// (the generation is now marked bad and never served again), or, when the
+// arena verifies, one that says the client's copy went wrong and the
+// generation was kept.
+func (s *Server) reportedCorrupt(rc *rankConn, r *tmpfs.Reader, req proto.Release, log zerolog.Logger) error {
+	var b strings.Builder
+	for i, bc := range req.BadChunks {
+		if i == 8 {
+			fmt.Fprintf(&b, " and %d more", len(req.BadChunks)-i)
+			break
+		}
+		fmt.Fprintf(&b, " section %q chunk %d read %#08x;", bc.Section, bc.Index, bc.Got)
+	}
+	log.Warn().Str("event", "restore_corrupt_reported").Int("rank", rc.key.Rank).Int64("step", req.Step).
+		Int("bad_chunks", len(req.BadChunks)).Str("chunks", b.String()).Msg("the client's copy of a restore failed its checksums; verifying the generation")
+	if err := r.Verify(); err != nil {
+		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", req.Step).Msg("restore refused")
+		return err
+	}
+	log.Warn().Str("event", "restore_client_copy_bad").Int("rank", rc.key.Rank).Int64("step", req.Step).
+		Msg("the generation verifies in the arena; the client's copy went wrong, so the generation is kept")
+	return fmt.Errorf("the client's copy of %d chunk(s) failed its CRC-32C (%s), but the generation verifies in the arena, so it is kept: "+
+		"the restored buffers were changed while they were copied, or this host's memory is failing; restore again", len(req.BadChunks), strings.TrimSpace(b.String()))
 }
 
 func payloadBytes(bufs []tmpfs.Buffer) int64 {
@@ -389,7 +454,9 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 		Step: step, Seq: g.Seq, Bytes: n, ChecksumS: crcTime.Seconds()})
 }
 
-func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log zerolog.Logger) error {
+// restore serves a restore request; verifyClient: the client checks the
+// checksums while it copies (proto.Restore.Verify).
+func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, verifyClient bool, log zerolog.Logger) error {
 	if rc.sg != nil {
 		g, event, err := s.restoreSharded(rc, step, log)
 		if err != nil {
@@ -400,7 +467,7 @@ func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log ze
 			}
 			return replyErr(c, id, storeErr(err), "restore of rank %d, %s: %v", rc.key.Rank, what, err)
 		}
-		return s.serveRestore(c, rc, id, g, event, log)
+		return s.serveRestore(c, rc, id, g, event, verifyClient, log)
 	}
 	var (
 		g     tmpfs.Generation
@@ -430,12 +497,17 @@ func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, log ze
 		return replyErr(c, id, proto.CodeNotFound, "restore of step %d: rank %d has no committed generation of that step on %s (it has steps %v)",
 			step, rc.key.Rank, s.info.Node, have)
 	}
-	return s.serveRestore(c, rc, id, g, "restore_local", log)
+	return s.serveRestore(c, rc, id, g, "restore_local", verifyClient, log)
 }
 
 // serveRestore pins generation g of the rank and replies with its arena
 // and layout. event names the restore in the log ("" when already logged).
-func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Generation, event string, log zerolog.Logger) error {
+// With verifyClient the reply carries the manifest's checksums and the
+// client verifies every chunk as it copies it, so the bytes cross the
+// memory bus once; otherwise (the Python client, or checksums that would
+// not fit in a frame) the store verifies the arena first and the client
+// copies.
+func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Generation, event string, verifyClient bool, log zerolog.Logger) error {
 	// The generation's own layout: it may predate this registration's.
 	m := &g.Manifest
 	if err := sameSources(m.SourceList(), rc.bufs); err != nil {
@@ -446,8 +518,38 @@ func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Gener
 		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", g.Step).Msg("restore refused")
 		return replyErr(c, id, proto.CodeInternal, "restore of step %d: %v", g.Step, err)
 	}
+	reply := proto.ArenaReply{
+		Step: g.Step, Seq: g.Seq, Arena: g.ArenaPath, ArenaSize: m.ArenaSize,
+		Buffers: layout.places, Regions: layout.regions, Sections: layout.sections}
+	verifier := "agent"
+	if verifyClient {
+		reply.ChunkSize, reply.CRC32C = m.ChunkSize, make(map[string][]uint32, len(m.Buffers))
+		for _, b := range m.Buffers {
+			reply.CRC32C[b.Name] = b.CRC32C
+		}
+		if n := replySize(reply); n > restoreReplyLimit {
+			reply.ChunkSize, reply.CRC32C = 0, nil
+			if !rc.verifyTooBig {
+				rc.verifyTooBig = true
+				log.Warn().Str("event", "restore_verify_agent").Int("rank", rc.key.Rank).Int64("step", g.Step).Int("reply_bytes", n).
+					Msg("the generation's checksums do not fit in a restore reply (a larger chunk_size at register fixes it); the agent verifies it before replying instead, one more pass over the arena")
+			}
+		} else {
+			verifier = "client"
+		}
+	}
 	t0 := time.Now()
-	r, err := s.store.Verify(g)
+	var (
+		r   *tmpfs.Reader
+		err error
+	)
+	if verifier == "client" {
+		if r, err = s.store.Open(g); err == nil {
+			s.store.Metrics().Restores.Add(1)
+		}
+	} else {
+		r, err = s.store.Verify(g)
+	}
 	if err != nil {
 		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", g.Step).Msg("restore refused")
 		e := proto.Error{Code: storeErr(err), Message: fmt.Sprintf("restore of rank %d step %d: %v", rc.key.Rank, g.Step, err)}
@@ -469,9 +571,20 @@ func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Gener
 	}
 	if rc.sg == nil {
 		log.Info().Str("event", event).Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
-			Int64("bytes", payloadBytes(g.Manifest.Buffers)).Dur("verify", time.Since(t0)).Msg("serving a local restore")
+			Int64("bytes", payloadBytes(g.Manifest.Buffers)).Str("verified_by", verifier).Dur("verify", time.Since(t0)).Msg("serving a local restore")
 	}
-	return proto.WriteMsg(c, proto.TRestore|proto.ReplyBit, id, proto.ArenaReply{
-		Step: g.Step, Seq: g.Seq, Arena: g.ArenaPath, ArenaSize: g.Manifest.ArenaSize,
-		Buffers: layout.places, Regions: layout.regions, Sections: layout.sections})
+	return proto.WriteMsg(c, proto.TRestore|proto.ReplyBit, id, reply)
+}
+
+// restoreReplyLimit is the largest restore reply with checksums; a
+// variable so that tests reach the fallback without gigabytes of state.
+var restoreReplyLimit = proto.MaxPayload
+
+// replySize is the length of v's JSON payload.
+func replySize(v any) int {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return math.MaxInt // WriteMsg would fail the same way
+	}
+	return len(b)
 }

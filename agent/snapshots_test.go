@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -724,6 +725,109 @@ func TestBadChunks(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := badChunks(tc.m, tc.bad); !slices.Equal(got, tc.want) {
 				t.Fatalf("badChunks = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSnapshotRestoreVerifiedByClient: a restore with verify "client" is
+// served without the agent reading the arena: the reply carries the
+// manifest's checksums, and a corrupt arena is still served. The client's
+// release then reports the chunks it read wrong; the agent verifies the
+// generation itself: corrupt in the arena, it is marked bad and the reply
+// names the chunk; intact, it is kept and the reply says the client's copy
+// went wrong. Checksums that do not fit in a reply make the agent verify
+// before replying, as without verify.
+func TestSnapshotRestoreVerifiedByClient(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		corrupt  bool // flip a byte of params' chunk 1 in step 2's arena
+		report   bool // the release names that chunk
+		limit    int  // restoreReplyLimit; 0: the default
+		restore  string
+		crcs     bool // the reply carries checksums
+		release  string
+		match    string // in the release's error
+		steps    []int64
+		restored int64 // newest restorable afterwards
+	}{
+		{name: "intact, nothing reported", crcs: true, steps: []int64{2, 1}, restored: 2},
+		{name: "corrupt, reported", corrupt: true, report: true, crcs: true, release: proto.CodeCorrupt,
+			match: `buffer "params" chunk 1`, steps: []int64{1}, restored: 1},
+		{name: "intact, reported", report: true, crcs: true, release: proto.CodeCorrupt,
+			match: "verifies in the arena", steps: []int64{2, 1}, restored: 2},
+		{name: "checksums too large for a reply", corrupt: true, limit: 64, restore: proto.CodeCorrupt, steps: []int64{1}, restored: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.limit > 0 {
+				defer func(old int) { restoreReplyLimit = old }(restoreReplyLimit)
+				restoreReplyLimit = tc.limit
+			}
+			sock := storeServer(t, t.TempDir(), 0)
+			c := newClient(t, sock)
+			c.must(proto.TRegister, regReq(0, twoBufs...), nil)
+			c.saveFilled(1, 1)
+			c.saveFilled(2, 2)
+			var ar proto.ArenaReply
+			c.must(proto.TRestore, proto.StepReq{Step: 2}, &ar) // verified by the agent: intact
+			if ar.CRC32C != nil {
+				t.Fatalf("a restore without verify carries checksums: %v", ar.CRC32C)
+			}
+			c.must(proto.TRelease, proto.StepReq{Step: 2}, nil)
+			if tc.corrupt {
+				m := mapArena(t, ar.Arena, ar.ArenaSize, unix.PROT_READ|unix.PROT_WRITE)
+				m[ar.Buffers[0].Offset+4097] ^= 0xFF
+			}
+			ar = proto.ArenaReply{}
+			if code := c.call(proto.TRestore, proto.Restore{Step: 2, Verify: proto.VerifyClient}, &ar); code != tc.restore {
+				t.Fatalf("restore: %q, want %q", code, tc.restore)
+			}
+			if tc.restore == "" {
+				if got := ar.CRC32C != nil; got != tc.crcs {
+					t.Fatalf("the reply carries checksums: %v, want %v", got, tc.crcs)
+				}
+				if tc.crcs {
+					m := mapArena(t, ar.Arena, ar.ArenaSize, unix.PROT_READ)
+					for _, b := range ar.Buffers {
+						want := tmpfs.ChunkCRCs(bytes.Repeat([]byte{2}, int(b.Size)), 4096, 1)
+						if ar.ChunkSize != 4096 || !slices.Equal(ar.CRC32C[b.Name], want) {
+							t.Fatalf("section %q: chunk size %d, checksums %v; want 4096, %v", b.Name, ar.ChunkSize, ar.CRC32C[b.Name], want)
+						}
+						if got := tmpfs.CRC(m[b.Offset+4096 : b.Offset+8192]); b.Name == "params" && (got == want[1]) == tc.corrupt {
+							t.Fatalf("params chunk 1 in the arena: CRC %#x, manifest %#x, corrupted %v", got, want[1], tc.corrupt)
+						}
+					}
+				}
+				rel := proto.Release{Step: 2}
+				if tc.report {
+					rel.BadChunks = []proto.MisreadChunk{{Section: "params", Index: 1, Got: 0xdead}}
+				}
+				c.id++
+				err := proto.Call(c.c, proto.TRelease, c.id, rel, nil)
+				var perr *proto.Error
+				switch {
+				case tc.release == "" && err != nil:
+					t.Fatalf("release: %v", err)
+				case tc.release != "" && (!errors.As(err, &perr) || perr.Code != tc.release || !strings.Contains(perr.Message, tc.match)):
+					t.Fatalf("release: %v, want %s containing %q", err, tc.release, tc.match)
+				}
+				// The agent's own verdict names the chunk it found bad in the
+				// arena; an intact arena names none.
+				if perr != nil {
+					if want := tc.corrupt; (len(perr.BadChunks) == 1 && perr.BadChunks[0].Buffer == "params" && perr.BadChunks[0].Chunk == 1) != want {
+						t.Fatalf("release's bad_chunks %+v; want params chunk 1: %v", perr.BadChunks, want)
+					}
+				}
+				if code := c.call(proto.TRelease, proto.StepReq{Step: 2}, nil); code != proto.CodeBadState {
+					t.Fatalf("a second release: %q, want bad_state (the first released the pin)", code)
+				}
+			}
+			if got := c.steps(); !slices.Equal(got, tc.steps) {
+				t.Fatalf("generations %v, want %v", got, tc.steps)
+			}
+			c.must(proto.TRestore, proto.StepReq{Step: -1}, &ar)
+			if ar.Step != tc.restored {
+				t.Fatalf("newest restorable is %d, want %d", ar.Step, tc.restored)
 			}
 		})
 	}

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -65,7 +66,10 @@ type Options struct {
 	// end of an idle window between chunks. 0: DefaultChunkSize. It is
 	// also asked of the agent as its checksum chunk.
 	ChunkSize int64
-	Workers   int // copy goroutines; 0: 1, so the copy leaves the trainer its cores
+	Workers   int // copy goroutines of a save; 0: 1, so the copy leaves the trainer its cores
+	// RestoreWorkers are the copy goroutines of a restore; 0: GOMAXPROCS,
+	// since the trainer waits for the restore and nothing else runs.
+	RestoreWorkers int
 	// Optional turns a missing REFT_AGENT_SOCKET into a disabled client
 	// whose Save and Restore do nothing, instead of an error.
 	Optional bool
@@ -170,9 +174,14 @@ func Open(ctx context.Context, opt Options) (*Client, error) {
 		return nil, fmt.Errorf("reft client: ChunkSize = %d must not be negative", opt.ChunkSize)
 	case opt.Workers < 0:
 		return nil, fmt.Errorf("reft client: Workers = %d must not be negative", opt.Workers)
+	case opt.RestoreWorkers < 0:
+		return nil, fmt.Errorf("reft client: RestoreWorkers = %d must not be negative", opt.RestoreWorkers)
 	}
 	if opt.Workers == 0 {
 		opt.Workers = 1
+	}
+	if opt.RestoreWorkers == 0 {
+		opt.RestoreWorkers = runtime.GOMAXPROCS(0)
 	}
 	if opt.Log == nil {
 		opt.Log = func(msg string) { fmt.Fprintln(os.Stderr, "reft:", msg) }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/reft-hpc/reft/client"
 	"github.com/reft-hpc/reft/tests/conformance-agent/agenttest"
+	"github.com/reft-hpc/reft/tmpfs"
 )
 
 func TestOpenWithoutSocket(t *testing.T) {
@@ -78,6 +79,7 @@ func TestOpenOptions(t *testing.T) {
 		{"negative local rank", client.Options{LocalRank: -2}, "LocalRank = -2"},
 		{"negative chunk", client.Options{ChunkSize: -1}, "ChunkSize"},
 		{"negative workers", client.Options{Workers: -1}, "Workers"},
+		{"negative restore workers", client.Options{RestoreWorkers: -1}, "RestoreWorkers"},
 		{"no agent", client.Options{Socket: "/nonexistent/agent.sock"}, "connecting to the reft agent"},
 	}
 	for _, tt := range tests {
@@ -200,8 +202,8 @@ func TestSaveRestore(t *testing.T) {
 		{"several, workers", []int{300_000, 4096, 70_001}, 8192, 3, ""},
 		{"more workers than chunks", []int{10}, 0, 8, ""},
 		// Regions in permuted order across two sections, straddling
-		// chunks: the agent verifies the client's section checksums at
-		// every restore.
+		// chunks: the client verifies the section checksums at every
+		// restore as it copies.
 		{"scatter, small chunks", []int{100_000, 12_345, 0, 1}, 4096, 1, "scatter"},
 		{"scatter, workers", []int{300_000, 4096, 70_001}, 8192, 3, "scatter"},
 		{"scatter, default chunks", []int{9 << 20, 3}, 0, 2, "scatter"},
@@ -274,6 +276,83 @@ func TestSaveRestore(t *testing.T) {
 			}
 			for i, b := range fresh {
 				mustEqual(t, fmt.Sprintf("restored buffer %d", i), b, patterned(len(b), 3+i))
+			}
+		})
+	}
+}
+
+// TestRestoreCorruptChunk: the client verifies a restore while it copies
+// (the agent leaves the checksums to it); a byte flipped in a committed
+// generation's arena fails the restore with CodeCorrupt naming the section
+// and chunk, the agent marks the generation bad in its store, and the next
+// Restore takes the newest step left, whole and intact.
+func TestRestoreCorruptChunk(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		layout  string
+		workers int
+	}{
+		{"identity", "", 1},
+		{"scatter, workers", "scatter", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := startAgentWith(t, agenttest.Options{Layout: tc.layout})
+			ctx := ctxT(t)
+			c := open(t, a, client.Options{ChunkSize: 4096, Workers: tc.workers, RestoreWorkers: tc.workers})
+			bufs := [][]byte{make([]byte, 20_000), make([]byte, 9_000)}
+			for i, b := range bufs {
+				if err := c.Register(fmt.Sprintf("b%d", i), b, client.Kind(i%2)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for step := int64(1); step <= 2; step++ {
+				for i, b := range bufs {
+					pattern(b, int(step)*10+i)
+				}
+				if err := c.Save(step).Wait(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			key := tmpfs.Key{Rank: 0, Shard: tmpfs.DefaultShard}
+			g, ok := a.Store.Latest(key)
+			if !ok || g.Step != 2 {
+				t.Fatalf("newest generation %d (%v), want 2", g.Step, ok)
+			}
+			sec := g.Manifest.Buffers[0]
+			f, err := os.OpenFile(g.ArenaPath, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			one := []byte{0}
+			at := sec.Offset + 4096 + 17 // the section's chunk 1
+			if _, err := f.ReadAt(one, at); err != nil {
+				t.Fatal(err)
+			}
+			one[0] ^= 0x01
+			if _, err := f.WriteAt(one, at); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			err = c.RestoreStep(ctx, 2)
+			var ae *client.Error
+			want := fmt.Sprintf("%q chunk 1", sec.Name)
+			if !errors.As(err, &ae) || ae.Code != client.CodeCorrupt || !strings.Contains(err.Error(), want) {
+				t.Fatalf("restore of the corrupt step = %v, want CodeCorrupt naming %s", err, want)
+			}
+			for _, h := range a.Store.Generations(key) {
+				if h.Step == 2 && !h.Bad {
+					t.Fatal("the agent's store does not mark step 2 bad")
+				}
+			}
+			if got, err := c.Generations(ctx); err != nil || !slices.Equal(got, []int64{1}) {
+				t.Fatalf("generations after the corrupt restore = %v, %v; want [1]", got, err)
+			}
+			step, ok, err := c.Restore(ctx)
+			if err != nil || !ok || step != 1 {
+				t.Fatalf("Restore = %d, %v, %v; want 1", step, ok, err)
+			}
+			for i, b := range bufs {
+				mustEqual(t, fmt.Sprintf("buffer %d", i), b, patterned(len(b), 10+i))
 			}
 		})
 	}

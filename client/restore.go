@@ -288,14 +288,23 @@ func (c *Client) RestoreStep(ctx context.Context, step int64) error {
 	return c.restore(ctx, step)
 }
 
-// restore asks the agent for step, which it verifies, copies the arena into
-// the buffers and releases the arena.
+// maxReportedBad bounds a release's bad_chunks, so that it fits in a frame
+// however much of an arena is corrupt.
+const maxReportedBad = 1024
+
+// restore asks the agent for step, copies the arena into the buffers and
+// releases the arena. The client verifies every chunk's CRC-32C as it
+// copies it (tmpfs.CopyCRC), so the arena is read once; it reports chunks
+// that fail in its release, and the agent, which verifies them in the
+// arena and marks the generation bad, answers corrupt. An agent that
+// verified the generation itself replies without checksums, and the client
+// only copies.
 func (c *Client) restore(ctx context.Context, step int64) error {
 	var rep proto.ArenaReply
-	if err := c.conn.call(ctx, proto.TRestore, proto.StepReq{Step: step}, &rep); err != nil {
+	if err := c.conn.call(ctx, proto.TRestore, proto.Restore{Step: step, Verify: proto.VerifyClient}, &rep); err != nil {
 		return fmt.Errorf("restore of step %d: %w", step, err)
 	}
-	regions, _, err := c.layoutOf(&rep, false)
+	regions, sections, err := c.layoutOf(&rep, false)
 	if err == nil && rep.Step != step {
 		err = fmt.Errorf("the agent restored step %d", rep.Step)
 	}
@@ -303,15 +312,37 @@ func (c *Client) restore(ctx context.Context, step int64) error {
 	if err == nil {
 		arena, err = c.maps.get(rep.Arena, rep.ArenaSize, false)
 	}
+	var bad []proto.MisreadChunk
 	if err == nil {
-		if cerr := copyChunks(c.restoreTasks(arena, regions), c.opt.Workers, nil); cerr != nil {
-			err = fmt.Errorf("copying out of the arena: %w", cerr)
+		var tasks []task
+		var check func() []proto.MisreadChunk
+		if rep.CRC32C != nil {
+			tasks, check, err = c.verifiedRestoreTasks(arena, regions, sections, rep.ChunkSize, rep.CRC32C)
+		} else {
+			tasks = c.restoreTasks(arena, regions)
+		}
+		if err == nil {
+			if cerr := copyChunks(tasks, c.opt.RestoreWorkers, nil); cerr != nil {
+				err = fmt.Errorf("copying out of the arena: %w", cerr)
+			} else if check != nil {
+				bad = check()
+			}
 		}
 	}
 	// Release even after a failure: the agent keeps the arena out of reuse
 	// until then.
-	if rerr := c.conn.call(ctx, proto.TRelease, proto.StepReq{Step: step}, nil); rerr != nil {
+	report := bad[:min(len(bad), maxReportedBad)] // the agent verifies every chunk anyway
+	rerr := c.conn.call(ctx, proto.TRelease, proto.Release{Step: step, BadChunks: report}, nil)
+	switch {
+	case rerr != nil && len(bad) > 0:
+		err = errors.Join(err, rerr) // the agent's verdict: corrupt, naming the chunks
+	case rerr != nil:
 		err = errors.Join(err, fmt.Errorf("releasing the arena: %w", rerr))
+	case len(bad) > 0:
+		// Only an agent that ignored the report answers without an error.
+		err = errors.Join(err, &Error{Code: CodeCorrupt, Message: fmt.Sprintf(
+			"%d chunk(s) of the restored generation fail their CRC-32C (first: section %q chunk %d), and the agent did not confirm it; restore an older step",
+			len(bad), bad[0].Section, bad[0].Index)})
 	}
 	if err != nil {
 		return fmt.Errorf("restore of step %d: %w", step, err)

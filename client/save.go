@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -262,12 +263,16 @@ func (g *gate) wait(hurry <-chan struct{}) {
 	}
 }
 
-// piece is one contiguous copy.
+// piece is one contiguous copy; a nil dst (in a verified restore) means
+// src is only checksummed.
 type piece struct{ dst, src []byte }
 
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 // task is one chunk to copy, as pieces in arena order; crc, when set,
-// receives the CRC-32C of the bytes copied, continued from piece to piece,
-// so that it is the chunk's whichever regions fill it.
+// receives the CRC-32C of the pieces' bytes (copied, or only read where
+// dst is nil), continued from piece to piece, so that it is the chunk's
+// whichever regions fill it.
 type task struct {
 	pieces []piece
 	crc    *uint32
@@ -349,6 +354,84 @@ func (c *Client) restoreTasks(arena []byte, regions []proto.Region) []task {
 	return tasks
 }
 
+// verifiedRestoreTasks cuts a restore into the generation's checksum
+// chunks (chunkSize, counted from each section's start), in arena order:
+// each task copies its chunk's pieces of the regions and checksums the
+// whole chunk, the bytes between regions included (read, not copied), so
+// that its CRC-32C is the chunk's as the manifest records it. Chunks that
+// no region reads are left out: nothing of them reaches the buffers. check,
+// after the copy, lists the chunks whose CRC-32C is not want's.
+func (c *Client) verifiedRestoreTasks(arena []byte, regions []proto.Region, sections []proto.Section, chunkSize int64,
+	want map[string][]uint32) ([]task, func() []proto.MisreadChunk, error) {
+	if chunkSize <= 0 {
+		return nil, nil, fmt.Errorf("the agent's restore reply has checksums but chunk_size %d (docs/PROTOCOL.md, \"Restore verified by the client\")", chunkSize)
+	}
+	bufs := c.data()
+	regs := slices.SortedFunc(slices.Values(regions), byArena)
+	secs := slices.SortedFunc(slices.Values(sections), func(a, b proto.Section) int { return cmp.Compare(a.ArenaOffset, b.ArenaOffset) })
+	type chunk struct {
+		section string
+		index   int
+		want    uint32
+	}
+	var (
+		tasks  []task
+		chunks []chunk
+	)
+	j := 0 // the first region that does not end before the chunk
+	for _, s := range secs {
+		n := (s.Size + chunkSize - 1) / chunkSize
+		for k := range n {
+			lo := s.ArenaOffset + k*chunkSize
+			hi := min(lo+chunkSize, s.ArenaOffset+s.Size)
+			for j < len(regs) && regs[j].ArenaOffset+regs[j].Size <= lo {
+				j++
+			}
+			if j == len(regs) || regs[j].ArenaOffset >= hi {
+				continue // no region reads this chunk
+			}
+			crcs, ok := want[s.Name]
+			if !ok || int64(len(crcs)) != n {
+				return nil, nil, fmt.Errorf("the agent's restore reply has %d checksums for section %q (%d bytes in chunks of %d), want %d (docs/PROTOCOL.md, \"Restore verified by the client\")",
+					len(crcs), s.Name, s.Size, chunkSize, n)
+			}
+			var ps []piece
+			at := lo
+			for _, r := range regs[j:] {
+				if r.ArenaOffset >= hi {
+					break
+				}
+				a, b := max(at, r.ArenaOffset), min(hi, r.ArenaOffset+r.Size)
+				if a > at {
+					ps = append(ps, piece{src: arena[at:a]}) // between regions: checksummed only
+				}
+				d := r.Offset - r.ArenaOffset // buffer offset = arena offset + d
+				ps = append(ps, piece{dst: bufs[r.Buffer][a+d : b+d], src: arena[a:b]})
+				at = b
+			}
+			if at < hi {
+				ps = append(ps, piece{src: arena[at:hi]})
+			}
+			tasks = append(tasks, task{pieces: ps})
+			chunks = append(chunks, chunk{s.Name, int(k), crcs[k]})
+		}
+	}
+	got := make([]uint32, len(tasks))
+	for i := range tasks {
+		tasks[i].crc = &got[i]
+	}
+	check := func() []proto.MisreadChunk {
+		var bad []proto.MisreadChunk
+		for i, ch := range chunks {
+			if got[i] != ch.want {
+				bad = append(bad, proto.MisreadChunk{Section: ch.section, Index: ch.index, Got: got[i]})
+			}
+		}
+		return bad
+	}
+	return tasks, check, nil
+}
+
 // copyChunks copies the tasks with the given number of goroutines, calling
 // before (when not nil) ahead of every chunk. A fault on the arena's
 // mapping (SIGBUS: the file was truncated, or its tmpfs is full) is
@@ -376,7 +459,11 @@ func copyChunks(tasks []task, workers int, before func()) error {
 			if t := &tasks[i]; t.crc != nil {
 				var crc uint32
 				for _, p := range t.pieces {
-					crc = tmpfs.CopyCRC(crc, p.dst, p.src)
+					if p.dst == nil { // a restore's bytes between regions
+						crc = crc32.Update(crc, castagnoli, p.src)
+					} else {
+						crc = tmpfs.CopyCRC(crc, p.dst, p.src)
+					}
 				}
 				*t.crc = crc
 			} else {

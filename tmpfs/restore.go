@@ -176,6 +176,24 @@ func (s *Store) Verify(g Generation) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.metrics.Restores.Add(1)
+	if err := r.Verify(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Verify checks every chunk of r's generation against its recorded
+// checksum, spread over the store's workers. On a mismatch the generation
+// is marked bad (on disk too, so no agent serves it again) and a
+// *ChecksumError names every bad chunk; r stays open. The agent calls it
+// when a client that verified a restore while copying reports chunks that
+// failed: the store's own reading decides.
+func (r *Reader) Verify() error {
+	if r.g == nil {
+		return fmt.Errorf("tmpfs: Verify of a closed reader")
+	}
 	m := r.g.m
 	type task struct {
 		buf   *Buffer
@@ -191,7 +209,7 @@ func (s *Store) Verify(g Generation) (*Reader, error) {
 		}
 	}
 	got := make([]uint32, len(tasks))
-	parallel(len(tasks), s.opt.Workers, func(i int) { got[i] = CRC(tasks[i].data) })
+	parallel(len(tasks), r.s.opt.Workers, func(i int) { got[i] = CRC(tasks[i].data) })
 	var bad []BadChunk
 	for i, t := range tasks {
 		if want := t.buf.CRC32C[t.chunk]; got[i] != want {
@@ -199,12 +217,10 @@ func (s *Store) Verify(g Generation) (*Reader, error) {
 				Length: int64(len(t.data)), Want: want, Got: got[i]})
 		}
 	}
-	s.metrics.Restores.Add(1)
 	if len(bad) == 0 {
-		return r, nil
+		return nil
 	}
-	cerr := &ChecksumError{Key: g.Key, Step: g.Step, Seq: g.Seq, Chunks: bad}
-	s.markBad(r.ks, r.g, cerr)
-	r.Close()
-	return nil, cerr
+	cerr := &ChecksumError{Key: r.ks.key, Step: m.Step, Seq: m.Seq, Chunks: bad}
+	r.s.markBad(r.ks, r.g, cerr)
+	return cerr
 }

@@ -8,26 +8,23 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/klauspost/reedsolomon"
 )
 
 // Benchmarks of the codes against a baseline measured in the same run, on
 // the same machine (docs/BENCHMARKS.md records the figures):
 //
 //   - XOR/RS member encode (Codec.Encode, and Codec.EncodeInputs from the
-//     gathered scratch) against memmove_GB/s: copy() of
-//     the same input bytes (the m-K pieces per parity unit the member
-//     reads) into one
-//     buffer, in 4 MiB chunks on the same GOMAXPROCS goroutines, so neither
-//     side gains parallelism the other lacks. Rates count input bytes.
+//     gathered scratch) against memmove_GB/s: copy() of the same input
+//     bytes (the m-K pieces per parity unit the member reads) into one
+//     buffer, in 4 MiB chunks on as many goroutines as the codec (workers=
+//     in the name), so neither side gains parallelism the other lacks.
+//     Rates count input bytes. The agent's own aec:K encode against
+//     klauspost is agent.BenchmarkAECEncode.
 //   - Reconstruct of one lost member's shard against memmove of a shard
 //     (what a replacement pays to take an ARC copy); rebuild_GB/s counts
 //     the rebuilt bytes. Decoding must read m-K units per rebuilt piece,
 //     (m-K)·S bytes for a shard of S, so read_GB/s and x_memmove_read show
 //     the kernel's speed on what it actually reads.
-//   - RS.Encode against reedsolomon.Encoder.Encode called directly on the
-//     same shards, same options: the wrapper's own cost.
 //
 // Every measured round is paired with a baseline round next to it,
 // alternating which goes first, and x_* is the median of the per-pair
@@ -35,15 +32,20 @@ import (
 
 var benchSlices = []int{64 << 20, 256 << 20}
 
+// encodeWorkers are the goroutine counts of the encode benchmarks: 1, what
+// the agent's commit encodes with (agent/sharded.go, encodeWorkers), and
+// GOMAXPROCS. Reconstruct runs on GOMAXPROCS, as the agent's restore does.
+func encodeWorkers() []int {
+	if n := runtime.GOMAXPROCS(0); n > 1 {
+		return []int{1, n}
+	}
+	return []int{1}
+}
+
 // pairsFor is how many measured rounds one benchmark op makes for an op
 // of n bytes: about 512 MiB per op, at least 7, so a burst of load from
 // elsewhere moves few of the ratios the median is taken over.
 func pairsFor(n int) int { return min(32, max(7, (512<<20)/max(n, 1))) }
-
-// rsPairs is larger: wrapper and klauspost differ by nanoseconds per call,
-// so only many pairs pull the median out of the noise of a shared machine
-// (an A/A run, klauspost against itself, spread 0.90 to 1.01 with 7).
-const rsPairs = 15
 
 func mib(n int) string { return fmt.Sprintf("%dMiB", n>>20) }
 
@@ -150,49 +152,50 @@ var codeCases = []codeCase{{4, 1}, {8, 1}, {4, 2}, {8, 2}}
 
 // BenchmarkEncode: one member's parity from the replicated slice.
 func BenchmarkEncode(b *testing.B) {
-	workers := runtime.GOMAXPROCS(0)
-	for _, w := range benchSlices {
-		for _, cc := range codeCases {
-			b.Run(fmt.Sprintf("%s/W=%s", cc, mib(w)), func(b *testing.B) {
-				slice := benchSlice(w)
-				l, err := NewLayout(Params{Members: cc.m, Parity: cc.k, Size: w})
-				if err != nil {
-					b.Fatal(err)
-				}
-				c, err := NewCodec(l, workers)
-				if err != nil {
-					b.Fatal(err)
-				}
-				parity := make([]byte, l.ParitySize())
-				// The baseline copies exactly the pieces member 0 reads.
-				var srcs [][]byte
-				in := 0
-				for t := range cc.k {
-					s := l.UnitStripe(0, t)
-					for _, i := range l.StripeData(s) {
-						r := l.Piece(i, l.PieceIn(i, s))
-						srcs = append(srcs, slice[r.Off:r.End()])
-						in += r.Len
+	for _, workers := range encodeWorkers() {
+		for _, w := range benchSlices {
+			for _, cc := range codeCases {
+				b.Run(fmt.Sprintf("%s/W=%s/workers=%d", cc, mib(w), workers), func(b *testing.B) {
+					slice := benchSlice(w)
+					l, err := NewLayout(Params{Members: cc.m, Parity: cc.k, Size: w})
+					if err != nil {
+						b.Fatal(err)
 					}
-				}
-				dst := make([]byte, in)
-				chunkedCopy(dst, srcs, workers) // fault both in
-				if err := c.Encode(0, slice, parity); err != nil {
-					b.Fatal(err)
-				}
-				var p pairs
-				for i := 0; b.Loop(); {
-					for range pairsFor(in) {
-						p.run(b, i, in, in, func() {
-							if err := c.Encode(0, slice, parity); err != nil {
-								b.Fatal(err)
-							}
-						}, func() { chunkedCopy(dst, srcs, workers) })
-						i++
+					c, err := NewCodec(l, workers)
+					if err != nil {
+						b.Fatal(err)
 					}
-				}
-				p.report(b, "encode", "memmove", "x_memmove")
-			})
+					parity := make([]byte, l.ParitySize())
+					// The baseline copies exactly the pieces member 0 reads.
+					var srcs [][]byte
+					in := 0
+					for t := range cc.k {
+						s := l.UnitStripe(0, t)
+						for _, i := range l.StripeData(s) {
+							r := l.Piece(i, l.PieceIn(i, s))
+							srcs = append(srcs, slice[r.Off:r.End()])
+							in += r.Len
+						}
+					}
+					dst := make([]byte, in)
+					chunkedCopy(dst, srcs, workers) // fault both in
+					if err := c.Encode(0, slice, parity); err != nil {
+						b.Fatal(err)
+					}
+					var p pairs
+					for i := 0; b.Loop(); {
+						for range pairsFor(in) {
+							p.run(b, i, in, in, func() {
+								if err := c.Encode(0, slice, parity); err != nil {
+									b.Fatal(err)
+								}
+							}, func() { chunkedCopy(dst, srcs, workers) })
+							i++
+						}
+					}
+					p.report(b, "encode", "memmove", "x_memmove")
+				})
+			}
 		}
 	}
 }
@@ -202,45 +205,46 @@ func BenchmarkEncode(b *testing.B) {
 // bytes, as in BenchmarkEncode. The scratch is what the client copies, so
 // the baseline here is also that copy's cost.
 func BenchmarkEncodeInputs(b *testing.B) {
-	workers := runtime.GOMAXPROCS(0)
-	for _, w := range benchSlices {
-		for _, cc := range codeCases {
-			b.Run(fmt.Sprintf("%s/W=%s", cc, mib(w)), func(b *testing.B) {
-				slice := benchSlice(w)
-				l, err := NewLayout(Params{Members: cc.m, Parity: cc.k, Size: w})
-				if err != nil {
-					b.Fatal(err)
-				}
-				c, err := NewCodec(l, workers)
-				if err != nil {
-					b.Fatal(err)
-				}
-				parity := make([]byte, l.ParitySize())
-				var srcs [][]byte
-				for _, in := range l.Inputs(0) {
-					srcs = append(srcs, slice[in.Range.Off:in.Range.End()])
-				}
-				in := l.InputSize(0)
-				scratch := make([]byte, in)
-				chunkedCopy(scratch, srcs, workers) // the client's gather
-				dst := make([]byte, in)
-				chunkedCopy(dst, srcs, workers) // fault it in
-				if err := c.EncodeInputs(0, scratch, parity); err != nil {
-					b.Fatal(err)
-				}
-				var p pairs
-				for i := 0; b.Loop(); {
-					for range pairsFor(in) {
-						p.run(b, i, in, in, func() {
-							if err := c.EncodeInputs(0, scratch, parity); err != nil {
-								b.Fatal(err)
-							}
-						}, func() { chunkedCopy(dst, srcs, workers) })
-						i++
+	for _, workers := range encodeWorkers() {
+		for _, w := range benchSlices {
+			for _, cc := range codeCases {
+				b.Run(fmt.Sprintf("%s/W=%s/workers=%d", cc, mib(w), workers), func(b *testing.B) {
+					slice := benchSlice(w)
+					l, err := NewLayout(Params{Members: cc.m, Parity: cc.k, Size: w})
+					if err != nil {
+						b.Fatal(err)
 					}
-				}
-				p.report(b, "encode", "memmove", "x_memmove")
-			})
+					c, err := NewCodec(l, workers)
+					if err != nil {
+						b.Fatal(err)
+					}
+					parity := make([]byte, l.ParitySize())
+					var srcs [][]byte
+					for _, in := range l.Inputs(0) {
+						srcs = append(srcs, slice[in.Range.Off:in.Range.End()])
+					}
+					in := l.InputSize(0)
+					scratch := make([]byte, in)
+					chunkedCopy(scratch, srcs, workers) // the client's gather
+					dst := make([]byte, in)
+					chunkedCopy(dst, srcs, workers) // fault it in
+					if err := c.EncodeInputs(0, scratch, parity); err != nil {
+						b.Fatal(err)
+					}
+					var p pairs
+					for i := 0; b.Loop(); {
+						for range pairsFor(in) {
+							p.run(b, i, in, in, func() {
+								if err := c.EncodeInputs(0, scratch, parity); err != nil {
+									b.Fatal(err)
+								}
+							}, func() { chunkedCopy(dst, srcs, workers) })
+							i++
+						}
+					}
+					p.report(b, "encode", "memmove", "x_memmove")
+				})
+			}
 		}
 	}
 }
@@ -295,48 +299,6 @@ func BenchmarkReconstruct(b *testing.B) {
 				read := float64(l.DataPieces())
 				b.ReportMetric(median(p.op)*read, "read_GB/s")
 				b.ReportMetric(median(p.ratio)*read, "x_memmove_read")
-			})
-		}
-	}
-}
-
-// BenchmarkRSEncode: our wrapper against klauspost called directly.
-func BenchmarkRSEncode(b *testing.B) {
-	for _, w := range benchSlices {
-		for _, cc := range []codeCase{{4, 2}, {8, 2}} {
-			b.Run(fmt.Sprintf("rs%d+%d/W=%s", cc.m, cc.k, mib(w)), func(b *testing.B) {
-				slice := benchSlice(w)
-				r, err := NewRS(cc.m, cc.k)
-				if err != nil {
-					b.Fatal(err)
-				}
-				direct, err := reedsolomon.New(cc.m, cc.k)
-				if err != nil {
-					b.Fatal(err)
-				}
-				shards := r.Split(slice) // views: W is a multiple of m, no padding
-				for t := range cc.k {
-					shards[cc.m+t] = make([]byte, r.ShardSize(w))
-				}
-				if err := r.Encode(shards); err != nil {
-					b.Fatal(err)
-				}
-				var p pairs
-				for i := 0; b.Loop(); {
-					for range rsPairs {
-						p.run(b, i, w, w, func() {
-							if err := r.Encode(shards); err != nil {
-								b.Fatal(err)
-							}
-						}, func() {
-							if err := direct.Encode(shards); err != nil {
-								b.Fatal(err)
-							}
-						})
-						i++
-					}
-				}
-				p.report(b, "wrapper", "klauspost", "x_klauspost")
 			})
 		}
 	}

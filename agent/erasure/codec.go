@@ -95,22 +95,42 @@ func (c *Codec) encodeUnit(j, t int, srcs [][]byte, out []byte) error {
 	return nil
 }
 
-// rsRow computes one parity row from D pieces, padding short ones (only the
-// tail of the slice has them) with zeros in scratch copies.
+// rsRow computes one parity row from D pieces. Pieces shorter than the
+// longest (only the tail of a shard or of the slice has them) count as
+// zero-padded. The code is bytewise, so the row is encoded in two spans:
+// up to the shortest piece's end every piece is read in place, and only
+// the rest (typically a few KiB: the shard cut's remainder) is encoded
+// from zero-padded copies. Padding whole pieces cost an allocation and a
+// copy of the piece in every commit.
 func (c *Codec) rsRow(t int, srcs [][]byte, out []byte) error {
-	n := 0
+	n, short := 0, -1
 	for _, s := range srcs {
 		n = max(n, len(s))
+		if short < 0 || len(s) < short {
+			short = len(s)
+		}
 	}
 	clear(out[n:]) // all inputs are zero past n
 	if n == 0 {
 		return nil
 	}
 	shards := make([][]byte, len(srcs)+1)
-	for i, s := range srcs {
-		shards[i] = padTo(s, n)
+	if short > 0 {
+		for i, s := range srcs {
+			shards[i] = s[:short]
+		}
+		shards[len(srcs)] = out[:short]
+		if err := c.row[t].Encode(shards); err != nil {
+			return err
+		}
 	}
-	shards[len(srcs)] = out[:n]
+	if short == n {
+		return nil
+	}
+	for i, s := range srcs {
+		shards[i] = padTo(s[short:], n-short)
+	}
+	shards[len(srcs)] = out[short:n]
 	return c.row[t].Encode(shards)
 }
 

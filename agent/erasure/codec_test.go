@@ -187,9 +187,18 @@ func TestRSLayoutOddSizes(t *testing.T) {
 }
 
 // Our per-row encoders produce exactly the parity klauspost's own Cauchy
-// code computes for the whole stripe.
+// code computes for the whole stripe, zero-padded: with equal pieces,
+// pieces whose last one is a few bytes short (encoded in two spans),
+// empty pieces, and the arc+aec layout.
 func TestRSRowsMatchKlauspostCauchy(t *testing.T) {
-	for _, p := range []Params{{Members: 5, Parity: 2, Size: 10000}, {Members: 8, Parity: 3, Size: 77777, Align: 1}} {
+	for _, p := range []Params{
+		{Members: 5, Parity: 2, Size: 10000},
+		{Members: 8, Parity: 3, Size: 77777, Align: 1},
+		{Members: 4, Parity: 2, Size: 4 * 2 * 4096}, // equal pieces
+		{Members: 8, Parity: 2, Size: 1<<20 + 12345, Align: 4096},
+		{Members: 6, Parity: 3, Size: 7, Align: 1}, // empty pieces
+		{Members: 8, Parity: 2, Size: 99991, ARC: true},
+	} {
 		g := newGroup(t, p, 11, 1)
 		d := g.l.DataPieces()
 		enc, err := reedsolomon.New(d, p.Parity, reedsolomon.WithCauchyMatrix())

@@ -32,13 +32,13 @@
 //     decodable stripes (REFT "collaborative protection"); agent/sg's
 //     failure analysis holds the same layout (its contract test).
 //
-//   - [RS] is the plain Reed-Solomon code over whole shards (m data shards,
-//     K parity shards of W/m each), a thin wrapper of
-//     github.com/klauspost/reedsolomon. Its parity shards need every data
-//     shard, so it is the code for buffers that are not replicated (sent
-//     over the network) or for parity placed on nodes outside the SG; with
-//     parity placed on the SG's own members, losing a member costs a data
-//     shard and a parity shard at once, which is why [Codec] rotates.
+// Cost of aec:K: member j's K units belong to K different stripes, so it
+// computes them as K single-row encodes over disjoint pieces, each of its
+// K·D input pieces read once (klauspost's kernels, one parity row each).
+// Over the group that is K·W bytes read, where one encoder holding every
+// data piece would read W once and emit all K rows of a stripe: the price
+// of parity computed from each member's own copy, with nothing sent over
+// the network (docs/BENCHMARKS.md, "aec:K encode as the agent runs it").
 //
 // Sharded snapshots: a member need not hold the whole slice to compute its
 // parity. [Layout.Inputs] lists the data pieces member j's K parity units

@@ -436,6 +436,38 @@ type StepReq struct {
 	Step int64 `json:"step"`
 }
 
+// VerifyClient is a restore request's Verify when the client checks every
+// chunk's CRC-32C itself while it copies (docs/PROTOCOL.md, "Restore
+// verified by the client").
+const VerifyClient = "client"
+
+// Restore is the payload of a restore request. Verify "client" asks the
+// agent to leave the checksums to the client: the reply then carries them
+// (ArenaReply.CRC32C), and the client reports chunks that fail in its
+// release. An agent that verifies anyway replies without them.
+type Restore struct {
+	Step   int64  `json:"step"`
+	Verify string `json:"verify,omitempty"`
+}
+
+// Release is the payload of a release request. BadChunks, from a client
+// that verified the restore, lists the chunks whose bytes it read did not
+// match their checksum; the agent then verifies the generation itself and
+// replies corrupt.
+type Release struct {
+	Step      int64          `json:"step"`
+	BadChunks []MisreadChunk `json:"bad_chunks,omitempty"`
+}
+
+// MisreadChunk is a chunk a client read with a wrong CRC-32C: chunk Index
+// of section Section, whose bytes had CRC-32C Got. (The agent's own
+// verdict on the arena, in a corrupt reply, is a BadChunk.)
+type MisreadChunk struct {
+	Section string `json:"section"`
+	Index   int    `json:"index"`
+	Got     uint32 `json:"got"`
+}
+
 // Comm is the payload of a comm notice: the rank enters (Active) or leaves
 // a communication phase (an allreduce). The agent pauses background
 // replication while any local rank is in one, and sends no reply.
@@ -470,6 +502,13 @@ type ArenaReply struct {
 	Regions []Region `json:"regions"`
 	// Sections are the checksummed arena ranges; nil with Regions.
 	Sections []Section `json:"sections"`
+	// ChunkSize and CRC32C: in a restore reply to a client that asked to
+	// verify (Restore.Verify), the generation's chunk size and the CRC-32C
+	// of every chunk of every section, keyed by section name, as the
+	// manifest records them; absent when the agent verified the
+	// generation before replying.
+	ChunkSize int64               `json:"chunk_size,omitempty"`
+	CRC32C    map[string][]uint32 `json:"crc32c,omitempty"`
 }
 
 // Region is a byte range of a registered buffer and its place in the
