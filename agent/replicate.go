@@ -313,6 +313,21 @@ func (r *replicator) hosting(m *mesh.Mesh, world int) (nodes map[string]bool, mi
 // on their nodes (a node may host found ranks and missing ones); it
 // returns why some did not answer.
 func (r *replicator) searchHosts(m *mesh.Mesh, missing []int) string {
+	whys := askOthers(r.ctx, m, missing, func(node string, rep *peer.WatermarksReply) {
+		for _, h := range rep.Hosted {
+			if slices.Contains(missing, h.Rank) {
+				r.hosts.note(h.Rank, node)
+			}
+		}
+	})
+	return strings.Join(whys, "; ")
+}
+
+// askOthers asks every other agent of the job, at once and each within
+// gatherWait, for its watermarks of ranks, and hands each reply to got
+// (called concurrently). It returns why the agents that did not answer
+// did not, sorted.
+func askOthers(ctx context.Context, m *mesh.Mesh, ranks []int, got func(node string, rep *peer.WatermarksReply)) []string {
 	var mu sync.Mutex
 	var whys []string
 	var wg sync.WaitGroup
@@ -323,25 +338,21 @@ func (r *replicator) searchHosts(m *mesh.Mesh, missing []int) string {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(r.ctx, gatherWait)
+			cctx, cancel := context.WithTimeout(ctx, gatherWait)
 			defer cancel()
-			rep, err := m.Watermarks(ctx, n.Name, missing)
+			rep, err := m.Watermarks(cctx, n.Name, ranks)
 			if err != nil {
 				mu.Lock()
 				whys = append(whys, fmt.Sprintf("%s: %v", n.Name, err))
 				mu.Unlock()
 				return
 			}
-			for _, h := range rep.Hosted {
-				if slices.Contains(missing, h.Rank) {
-					r.hosts.note(h.Rank, n.Name)
-				}
-			}
+			got(n.Name, rep)
 		}()
 	}
 	wg.Wait()
 	sort.Strings(whys)
-	return strings.Join(whys, "; ")
+	return whys
 }
 
 // placement returns this node's placement peers for the state of a rank

@@ -295,44 +295,25 @@ func (s *Server) searchGroup(ctx context.Context, si *sgInfo, g *groupState) (ad
 			whys = append(whys, "peering is still starting")
 		}
 	} else {
-		mm := m()
 		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for _, n := range mm.Nodes() {
-			if n.Name == mm.Self().Name {
-				continue
+		whys = askOthers(ctx, m(), members, func(node string, rep *peer.WatermarksReply) {
+			for _, h := range rep.Hosted {
+				if !slices.Contains(members, h.Rank) {
+					continue
+				}
+				s.noteHost(g, h.Rank, node)
+				mu.Lock()
+				if h.Ring != nil && adopted == nil {
+					adopted, from = h.Ring, node
+				}
+				mu.Unlock()
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				cctx, cancel := context.WithTimeout(ctx, gatherWait)
-				defer cancel()
-				rep, err := mm.Watermarks(cctx, n.Name, members)
-				if err != nil {
-					mu.Lock()
-					whys = append(whys, fmt.Sprintf("%s: %v", n.Name, err))
-					mu.Unlock()
-					return
-				}
-				for _, h := range rep.Hosted {
-					if !slices.Contains(members, h.Rank) {
-						continue
-					}
-					s.noteHost(g, h.Rank, n.Name)
-					mu.Lock()
-					if h.Ring != nil && adopted == nil {
-						adopted, from = h.Ring, n.Name
-					}
-					mu.Unlock()
-				}
-				if len(rep.Generations) > 0 {
-					s.groupsMu.Lock()
-					g.holders[n.Name] = true
-					s.groupsMu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
+			if len(rep.Generations) > 0 {
+				s.groupsMu.Lock()
+				g.holders[node] = true
+				s.groupsMu.Unlock()
+			}
+		})
 	}
 	s.groupsMu.Lock()
 	hosts = map[int]string{}
