@@ -227,24 +227,27 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 		// A node's processes do not all die at the same instant (a kill
 		// of the node's every process, the OOM killer, a panic in
 		// progress): the agent's reset can come while slurmd still
-		// answers. Only a slurmd that still answers a suspicion timeout
-		// later makes this an agent failure; reft run would otherwise
-		// relaunch onto a dead node.
+		// answers. Only a slurmd that still answers half a suspicion
+		// timeout later makes this an agent failure; reft run would
+		// otherwise relaunch onto a dead node. An agent heard meanwhile is
+		// a new one (the confirmers could not reach the old): the node is
+		// up, and the verdict stands.
+		grace := d.cfg.Timeout / 2
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(d.cfg.Timeout):
+		case <-time.After(grace):
 		}
 		d.mu.Lock()
 		heard = d.heard[node]
 		_, known = d.failed[node]
 		_, gone = d.gone[node]
 		d.mu.Unlock()
-		if gone || known || heard.After(last) {
+		if gone || known {
 			return
 		}
-		if d.checkSlurmd(ctx, node) == slurmdDown {
-			class, why = ClassNode, fmt.Sprintf("its slurmd answered at first but not %s later (the whole node went down)", d.cfg.Timeout)
+		if !heard.After(last) && d.checkSlurmd(ctx, node) == slurmdDown {
+			class, why = ClassNode, fmt.Sprintf("its slurmd answered at first but not %s later (the whole node went down)", grace)
 		}
 	}
 	now := time.Now()
