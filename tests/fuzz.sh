@@ -8,10 +8,13 @@
 # commit it with the fix, so the unit run keeps replaying it.
 #
 # FUZZTIME=0 lists the targets and exits; FUZZ_PARALLEL sets the fuzzing
-# workers per target (default: go's, GOMAXPROCS).
+# workers per target (default: go's, GOMAXPROCS). New inputs are minimized
+# for at most FUZZMINIMIZE (default 100x): go's default, 60 s per input,
+# spent most of a few-second budget minimizing instead of fuzzing.
 set -eu
 GO=${GO:-go}
 FUZZTIME=${FUZZTIME:-4s}
+FUZZMINIMIZE=${FUZZMINIMIZE:-100x}
 cd "$(dirname "$0")/.."
 
 # Packages whose test files declare a fuzz target (a fast pre-filter:
@@ -35,18 +38,19 @@ echo "fuzz: $count targets, $FUZZTIME each"
 
 par=""
 [ -z "${FUZZ_PARALLEL:-}" ] || par="-parallel=$FUZZ_PARALLEL"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 start=$(date +%s)
 failed=""
 for t in $targets; do
 	p=${t%%:*} n=${t#*:}
-	if ! $GO test -count=1 -run '^$' -fuzz "^$n\$" -fuzztime="$FUZZTIME" $par "$p" >/tmp/reft-fuzz.$$ 2>&1; then
-		cat /tmp/reft-fuzz.$$
+	if ! $GO test -count=1 -run '^$' -fuzz "^$n\$" -fuzztime="$FUZZTIME" -fuzzminimizetime="$FUZZMINIMIZE" $par "$p" >"$log" 2>&1; then
+		cat "$log"
 		failed="$failed $t"
 	else
 		echo "  ok $t"
 	fi
 done
-rm -f /tmp/reft-fuzz.$$
 echo "fuzz: $count targets in $(($(date +%s) - start)) s"
 if [ -n "$failed" ]; then
 	echo "fuzz: FAILED:$failed (crashers are in <package>/testdata/fuzz/<Target>/)" >&2
