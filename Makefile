@@ -68,7 +68,7 @@ unit:
 # Every Go fuzz target, FUZZTIME each, one after the other (tests/fuzz.sh
 # finds them with go test -list; docs/security-fuzz.md lists what each
 # covers). The unit run above already replayed their committed corpora.
-FUZZTIME ?= 4s
+FUZZTIME ?= 3s
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) tests/fuzz.sh
 

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs every Go fuzz target of the module for a bounded time each
-# (FUZZTIME, default 4s), one at a time. Targets are discovered with
+# (FUZZTIME, default 3s), one at a time. Targets are discovered with
 # `go test -list '^Fuzz'` in every package whose tests declare one, so a
 # new target is never forgotten. A plain `go test` already runs each
 # target's seed corpus (f.Add and testdata/fuzz/); this adds the mutation.
@@ -13,7 +13,7 @@
 # spent most of a few-second budget minimizing instead of fuzzing.
 set -eu
 GO=${GO:-go}
-FUZZTIME=${FUZZTIME:-4s}
+FUZZTIME=${FUZZTIME:-3s}
 FUZZMINIMIZE=${FUZZMINIMIZE:-100x}
 cd "$(dirname "$0")/.."
 
@@ -44,11 +44,12 @@ start=$(date +%s)
 failed=""
 for t in $targets; do
 	p=${t%%:*} n=${t#*:}
+	t0=$(date +%s)
 	if ! $GO test -count=1 -run '^$' -fuzz "^$n\$" -fuzztime="$FUZZTIME" -fuzzminimizetime="$FUZZMINIMIZE" $par "$p" >"$log" 2>&1; then
 		cat "$log"
 		failed="$failed $t"
 	else
-		echo "  ok $t"
+		echo "  ok $t ($(($(date +%s) - t0)) s)"
 	fi
 done
 echo "fuzz: $count targets in $(($(date +%s) - start)) s"
