@@ -123,3 +123,18 @@ func FuzzWatcher(f *testing.F) {
 		_ = w.MissingNodes([]string{"n1", "n2"})
 	})
 }
+
+// FuzzParseNodeStates: `scontrol -o show node` (features, comments and
+// reasons are admins' and users' text) parses to whitespace-free node
+// names and states.
+func FuzzParseNodeStates(f *testing.F) {
+	f.Add("NodeName=n1 Arch=x86_64 State=IDLE Reason=none\nNodeName=n2 State=DOWN+NOT_RESPONDING Reason=x State=y\n")
+	f.Add("NodeName= State=\nState=IDLE NodeName=n3\n NodeName=n4 State=MIXED")
+	f.Fuzz(func(t *testing.T, out string) {
+		for n, st := range ParseNodeStates(out) {
+			if n == "" || st == "" || strings.ContainsAny(n+st, " \t\n\r") {
+				t.Fatalf("node %q state %q", n, st)
+			}
+		}
+	})
+}
