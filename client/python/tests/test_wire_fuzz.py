@@ -69,6 +69,14 @@ def corpus():
 
 
 class MutatedFrames(unittest.TestCase):
+    def test_deep_nesting_is_a_payload_error(self):
+        # The crasher the mutation found: json recursed past Python's limit.
+        for body in (b"[" * 100000, b'{"a":' * 50000):
+            with self.subTest(body[:5]):
+                with self.assertRaises(W.FrameError) as cm:
+                    W.decode(struct.pack(">IBBHI", 8 + len(body), W.VERSION, W.T_SAVE | W.REPLY_BIT, 0, 1) + body)
+                self.assertEqual(cm.exception.kind, "payload")
+
     def test_decode_raises_only_frame_error(self):
         rng = random.Random(SEED)
         base = corpus()
