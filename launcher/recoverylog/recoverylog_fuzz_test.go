@@ -61,7 +61,9 @@ func formatSacct(recs []Record) string {
 		if t.IsZero() {
 			return "Unknown"
 		}
-		return t.Format(sacctTime)
+		// time.Parse takes fractional seconds the layout does not name
+		// (sacct never prints them): keep them so the records compare.
+		return t.Format(sacctTime + ".999999999")
 	}
 	for _, r := range recs {
 		b.WriteString(strings.Join([]string{r.JobID, r.Name, r.State, r.ExitCode, tm(r.Start), tm(r.End), r.Elapsed,
