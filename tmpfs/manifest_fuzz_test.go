@@ -3,6 +3,7 @@ package tmpfs
 import (
 	"encoding/json"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -108,4 +109,24 @@ func TestManifestCheckOverflow(t *testing.T) {
 			t.Errorf("%s: check accepted %+v", tc.name, tc.m.Buffers)
 		}
 	}
+}
+
+// FuzzNames: the store finds generations and arenas by directory entry
+// names, which the user can create in their tmpfs directory; a name parses
+// only in the one form the store writes.
+func FuzzNames(f *testing.F) {
+	for _, s := range []string{"g5-3", "g0-0", "g-1-2", "g05-3", "g5-", "g9223372036854775807-18446744073709551615", "arena-0", "arena-01", "arena--1", "arena-", "state", "arc-r3", ".x", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if step, seq, ok := parseGenName(s); ok && (step < 0 || genName(step, seq) != s) {
+			t.Fatalf("parseGenName(%q) = %d, %d", s, step, seq)
+		}
+		if n, ok := parseArenaName(s); ok && (n < 0 || arenaName(n) != s) {
+			t.Fatalf("parseArenaName(%q) = %d", s, n)
+		}
+		if (Key{Rank: 0, Shard: s}).check() == nil && (s == "" || len(s) > 64 || s[0] == '.' || strings.ContainsAny(s, "/\x00")) {
+			t.Fatalf("shard name %q accepted", s)
+		}
+	})
 }
