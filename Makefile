@@ -22,7 +22,7 @@ BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/r
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
 BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
-.PHONY: all deps test unit e2e demo bench install clean
+.PHONY: all deps test unit fuzz e2e demo bench install clean
 all: $(BINARIES)
 
 $(BUILD):
@@ -63,6 +63,14 @@ unit:
 	$(GO) vet ./...
 	$(GO) test -count=1 ./...
 	cd client/python && $(PYTHON) -m unittest discover -s tests
+	$(MAKE) fuzz
+
+# Every Go fuzz target, FUZZTIME each, one after the other (tests/fuzz.sh
+# finds them with go test -list; docs/security-fuzz.md lists what each
+# covers). The unit run above already replayed their committed corpora.
+FUZZTIME ?= 3s
+fuzz:
+	GO=$(GO) FUZZTIME=$(FUZZTIME) tests/fuzz.sh
 
 # WITH_CLUSTER starts a recipe line that needs the local test cluster: it
 # brings the cluster up and always takes it down again when the line ends

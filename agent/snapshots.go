@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -252,23 +253,8 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	if rc.registered {
 		return replyErr(c, id, proto.CodeBadState, "register: this connection already registered rank %d; a rank registers once", rc.key.Rank)
 	}
-	switch {
-	case req.World < 1:
-		return replyErr(c, id, proto.CodeInvalid, "register: world = %d must be at least 1", req.World)
-	case req.Rank < 0 || req.Rank >= req.World:
-		return replyErr(c, id, proto.CodeInvalid, "register: rank = %d must be in [0, world = %d)", req.Rank, req.World)
-	case len(req.Buffers) == 0:
-		return replyErr(c, id, proto.CodeInvalid, "register: buffers is empty; register at least one buffer")
-	case req.ChunkSize != 0 && (req.ChunkSize < 4096 || req.ChunkSize > maxChunkSize):
-		return replyErr(c, id, proto.CodeInvalid, "register: chunk_size = %d must be 0 (the agent's) or from 4096 to %d", req.ChunkSize, maxChunkSize)
-	}
-	if err := checkBuffers(req.Buffers); err != nil {
+	if err := checkRegister(s.spec(), req); err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
-	}
-	if s.spec().Enabled() && s.spec().AOR { // else aor objects are ignored: plain buffers
-		if err := proto.CheckAOR(req.Buffers); err != nil {
-			return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
-		}
 	}
 	si, err := newSGInfo(s.spec(), req)
 	if err != nil {
@@ -323,6 +309,28 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 		Int64("bytes", payloadBytes(secs)).Int64("arena_size", size).Msg("rank registered")
 	return proto.WriteMsg(c, proto.TRegister|proto.ReplyBit, id, proto.RegisterReply{
 		Rank: req.Rank, ChunkSize: cs, ArenaSize: size, Buffers: layout.places})
+}
+
+// checkRegister checks a decoded register request, before it touches any
+// state (a function of its own so that FuzzRegister reaches it).
+func checkRegister(sp spec.Spec, req proto.Register) error {
+	switch {
+	case req.World < 1:
+		return fmt.Errorf("world = %d must be at least 1", req.World)
+	case req.Rank < 0 || req.Rank >= req.World:
+		return fmt.Errorf("rank = %d must be in [0, world = %d)", req.Rank, req.World)
+	case len(req.Buffers) == 0:
+		return errors.New("buffers is empty; register at least one buffer")
+	case req.ChunkSize != 0 && (req.ChunkSize < 4096 || req.ChunkSize > maxChunkSize):
+		return fmt.Errorf("chunk_size = %d must be 0 (the agent's) or from 4096 to %d", req.ChunkSize, maxChunkSize)
+	}
+	if err := checkBuffers(req.Buffers); err != nil {
+		return err
+	}
+	if sp.Enabled() && sp.AOR { // else aor objects are ignored: plain buffers
+		return proto.CheckAOR(req.Buffers)
+	}
+	return nil
 }
 
 // allocError is an arena that could not be preallocated; internalError

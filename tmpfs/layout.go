@@ -2,6 +2,7 @@ package tmpfs
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"strconv"
@@ -108,6 +109,10 @@ func plan(spec Spec) ([]Buffer, int64, error) {
 		if b.Size < 0 {
 			return nil, 0, fmt.Errorf("tmpfs: buffer %q has negative size %d", b.Name, b.Size)
 		}
+		// A registration's sizes are a client's: their padded sum must not wrap.
+		if b.Size > math.MaxInt64-bufferAlign-off {
+			return nil, 0, fmt.Errorf("tmpfs: buffer %q of %d bytes does not fit an arena after %d bytes", b.Name, b.Size, off)
+		}
 		seen[b.Name] = true
 		out = append(out, Buffer{Name: b.Name, Offset: off, Size: b.Size, Replicated: b.Replicated})
 		off += (b.Size + bufferAlign - 1) / bufferAlign * bufferAlign
@@ -119,7 +124,14 @@ func plan(spec Spec) ([]Buffer, int64, error) {
 }
 
 // chunks is how many chunks of size cs a buffer of n bytes has.
-func chunks(n, cs int64) int { return int((n + cs - 1) / cs) }
+// (Not (n+cs-1)/cs, which wraps for sizes near MaxInt64.)
+func chunks(n, cs int64) int {
+	c := n / cs
+	if n%cs != 0 {
+		c++
+	}
+	return int(c)
+}
 
 // Plan is the arena layout every generation of spec uses: each buffer's
 // offset (page-aligned, in the order given) and the arena's size. Clients

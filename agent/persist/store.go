@@ -390,8 +390,10 @@ func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
 	// Every byte a restore copies must be covered by a checksum.
 	var end int64
 	for _, b := range g.Manifest.Buffers {
-		if b.Offset < end || b.Size < 0 || b.Offset+b.Size > g.Manifest.ArenaSize ||
-			int64(len(b.CRC32C)) != (b.Size+g.Manifest.ChunkSize-1)/g.Manifest.ChunkSize {
+		// Neither Offset+Size nor Size+ChunkSize-1: both wrap for a crafted manifest.
+		cs := g.Manifest.ChunkSize
+		if b.Offset < end || b.Size < 0 || b.Offset > g.Manifest.ArenaSize || b.Size > g.Manifest.ArenaSize-b.Offset ||
+			int64(len(b.CRC32C)) != b.Size/cs+min(b.Size%cs, 1) {
 			return Generation{}, fmt.Errorf("manifest: buffer %q at %d+%d with %d checksums does not fit the %d-byte arena in %d-byte chunks",
 				b.Name, b.Offset, b.Size, len(b.CRC32C), g.Manifest.ArenaSize, g.Manifest.ChunkSize)
 		}

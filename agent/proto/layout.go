@@ -18,6 +18,9 @@ import (
 // restore's regions never overlap within a buffer, so that every restored
 // byte has one source.
 func CheckLayout(sizes map[string]int64, arenaSize int64, sections []Section, regions []Region, save bool) error {
+	if arenaSize < 0 { // without sections nothing else would catch it (found by FuzzCheckLayout)
+		return fmt.Errorf("arena size %d is negative", arenaSize)
+	}
 	names := make(map[string]bool, len(sections))
 	secs := make([]Section, 0, len(sections)) // the non-empty ones, by arena offset
 	for _, s := range sections {

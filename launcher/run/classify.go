@@ -67,6 +67,11 @@ func (o *Outcome) Scan(line string, t time.Time) {
 	}
 }
 
+// maxTasks bounds a task list: a task can print a line that looks like
+// srun's, and many ranges ("0-1048575,0-1048575,...") would otherwise
+// allocate without limit (found by FuzzScan).
+const maxTasks = 1 << 20
+
 // parseTaskList reads srun's task lists: "2", "0-3", "0,2-3".
 func parseTaskList(s string) ([]int, error) {
 	var out []int
@@ -81,6 +86,9 @@ func parseTaskList(s string) ([]int, error) {
 			if b, err = strconv.Atoi(hi); err != nil || b < a || b-a > 1<<20 {
 				return nil, fmt.Errorf("bad task range %q", part)
 			}
+		}
+		if b-a >= maxTasks-len(out) {
+			return nil, fmt.Errorf("task list %.40q... has more than %d tasks", s, maxTasks)
 		}
 		for k := a; k <= b; k++ {
 			out = append(out, k)

@@ -14,8 +14,13 @@ import (
 )
 
 // MaxRange bounds one bracket range, so a typing slip ("n[1-9999999]")
-// fails instead of allocating millions of names.
-const MaxRange = 1 << 20
+// fails instead of allocating millions of names; MaxHosts bounds the whole
+// list, which many ranges ("n[0-999999,0-999999,...]") would otherwise
+// grow without limit (found by FuzzExpand).
+const (
+	MaxRange = 1 << 20
+	MaxHosts = 1 << 20
+)
 
 // Expand expands a Slurm host list into its hosts, in order. Zero padding in
 // ranges is kept ("n[01-03]" gives n01, n02, n03).
@@ -30,6 +35,9 @@ func Expand(list string) ([]string, error) {
 		if open < 0 {
 			if item == "" || strings.ContainsAny(item, "]") {
 				return nil, fmt.Errorf("bad host %q in %q", item, list)
+			}
+			if len(hosts) >= MaxHosts {
+				return nil, fmt.Errorf("host list %.64q... has more than %d hosts", list, MaxHosts)
 			}
 			hosts = append(hosts, item)
 			continue
@@ -54,6 +62,9 @@ func Expand(list string) ([]string, error) {
 			}
 			if b-a >= MaxRange {
 				return nil, fmt.Errorf("range %q in %q is too large (at most %d hosts)", r, item, MaxRange)
+			}
+			if b-a >= MaxHosts-len(hosts) {
+				return nil, fmt.Errorf("host list %.64q... has more than %d hosts", list, MaxHosts)
 			}
 			width := len(lo)
 			for n := a; n <= b; n++ {

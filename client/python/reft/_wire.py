@@ -115,6 +115,10 @@ def read_frame(read):
         obj = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise FrameError("payload", "payload is not JSON: %s" % e) from None
+    except RecursionError:
+        # Deeply nested arrays or objects ("[[[[..."): the json module
+        # recurses once per level (found by test_wire_fuzz).
+        raise FrameError("payload", "payload nests JSON too deeply") from None
     if not isinstance(obj, dict):
         raise FrameError("payload", "payload is a JSON %s, not an object" % type(obj).__name__)
     return ftype, fid, obj
