@@ -105,8 +105,8 @@ func checkRootDir(fd int, path string, ancestor bool) error {
 
 // OpenRootDir opens the absolute directory path, verifying every component
 // from "/" (see the package comment). With create, missing components are
-// made with mode (by root, fchmod'ed on their fd to exactly mode, which must
-// not be writable by group or other).
+// made by root, 0755, and the last one with mode (fchmod'ed on its fd to
+// exactly that, which must not be writable by group or other).
 func OpenRootDir(path string, create bool, mode uint32) (*Dir, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("%s: not an absolute path", path)
@@ -130,9 +130,12 @@ func OpenRootDir(path string, create bool, mode uint32) (*Dir, error) {
 	}
 	for i, p := range parts {
 		cur = filepath.Join(cur, p)
-		made := false
+		made, m := false, uint32(0o755)
+		if i == len(parts)-1 {
+			m = mode
+		}
 		if create {
-			if err := unix.Mkdirat(fd, p, mode); err == nil {
+			if err := unix.Mkdirat(fd, p, m); err == nil {
 				made = true
 			} else if !errors.Is(err, unix.EEXIST) {
 				unix.Close(fd)
@@ -146,7 +149,7 @@ func OpenRootDir(path string, create bool, mode uint32) (*Dir, error) {
 		}
 		fd = next
 		if made {
-			if err := unix.Fchmod(fd, mode); err != nil {
+			if err := unix.Fchmod(fd, m); err != nil {
 				unix.Close(fd)
 				return nil, fmt.Errorf("chmod %s: %w", cur, err)
 			}
