@@ -43,11 +43,18 @@ $(BUILD)/reft-pmix-probe: FORCE | $(BUILD)
 $(BUILD)/reft-train: FORCE | $(BUILD)
 	$(GO) build $(GOFLAGS_B) -tags mpi -o $@ ./examples/trainer
 
+# Both libraries export only their entry points (linker version scripts;
+# the shim is also built with -fvisibility=hidden): tests/symbols checks it.
 $(BUILD)/libreft_spank.so: FORCE | $(BUILD)
-	$(GO) build $(GOFLAGS_B) -buildmode=c-shared -o $@ ./spank/plugin
+	$(GO) build -trimpath -ldflags "$(LDFLAGS) -extldflags=-Wl,--version-script=$(CURDIR)/spank/plugin/libreft_spank.map" \
+		-buildmode=c-shared -o $@ ./spank/plugin
 
-$(BUILD)/spank_reft.so: spank/shim.c | $(BUILD)
-	$(CC) -shared -fPIC -O2 -Wall -Wextra -Werror -o $@ spank/shim.c -ldl
+# The plugin's root state directory (spank/shim.c, docs/SECURITY.md).
+REFT_STATE_DIR ?= /run/reft/.plugin
+
+$(BUILD)/spank_reft.so: spank/shim.c spank/shim.map | $(BUILD)
+	$(CC) -shared -fPIC -O2 -Wall -Wextra -Werror -fvisibility=hidden -DREFT_STATE_DIR='"$(REFT_STATE_DIR)"' \
+		-Wl,--version-script=spank/shim.map -o $@ spank/shim.c -ldl
 
 FORCE:
 

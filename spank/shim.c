@@ -35,7 +35,12 @@
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
 
+/* Built with -fvisibility=hidden: only what Slurm looks up is visible (this
+ * stamp, and the callbacks after "SPANK callbacks" below), and the version
+ * script spank/shim.map exports only those. */
+#pragma GCC visibility push(default)
 SPANK_PLUGIN(reft, 1);
+#pragma GCC visibility pop
 
 /* Node-local plugin state (one "<jobid>.spec" file per reft job), root's
  * only: root:root 0700 under a root-owned directory outside every
@@ -694,6 +699,11 @@ static int spawn_agent(const char *plan, uid_t uid, gid_t gid, const struct grou
 
 /* ---- SPANK callbacks --------------------------------------------------- */
 
+/* Everything from here to the end of the file has default visibility: the
+ * slurm_spank_* callbacks that Slurm looks up (shim.map exports those and
+ * nothing else; the static helpers here are not exported anyway). */
+#pragma GCC visibility push(default)
+
 /* Log a plugstack.conf problem where the administrator looks: slurmd's log
  * (slurmd, slurmstepd and the prolog write there). srun, sbatch and salloc
  * say it only to a user who asks for reft (reft_opt_cb), so that commands
@@ -1070,3 +1080,5 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 		slurm_error("reft: job %u cleanup: %s", job, err);
 	return 0;
 }
+
+#pragma GCC visibility pop
