@@ -21,6 +21,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -478,11 +479,25 @@ static void job_groups(spank_t sp, gid_t gid, struct groups *g)
 	int n = 0;
 	g->gid[0] = gid;
 	g->n = 1;
-	if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &sup, &n) != ESPANK_SUCCESS || !sup)
+	if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &sup, &n) == ESPANK_SUCCESS && sup && n > 0) {
+		for (int i = 0; i < n && g->n < NGROUPS_MAX + 1; i++)
+			if (sup[i] != gid)
+				g->gid[g->n++] = sup[i];
 		return;
-	for (int i = 0; i < n && g->n < NGROUPS_MAX + 1; i++)
-		if (sup[i] != gid)
-			g->gid[g->n++] = sup[i];
+	}
+	/* Slurm gave none (an older slurmd, or a step without them): the
+	 * user's groups from NSS, as initgroups(3) would set them */
+	uid_t uid;
+	struct passwd pw, *res = NULL;
+	char buf[16384];
+	int cnt = NGROUPS_MAX + 1;
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+	    getpwuid_r(uid, &pw, buf, sizeof(buf), &res) != 0 || !res ||
+	    getgrouplist(pw.pw_name, gid, g->gid, &cnt) < 0) {
+		g->gid[0] = gid; /* gid alone */
+		return;
+	}
+	g->n = cnt;
 }
 
 /* Child's part of spawn_agent until exec; returns only on failure, with
@@ -964,6 +979,12 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		return 0;
 	}
 	if (uid == 0) {
+		if (!g_opt) {
+			/* reft came from default=: root's job runs without it */
+			for (const char **e = reft_env_names; *e; e++)
+				spank_unsetenv(sp, *e);
+			return 0;
+		}
 		snprintf(g_task_error, sizeof(g_task_error), "node %s: --reft=%s: %s", node, s, ROOT_JOB_MSG);
 		return 0;
 	}
