@@ -123,6 +123,14 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/lib/slurm $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d
 	install -m 0755 $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so $(DESTDIR)$(PREFIX)/lib/slurm/
 	test -e $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d/reft.conf || install -m 0644 $(BUILD)/reft.conf.install $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d/reft.conf
+	# reft's root-owned directories at every boot (docs/SECURITY.md); created
+	# now too when installing onto this machine.
+	install -d $(DESTDIR)$(SYSCONFDIR)/tmpfiles.d
+	sed 's|^d /run/reft/.plugin |d $(REFT_STATE_DIR) |' etc/tmpfiles.d/reft.conf >$(BUILD)/tmpfiles.conf.install
+	test -e $(DESTDIR)$(SYSCONFDIR)/tmpfiles.d/reft.conf || install -m 0644 $(BUILD)/tmpfiles.conf.install $(DESTDIR)$(SYSCONFDIR)/tmpfiles.d/reft.conf
+	if [ -z "$(DESTDIR)" ] && command -v systemd-tmpfiles >/dev/null; then \
+		systemd-tmpfiles --create $(SYSCONFDIR)/tmpfiles.d/reft.conf || \
+		echo "make install: systemd-tmpfiles --create failed; the plugin creates its directories at slurmd start"; fi
 
 clean:
 	rm -rf $(BUILD)
