@@ -33,9 +33,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/reft-hpc/reft/agent/config"
-	"github.com/reft-hpc/reft/agent/slurmjob"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/runpath"
+	"github.com/reft-hpc/reft/agent/slurmjob"
 	"github.com/reft-hpc/reft/launcher/version"
 	"github.com/reft-hpc/reft/spank/rootfs"
 	"github.com/reft-hpc/reft/spank/spec"

@@ -60,9 +60,16 @@ func (d *Dir) Close() error {
 // mode or type. Callers tell a refusal from an I/O error with errors.Is.
 var ErrUnsafe = errors.New("unsafe")
 
+// refusal is the error of a refused path: one line, worded as the shim's
+// (spank/shim.c, open_root_dir), that errors.Is matches with ErrUnsafe.
+type refusal struct{ msg string }
+
+func (r *refusal) Error() string        { return r.msg }
+func (r *refusal) Is(target error) bool { return target == ErrUnsafe }
+
 func unsafeErr(path, format string, a ...any) error {
-	return fmt.Errorf("%s: %s: refusing it (%w: root never uses a path another user could have planted)",
-		path, fmt.Sprintf(format, a...), ErrUnsafe)
+	return &refusal{fmt.Sprintf("%s %s: refusing it (root never uses a path another user could have planted)",
+		path, fmt.Sprintf(format, a...))}
 }
 
 const dirFlags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
