@@ -877,7 +877,9 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 		return 0;
 	uid_t uid = 1;
 	if (spank_get_item(sp, S_JOB_UID, &uid) == ESPANK_SUCCESS && uid == 0) {
-		slurm_info("reft: job %u: %s (no agent; its steps fail with this message)", job, ROOT_JOB_MSG);
+		/* no marker, so no agent; a default= SPEC is simply not applied */
+		if (s != g_default)
+			slurm_info("reft: job %u: %s (no agent; its reft steps fail with this message)", job, ROOT_JOB_MSG);
 		return 0;
 	}
 	if (load_go(err, sizeof(err)) != 0) {
