@@ -24,8 +24,10 @@ import (
 // paths) run for its reft jobs, and its /dev/shm is fresh.
 const hostileRootNode = "n5"
 
-// TestHostileRoot runs the attacks in order on one node: the store root is
-// squatted first, while the node's fresh /dev/shm has none.
+// TestHostileRoot runs the attacks in order on one node. The state
+// directory and the store root are planted on a fresh node (its /dev/shm
+// new, before any reft job), as an attacker would; the lock attacks come
+// last because, before the fix, they drained the node.
 func TestHostileRoot(t *testing.T) {
 	const node = hostileRootNode
 	t.Cleanup(func() {
@@ -41,13 +43,16 @@ func TestHostileRoot(t *testing.T) {
 	dir := sharedDir(t, alice)
 	py := writeHelloPy(t, dir)
 
-	t.Run("StoreAndRunDirSquatted", func(t *testing.T) { hostileRootStoreSquat(t, node, py) })
 	t.Run("PlantedStateDir", func(t *testing.T) { hostileRootPlantedState(t, node, py) })
-	t.Run("LockFIFO", func(t *testing.T) { hostileRootLock(t, node, py, "mkfifo agent.lock") })
-	t.Run("LockSymlink", func(t *testing.T) { hostileRootLock(t, node, py, "ln -s %s agent.lock") })
+	// a fresh /dev/shm again, without the store root alice's job made
+	cluster(t, "kill-node", node)
+	cluster(t, "revive", node)
+	t.Run("StoreAndRunDirSquatted", func(t *testing.T) { hostileRootStoreSquat(t, node, py) })
 	t.Run("LogDirSquatted", func(t *testing.T) { hostileRootLogSquat(t, node, py) })
 	t.Run("SupplementaryGroups", func(t *testing.T) { hostileRootGroups(t, node) })
 	t.Run("RootJob", func(t *testing.T) { hostileRootJob(t, node) })
+	t.Run("LockSymlink", func(t *testing.T) { hostileRootLock(t, node, py, "ln -s %s agent.lock") })
+	t.Run("LockFIFO", func(t *testing.T) { hostileRootLock(t, node, py, "mkfifo agent.lock") })
 }
 
 // hostileRootCanary makes a root-owned file outside reft that no attack
@@ -180,8 +185,12 @@ func hostileRootPlantedState(t *testing.T, node, py string) {
 	for _, j := range hostileRootNextJobs(t, job) {
 		plant = append(plant, "ln -sf "+canary+" /dev/shm/.reft-spank/"+j+".spec.tmp", "ln -sf "+secret+" /dev/shm/.reft-spank/"+j+".spec")
 	}
-	_, r := hostileRootOn(t, bob, node, "mkdir -p /dev/shm/.reft-spank && chmod 777 /dev/shm/.reft-spank && "+strings.Join(plant, " && ")+
+	_, r := hostileRootOn(t, bob, node, "mkdir /dev/shm/.reft-spank && chmod 777 /dev/shm/.reft-spank && "+strings.Join(plant, " && ")+
+		" && echo planted"+
 		"; mkdir /run/reft/.plugin/x 2>&1; ln -s "+canary+" /run/reft/.plugin/1.spec.tmp 2>&1; ls -ld /run/reft /run/reft/.plugin 2>&1; true")
+	if !strings.Contains(r.Stdout, "planted") {
+		t.Fatalf("bob could not plant /dev/shm/.reft-spank (is the node fresh?):\n%s", r)
+	}
 	if !strings.Contains(r.Stdout, "Permission denied") || strings.Contains(r.Stdout, "File exists") {
 		t.Errorf("bob's attempts on /run/reft/.plugin: want Permission denied:\n%s", r)
 	}
