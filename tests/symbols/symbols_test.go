@@ -27,6 +27,8 @@ func build(t *testing.T) string {
 	out := t.TempDir()
 	cmd := exec.Command("make", "-s", "BUILD="+out, out+"/spank_reft.so", out+"/libreft_spank.so")
 	cmd.Dir = repoRoot(t)
+	// An outer `make unit` must not pass its flags (-n, -j...) down.
+	cmd.Env = append(os.Environ(), "MAKEFLAGS=", "MFLAGS=", "MAKELEVEL=")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("make: %v\n%s", err, b)
 	}
