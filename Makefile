@@ -43,11 +43,18 @@ $(BUILD)/reft-pmix-probe: FORCE | $(BUILD)
 $(BUILD)/reft-train: FORCE | $(BUILD)
 	$(GO) build $(GOFLAGS_B) -tags mpi -o $@ ./examples/trainer
 
+# Both libraries export only their entry points (linker version scripts;
+# the shim is also built with -fvisibility=hidden): tests/symbols checks it.
 $(BUILD)/libreft_spank.so: FORCE | $(BUILD)
-	$(GO) build $(GOFLAGS_B) -buildmode=c-shared -o $@ ./spank/plugin
+	$(GO) build -trimpath -ldflags "$(LDFLAGS) -extldflags=-Wl,--version-script=$(CURDIR)/spank/plugin/libreft_spank.map" \
+		-buildmode=c-shared -o $@ ./spank/plugin
 
-$(BUILD)/spank_reft.so: spank/shim.c | $(BUILD)
-	$(CC) -shared -fPIC -O2 -Wall -Wextra -Werror -o $@ spank/shim.c -ldl
+# The plugin's root state directory (spank/shim.c, docs/SECURITY.md).
+REFT_STATE_DIR ?= /run/reft/.plugin
+
+$(BUILD)/spank_reft.so: spank/shim.c spank/shim.map | $(BUILD)
+	$(CC) -shared -fPIC -O2 -Wall -Wextra -Werror -fvisibility=hidden -DREFT_STATE_DIR='"$(REFT_STATE_DIR)"' \
+		-Wl,--version-script=spank/shim.map -o $@ spank/shim.c -ldl
 
 FORCE:
 
@@ -124,6 +131,14 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/lib/slurm $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d
 	install -m 0755 $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so $(DESTDIR)$(PREFIX)/lib/slurm/
 	test -e $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d/reft.conf || install -m 0644 $(BUILD)/reft.conf.install $(DESTDIR)$(SYSCONFDIR)/slurm/plugstack.conf.d/reft.conf
+	# reft's root-owned directories at every boot (docs/SECURITY.md); created
+	# now too when installing onto this machine.
+	install -d $(DESTDIR)$(SYSCONFDIR)/tmpfiles.d
+	sed 's|^d /run/reft/.plugin |d $(REFT_STATE_DIR) |' etc/tmpfiles.d/reft.conf >$(BUILD)/tmpfiles.conf.install
+	test -e $(DESTDIR)$(SYSCONFDIR)/tmpfiles.d/reft.conf || install -m 0644 $(BUILD)/tmpfiles.conf.install $(DESTDIR)$(SYSCONFDIR)/tmpfiles.d/reft.conf
+	if [ -z "$(DESTDIR)" ] && command -v systemd-tmpfiles >/dev/null; then \
+		systemd-tmpfiles --create $(SYSCONFDIR)/tmpfiles.d/reft.conf || \
+		echo "make install: systemd-tmpfiles --create failed; the plugin creates its directories at slurmd start"; fi
 
 clean:
 	rm -rf $(BUILD)

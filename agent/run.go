@@ -19,6 +19,7 @@ import (
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/runpath"
 	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -30,9 +31,9 @@ const MinMemoryBudget = 1 << 20
 
 // File names inside the job's run directory (<run_dir>/<jobid>/).
 const (
-	SocketName = "agent.sock"
-	LockName   = "agent.lock"  // flock held by the live agent; holds its pid
-	ErrorName  = "agent.error" // one line: why the agent could not start
+	SocketName = runpath.SocketName
+	LockName   = runpath.LockName  // flock held by the live agent; holds its pid
+	ErrorName  = runpath.ErrorName // one line: why the agent could not start
 )
 
 // Options are the agent's command line.

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -23,6 +22,7 @@ import (
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/runpath"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -209,20 +209,7 @@ func (s *Server) Close() error {
 }
 
 // PeerCred returns the credentials of the process at the other end of c.
-func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var cred *unix.Ucred
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, err
-	}
-	return cred, serr
-}
+func PeerCred(c *net.UnixConn) (*unix.Ucred, error) { return runpath.PeerCred(c) }
 
 func (s *Server) serveConn(c *net.UnixConn) {
 	defer c.Close()
@@ -463,9 +450,7 @@ func (s *Server) rankStatus() []proto.RankStatus {
 }
 
 // SocketPath is where the agent of a job listens: <runDir>/<job>/agent.sock.
-func SocketPath(runDir, job string) string {
-	return filepath.Join(JobRunDir(runDir, job), "agent.sock")
-}
+func SocketPath(runDir, job string) string { return runpath.SocketPath(runDir, job) }
 
 // JobRunDir is the per-job runtime directory (mode 0700, the job's user).
-func JobRunDir(runDir, job string) string { return filepath.Join(runDir, job) }
+func JobRunDir(runDir, job string) string { return runpath.JobRunDir(runDir, job) }

@@ -21,7 +21,9 @@
 #include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,12 +36,22 @@
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
 
+/* Built with -fvisibility=hidden: only what Slurm looks up is visible (this
+ * stamp, and the callbacks after "SPANK callbacks" below), and the version
+ * script spank/shim.map exports only those. */
+#pragma GCC visibility push(default)
 SPANK_PLUGIN(reft, 1);
+#pragma GCC visibility pop
 
-/* Node-local plugin state (one "<jobid>.spec" file per reft job). Fixed here
- * so that the shim can tell a reft job without loading Go or parsing TOML. */
+/* Node-local plugin state (one "<jobid>.spec" file per reft job), root's
+ * only: root:root 0700 under a root-owned directory outside every
+ * world-writable one, verified component by component before each use
+ * (open_root_dir, spank/rootfs). Fixed at build time (make
+ * REFT_STATE_DIR=...) so that the shim can tell a reft job without loading Go
+ * or parsing TOML. The plugin creates it at slurmd start, and make install
+ * ships a tmpfiles.d entry for it. */
 #ifndef REFT_STATE_DIR
-#define REFT_STATE_DIR "/dev/shm/.reft-spank"
+#define REFT_STATE_DIR "/run/reft/.plugin"
 #endif
 #define GO_LIB_NAME "libreft_spank.so"
 
@@ -53,6 +65,11 @@ static char *g_opt;            /* last --reft value seen in this process */
 static char g_task_error[4096]; /* printed by every task of the step */
 
 static int reft_opt_cb(int val, const char *optarg, int remote);
+
+/* Why a job of root cannot use reft, and what to do. */
+#define ROOT_JOB_MSG "jobs of root cannot use reft: the reft agent runs as the job's user and refuses root " \
+	"(a root agent would hold snapshot memory and files outside every user's limits). Submit the job as " \
+	"a regular user, or run it without --reft"
 
 static struct spank_option reft_option = {
 	"reft", "SPEC",
@@ -207,144 +224,500 @@ static const char *reft_env_names[] = {
 	"REFT_RESTART_COUNT", "REFT_NODE", "REFT_VERSION", NULL
 };
 
-/* ---- starting the agent ------------------------------------------------ */
+/* ---- root's directories ------------------------------------------------ */
 
-/* mkdir -p with mode for missing parts; only async-signal-safe calls. */
-static int mkdir_p(const char *path, mode_t mode)
+/*
+ * Root opens its directories component by component from "/" with
+ * openat(O_DIRECTORY|O_NOFOLLOW), so it never follows a symlink, and checks
+ * each one with fstat: owned by root and not writable by group or other. An
+ * ancestor may be a root-owned sticky directory (/tmp, /dev/shm): other users
+ * can neither rename nor remove root's entries in it. Everything after that
+ * is relative to the verified fd (mkdirat, openat with O_NOFOLLOW|O_EXCL,
+ * fchown/fchmod on fds). The same rules as spank/rootfs (Go); see
+ * docs/SECURITY.md.
+ *
+ * These run between fork and exec in spawn_agent, so they use only
+ * async-signal-safe calls: no snprintf, no malloc. Messages are built with
+ * msg_cat into a caller's buffer.
+ */
+
+/* msg_cat appends the strings (until NULL) to buf of size n. */
+static void msg_cat(char *buf, size_t n, ...)
 {
-	char buf[PATH_MAX];
-	size_t n = strlen(path);
-	if (n == 0 || n >= sizeof(buf))
-		return -1;
-	memcpy(buf, path, n + 1);
-	for (char *p = buf + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = '\0';
-		if (mkdir(buf, mode) != 0 && errno != EEXIST)
-			return -1;
-		*p = '/';
-	}
-	if (mkdir(buf, mode) != 0 && errno != EEXIST)
-		return -1;
-	return 0;
+	va_list ap;
+	size_t len = strnlen(buf, n);
+	va_start(ap, n);
+	for (const char *s; (s = va_arg(ap, const char *)) != NULL;)
+		for (; *s && len + 1 < n; s++)
+			buf[len++] = *s;
+	va_end(ap);
+	if (n)
+		buf[len < n ? len : n - 1] = '\0';
 }
 
-static int user_dir(const char *path, uid_t uid, gid_t gid)
+/* fmt_num writes v in base (8 or 10) into b[24]. */
+static const char *fmt_num(char *b, unsigned long v, unsigned base)
+{
+	char t[24];
+	int i = 0, j = 0;
+	do {
+		t[i++] = (char) ('0' + v % base);
+		v /= base;
+	} while (v && i < 23);
+	while (i)
+		b[j++] = t[--i];
+	b[j] = '\0';
+	return b;
+}
+
+#define DIR_OPEN (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+#define REFUSE ": refusing it (root never uses a path another user could have planted)"
+
+/* Explains why openat(dirfd, name, DIR_OPEN) failed. */
+static void why_open(int dirfd, const char *name, const char *path, int e, char *err, size_t errlen)
 {
 	struct stat st;
-	if (mkdir(path, 0700) != 0 && errno != EEXIST)
+	if ((e == ELOOP || e == ENOTDIR) && fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+		msg_cat(err, errlen, path, S_ISLNK(st.st_mode) ? " is a symlink" : " is not a directory", REFUSE, NULL);
+	else
+		msg_cat(err, errlen, "cannot open ", path, ": ", strerror(e), NULL);
+}
+
+/* Checks an opened directory: root's, not writable by group or other
+ * (unless sticky and sticky_ok). */
+static int check_root_dir(int fd, const char *path, int sticky_ok, char *err, size_t errlen)
+{
+	struct stat st;
+	char n[24];
+	if (fstat(fd, &st) != 0) {
+		msg_cat(err, errlen, "cannot stat ", path, ": ", strerror(errno), NULL);
 		return -1;
-	if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+	}
+	if (st.st_uid != 0) {
+		msg_cat(err, errlen, path, " is owned by uid ", fmt_num(n, st.st_uid, 10), ", not root", REFUSE, NULL);
 		return -1;
-	if (lchown(path, uid, gid) != 0 || chmod(path, 0700) != 0)
+	}
+	if ((st.st_mode & 022) && !(sticky_ok && (st.st_mode & S_ISVTX))) {
+		msg_cat(err, errlen, path, " is writable by group or other (mode ", fmt_num(n, st.st_mode & 07777, 8), ")",
+			REFUSE, NULL);
 		return -1;
+	}
 	return 0;
 }
 
 /*
- * Start the agent as uid:gid from a plan written by Go:
- *   run_dir, job run dir, tmpfs_root, store dir, binary, args..., "".
- * The child becomes root again if needed (user_init runs with only the
- * effective uid dropped), creates the directories, optionally writes the
- * job's marker, drops to the user for good, detaches (setsid, second fork),
- * and execs. Only async-signal-safe calls run between fork and exec: no Go.
- * Returns 0 once the intermediate child has exited, or -1.
+ * Opens the relative path rel under the verified directory fd at (or, with
+ * at < 0, the absolute path rel from "/"), checking every component; with
+ * create, missing ones are made by root, 0755, the last one with mode.
+ * sticky_last accepts a root-owned sticky last component (a 1777 mount like
+ * a hugetlbfs or a shared log directory). Returns a new fd or -1 with err.
  */
-static int spawn_agent(const char *plan, uid_t uid, gid_t gid, const char *marker,
-		       const char *spec, char *err, size_t errlen)
+static int open_root_dir(int at, const char *rel, int create, mode_t mode, int sticky_last, char *err, size_t errlen)
+{
+	char buf[PATH_MAX], path[PATH_MAX] = "";
+	size_t n = strlen(rel);
+	int fd;
+
+	if (n >= sizeof(buf)) {
+		msg_cat(err, errlen, "path too long: ", rel, NULL);
+		return -1;
+	}
+	memcpy(buf, rel, n + 1);
+	if (at < 0) {
+		if (buf[0] != '/') {
+			msg_cat(err, errlen, rel, " is not an absolute path", NULL);
+			return -1;
+		}
+		fd = open("/", DIR_OPEN);
+		if (fd < 0) {
+			msg_cat(err, errlen, "cannot open /: ", strerror(errno), NULL);
+			return -1;
+		}
+		if (check_root_dir(fd, "/", 1, err, errlen) != 0) {
+			close(fd);
+			return -1;
+		}
+	} else {
+		fd = fcntl(at, F_DUPFD_CLOEXEC, 3);
+		if (fd < 0) {
+			msg_cat(err, errlen, "dup: ", strerror(errno), NULL);
+			return -1;
+		}
+	}
+	char *p = buf;
+	while (*p) {
+		while (*p == '/')
+			p++;
+		if (!*p)
+			break;
+		char *comp = p;
+		while (*p && *p != '/')
+			p++;
+		int last = 1;
+		for (char *q = p; *q; q++)
+			if (*q != '/') {
+				last = 0;
+				break;
+			}
+		if (*p)
+			*p++ = '\0';
+		msg_cat(path, sizeof(path), "/", comp, NULL);
+		if ((comp[0] == '.' && comp[1] == '\0') || (comp[0] == '.' && comp[1] == '.' && comp[2] == '\0')) {
+			msg_cat(err, errlen, rel, ": . or .. in the path", NULL);
+			close(fd);
+			return -1;
+		}
+		mode_t m = last ? mode : 0755;
+		int made = create && mkdirat(fd, comp, m) == 0;
+		if (create && !made && errno != EEXIST) {
+			msg_cat(err, errlen, "cannot create ", path, ": ", strerror(errno), NULL);
+			close(fd);
+			return -1;
+		}
+		int next = openat(fd, comp, DIR_OPEN);
+		if (next < 0) {
+			why_open(fd, comp, path, errno, err, errlen);
+			close(fd);
+			return -1;
+		}
+		close(fd);
+		fd = next;
+		if (made && fchmod(fd, m) != 0) {
+			msg_cat(err, errlen, "cannot chmod ", path, ": ", strerror(errno), NULL);
+			close(fd);
+			return -1;
+		}
+		if (check_root_dir(fd, path, !last || sticky_last, err, errlen) != 0) {
+			close(fd);
+			return -1;
+		}
+	}
+	return fd;
+}
+
+/*
+ * Makes name under the verified root directory dirfd the user's directory,
+ * 0700. An existing one is accepted if it is a directory (not a symlink)
+ * owned by uid or by root (only root can create entries in dirfd); anything
+ * else is refused. Ownership and mode are set on the opened fd.
+ */
+static int user_dir_at(int dirfd, const char *dirpath, const char *name, uid_t uid, gid_t gid, char *err, size_t errlen)
+{
+	char path[PATH_MAX] = "", n1[24], n2[24];
+	struct stat st;
+
+	msg_cat(path, sizeof(path), dirpath, "/", name, NULL);
+	if (mkdirat(dirfd, name, 0700) != 0 && errno != EEXIST) {
+		msg_cat(err, errlen, "cannot create ", path, ": ", strerror(errno), NULL);
+		return -1;
+	}
+	int fd = openat(dirfd, name, DIR_OPEN);
+	if (fd < 0) {
+		why_open(dirfd, name, path, errno, err, errlen);
+		return -1;
+	}
+	if (fstat(fd, &st) != 0) {
+		msg_cat(err, errlen, "cannot stat ", path, ": ", strerror(errno), NULL);
+		close(fd);
+		return -1;
+	}
+	if (st.st_uid != uid && st.st_uid != 0) {
+		msg_cat(err, errlen, path, " is owned by uid ", fmt_num(n1, st.st_uid, 10), ", not the job's uid ",
+			fmt_num(n2, uid, 10), REFUSE, NULL);
+		close(fd);
+		return -1;
+	}
+	if (fchown(fd, uid, gid) != 0 || fchmod(fd, 0700) != 0) {
+		msg_cat(err, errlen, "cannot give ", path, " to uid ", fmt_num(n1, uid, 10), ": ", strerror(errno), NULL);
+		close(fd);
+		return -1;
+	}
+	close(fd);
+	return 0;
+}
+
+/* Writes "<spec>\n" as name in the verified directory dirfd, root 0600:
+ * name.tmp is created with O_EXCL|O_NOFOLLOW and renamed over name. */
+static int write_marker_at(int dirfd, const char *name, const char *spec, char *err, size_t errlen)
+{
+	char tmp[PATH_MAX] = "";
+	msg_cat(tmp, sizeof(tmp), name, ".tmp", NULL);
+	unlinkat(dirfd, tmp, 0);
+	int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		msg_cat(err, errlen, "cannot create the job marker ", REFT_STATE_DIR, "/", tmp, ": ", strerror(errno), NULL);
+		return -1;
+	}
+	size_t n = strlen(spec);
+	if (write(fd, spec, n) != (ssize_t) n || write(fd, "\n", 1) != 1 || close(fd) != 0 ||
+	    renameat(dirfd, tmp, dirfd, name) != 0) {
+		msg_cat(err, errlen, "cannot write the job marker ", REFT_STATE_DIR, "/", name, ": ", strerror(errno), NULL);
+		unlinkat(dirfd, tmp, 0);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- starting the agent ------------------------------------------------ */
+
+/* The agent plan from Go (reft_go_extern_plan, reft_go_step), NUL-separated:
+ * run_dir, job, tmpfs_root, uid, hugetlbfs (or ""), log dir (or ""), binary,
+ * args... */
+enum { P_RUN_DIR, P_JOB, P_TMPFS_ROOT, P_UID, P_HUGETLBFS, P_LOG_DIR, P_BINARY, P_N };
+
+/* The job's groups: the supplementary groups Slurm gives (the job's
+ * credential), else the gid alone. Read in the parent: NSS lookups must not
+ * run between fork and exec. */
+struct groups {
+	gid_t gid[NGROUPS_MAX + 1];
+	int n;
+};
+
+static void job_groups(spank_t sp, gid_t gid, struct groups *g)
+{
+	gid_t *sup = NULL;
+	int n = 0;
+	g->gid[0] = gid;
+	g->n = 1;
+	if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &sup, &n) == ESPANK_SUCCESS && sup && n > 0) {
+		for (int i = 0; i < n && g->n < NGROUPS_MAX + 1; i++)
+			if (sup[i] != gid)
+				g->gid[g->n++] = sup[i];
+		return;
+	}
+	/* Slurm gave none (an older slurmd, or a step without them): the
+	 * user's groups from NSS, as initgroups(3) would set them */
+	uid_t uid;
+	struct passwd pw, *res = NULL;
+	char buf[16384];
+	int cnt = NGROUPS_MAX + 1;
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+	    getpwuid_r(uid, &pw, buf, sizeof(buf), &res) != 0 || !res ||
+	    getgrouplist(pw.pw_name, gid, g->gid, &cnt) < 0) {
+		g->gid[0] = gid; /* gid alone */
+		return;
+	}
+	g->n = cnt;
+}
+
+/* Child's part of spawn_agent until exec; returns only on failure, with
+ * err set and the exit status to use. Warnings (not fatal) go to warn. */
+static int agent_child(int msgfd, const char *const *item, char *const *argv, uid_t uid, gid_t gid,
+		       const struct groups *g, const char *marker, const char *spec, char *err, size_t errlen,
+		       char *warn, size_t warnlen)
+{
+	char n1[24], n2[24];
+	int fd, logfd = -1;
+
+	if (geteuid() != 0 && seteuid(0) != 0) {
+		msg_cat(err, errlen, "cannot regain root to prepare directories", NULL);
+		return 120;
+	}
+	if (setegid(0) != 0) {
+		msg_cat(err, errlen, "cannot regain root's group to prepare directories", NULL);
+		return 120;
+	}
+	umask(022);
+	/* <run_dir>/<job>: the socket, the lock */
+	if ((fd = open_root_dir(-1, item[P_RUN_DIR], 1, 0755, 0, err, errlen)) < 0)
+		return 121;
+	if (user_dir_at(fd, item[P_RUN_DIR], item[P_JOB], uid, gid, err, errlen) != 0)
+		return 121;
+	close(fd);
+	/* <tmpfs_root>/<uid>: the user's stores */
+	if ((fd = open_root_dir(-1, item[P_TMPFS_ROOT], 1, 0755, 0, err, errlen)) < 0)
+		return 122;
+	if (user_dir_at(fd, item[P_TMPFS_ROOT], item[P_UID], uid, gid, err, errlen) != 0)
+		return 122;
+	close(fd);
+	/* <hugetlbfs><tmpfs_root>/<uid>: where the arenas' files go */
+	if (item[P_HUGETLBFS][0]) {
+		char path[PATH_MAX] = "";
+		int mnt = open_root_dir(-1, item[P_HUGETLBFS], 0, 0, 1, err, errlen);
+		if (mnt < 0)
+			return 122;
+		fd = open_root_dir(mnt, item[P_TMPFS_ROOT], 1, 0755, 0, err, errlen);
+		close(mnt);
+		if (fd < 0)
+			return 122;
+		msg_cat(path, sizeof(path), item[P_HUGETLBFS], item[P_TMPFS_ROOT], NULL);
+		if (user_dir_at(fd, path, item[P_UID], uid, gid, err, errlen) != 0)
+			return 122;
+		close(fd);
+	}
+	if (marker) {
+		if ((fd = open_root_dir(-1, REFT_STATE_DIR, 1, 0700, 0, err, errlen)) < 0)
+			return 123;
+		if (write_marker_at(fd, marker, spec, err, errlen) != 0)
+			return 123;
+		close(fd);
+	}
+	/* The log directory, shared by all users (1777, or made so here): the
+	 * job's own directory in it is made below as the user. */
+	if (item[P_LOG_DIR][0] &&
+	    (logfd = open_root_dir(-1, item[P_LOG_DIR], 1, 01777, 1, warn, warnlen)) < 0)
+		msg_cat(warn, warnlen, "; the agent's log directory is not prepared", NULL);
+	setsid();
+	if (setgroups((size_t) g->n, g->gid) != 0 || setresgid(gid, gid, gid) != 0 ||
+	    setresuid(uid, uid, uid) != 0 || getuid() != uid || geteuid() != uid) {
+		msg_cat(err, errlen, "cannot switch to the job's user (uid ", fmt_num(n1, uid, 10), "): ", strerror(errno), NULL);
+		return 124;
+	}
+	/* <log dir>/<job>, as the user, 0700. One that exists must be the
+	 * user's own 0700 directory (another node of the job made it on a
+	 * shared log directory); anything else was planted by someone else, and
+	 * is left alone. */
+	if (logfd >= 0) {
+		struct stat st;
+		char path[PATH_MAX] = "";
+		msg_cat(path, sizeof(path), item[P_LOG_DIR], "/", item[P_JOB], NULL);
+		if (mkdirat(logfd, item[P_JOB], 0700) != 0 && errno != EEXIST) {
+			msg_cat(warn, warnlen, "cannot create the agent's log directory ", path, " as uid ",
+				fmt_num(n1, uid, 10), ": ", strerror(errno), NULL);
+		} else if ((fd = openat(logfd, item[P_JOB], DIR_OPEN)) < 0) {
+			why_open(logfd, item[P_JOB], path, errno, warn, warnlen);
+			msg_cat(warn, warnlen, "; the agent's log directory is not used", NULL);
+		} else {
+			if (fstat(fd, &st) != 0 || st.st_uid != uid || (st.st_mode & 07777) != 0700)
+				msg_cat(warn, warnlen, "the agent's log directory ", path, " exists with owner uid ",
+					fmt_num(n1, st.st_uid, 10), " and mode ", fmt_num(n2, st.st_mode & 07777, 8),
+					", not the job's uid and 0700 (planted by another user?)",
+					": not used", NULL);
+			close(fd);
+		}
+		close(logfd);
+	}
+	/* the warning goes out now: the grandchild execs, and the parent
+	 * reads the pipe once this process has exited */
+	if (warn[0]) {
+		if (write(msgfd, "W", 1) != 1 || write(msgfd, warn, strlen(warn)) < 0 || write(msgfd, "\n", 1) != 1)
+			warn[0] = '\0';
+		warn[0] = '\0';
+	}
+	pid_t p2 = fork();
+	if (p2 < 0) {
+		msg_cat(err, errlen, "fork failed: ", strerror(errno), NULL);
+		return 125;
+	}
+	if (p2 > 0)
+		_exit(0);
+	if (chdir("/") != 0)
+		_exit(126);
+	int nul = open("/dev/null", O_RDWR);
+	if (nul >= 0) {
+		dup2(nul, 0);
+		dup2(nul, 1);
+		dup2(nul, 2);
+	}
+	for (int i = 3; i < 4096; i++)
+		close(i);
+	char *const envp[] = { "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C", NULL };
+	execve(argv[0], argv, envp);
+	_exit(127);
+}
+
+/*
+ * Start the agent as uid:gid (and the job's groups) from a plan written by Go.
+ * The child becomes root again if needed (user_init runs with only the
+ * effective uid dropped), creates the directories (verified, see above),
+ * optionally writes the job's marker, drops to the user for good, creates the
+ * job's log directory as the user, detaches (setsid, second fork), and
+ * execs. Only async-signal-safe calls run between fork and exec: no Go. The
+ * child sends its message, fatal or a warning, back on a pipe.
+ * Returns 0 once the intermediate child has exited (warn may hold a line to
+ * log), or -1 with err.
+ */
+static int spawn_agent(const char *plan, uid_t uid, gid_t gid, const struct groups *g, const char *marker,
+		       const char *spec, char *err, size_t errlen, char *warn, size_t warnlen)
 {
 	const char *item[64];
-	int n = 0;
-	for (const char *p = plan; *p && n < 63; p += strlen(p) + 1)
+	int n = 0, pfd[2];
+	/* the hugetlbfs and log dir items may be empty; the empty item after
+	 * the arguments ends the plan */
+	for (const char *p = plan; n < 63; p += strlen(p) + 1) {
+		if (!*p && n >= P_BINARY)
+			break;
 		item[n++] = p;
+	}
 	item[n] = NULL;
-	if (n < 6) {
+	warn[0] = '\0';
+	if (n < P_N) {
 		snprintf(err, errlen, "internal: short agent plan (%d items)", n);
 		return -1;
 	}
-	char *const *argv = (char *const *) &item[4];
-	char *const envp[] = { "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C", NULL };
+	char *const *argv = (char *const *) &item[P_BINARY];
+	if (pipe2(pfd, O_CLOEXEC) != 0) {
+		snprintf(err, errlen, "pipe: %s", strerror(errno));
+		return -1;
+	}
 
 	pid_t pid = fork();
 	if (pid < 0) {
 		snprintf(err, errlen, "fork: %s", strerror(errno));
+		close(pfd[0]);
+		close(pfd[1]);
 		return -1;
 	}
 	if (pid == 0) {
+		static char cerr[2048], cwarn[2048];
 		sigset_t none;
 		sigemptyset(&none);
 		for (int s = 1; s < NSIG; s++)
 			if (s != SIGKILL && s != SIGSTOP)
 				signal(s, SIG_DFL);
 		sigprocmask(SIG_SETMASK, &none, NULL);
-		if (geteuid() != 0 && seteuid(0) != 0)
-			_exit(120);
-		if (setegid(0) != 0)
-			_exit(120);
-		umask(022);
-		if (mkdir_p(item[0], 0755) != 0 || user_dir(item[1], uid, gid) != 0)
-			_exit(121);
-		if (mkdir_p(item[2], 0755) != 0 || user_dir(item[3], uid, gid) != 0)
-			_exit(122);
-		if (marker) {
-			if (mkdir_p(REFT_STATE_DIR, 0755) != 0)
-				_exit(123);
-			int fd = open(marker, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-			if (fd < 0)
-				_exit(123);
-			if (write(fd, spec, strlen(spec)) < 0 || write(fd, "\n", 1) < 0)
-				_exit(123);
-			close(fd);
-		}
-		setsid();
-		if (setgroups(1, &gid) != 0 || setresgid(gid, gid, gid) != 0 ||
-		    setresuid(uid, uid, uid) != 0 || getuid() != uid || geteuid() != uid)
-			_exit(124);
-		pid_t p2 = fork();
-		if (p2 < 0)
-			_exit(125);
-		if (p2 > 0)
-			_exit(0);
-		if (chdir("/") != 0)
-			_exit(126);
-		int nul = open("/dev/null", O_RDWR);
-		if (nul >= 0) {
-			dup2(nul, 0);
-			dup2(nul, 1);
-			dup2(nul, 2);
-		}
-		for (int fd = 3; fd < 4096; fd++)
-			close(fd);
-		execve(argv[0], argv, envp);
-		_exit(127);
+		close(pfd[0]);
+		cerr[0] = cwarn[0] = '\0';
+		int code = agent_child(pfd[1], item, argv, uid, gid, g, marker, spec, cerr, sizeof(cerr), cwarn,
+				       sizeof(cwarn));
+		/* only on failure: a warning, then the error */
+		if (cwarn[0] && (write(pfd[1], "W", 1) != 1 || write(pfd[1], cwarn, strlen(cwarn)) < 0 ||
+				 write(pfd[1], "\n", 1) != 1))
+			_exit(code);
+		if (write(pfd[1], "E", 1) == 1 && write(pfd[1], cerr, strlen(cerr)) < 0)
+			_exit(code);
+		_exit(code);
 	}
+	close(pfd[1]);
 	int status = 0;
 	while (waitpid(pid, &status, 0) < 0) {
 		if (errno != EINTR) {
 			snprintf(err, errlen, "waitpid: %s", strerror(errno));
+			close(pfd[0]);
 			return -1;
 		}
 	}
+	char msg[4096];
+	ssize_t k, got = 0;
+	while (got < (ssize_t) sizeof(msg) - 1 && (k = read(pfd[0], msg + got, sizeof(msg) - 1 - got)) > 0)
+		got += k;
+	msg[got < 0 ? 0 : got] = '\0';
+	close(pfd[0]);
+	/* "W<warning>\n" and/or "E<error>" */
+	char *w = msg[0] == 'W' ? msg + 1 : NULL, *e = msg[0] == 'E' ? msg + 1 : NULL;
+	if (w) {
+		char *nl = strchr(w, '\n');
+		if (nl) {
+			*nl = '\0';
+			if (nl[1] == 'E')
+				e = nl + 2;
+		}
+		snprintf(warn, warnlen, "%.1500s", w);
+	}
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-		static const char *why[] = {
-			[120] = "cannot regain root to prepare directories",
-			[121] = "cannot create agent.run_dir or the job's run directory",
-			[122] = "cannot create store.tmpfs_root or the job's store directory",
-			[123] = "cannot write the job marker in " REFT_STATE_DIR,
-			[124] = "cannot switch to the job's user",
-			[125] = "fork failed",
-			[126] = "chdir / failed",
-		};
-		int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-		snprintf(err, errlen, "starting the reft agent %s failed: %s", argv[0],
-			 (code >= 120 && code <= 126) ? why[code] : "killed by a signal");
+		snprintf(err, errlen, "starting the reft agent %.500s failed: %.1500s", argv[0],
+			 e && *e ? e : WIFEXITED(status) ? "the child exited early" : "killed by a signal");
 		return -1;
 	}
 	return 0;
 }
 
 /* ---- SPANK callbacks --------------------------------------------------- */
+
+/* Everything from here to the end of the file has default visibility: the
+ * slurm_spank_* callbacks that Slurm looks up (shim.map exports those and
+ * nothing else; the static helpers here are not exported anyway). */
+#pragma GCC visibility push(default)
 
 /* Log a plugstack.conf problem where the administrator looks: slurmd's log
  * (slurmd, slurmstepd and the prolog write there). srun, sbatch and salloc
@@ -423,6 +796,17 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	if (spank_context() == S_CTX_REMOTE && !g_disabled[0] && !is_off(g_default) &&
 	    load_go(err, sizeof(err)) == 0)
 		check_default();
+	/* slurmd (root, at start): make the plugin's state directory, or say
+	 * once why it is unsafe. The prolog and the steps check it again. */
+	if (spank_context() == S_CTX_SLURMD && geteuid() == 0) {
+		char why[1024] = "";
+		int fd = open_root_dir(-1, REFT_STATE_DIR, 1, 0700, 0, why, sizeof(why));
+		if (fd < 0)
+			slurm_error("reft: state directory %s: %s; reft jobs cannot start on this node until it is fixed",
+				    REFT_STATE_DIR, why);
+		else
+			close(fd);
+	}
 	/* In job_script context spank_option_getopt only finds options that
 	 * are not registered there; everywhere else, register, so that sbatch,
 	 * salloc and #SBATCH accept --reft and slurmstepd receives it. */
@@ -448,6 +832,10 @@ static int reft_opt_cb(int val, const char *optarg, int remote)
 	g_opt = strdup(optarg);
 	if (remote)
 		return 0;
+	if (!is_off(optarg) && getuid() == 0) {
+		slurm_error("--reft=%s: %s", optarg, ROOT_JOB_MSG);
+		return -1;
+	}
 	if (g_disabled[0] && !is_off(optarg)) {
 		slurm_error("--reft=%s: reft is disabled on this cluster: %s", optarg, g_disabled);
 		return -1;
@@ -487,6 +875,13 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 		return 0;
 	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS)
 		return 0;
+	uid_t uid = 1;
+	if (spank_get_item(sp, S_JOB_UID, &uid) == ESPANK_SUCCESS && uid == 0) {
+		/* no marker, so no agent; a default= SPEC is simply not applied */
+		if (s != g_default)
+			slurm_info("reft: job %u: %s (no agent; its reft steps fail with this message)", job, ROOT_JOB_MSG);
+		return 0;
+	}
 	if (load_go(err, sizeof(err)) != 0) {
 		slurm_error("reft: job %u: %s", job, err);
 		return 0;
@@ -506,8 +901,9 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
 {
 	(void) ac; (void) av;
 	uint32_t job = 0, step = 0, uid = 0, gid = 0;
-	char marker[PATH_MAX], node[256], err[2048] = "";
+	char marker[PATH_MAX], node[256], err[2048] = "", warn[2048];
 	static char plan[16384];
+	static struct groups groups;
 
 	if (!spank_remote(sp) || spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS || step != EXTERN_STEP)
 		return 0;
@@ -516,8 +912,8 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
 	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
 		return 0;
 	marker_path(job, marker, sizeof(marker));
-	if (access(marker, F_OK) != 0)
-		return 0; /* not a reft job: Go is never loaded */
+	if (access(marker, F_OK) != 0 || uid == 0)
+		return 0; /* not a reft job (the prolog writes no marker for root): Go is never loaded */
 	node_name(sp, node, sizeof(node));
 	if (load_go(err, sizeof(err)) != 0) {
 		slurm_error("reft: job %u: %s", job, err);
@@ -526,8 +922,13 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
 	int rc = CALL_GO(go.extern_plan(g_config, REFT_STATE_DIR, job, uid, node, plan, sizeof(plan), err, sizeof(err)));
 	if (rc < 0)
 		slurm_error("reft: job %u: cannot plan the agent: %s", job, err);
-	else if (rc == 1 && spawn_agent(plan, uid, gid, NULL, NULL, err, sizeof(err)) != 0)
-		slurm_error("reft: job %u: %s", job, err);
+	else if (rc == 1) {
+		job_groups(sp, gid, &groups);
+		if (spawn_agent(plan, uid, gid, &groups, NULL, NULL, err, sizeof(err), warn, sizeof(warn)) != 0)
+			slurm_error("reft: job %u: %s", job, err);
+		if (warn[0])
+			slurm_error("reft: job %u: %s", job, warn);
+	}
 	return 0;
 }
 
@@ -540,8 +941,9 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
 	(void) ac; (void) av;
 	uint32_t job = 0, step = 0, uid = 0, gid = 0;
-	char node[256], marker[PATH_MAX], canon[1024], err[4096] = "";
+	char node[256], marker[64], canon[1024], err[4096] = "", warn[2048];
 	static char out[16384];
+	static struct groups groups;
 	const char *s = effective_spec();
 
 	g_task_error[0] = '\0';
@@ -578,17 +980,30 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		snprintf(g_task_error, sizeof(g_task_error), "node %s: cannot read the job's ids from Slurm", node);
 		return 0;
 	}
+	if (uid == 0) {
+		if (!g_opt) {
+			/* reft came from default=: root's job runs without it */
+			for (const char **e = reft_env_names; *e; e++)
+				spank_unsetenv(sp, *e);
+			return 0;
+		}
+		snprintf(g_task_error, sizeof(g_task_error), "node %s: --reft=%s: %s", node, s, ROOT_JOB_MSG);
+		return 0;
+	}
 	int restart = restart_count(sp);
 	int rc = CALL_GO(go.step(g_config, REFT_STATE_DIR, (char *) s, job, step, uid, node, restart, 0,
 				 out, sizeof(out), err, sizeof(err)));
 	if (rc == 2) {
 		/* no agent and no extern step started one: this step starts it */
-		marker_path(job, marker, sizeof(marker));
+		snprintf(marker, sizeof(marker), "%u.spec", job);
+		job_groups(sp, gid, &groups);
 		if (CALL_GO(go.normalize((char *) s, canon, sizeof(canon), err, sizeof(err))) != 0 ||
-		    spawn_agent(out, uid, gid, marker, canon, err, sizeof(err)) != 0) {
+		    spawn_agent(out, uid, gid, &groups, marker, canon, err, sizeof(err), warn, sizeof(warn)) != 0) {
 			snprintf(g_task_error, sizeof(g_task_error), "node %s: %s", node, err);
 			return 0;
 		}
+		if (warn[0])
+			slurm_error("reft: job %u: %s", job, warn);
 		rc = CALL_GO(go.step(g_config, REFT_STATE_DIR, (char *) s, job, step, uid, node, restart, 1,
 				     out, sizeof(out), err, sizeof(err)));
 	}
@@ -688,3 +1103,5 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 		slurm_error("reft: job %u cleanup: %s", job, err);
 	return 0;
 }
+
+#pragma GCC visibility pop

@@ -143,7 +143,7 @@ func start(ctx context.Context, cfg Config, topo TopologySource, src peer.ChunkS
 	if err != nil {
 		return nil, err
 	}
-	if err := t.check(); err != nil {
+	if err := t.Check(); err != nil {
 		return nil, err
 	}
 	self, ok := t.Node(cfg.Peer.Node)

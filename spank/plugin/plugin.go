@@ -27,15 +27,17 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 	"unsafe"
 
-	"github.com/reft-hpc/reft/agent"
+	"golang.org/x/sys/unix"
+
 	"github.com/reft-hpc/reft/agent/config"
-	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/runpath"
+	"github.com/reft-hpc/reft/agent/slurmjob"
 	"github.com/reft-hpc/reft/launcher/version"
+	"github.com/reft-hpc/reft/spank/rootfs"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/spank/stepend"
 )
@@ -99,13 +101,15 @@ func reft_go_normalize(in *C.char, out *C.char, outlen C.int, errb *C.char, errl
 	return 0
 }
 
-// markerPath is where the prolog (or the first step, when only an inner
-// srun asked for reft) leaves the job's SPEC on this node. stateDir is fixed
-// in the shim (REFT_STATE_DIR) so that the shim can tell a reft job without
-// loading Go.
-func markerPath(stateDir, job string) string {
-	return filepath.Join(stateDir, job+".spec")
-}
+// markerName is the job's marker in the plugin's state directory, where the
+// prolog (or the first step, when only an inner srun asked for reft) leaves
+// the job's SPEC on this node. The state directory is fixed in the shim
+// (REFT_STATE_DIR, root:root 0700 under a root-owned directory) so that the
+// shim can tell a reft job without loading Go.
+func markerName(job string) string { return job + ".spec" }
+
+// maxMarker bounds what is read from a marker: a SPEC is short.
+const maxMarker = 4096
 
 // reft_go_prolog runs in the job prolog (root). For a reft job it records the
 // SPEC on this node, so that the extern step starts the agent. Returns 1 when
@@ -127,40 +131,67 @@ func reft_go_prolog(cfgPath, stateDir, specIn *C.char, job C.uint32_t, errb *C.c
 		put(errb, errlen, err.Error()) // the steps report it to the user
 		return -1
 	}
-	p := markerPath(C.GoString(stateDir), strconv.FormatUint(uint64(job), 10))
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		put(errb, errlen, fmt.Sprintf("creating %s: %v", filepath.Dir(p), err))
-		return -1
-	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, []byte(s.String()+"\n"), 0o644); err != nil {
-		put(errb, errlen, fmt.Sprintf("writing %s: %v", tmp, err))
-		return -1
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		put(errb, errlen, fmt.Sprintf("renaming %s: %v", tmp, err))
+	if err := writeMarker(C.GoString(stateDir), strconv.FormatUint(uint64(job), 10), s); err != nil {
+		put(errb, errlen, err.Error())
 		return -1
 	}
 	return 1
 }
 
-// readMarker returns the SPEC recorded for job on this node, or "".
-func readMarker(stateDir, job string) string {
-	b, err := os.ReadFile(markerPath(stateDir, job))
+// writeMarker records the job's SPEC in the verified state directory
+// (created if missing), through a fresh O_EXCL|O_NOFOLLOW temporary file.
+func writeMarker(stateDir, job string, s spec.Spec) error {
+	d, err := rootfs.OpenRootDir(stateDir, true, 0o700)
 	if err != nil {
-		return ""
+		return fmt.Errorf("plugin state directory: %w", err)
 	}
-	return strings.TrimSpace(string(b))
+	defer d.Close()
+	return d.WriteFileAtomic(markerName(job), []byte(s.String()+"\n"), 0o600)
 }
 
-// plan is what the shim needs to start an agent: directories it creates as
-// root and hands to the user, then the agent's argv.
+// readMarker returns the SPEC recorded for job on this node, normalized, or
+// "" when there is none (or it says off). The marker must be root's regular
+// file in the verified state directory, and hold a valid SPEC: it becomes
+// the agent's argument. The error never quotes the file's content.
+func readMarker(stateDir, job string) (string, error) {
+	d, err := rootfs.OpenRootDir(stateDir, false, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("plugin state directory: %w", err)
+	}
+	defer d.Close()
+	b, err := d.ReadFile(markerName(job), maxMarker)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("job marker: %w", err)
+	}
+	s, err := spec.Parse(strings.TrimSpace(string(b)))
+	if err != nil {
+		return "", fmt.Errorf("job marker %s/%s does not hold a valid SPEC: ignored", d.Path(), markerName(job))
+	}
+	if !s.Enabled() {
+		return "", nil
+	}
+	return s.String(), nil
+}
+
+// plan is what the shim needs to start an agent (spawn_agent's P_* items):
+// the directories it creates as root (run_dir and the job's directory in
+// it, tmpfs_root and the user's directory in it, the same under the
+// hugetlbfs mount), the log directory (the job's directory in it is made as
+// the user), then the agent's argv.
 func plan(cfgPath string, cfg config.Config, specStr, job string, uid uint32, node string, restart int, startedBy string) []string {
 	return []string{
 		cfg.Agent.RunDir,
-		agent.JobRunDir(cfg.Agent.RunDir, job),
+		job,
 		cfg.Store.TmpfsRoot,
-		agent.UserStoreDir(cfg, int(uid)),
+		strconv.FormatUint(uint64(uid), 10),
+		cfg.Store.HugeTLBFS,
+		cfg.Log.Dir,
 		cfg.Agent.Binary,
 		"--config", cfgPath, "--job", job, "--node", node, "--spec", specStr,
 		"--uid", strconv.FormatUint(uint64(uid), 10), "--restart", strconv.Itoa(restart),
@@ -169,9 +200,9 @@ func plan(cfgPath string, cfg config.Config, specStr, job string, uid uint32, no
 }
 
 // reft_go_extern_plan runs in the extern step (root). If the prolog marked
-// the job as a reft job, it writes the agent plan to out (run_dir, job run
-// dir, tmpfs_root, store dir, binary, args..., NUL-separated) and returns 1;
-// it returns 0 for a job without reft and -1 on error.
+// the job as a reft job, it writes the agent plan to out (see plan;
+// NUL-separated) and returns 1; it returns 0 for a job without reft and -1
+// on error.
 //
 //export reft_go_extern_plan
 func reft_go_extern_plan(cfgPath, stateDir *C.char, job, uid C.uint32_t, node *C.char, out *C.char, outlen C.int, errb *C.char, errlen C.int) (rc C.int) {
@@ -182,9 +213,16 @@ func reft_go_extern_plan(cfgPath, stateDir *C.char, job, uid C.uint32_t, node *C
 		return -1
 	}
 	j := strconv.FormatUint(uint64(job), 10)
-	s := readMarker(C.GoString(stateDir), j)
+	s, err := readMarker(C.GoString(stateDir), j)
+	if err != nil {
+		put(errb, errlen, err.Error())
+		return -1
+	}
 	if s == "" {
 		return 0
+	}
+	if uid == 0 {
+		return 0 // the shim never asks for root's jobs; no agent for them
 	}
 	if err := putList(out, outlen, plan(C.GoString(cfgPath), cfg, s, j, uint32(uid), C.GoString(node), 0, "extern")); err != nil {
 		put(errb, errlen, err.Error())
@@ -235,7 +273,7 @@ func reft_go_step(cfgPath, stateDir, specIn *C.char, job, step, uid C.uint32_t, 
 		return fail("reft cannot start: %v", err)
 	}
 	j := strconv.FormatUint(uint64(job), 10)
-	sock := agent.SocketPath(cfg.Agent.RunDir, j)
+	sock := runpath.SocketPath(cfg.Agent.RunDir, j)
 	// No answer: start an agent from this step. If the extern step's agent
 	// is still starting, or another step is starting one, the new agent
 	// finds the job's lock taken and exits at once; then we just wait.
@@ -245,7 +283,7 @@ func reft_go_step(cfgPath, stateDir, specIn *C.char, job, step, uid C.uint32_t, 
 		}
 		return 2
 	}
-	hr, err := waitAgent(sock, filepath.Join(agent.JobRunDir(cfg.Agent.RunDir, j), agent.ErrorName), cfg.Agent.StartTimeout.D())
+	hr, err := waitAgent(sock, filepath.Join(runpath.JobRunDir(cfg.Agent.RunDir, j), runpath.ErrorName), cfg.Agent.StartTimeout.D())
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -320,14 +358,26 @@ func reft_go_extern_exit(cfgPath, stateDir *C.char, job, uid C.uint32_t, errb *C
 		put(errb, errlen, err.Error())
 		return -1
 	}
-	j := strconv.FormatUint(uint64(job), 10)
-	dir := agent.JobRunDir(cfg.Agent.RunDir, j)
+	if err := externExit(cfg, C.GoString(stateDir), strconv.FormatUint(uint64(job), 10), uint32(uid), jobGoesOnHere); err != nil {
+		put(errb, errlen, err.Error())
+		return -1
+	}
+	return 0
+}
+
+// externExit is reft_go_extern_exit's work; goesOn is jobGoesOnHere (a
+// parameter for the tests).
+func externExit(cfg config.Config, stateDir, j string, uid uint32, goesOn func(config.Config, string) bool) error {
 	var msgs []string
-	if pid, puid, err := agentPID(agent.SocketPath(cfg.Agent.RunDir, j)); err == nil {
-		if puid != uint32(uid) {
-			msgs = append(msgs, fmt.Sprintf("socket of job %s is held by uid %d, not the job's uid %d: not signalled", j, puid, uid))
-		} else if err := stop(pid, 3*time.Second); err != nil {
-			msgs = append(msgs, err.Error())
+	if err := stopAgent(runpath.SocketPath(cfg.Agent.RunDir, j), j, uid, 3*time.Second); err != nil {
+		msgs = append(msgs, err.Error())
+	}
+	rd, err := rootfs.OpenRootDir(cfg.Agent.RunDir, false, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			err = nil
+		} else {
+			msgs = append(msgs, fmt.Sprintf("agent.run_dir: %v", err))
 		}
 	}
 	// The extern step also ends when a --no-kill job shrinks, and the job
@@ -335,19 +385,33 @@ func reft_go_extern_exit(cfgPath, stateDir *C.char, job, uid C.uint32_t, errb *C
 	// restart on the new allocation, which sets their peer ports), but the
 	// directory stays for the agent a step starts (maybe starting now,
 	// waiting for the old one's lock).
-	if !takenOver(filepath.Join(dir, agent.LockName)) && !jobGoesOnHere(cfg, j) {
-		if err := os.RemoveAll(dir); err != nil {
-			msgs = append(msgs, err.Error())
+	taken := false
+	if rd != nil {
+		defer rd.Close()
+		var terr error
+		if taken, terr = takenOver(rd, j, uid); terr != nil {
+			msgs = append(msgs, terr.Error())
 		}
-		if err := os.Remove(markerPath(C.GoString(stateDir), j)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			msgs = append(msgs, err.Error())
+	}
+	if !taken && !goesOn(cfg, j) {
+		if rd != nil {
+			if err := rd.RemoveUserDir(j, uid, []string{runpath.SocketName, runpath.LockName, runpath.ErrorName}); err != nil {
+				msgs = append(msgs, err.Error())
+			}
+		}
+		if sd, err := rootfs.OpenRootDir(stateDir, false, 0); err == nil {
+			if err := sd.Remove(markerName(j)); err != nil {
+				msgs = append(msgs, err.Error())
+			}
+			sd.Close()
+		} else if !errors.Is(err, os.ErrNotExist) {
+			msgs = append(msgs, fmt.Sprintf("plugin state directory: %v", err))
 		}
 	}
 	if len(msgs) > 0 {
-		put(errb, errlen, strings.Join(msgs, "; "))
-		return -1
+		return errors.New(strings.Join(msgs, "; "))
 	}
-	return 0
+	return nil
 }
 
 // reft_go_step_end runs in slurmstepd (root) as a reft step ends on this
@@ -369,7 +433,7 @@ func reft_go_step_end(cfgPath *C.char, job, step C.uint32_t, out *C.char, outlen
 		return 0 // no verdicts to wait for
 	}
 	j := strconv.FormatUint(uint64(job), 10)
-	sl := mesh.Slurm{Job: j, Conf: cfg.Agent.SlurmConf}
+	sl := slurmjob.Slurm{Job: j, Conf: cfg.Agent.SlurmConf}
 	if _, err := exec.LookPath("scontrol"); err != nil {
 		sl.Scontrol = "/usr/bin/scontrol"
 	}
@@ -447,7 +511,7 @@ func stepLostNodes(ctx context.Context) ([]string, error) {
 func jobGoesOnHere(cfg config.Config, job string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	sl := mesh.Slurm{Job: job, Conf: cfg.Agent.SlurmConf}
+	sl := slurmjob.Slurm{Job: job, Conf: cfg.Agent.SlurmConf}
 	if _, err := exec.LookPath("scontrol"); err != nil {
 		sl.Scontrol = "/usr/bin/scontrol"
 	}
@@ -468,56 +532,153 @@ func jobGoesOnHere(cfg config.Config, job string) bool {
 }
 
 // takenOver reports whether a live agent holds the job's lock (after the
-// one that served the socket was stopped).
-func takenOver(lock string) bool {
-	f, err := os.Open(lock)
+// one that served the socket was stopped). The lock is the user's file in
+// the user's directory: it is opened through the verified run directory,
+// never following a symlink, without blocking on a FIFO, and used only if
+// fstat says it is a regular file of the job's uid.
+func takenOver(rd *rootfs.Dir, job string, uid uint32) (bool, error) {
+	u, err := rd.OpenUserDir(job, uid)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
 	if err != nil {
-		return false
+		return false, err
+	}
+	defer u.Close()
+	f, err := u.OpenUserFile(runpath.LockName, uid)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
 	}
 	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return errors.Is(err, syscall.EWOULDBLOCK)
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return errors.Is(err, unix.EWOULDBLOCK), nil
 	}
-	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	return false
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false, nil
 }
 
-// agentPID finds the process listening on sock with SO_PEERCRED.
-func agentPID(sock string) (int, uint32, error) {
+// stopAgent stops the process that listens on the job's socket, if it runs
+// as the job's uid: SIGTERM, then SIGKILL after grace. It signals through a
+// pidfd, opened once the pid is known and checked (uid, and a start before
+// the connection that found it) while the pidfd pins the process, so no
+// later process that reuses the pid is ever signalled.
+func stopAgent(sock, job string, uid uint32, grace time.Duration) error {
+	before := bootTicks()
 	c, err := net.DialTimeout("unix", sock, time.Second)
 	if err != nil {
-		return 0, 0, err
+		return nil // no agent listens
 	}
-	defer c.Close()
-	cred, err := agent.PeerCred(c.(*net.UnixConn))
+	cred, err := runpath.PeerCred(c.(*net.UnixConn))
+	c.Close()
 	if err != nil {
-		return 0, 0, err
+		return fmt.Errorf("job %s: SO_PEERCRED on %s: %w", job, sock, err)
 	}
-	return int(cred.Pid), cred.Uid, nil
+	if cred.Uid != uid {
+		return fmt.Errorf("socket of job %s is held by uid %d, not the job's uid %d: not signalled", job, cred.Uid, uid)
+	}
+	return stopPID(int(cred.Pid), uid, before, grace)
 }
 
-// stop sends SIGTERM, waits up to grace, then SIGKILL.
-func stop(pid int, grace time.Duration) error {
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
-		return nil // already gone
-	}
-	for deadline := time.Now().Add(grace); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if syscall.Kill(pid, 0) != nil || zombie(pid) {
-			return nil
+// stopPID signals pid through a pidfd if it runs as uid and started no
+// later than notAfter (clock ticks since boot, as /proc/PID/stat counts).
+func stopPID(pid int, uid uint32, notAfter uint64, grace time.Duration) error {
+	pfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil // gone
 		}
+		return fmt.Errorf("pidfd_open(%d): %w", pid, err)
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+	defer unix.Close(pfd)
+	puid, start, err := procIdentity(pid)
+	// still alive through the pidfd: what /proc said was about its process
+	if serr := unix.PidfdSendSignal(pfd, 0, nil, 0); serr != nil {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("agent pid %d: %w: not signalled", pid, err)
+	}
+	if puid != uid || start > notAfter {
+		return fmt.Errorf("pid %d is not the job's agent any more (uid %d, started at tick %d, after tick %d): not signalled",
+			pid, puid, start, notAfter)
+	}
+	if err := unix.PidfdSendSignal(pfd, unix.SIGTERM, nil, 0); err != nil {
+		return nil // exited meanwhile
+	}
+	if exited(pfd, grace) {
+		return nil
+	}
+	if err := unix.PidfdSendSignal(pfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("SIGKILL agent %d: %w", pid, err)
 	}
 	return nil
 }
 
-func zombie(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
+// exited waits up to d for the pidfd's process to exit.
+func exited(pfd int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		fds := []unix.PollFd{{Fd: int32(pfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, int(left/time.Millisecond)+1)
+		if err == nil && n > 0 {
+			return true
+		}
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return false
+		}
 	}
-	s := string(b)
+}
+
+// procIdentity reads a process's real and effective uid (they must agree)
+// and its start time in clock ticks since boot.
+func procIdentity(pid int) (uid uint32, start uint64, err error) {
+	p := "/proc/" + strconv.Itoa(pid)
+	st, err := os.ReadFile(p + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	s := string(st)
 	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
+	if i < 0 {
+		return 0, 0, fmt.Errorf("%s/stat: no command field", p)
+	}
+	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state); start time is field 22
+	if len(f) < 20 {
+		return 0, 0, fmt.Errorf("%s/stat: %d fields", p, len(f)+2)
+	}
+	if start, err = strconv.ParseUint(f[19], 10, 64); err != nil {
+		return 0, 0, fmt.Errorf("%s/stat: start time: %w", p, err)
+	}
+	status, err := os.ReadFile(p + "/status")
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if ids, ok := strings.CutPrefix(line, "Uid:"); ok {
+			u := strings.Fields(ids)
+			if len(u) < 2 || u[0] != u[1] {
+				return 0, 0, fmt.Errorf("%s/status: real and effective uid differ: %q", p, ids)
+			}
+			v, err := strconv.ParseUint(u[0], 10, 32)
+			return uint32(v), start, err
+		}
+	}
+	return 0, 0, fmt.Errorf("%s/status: no Uid line", p)
+}
+
+// bootTicks is the time since boot in the clock ticks of /proc/PID/stat
+// (USER_HZ, 100 on Linux).
+func bootTicks() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return ^uint64(0) // no check possible: any start time passes
+	}
+	return uint64(ts.Sec)*100 + uint64(ts.Nsec)/10_000_000
 }

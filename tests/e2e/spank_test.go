@@ -58,7 +58,10 @@ func writeReftConf(t testing.TB) string {
 	if err := os.MkdirAll(logDir, 0o1777); err != nil {
 		t.Fatal(err)
 	}
-	os.Chmod(logDir, 0o1777)
+	// 1777 like /tmp: the sticky bit is os.ModeSticky (Go drops a numeric
+	// 0o1000); without it another user could rename a job's log directory,
+	// and the plugin refuses such a directory.
+	os.Chmod(logDir, 0o777|os.ModeSticky)
 	conf := filepath.Join(clusterDir, "etc", "reft-e2e.toml")
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(reftConf, bin("reft-agent"), filepath.Join(clusterDir, "etc", "slurm.conf"), logDir)), 0o644); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package mesh
+package slurmjob
 
 import (
 	"context"
@@ -77,7 +77,7 @@ func TestTopologyCheck(t *testing.T) {
 		{Topology{Nodes: []Node{{Index: 0, Name: "a", Addr: "x"}, {Index: 1, Name: "a", Addr: "y"}}}, "listed twice"},
 		{Topology{Nodes: []Node{{Index: 0, Name: "a", Addr: ""}}}, "no name or address"},
 	} {
-		if err := tc.t.check(); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err := tc.t.Check(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.t, err, tc.want)
 		}
 	}
