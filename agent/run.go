@@ -22,7 +22,6 @@ import (
 	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
-	"github.com/reft-hpc/reft/tmpfs/gc"
 )
 
 // MinMemoryBudget is the least snapshot memory an agent starts with.
@@ -50,9 +49,6 @@ type Options struct {
 	// It is injected so that this package, which the SPANK plugin links,
 	// never links NVML.
 	GPU func(ctx context.Context, enabled bool, log zerolog.Logger) func() *proto.GPU
-	// GCJobs is whom the garbage collection at start asks which jobs are
-	// alive; nil: Slurm (squeue, scontrol; [agent] slurm_conf).
-	GCJobs gc.Jobs
 }
 
 // jobWatchInterval is how often the agent asks slurmctld whether its job
@@ -157,16 +153,12 @@ func Run(ctx context.Context, o Options) error {
 	}
 	go watchSocket(ctx, cancel, sock, logger)
 	go watchJob(ctx, cancel, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, jobWatchInterval, logger)
-	// In the background: Slurm may be slow to answer, and the steps wait
-	// for this agent's hello. Its own store is open and locked by now.
-	jobs := o.GCJobs
-	if jobs == nil {
-		jobs = gc.Slurm{Conf: cfg.Agent.SlurmConf}
-	}
+	// In the background: the steps wait for this agent's hello. Its own
+	// store is open and locked by now.
 	gcDone := make(chan struct{})
 	go func() {
 		defer close(gcDone)
-		collectOnStart(ctx, cfg.Store.TmpfsRoot, o.UID, o.Job, jobs, logger)
+		collectOnStart(ctx, cfg.Store.TmpfsRoot, cfg.Store.HugeTLBFS, o.UID, o.Job, time.Duration(cfg.Store.MaxAge), logger)
 	}()
 	err = srv.Serve(ctx)
 	srv.Close()
