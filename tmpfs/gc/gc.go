@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,6 +29,8 @@ type Job struct {
 	ID      string
 	State   string // JOB STATE CODES in extended form: RUNNING, PENDING, ...
 	Requeue bool   // the job may be requeued (known from Show only)
+	// Restarts is how often Slurm requeued the job (known from Show only).
+	Restarts int
 }
 
 // Jobs is the source of job states: Slurm in production, a fake in tests.
@@ -252,6 +255,8 @@ func (s Slurm) Show(ctx context.Context, id string) (Job, bool, error) {
 			j.State = v
 		case "Requeue":
 			j.Requeue = v == "1"
+		case "Restarts":
+			j.Restarts, _ = strconv.Atoi(v)
 		}
 	}
 	if j.State == "" {
