@@ -88,10 +88,33 @@ func cleanupNotDrained(t *testing.T, nodes ...string) {
 	}
 }
 
+// cleanupLoadPlugin installs the plugin for the test and restarts the
+// nodes' slurmds, which read plugstack.conf only at their start: only a
+// slurmd that loaded the plugin runs its job epilog. When the test ends
+// the nodes get slurmds without it again, as the other tests expect.
+func cleanupLoadPlugin(t *testing.T, nodes ...string) {
+	t.Helper()
+	restart := func() {
+		for _, n := range nodes {
+			if slurmdUp(t, n) {
+				cluster(t, "kill-node", n)
+			}
+			cluster(t, "revive", n)
+		}
+	}
+	// Registered before enableReft's, so it runs after the line is gone.
+	t.Cleanup(func() {
+		disableReft(t)
+		restart()
+	})
+	enableReft(t)
+	restart()
+}
+
 // TestCleanupJobEnd: after a job ends on its nodes, whichever way, no store
 // of it is left on any surviving node, unless Slurm requeued it.
 func TestCleanupJobEnd(t *testing.T) {
-	enableReft(t)
+	cleanupLoadPlugin(t, "n1", "n2", "n3", "n4")
 	type endCase struct {
 		name   string
 		args   []string
@@ -174,8 +197,8 @@ func cleanupTree(t *testing.T, node, dir string) string {
 // touched, alice's running job keeps her store bit for bit, nothing
 // blocks, and the node is not drained.
 func TestCleanupHostileStore(t *testing.T) {
-	enableReft(t)
 	const node = "n5"
+	cleanupLoadPlugin(t, node)
 	aliceUID, bobUID := uidOf(t, alice), uidOf(t, bob)
 
 	// Canaries outside reft: root's files bob must not be able to remove
