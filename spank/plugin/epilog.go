@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -84,25 +85,77 @@ func parseJobFields(out, job string) (jobFields, error) {
 }
 
 // runsAgain says whether Slurm will run the job again (requeued), so its
-// store must stay for the restart to restore from, and why.
-func runsAgain(f jobFields) (bool, string) {
+// store must stay for the restart to restore from, and why. runs counts
+// the job's runs that accounting recorded (sacct -D), for a job that Slurm
+// requeued before: nil when it cannot say.
+//
+// Verified on Slurm 22.05: during the epilog scontrol shows a requeued job
+// and an ended one alike, JobState=COMPLETING (Slurm prints the flag, not
+// the base state, PENDING or COMPLETED); Restarts has already grown for a
+// requeue. So a job never requeued (Restarts=0) ended for good. For one
+// requeued before, accounting holds one record per run so far: Restarts
+// of them when this run was requeued (the next run's record comes only
+// when it starts), Restarts+1 when this run was the job's last.
+func runsAgain(ctx context.Context, f jobFields, runs func(ctx context.Context) (int, error)) (bool, string, error) {
 	if f == nil {
-		return false, "Slurm no longer knows the job"
+		return false, "Slurm no longer knows the job", nil
 	}
 	st := f["JobState"]
-	desc := fmt.Sprintf("job %s, Reason=%s, Restarts=%s, BatchFlag=%s", st, f["Reason"], f["Restarts"], f["BatchFlag"])
+	desc := fmt.Sprintf("job %s, Restarts=%s", st, f["Restarts"])
 	switch st {
 	case "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "RUNNING", "SUSPENDED", "RESIZING", "CONFIGURING":
-		return true, desc + ": Slurm runs it again"
+		return true, desc + ": Slurm runs it again", nil
 	}
-	return false, desc
+	restarts, err := strconv.Atoi(f["Restarts"])
+	if err != nil {
+		return false, "", fmt.Errorf("scontrol show job: Restarts=%q is no number", f["Restarts"])
+	}
+	if restarts == 0 {
+		return false, desc + ": never requeued", nil
+	}
+	n, err := runs(ctx)
+	switch {
+	case err != nil:
+		return false, "", fmt.Errorf("%s: whether this run was requeued needs accounting (sacct): %w", desc, err)
+	case n <= restarts:
+		return true, fmt.Sprintf("%s, %d run(s) in accounting: requeued", desc, n), nil
+	default:
+		return false, fmt.Sprintf("%s, %d run(s) in accounting: its last run ended", desc, n), nil
+	}
+}
+
+// sacctRuns counts the job's runs that accounting recorded.
+func sacctRuns(ctx context.Context, conf, job string) (int, error) {
+	prog, err := exec.LookPath("sacct")
+	if err != nil {
+		prog = "/usr/bin/sacct"
+	}
+	cmd := exec.CommandContext(ctx, prog, "-j", job, "-D", "-X", "-n", "-P", "-o", "JobID")
+	if conf != "" {
+		cmd.Env = append(os.Environ(), "SLURM_CONF="+conf)
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("sacct -j %s: %w: %s", job, err, strings.TrimSpace(errb.String()))
+	}
+	n := 0
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.TrimSpace(l) == job {
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("sacct -j %s: accounting has no record of the job (is AccountingStorageType set?)", job)
+	}
+	return n, nil
 }
 
 // jobEpilog removes job's store of uid on this node unless the job runs
 // again, then applies the age limit to every store on the node. It returns
 // what it did, for the log.
 func jobEpilog(ctx context.Context, cfg config.Config, job string, uid int,
-	show func(ctx context.Context, job string) (jobFields, error)) (string, error) {
+	show func(ctx context.Context, job string) (jobFields, error), runs func(ctx context.Context, job string) (int, error)) (string, error) {
 	var msgs []string
 	var errs []error
 	dirs, err := tmpfs.ListJobDirs(cfg.Store.TmpfsRoot, uid)
@@ -116,8 +169,13 @@ func jobEpilog(ctx context.Context, cfg config.Config, job string, uid int,
 	if has {
 		sctx, cancel := context.WithTimeout(ctx, epilogScontrolTimeout)
 		f, err := show(sctx, job)
+		var keep bool
+		var why string
+		if err == nil {
+			keep, why, err = runsAgain(sctx, f, func(ctx context.Context) (int, error) { return runs(ctx, job) })
+		}
 		cancel()
-		switch keep, why := runsAgain(f); {
+		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("store of job %s kept: Slurm could not say whether the job is requeued (store.max_age removes it later): %w", job, err))
 		case keep:
@@ -129,6 +187,9 @@ func jobEpilog(ctx context.Context, cfg config.Config, job string, uid int,
 				// it; the age limit catches a store it leaves.
 				msgs = append(msgs, "store kept: its agent still runs")
 			} else if err != nil {
+				if errors.Is(err, tmpfs.ErrForeign) {
+					msgs = append(msgs, fmt.Sprintf("store removed (%s) but for what is not the user's own", why))
+				}
 				errs = append(errs, fmt.Errorf("remove the store of job %s (%s): %w", job, why, err))
 			} else {
 				msgs = append(msgs, fmt.Sprintf("store removed (%s, %s)", why, hostmem.FormatBytes(n)))
@@ -167,6 +228,8 @@ func reft_go_job_epilog(cfgPath *C.char, job, uid C.uint32_t, out *C.char, outle
 	j := fmt.Sprint(uint32(job))
 	msg, err := jobEpilog(context.Background(), cfg, j, int(uid), func(ctx context.Context, id string) (jobFields, error) {
 		return showJob(ctx, cfg.Agent.SlurmConf, id)
+	}, func(ctx context.Context, id string) (int, error) {
+		return sacctRuns(ctx, cfg.Agent.SlurmConf, id)
 	})
 	put(out, outlen, msg)
 	if err != nil {
