@@ -258,10 +258,19 @@ func takeLock(path string) (*os.File, error) {
 // when it does not).
 func openStore(cfg config.Config, job string, budget uint64, persisting bool, log zerolog.Logger) (*tmpfs.Store, error) {
 	m := new(hostmem.Metrics)
-	b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: int64(budget)}}, m)
+	// The snapshots are charged to the job's cgroup (the agent touches
+	// every arena page): its memory limit caps the budget too.
+	jobLimit, err := hostmem.CgroupMemoryLimit("/proc/self/cgroup", "/sys/fs/cgroup")
+	if err != nil {
+		log.Warn().Err(err).Str("event", "job_memory_limit_unknown").
+			Msg("cannot read the job's memory limit (its cgroup); the snapshot budget is memory_budget alone")
+	}
+	b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: int64(budget)}, Job: jobLimit}, m)
 	if err != nil {
 		return nil, fmt.Errorf("memory budget: %w", err)
 	}
+	log.Info().Str("event", "memory_budget").Int64("bytes", b.Limit()).Str("set_by", b.LimitFrom()).
+		Msgf("snapshot memory budget on this node: %s, set by %s", hostmem.FormatBytes(b.Limit()), b.LimitFrom())
 	// No GPU registrar here: the agent never copies to or from a device.
 	// The rank does, so the client registers its own mappings of the
 	// arenas (hostmem/cuda); registration is per process and per mapping.
