@@ -136,6 +136,29 @@ func TestCleanupJobEnd(t *testing.T) {
 		{name: "requeued", tail: "sleep 300", nodes: []string{"n1", "n2"}, args: []string{"--requeue"}, keep: true,
 			states: []string{"PENDING", "REQUEUED"},
 			end:    func(t *testing.T, job string) { mustRun(t, time.Minute, root, "scontrol", "requeue", job) }},
+		// Its second run ends for good: Restarts=1 now, and the epilog
+		// must tell that from a requeue (accounting has two runs).
+		{name: "requeued, then its next run completes", nodes: []string{"n1", "n2"}, args: []string{"--requeue"},
+			tail:   `[ "${SLURM_RESTART_COUNT:-0}" = 0 ] && sleep 300; echo DONE$SLURM_RESTART_COUNT; exit 0`,
+			states: []string{"COMPLETED"},
+			end: func(t *testing.T, job string) {
+				mustRun(t, time.Minute, root, "scontrol", "requeue", job)
+				for deadline := time.Now().Add(time.Minute); jobState(t, job) != "PENDING"; time.Sleep(300 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("job %s not pending after its requeue: %s", job, jobState(t, job))
+					}
+				}
+				// Slurm delays a requeued job's start (BeginTime); now.
+				mustRun(t, time.Minute, root, "scontrol", "update", "jobid="+job, "StartTime=now")
+				for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(300 * time.Millisecond) {
+					if st := jobState(t, job); st != "PENDING" && st != "CONFIGURING" && st != "RUNNING" && st != "COMPLETING" {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("the requeued job %s did not run again", job)
+					}
+				}
+			}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
