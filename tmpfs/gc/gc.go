@@ -1,11 +1,18 @@
 // Package gc removes snapshot data that no running or pending Slurm job
-// owns: the agent runs it on start (for its own user), and `reft gc` runs
-// it for the whole node.
+// owns: the job epilog runs it for the ending job and the node's age limit,
+// `reft gc` for the whole node, and the agent at start for its own user's
+// age limit only.
 //
-// Slurm is the authority. A job directory is removed only when slurmctld
-// no longer knows the job, or reports it in a final state it cannot be
-// requeued from. A pending job, requeued or not, keeps its data: its
-// restart needs it. When Slurm cannot be asked, nothing is removed.
+// Slurm is the authority for `reft gc`. A job directory is removed only
+// when slurmctld no longer knows the job, or reports it in a final state it
+// cannot be requeued from. A pending job, requeued or not, keeps its data:
+// its restart needs it. When Slurm cannot be asked, nothing is removed. The
+// age limit ([store] max_age) is the exception: a store unchanged for
+// longer goes whatever Slurm says, so that nothing outlives its job for
+// good.
+//
+// Removal, as root, never goes through a user's names (tmpfs.JobDir.Remove;
+// docs/security-cleanup.md).
 package gc
 
 import (
