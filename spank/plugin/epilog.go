@@ -36,6 +36,12 @@ import (
 // holds the job in COMPLETING meanwhile.
 const epilogScontrolTimeout = 10 * time.Second
 
+// epilogLockWait is how long the epilog waits for the job's agent to let
+// go of its store: the extern step's exit stops it, and an agent that a
+// step started outside the extern step stops when its job watch (every
+// 15 s, agent/jobwatch.go) sees the job COMPLETING.
+var epilogLockWait = 20 * time.Second
+
 // jobFields is what `scontrol -o show job` says about a job; nil when
 // slurmctld no longer knows it.
 type jobFields map[string]string
@@ -181,11 +187,19 @@ func jobEpilog(ctx context.Context, cfg config.Config, job string, uid int,
 		case keep:
 			msgs = append(msgs, fmt.Sprintf("store kept (%s)", why))
 		default:
-			n, err := gc.RemoveJob(cfg.Store.TmpfsRoot, cfg.Store.HugeTLBFS, uid, job)
+			// The job's agent may still be on its way out (the extern
+			// step's exit signalled it just before): give it a moment.
+			var n int64
+			for deadline := time.Now().Add(epilogLockWait); ; time.Sleep(100 * time.Millisecond) {
+				n, err = gc.RemoveJob(cfg.Store.TmpfsRoot, cfg.Store.HugeTLBFS, uid, job)
+				if !errors.Is(err, tmpfs.ErrLocked) || time.Now().After(deadline) {
+					break
+				}
+			}
 			if errors.Is(err, tmpfs.ErrLocked) {
-				// An agent still holds it: the extern step's exit stops
-				// it; the age limit catches a store it leaves.
-				msgs = append(msgs, "store kept: its agent still runs")
+				// An agent of the job outlived it: the age limit catches
+				// the store it leaves.
+				msgs = append(msgs, fmt.Sprintf("store kept: an agent of the job still holds it %s after the job ended (store.max_age removes it later)", epilogLockWait))
 			} else if err != nil {
 				if errors.Is(err, tmpfs.ErrForeign) {
 					msgs = append(msgs, fmt.Sprintf("store removed (%s) but for what is not the user's own", why))

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -98,17 +100,21 @@ func makeStore(t *testing.T, root, job string) string {
 func TestJobEpilog(t *testing.T) {
 	ended := jobFields{"JobState": "COMPLETING", "Restarts": "0"}
 	requeued := jobFields{"JobState": "COMPLETING", "Restarts": "1"}
+	epilogLockWait = time.Second
 	tests := []struct {
 		name    string
 		fields  jobFields
 		showErr error
+		lock    time.Duration // an agent holds the store's lock this long; <0: throughout
 		gone    bool
 		msg     string
 		errMsg  string
 	}{
-		{"ended", ended, nil, true, "store removed", ""},
-		{"requeued", requeued, nil, false, "store kept", ""},
-		{"slurmctld unreachable", nil, errors.New("Unable to contact slurm controller"), false, "", "kept"},
+		{"ended", ended, nil, 0, true, "store removed", ""},
+		{"ended, its agent on its way out", ended, nil, 300 * time.Millisecond, true, "store removed", ""},
+		{"ended, its agent stays", ended, nil, -1, false, "an agent of the job still holds it", "-"},
+		{"requeued", requeued, nil, 0, false, "store kept", ""},
+		{"slurmctld unreachable", nil, errors.New("Unable to contact slurm controller"), 0, false, "", "kept"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -124,6 +130,19 @@ func TestJobEpilog(t *testing.T) {
 			past := time.Now().Add(-100 * time.Hour)
 			filepath.Walk(old, func(p string, _ os.FileInfo, _ error) error { return os.Chtimes(p, past, past) })
 
+			if tc.lock != 0 {
+				f, err := os.OpenFile(filepath.Join(dir, tmpfs.LockName), os.O_RDWR|os.O_CREATE, 0o600)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+					t.Fatal(err)
+				}
+				if tc.lock > 0 {
+					time.AfterFunc(tc.lock, func() { unix.Flock(int(f.Fd()), unix.LOCK_UN) })
+				}
+			}
 			cfg := config.Default()
 			cfg.Store.TmpfsRoot = root
 			var asked []string
@@ -139,7 +158,9 @@ func TestJobEpilog(t *testing.T) {
 			if !strings.Contains(msg, tc.msg) {
 				t.Errorf("message %q, want %q", msg, tc.msg)
 			}
-			if tc.errMsg == "" && tc.gone {
+			if tc.errMsg == "-" {
+				// nothing to say about errors
+			} else if tc.errMsg == "" && tc.gone {
 				// the canary link is refused and reported
 				if err == nil || !strings.Contains(err.Error(), "left alone") {
 					t.Errorf("error %v, want the refused link named", err)
