@@ -94,10 +94,21 @@ func cleanupNotDrained(t *testing.T, nodes ...string) {
 // the nodes get slurmds without it again, as the other tests expect.
 func cleanupLoadPlugin(t *testing.T, nodes ...string) {
 	t.Helper()
+	tool := filepath.Join(repo, "tests", "cluster", "cluster")
 	restart := func() {
 		for _, n := range nodes {
-			if slurmdUp(t, n) {
-				cluster(t, "kill-node", n)
+			// A process of a job that just ended may still be on its way
+			// out (uninterruptible for a moment on a loaded host), which
+			// kill-node reports: try again shortly.
+			for try := 1; slurmdUp(t, n); try++ {
+				r := run(t, 3*time.Minute, root, tool, "kill-node", n)
+				if r.Code == 0 {
+					break
+				}
+				if try == 3 {
+					t.Fatalf("kill-node %s:\n%s", n, r)
+				}
+				time.Sleep(3 * time.Second)
 			}
 			cluster(t, "revive", n)
 		}
