@@ -159,6 +159,18 @@ func TestCleanupJobEnd(t *testing.T) {
 						t.Fatalf("job %s not pending after its requeue: %s", job, jobState(t, job))
 					}
 				}
+				// The first run's epilog keeps the store on both nodes; only
+				// then may the next run start there (a node refuses a run
+				// whose credential it revoked moments ago).
+				for _, n := range []string{"n1", "n2"} {
+					for deadline := time.Now().Add(time.Minute); !slices.ContainsFunc(cleanupEpilogLines(t, n, job),
+						func(l string) bool { return strings.Contains(l, "store kept") }); time.Sleep(500 * time.Millisecond) {
+						if time.Now().After(deadline) {
+							t.Fatalf("%s: no epilog kept the requeued job's store: %q", n, cleanupEpilogLines(t, n, job))
+						}
+					}
+				}
+				time.Sleep(3 * time.Second)
 				// Slurm delays a requeued job's start (BeginTime); now.
 				mustRun(t, time.Minute, root, "scontrol", "update", "jobid="+job, "StartTime=now")
 				for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(300 * time.Millisecond) {
