@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,22 +17,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/tmpfs"
-	"github.com/reft-hpc/reft/tmpfs/gc"
 )
-
-// gcJobs is a job lister with fixed answers: squeue's list and what
-// scontrol knows (unknown ids are "Invalid job id").
-type gcJobs struct {
-	list    map[string]gc.Job
-	show    map[string]gc.Job
-	listErr error
-}
-
-func (f gcJobs) List(context.Context) (map[string]gc.Job, error) { return f.list, f.listErr }
-func (f gcJobs) Show(_ context.Context, id string) (gc.Job, bool, error) {
-	j, ok := f.show[id]
-	return j, ok, nil
-}
 
 // leaveStore commits a generation of job into root, as an agent killed
 // with its job would leave it.
@@ -48,55 +34,62 @@ func leaveStore(t *testing.T, root, job string) string {
 	return st.Dir()
 }
 
-// TestCollectOnStart: the agent's collection at start removes the data of
-// dead jobs only: never its own job's, a running job's (whose agent holds
-// its store's lock), a pending or requeued job's, nor anything when Slurm
-// cannot be asked, which it says once.
-func TestCollectOnStart(t *testing.T) {
-	alive := gcJobs{
-		list: map[string]gc.Job{
-			"10": {State: "RUNNING"},
-			"11": {State: "PENDING"},   // requeued after a node failure: its restart needs the data
-			"12": {State: "NODE_FAIL"}, // about to be requeued
-			"13": {State: "COMPLETED"},
-		},
-		show: map[string]gc.Job{"12": {State: "NODE_FAIL", Requeue: true}, "13": {State: "COMPLETED"}},
+// age sets the modification time of everything under dir to d ago.
+func age(t *testing.T, dir string, d time.Duration) {
+	t.Helper()
+	old := time.Now().Add(-d)
+	if err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chtimes(p, old, old)
+	}); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// TestCollectOnStart: the agent's collection at start removes its user's
+// stores unchanged beyond store.max_age, never its own job's nor one whose
+// agent holds its lock, keeps younger ones without asking anybody, and
+// says what it did in one line.
+func TestCollectOnStart(t *testing.T) {
+	const maxAge = time.Hour
 	tests := []struct {
 		name    string
-		jobs    gcJobs
+		maxAge  time.Duration
 		gone    []string
-		log     string // in the one summary line
-		summary string // its event
+		summary string // in the one gc_done line; "" for none
 	}{
-		{"slurm answers", alive, []string{"13", "14"}, `"removed":2`, "gc_done"},
-		{"squeue unavailable", gcJobs{listErr: errors.New(`exec: "squeue": executable file not found in $PATH`)}, nil,
-			"nothing was removed", "gc_skipped"},
+		{"age limit", maxAge, []string{"13"}, `"removed":1`},
+		{"disabled", 0, nil, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			dirs := map[string]string{}
-			for _, job := range []string{"10", "11", "12", "13", "14"} { // 14: Slurm no longer knows it
+			for _, job := range []string{"10", "11", "13"} {
 				dirs[job] = leaveStore(t, root, job)
 			}
+			age(t, dirs["13"], 2*maxAge)
 			own, err := tmpfs.Open(tmpfs.Options{Root: root, JobID: "7"}) // this agent's store, open
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer own.Close()
 			dirs["7"] = own.Dir()
+			age(t, dirs["7"], 2*maxAge)
 			running, err := tmpfs.Open(tmpfs.Options{Root: root, JobID: "10"}) // another job's live agent
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer running.Close()
+			age(t, dirs["10"], 2*maxAge)
 
 			var buf logtest.Buffer
-			collectOnStart(context.Background(), root, os.Getuid(), "7", tc.jobs, zerolog.New(&buf))
+			collectOnStart(context.Background(), root, "", os.Getuid(), "7", tc.maxAge, zerolog.New(&buf))
 			for job, dir := range dirs {
 				_, err := os.Stat(dir)
-				wantGone := strings.Contains(" "+strings.Join(tc.gone, " ")+" ", " "+job+" ")
+				wantGone := slices.Contains(tc.gone, job)
 				if gone := errors.Is(err, os.ErrNotExist); gone != wantGone {
 					t.Errorf("job %s: removed = %v, want %v", job, gone, wantGone)
 				}
@@ -107,30 +100,38 @@ func TestCollectOnStart(t *testing.T) {
 					summaries = append(summaries, l)
 				}
 			}
-			if len(summaries) != 1 || !strings.Contains(summaries[0], `"event":"`+tc.summary+`"`) || !strings.Contains(summaries[0], tc.log) {
-				t.Fatalf("summary lines %q, want one %s naming %q; log:\n%s", summaries, tc.summary, tc.log, buf.String())
+			if tc.summary == "" {
+				if len(summaries) != 0 {
+					t.Fatalf("summary lines %q, want none", summaries)
+				}
+				return
+			}
+			if len(summaries) != 1 || !strings.Contains(summaries[0], `"event":"gc_done"`) || !strings.Contains(summaries[0], tc.summary) {
+				t.Fatalf("summary lines %q, want one gc_done naming %q; log:\n%s", summaries, tc.summary, buf.String())
 			}
 		})
 	}
 }
 
 // TestAgentStartCollectsGarbage: reft-agent, started as the job's user,
-// asks Slurm (squeue and scontrol stand-ins on its PATH) and removes the
-// user's data of a job Slurm no longer knows, keeping a pending one, a
-// requeueable one and its own.
+// removes the user's store that sat unchanged beyond store.max_age and
+// keeps a younger one and its own, without running squeue or asking
+// scontrol about other jobs (finding 6 of issue 14: every agent of every
+// job asking slurmctld at once).
 func TestAgentStartCollectsGarbage(t *testing.T) {
 	f := newAgentFixture(t, "")
 	bin := filepath.Join(f.dir, "bin")
 	os.Mkdir(bin, 0o755)
+	asked := filepath.Join(f.dir, "asked")
+	os.WriteFile(asked, nil, 0o666)
+	os.Chmod(asked, 0o666)
 	for name, body := range map[string]string{
-		"squeue": "printf '6 PENDING\\n8 NODE_FAIL\\n'\n",
-		// -o show job ID; anything else (the job watch) fails like an
-		// unreachable slurmctld, which the agent survives.
-		"scontrol": `[ "$2 $3" = "show job" ] || { echo "Unable to contact slurm controller" >&2; exit 1; }
-case "$4" in
-8) echo "JobId=8 JobState=NODE_FAIL Requeue=1" ;;
-*) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;;
-esac
+		"squeue": "echo squeue \"$@\" >>" + asked + "\nprintf '6 PENDING\\n8 NODE_FAIL\\n'\n",
+		// -o show job ID about another job is the herd; the job watch
+		// (show job 7) fails like an unreachable slurmctld, which the
+		// agent survives.
+		"scontrol": `[ "$4" = "7" ] || echo scontrol "$@" >>` + asked + `
+echo "Unable to contact slurm controller" >&2; exit 1
 `,
 	} {
 		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"+body), 0o755); err != nil {
@@ -139,12 +140,13 @@ esac
 	}
 	user := filepath.Join(f.dir, "shm", strconv.Itoa(nobody))
 	dirs := map[string]string{}
-	for _, job := range []string{"5", "6", "8"} {
+	for _, job := range []string{"5", "6"} {
 		dirs[job] = filepath.Join(user, job)
 		os.MkdirAll(filepath.Join(dirs[job], "r0", "state"), 0o700)
 		os.WriteFile(filepath.Join(dirs[job], "r0", "state", "arena-0"), make([]byte, 4096), 0o600)
 		filepath.Walk(dirs[job], func(p string, _ os.FileInfo, _ error) error { return os.Chown(p, nobody, nobody) })
 	}
+	age(t, dirs["5"], 100*time.Hour) // beyond the default max_age of 72h
 	cmd := exec.Command(f.bin, "--config", f.cfg, "--job", "7", "--node", "n9", "--spec", "arc", "--uid", strconv.Itoa(nobody))
 	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
@@ -161,7 +163,7 @@ esac
 		}
 		logData, _ = os.ReadFile(logFile)
 	}
-	for job, wantGone := range map[string]bool{"5": true, "6": false, "8": false} {
+	for job, wantGone := range map[string]bool{"5": true, "6": false} {
 		if _, err := os.Stat(dirs[job]); errors.Is(err, os.ErrNotExist) != wantGone {
 			t.Errorf("job %s: removed = %v, want %v (err %v)", job, !wantGone, wantGone, err)
 		}
@@ -169,8 +171,11 @@ esac
 	if _, err := os.Stat(filepath.Join(user, "7")); err != nil {
 		t.Errorf("the agent's own store: %v", err)
 	}
-	if !strings.Contains(string(logData), `"removed":1`) || !strings.Contains(string(logData), "Slurm no longer knows the job") {
+	if !strings.Contains(string(logData), `"removed":1`) || !strings.Contains(string(logData), "beyond store.max_age") {
 		t.Errorf("agent log:\n%s", logData)
+	}
+	if b, _ := os.ReadFile(asked); len(b) > 0 {
+		t.Errorf("the agent asked slurmctld about other jobs at start:\n%s", b)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {

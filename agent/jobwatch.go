@@ -14,10 +14,12 @@ type jobStater interface {
 
 // liveJobStates are the states in which a job's steps may still use its
 // agents. In any other state (ended, or PENDING after a requeue: its next
-// run starts agents of its own) the agent stops.
+// run starts agents of its own) the agent stops. COMPLETING is not live:
+// the job's steps are gone, and the job epilog on this node waits for the
+// agent to let go of the store before it removes it (spank/plugin/epilog.go).
 var liveJobStates = map[string]bool{
 	"RUNNING": true, "SUSPENDED": true, "CONFIGURING": true, "RESIZING": true,
-	"SIGNALING": true, "STAGE_OUT": true, "COMPLETING": true,
+	"SIGNALING": true, "STAGE_OUT": true,
 }
 
 // watchJob stops the agent (cancel) once slurmctld says its job no longer

@@ -23,7 +23,6 @@ import (
 	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
-	"github.com/reft-hpc/reft/tmpfs/gc"
 )
 
 // MinMemoryBudget is the least snapshot memory an agent starts with.
@@ -51,9 +50,6 @@ type Options struct {
 	// It is injected so that this package, which the SPANK plugin links,
 	// never links NVML.
 	GPU func(ctx context.Context, enabled bool, log zerolog.Logger) func() *proto.GPU
-	// GCJobs is whom the garbage collection at start asks which jobs are
-	// alive; nil: Slurm (squeue, scontrol; [agent] slurm_conf).
-	GCJobs gc.Jobs
 }
 
 // jobWatchInterval is how often the agent asks slurmctld whether its job
@@ -158,16 +154,12 @@ func Run(ctx context.Context, o Options) error {
 	}
 	go watchSocket(ctx, cancel, sock, logger)
 	go watchJob(ctx, cancel, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, jobWatchInterval, logger)
-	// In the background: Slurm may be slow to answer, and the steps wait
-	// for this agent's hello. Its own store is open and locked by now.
-	jobs := o.GCJobs
-	if jobs == nil {
-		jobs = gc.Slurm{Conf: cfg.Agent.SlurmConf}
-	}
+	// In the background: the steps wait for this agent's hello. Its own
+	// store is open and locked by now.
 	gcDone := make(chan struct{})
 	go func() {
 		defer close(gcDone)
-		collectOnStart(ctx, cfg.Store.TmpfsRoot, o.UID, o.Job, jobs, logger)
+		collectOnStart(ctx, cfg.Store.TmpfsRoot, cfg.Store.HugeTLBFS, o.UID, o.Job, time.Duration(cfg.Store.MaxAge), logger)
 	}()
 	err = srv.Serve(ctx)
 	srv.Close()
@@ -267,10 +259,19 @@ func takeLock(path string) (*os.File, error) {
 // when it does not).
 func openStore(cfg config.Config, job string, budget uint64, persisting bool, log zerolog.Logger) (*tmpfs.Store, error) {
 	m := new(hostmem.Metrics)
-	b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: int64(budget)}}, m)
+	// The snapshots are charged to the job's cgroup (the agent touches
+	// every arena page): its memory limit caps the budget too.
+	jobLimit, err := hostmem.CgroupMemoryLimit("/proc/self/cgroup", "/sys/fs/cgroup")
+	if err != nil {
+		log.Warn().Err(err).Str("event", "job_memory_limit_unknown").
+			Msg("cannot read the job's memory limit (its cgroup); the snapshot budget is memory_budget alone")
+	}
+	b, err := hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: int64(budget)}, Job: jobLimit}, m)
 	if err != nil {
 		return nil, fmt.Errorf("memory budget: %w", err)
 	}
+	log.Info().Str("event", "memory_budget").Int64("bytes", b.Limit()).Str("set_by", b.LimitFrom()).
+		Msgf("snapshot memory budget on this node: %s, set by %s", hostmem.FormatBytes(b.Limit()), b.LimitFrom())
 	// No GPU registrar here: the agent never copies to or from a device.
 	// The rank does, so the client registers its own mappings of the
 	// arenas (hostmem/cuda); registration is per process and per mapping.

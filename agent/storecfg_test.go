@@ -110,14 +110,19 @@ func TestStoreHugeTLBFSConfig(t *testing.T) {
 	if !ok {
 		t.Fatal("no generation committed")
 	}
-	target, err := os.Readlink(g.ArenaPath)
-	if err != nil || !strings.HasPrefix(target, huge+"/") {
-		t.Fatalf("arena %s links to %q (%v), want a file on the hugetlbfs mount %s", g.ArenaPath, target, err, huge)
+	// Ranks are told the file itself, in the user's directory on the
+	// mount; the store keeps a link to it.
+	if fi, err := os.Lstat(g.ArenaPath); err != nil || !fi.Mode().IsRegular() || !strings.HasPrefix(g.ArenaPath, filepath.Join(huge, strconv.Itoa(os.Getuid()))+"/") {
+		t.Fatalf("arena %s (%v): want a regular file in the user's directory on the hugetlbfs mount %s", g.ArenaPath, err, huge)
+	}
+	link := strings.TrimPrefix(g.ArenaPath, filepath.Join(huge, strconv.Itoa(os.Getuid())))
+	if target, err := os.Readlink(link); err != nil || target != g.ArenaPath {
+		t.Fatalf("store link %s -> %q (%v), want %s", link, target, err, g.ArenaPath)
 	}
 	if m := st.Allocator().Metrics(); m.HugePageArenas.Load() < 1 {
 		t.Fatalf("HugePageArenas = %d, want the hugetlbfs arenas counted", m.HugePageArenas.Load())
 	}
-	if !strings.HasPrefix(g.ArenaPath, filepath.Join(root, "0")) {
-		t.Fatalf("arena path %s is not in the store root %s", g.ArenaPath, root)
+	if !strings.HasPrefix(link, filepath.Join(root, "0")) {
+		t.Fatalf("arena link %s is not in the store root %s", link, root)
 	}
 }

@@ -93,17 +93,27 @@ func (a *arenas) get(path string, size int64, write bool) ([]byte, error) {
 	if write {
 		flag, prot = os.O_RDWR, unix.PROT_READ|unix.PROT_WRITE
 	}
-	f, err := os.OpenFile(path, flag, 0)
+	// Never through a symlink, and only the rank's own regular file: the
+	// path comes from the agent's store, and a rank must not map (and
+	// write its snapshots into) a file someone else planted there;
+	// O_NONBLOCK: a FIFO in its place must not hang the rank.
+	f, err := os.OpenFile(path, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, fmt.Errorf("opening arena %s: it is a symlink; an arena is a regular file of this user: %w", path, err)
+		}
 		return nil, fmt.Errorf("opening arena: %w", err)
 	}
 	defer f.Close() // the mapping outlives the descriptor
-	st, err := f.Stat()
-	if err != nil {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, fmt.Errorf("arena %s: %w", path, err)
 	}
-	if st.Size() < size {
-		return nil, fmt.Errorf("arena %s holds %d bytes, the agent says %d", path, st.Size(), size)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() {
+		return nil, fmt.Errorf("arena %s is not a regular file of this user (uid %d, mode %#o); refusing to map it: the agent's store has been tampered with", path, st.Uid, st.Mode)
+	}
+	if st.Size < size {
+		return nil, fmt.Errorf("arena %s holds %d bytes, the agent says %d", path, st.Size, size)
 	}
 	// MAP_POPULATE builds the page tables now: the pages already exist
 	// (the agent preallocates arenas), and faulting them in one by one

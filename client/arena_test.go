@@ -1,11 +1,15 @@
 package client
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestArenaCache(t *testing.T) {
@@ -71,5 +75,56 @@ func TestDefaultRegistrarWithoutCUDA(t *testing.T) {
 	}
 	if maps, err := os.ReadFile("/proc/self/maps"); err != nil || strings.Contains(string(maps), "libcudart") {
 		t.Fatalf("libcudart mapped into the process (%v)", err)
+	}
+}
+
+// TestArenaRefusesPlanted: a rank maps only its own regular file, never
+// through a symlink (issue 14, finding 7): a link or a FIFO in the arena's
+// place, or another user's file, is refused at once, with a message.
+func TestArenaRefusesPlanted(t *testing.T) {
+	tests := []struct {
+		name  string
+		root  bool // needs root (chown)
+		plant func(t *testing.T, dir, p string)
+		want  string
+	}{
+		{"symlink to another file", false, func(t *testing.T, dir, p string) {
+			other := filepath.Join(dir, "other")
+			os.WriteFile(other, make([]byte, 8192), 0o600)
+			os.Symlink(other, p)
+		}, "symlink"},
+		{"FIFO", false, func(t *testing.T, dir, p string) {
+			if err := unix.Mkfifo(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, "not a regular file"},
+		{"another user's file", true, func(t *testing.T, dir, p string) {
+			os.WriteFile(p, make([]byte, 8192), 0o666)
+			os.Chown(p, 4242, 4242)
+		}, "not a regular file of this user"},
+	}
+	for _, tc := range tests {
+		for _, write := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/write=%v", tc.name, write), func(t *testing.T) {
+				if tc.root && os.Geteuid() != 0 {
+					t.Skip("needs root to give a file to another uid")
+				}
+				dir := t.TempDir()
+				p := filepath.Join(dir, "arena-0")
+				tc.plant(t, dir, p)
+				a := newArenas(nil, func(string) {})
+				defer a.unmapAll()
+				done := make(chan error, 1)
+				go func() { _, err := a.get(p, 4096, write); done <- err }()
+				select {
+				case err := <-done:
+					if err == nil || !strings.Contains(err.Error(), tc.want) {
+						t.Fatalf("get = %v; want a refusal naming %q", err, tc.want)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("get blocked on the planted file")
+				}
+			})
+		}
 	}
 }

@@ -104,6 +104,15 @@ func (r *Arena) Size() int64 { return r.size }
 // Path is the arena's path in the store.
 func (r *Arena) Path() string { return r.path }
 
+// FilePath is the arena file itself: on hugetlbfs the file the store's
+// link names, else Path. Ranks map this one: they open it with O_NOFOLLOW.
+func (r *Arena) FilePath() string {
+	if r.target != "" {
+		return r.target
+	}
+	return r.path
+}
+
 // File is the open arena file, e.g. to pass to a rank with SCM_RIGHTS.
 func (r *Arena) File() *os.File { return r.f }
 
@@ -125,9 +134,19 @@ func (a *Allocator) Create(path string, size int64, o Owner) (_ *Arena, err erro
 	file := path
 	if a.hugeSize > 0 {
 		r.size = roundUp(size, a.hugeSize)
+		// <mount><store path>: under the plugin's root-made (0755)
+		// <mount><tmpfs_root>/<uid>/, the user's own from there down
+		// (docs/SECURITY.md). The mount may be world-writable (1777), so
+		// another user may have made any name in it first: every existing
+		// directory on the way must be root's or the owner's, writable by
+		// nobody else, or it is refused.
+		uid := o.UID
+		if uid < 0 {
+			uid = os.Geteuid()
+		}
 		file = filepath.Join(a.cfg.HugeTLBDir, path)
 		r.target = file
-		if err := mkdirOwned(a.cfg.HugeTLBDir, filepath.Dir(file), o); err != nil {
+		if err := mkdirOwned(a.cfg.HugeTLBDir, filepath.Dir(file), o, uid); err != nil {
 			return nil, err
 		}
 	} else {
@@ -148,7 +167,7 @@ func (a *Allocator) Create(path string, size int64, o Owner) (_ *Arena, err erro
 			}
 		}
 	}()
-	r.f, err = os.OpenFile(file, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	r.f, err = os.OpenFile(file, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("hostmem: create arena: %w", err)
 	}
@@ -414,24 +433,36 @@ func mapOpen(f *os.File, name string, o MapOptions) (*Arena, error) {
 }
 
 // mkdirOwned makes dir and its missing parents below base, 0700 and owned
-// by o.
-func mkdirOwned(base, dir string, o Owner) error {
+// by o. An existing one must be a real directory (no symlink) of root (the
+// plugin's) or uid that nobody else may write: base may be a
+// world-writable hugetlbfs mount, where
+// another user could have made the name first to watch or swap the
+// arenas. Such a directory is refused, never used.
+func mkdirOwned(base, dir string, o Owner, uid int) error {
 	if dir == base || dir == "/" || dir == "." {
 		return nil
 	}
-	if _, err := os.Lstat(dir); err == nil {
-		return nil
-	}
-	if err := mkdirOwned(base, filepath.Dir(dir), o); err != nil {
+	if err := mkdirOwned(base, filepath.Dir(dir), o, uid); err != nil {
 		return err
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil && !os.IsExist(err) {
+	if err := os.Mkdir(dir, 0o700); err == nil {
+		if o.UID >= 0 && o.UID != os.Geteuid() {
+			if err := os.Lchown(dir, o.UID, o.GID); err != nil {
+				return fmt.Errorf("hostmem: give %s to uid %d: %w", dir, o.UID, err)
+			}
+		}
+		return nil
+	} else if !os.IsExist(err) {
 		return fmt.Errorf("hostmem: make directory: %w", err)
 	}
-	if o.UID >= 0 && o.UID != os.Geteuid() {
-		if err := os.Lchown(dir, o.UID, o.GID); err != nil {
-			return fmt.Errorf("hostmem: give %s to uid %d: %w", dir, o.UID, err)
-		}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("hostmem: inspect %s: %w", dir, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || (int(st.Uid) != uid && st.Uid != 0) || st.Mode&0o022 != 0 {
+		return fmt.Errorf("hostmem: refusing hugetlbfs directory %s: it must be a directory of root or uid %d that nobody else may write, "+
+			"but is uid %d mode %#o (type %#o); another user may have made it to watch or swap this user's arenas: an administrator must remove it",
+			dir, uid, st.Uid, st.Mode&0o7777, st.Mode&unix.S_IFMT)
 	}
 	return nil
 }

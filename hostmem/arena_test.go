@@ -290,8 +290,8 @@ func TestHugeTLBFS(t *testing.T) {
 	if r.Size() != 2<<20 {
 		t.Fatalf("size %d, want one 2 MiB huge page", r.Size())
 	}
-	if target, err := os.Readlink(path); err != nil || !strings.HasPrefix(target, huge) {
-		t.Fatalf("store path should link into hugetlbfs: %q %v", target, err)
+	if target, err := os.Readlink(path); err != nil || target != filepath.Join(huge, path) || target != r.FilePath() {
+		t.Fatalf("store path should link to its path below the hugetlbfs mount: %q (FilePath %q) %v", target, r.FilePath(), err)
 	}
 	copy(r.Bytes(), "huge")
 	rank, err := MapShared(path, MapOptions{})
@@ -413,6 +413,60 @@ func TestTransparentHugePages(t *testing.T) {
 			}
 			if got := slices.Contains(flags, "hg"); got != tc.advised {
 				t.Errorf("VmFlags %v: advised huge pages (hg) = %v, want %v", flags, got, tc.advised)
+			}
+		})
+	}
+}
+
+// TestHugeTLBFSForeignDirs: the hugetlbfs mount is 1777, so another user
+// (reft-bob) can make names in it before the job's agent does (issue 14,
+// finding 7). A directory on the arena's way that is not the owner's own,
+// or is a symlink, is refused with a message naming it, and nothing is
+// created through it.
+func TestHugeTLBFSForeignDirs(t *testing.T) {
+	const alice, bob = 1000, 4242
+	tests := []struct {
+		name  string
+		plant func(t *testing.T, huge, outside, store string)
+	}{
+		{"uid directory of another user", func(t *testing.T, huge, outside, store string) {
+			for _, d := range []string{filepath.Join(huge, strconv.Itoa(alice)), filepath.Join(huge, strings.Split(store, "/")[1])} {
+				os.Mkdir(d, 0o777)
+				os.Chmod(d, 0o777)
+				os.Chown(d, bob, bob)
+			}
+		}},
+		// (hugetlbfs refuses symlinks, EINVAL; the code refuses them too)
+		{"uid name taken by a file", func(t *testing.T, huge, outside, store string) {
+			for _, p := range []string{filepath.Join(huge, strconv.Itoa(alice)), filepath.Join(huge, strings.Split(store, "/")[1])} {
+				if err := unix.Mkfifo(p, 0o666); err != nil {
+					t.Fatal(err)
+				}
+				os.Chown(p, bob, bob)
+			}
+		}},
+		{"uid directory others may write", func(t *testing.T, huge, outside, store string) {
+			for _, d := range []string{filepath.Join(huge, strconv.Itoa(alice)), filepath.Join(huge, strings.Split(store, "/")[1])} {
+				os.Mkdir(d, 0o777)
+				os.Chmod(d, 0o777)
+				os.Chown(d, alice, alice)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			huge := mountFS(t, "hugetlbfs", "mode=1777")
+			outside, store := t.TempDir(), t.TempDir()
+			tc.plant(t, huge, outside, store)
+			a := newAlloc(t, Config{HugeTLBDir: huge})
+			_, err := a.Create(filepath.Join(store, "arena-0"), 1<<20, Owner{UID: alice, GID: alice})
+			if err == nil || !strings.Contains(err.Error(), "refusing hugetlbfs directory") {
+				t.Fatalf("Create = %v; want it to refuse the planted directory", err)
+			}
+			var left []string
+			filepath.Walk(huge, func(p string, _ os.FileInfo, _ error) error { left = append(left, p); return nil })
+			if len(left) != 3 {
+				t.Errorf("Create left %v on the mount; want only the planted names", left)
 			}
 		})
 	}

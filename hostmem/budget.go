@@ -63,6 +63,9 @@ type BudgetConfig struct {
 	// ProcFS is where procfs is mounted; "" means /proc. Tests point it at
 	// a fake meminfo.
 	ProcFS string
+	// Job, when set, is the job's own memory limit (its cgroup, which the
+	// snapshots are charged to): the budget never exceeds it.
+	Job JobLimit
 }
 
 // Budget is the memory an agent may hold in arenas. It refuses an
@@ -72,6 +75,7 @@ type Budget struct {
 	fs       procfs.FS
 	cap      Cap
 	limit    int64
+	from     string // which limit applied, for messages
 	headroom int64
 	metrics  *Metrics
 
@@ -83,6 +87,9 @@ type Budget struct {
 type BudgetError struct {
 	Asked, InUse, Limit int64
 	Cap                 Cap
+	// From says which limit applied: memory_budget, or the job's memory
+	// limit (its cgroup).
+	From string
 	// Available and Headroom are set when MemAvailable, not the cap,
 	// refused the allocation.
 	Available, Headroom int64
@@ -93,8 +100,16 @@ func (e *BudgetError) Error() string {
 		return fmt.Sprintf("hostmem: refusing %s: only %s of the node's memory is available (MemAvailable) and %s stays free so the node cannot run out of memory (%s in use, budget %s); free memory on the node or protect less state",
 			FormatBytes(e.Asked), FormatBytes(e.Available), FormatBytes(e.Headroom), FormatBytes(e.InUse), FormatBytes(e.Limit))
 	}
-	return fmt.Sprintf("hostmem: refusing %s: %s in use + %s asked exceeds the memory budget of %s (memory_budget = %s); raise memory_budget in reft.toml or protect less state",
-		FormatBytes(e.Asked), FormatBytes(e.InUse), FormatBytes(e.Asked), FormatBytes(e.Limit), e.Cap)
+	from := e.From
+	if from == "" {
+		from = fmt.Sprintf("memory_budget = %s in reft.toml", e.Cap)
+	}
+	hint := "raise memory_budget in reft.toml or protect less state"
+	if strings.HasPrefix(from, "the job's") {
+		hint = "ask Slurm for more memory (--mem) or protect less state: the snapshots count against the job's memory"
+	}
+	return fmt.Sprintf("hostmem: refusing %s: %s in use + %s asked exceeds the memory budget of %s (set by %s); %s",
+		FormatBytes(e.Asked), FormatBytes(e.InUse), FormatBytes(e.Asked), FormatBytes(e.Limit), from, hint)
 }
 
 func (e *BudgetError) Unwrap() error { return ErrOverBudget }
@@ -121,6 +136,11 @@ func NewBudget(cfg BudgetConfig, m *Metrics) (*Budget, error) {
 	if b.limit <= 0 {
 		b.limit = int64(math.Floor(cfg.Cap.Fraction * float64(total)))
 	}
+	b.from = fmt.Sprintf("memory_budget = %s in reft.toml", cfg.Cap)
+	if j := cfg.Job; j.Bytes > 0 && j.Bytes < b.limit {
+		b.limit = j.Bytes
+		b.from = fmt.Sprintf("the job's memory limit, %s in %s", FormatBytes(j.Bytes), j.Where)
+	}
 	b.headroom = cfg.Headroom
 	if b.headroom <= 0 {
 		b.headroom = min(max(total/20, 64<<20), 1<<30)
@@ -146,6 +166,9 @@ func (b *Budget) meminfo() (total, avail int64, err error) {
 // Limit is the cap in bytes.
 func (b *Budget) Limit() int64 { return b.limit }
 
+// LimitFrom says which limit applied: memory_budget or the job's own.
+func (b *Budget) LimitFrom() string { return b.from }
+
 // InUse is what is reserved now.
 func (b *Budget) InUse() int64 {
 	b.mu.Lock()
@@ -159,7 +182,7 @@ func (b *Budget) Reserve(n int64) error {
 	defer b.mu.Unlock()
 	if b.inUse+n > b.limit {
 		b.metrics.BudgetRefusals.Add(1)
-		return &BudgetError{Asked: n, InUse: b.inUse, Limit: b.limit, Cap: b.cap}
+		return &BudgetError{Asked: n, InUse: b.inUse, Limit: b.limit, Cap: b.cap, From: b.from}
 	}
 	// MemAvailable already excludes what this store holds in tmpfs, so the
 	// new allocation alone must fit in it.
@@ -169,7 +192,7 @@ func (b *Budget) Reserve(n int64) error {
 	}
 	if avail-n < b.headroom {
 		b.metrics.BudgetRefusals.Add(1)
-		return &BudgetError{Asked: n, InUse: b.inUse, Limit: b.limit, Cap: b.cap, Available: avail, Headroom: b.headroom}
+		return &BudgetError{Asked: n, InUse: b.inUse, Limit: b.limit, Cap: b.cap, From: b.from, Available: avail, Headroom: b.headroom}
 	}
 	b.inUse += n
 	b.metrics.BudgetInUseBytes.Store(b.inUse)

@@ -1104,4 +1104,43 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/* ---- job epilog: free the job's snapshot store (issue 14, finding 6) -- */
+
+typedef int (*job_epilog_fn)(char *, uint32_t, uint32_t, char *, int, char *, int);
+
+/* Job epilog (slurmd runs it as root, in its own `slurmstepd spank epilog`
+ * process, on every node of the job as the job ends there): remove the
+ * job's store on this node unless Slurm requeued the job, and every store
+ * past store.max_age (reft_go_job_epilog, spank/plugin/epilog.go). Runs for
+ * every job: a step's --reft leaves a store the job's option does not
+ * show. Never fails: a failing epilog drains the node. */
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+	uint32_t job = 0, uid = 0;
+	char out[1024] = "", err[2048] = "";
+	job_epilog_fn fn;
+
+	parse_args(ac, av); /* no slurm_spank_init in this context */
+	if (g_disabled[0])
+		return 0; /* logged by parse_args */
+	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS)
+		return 0;
+	if (load_go(err, sizeof(err)) != 0) {
+		slurm_error("reft: job %u epilog: %s", job, err);
+		return 0;
+	}
+	fn = (job_epilog_fn) dlsym(go.handle, "reft_go_job_epilog");
+	if (!fn) {
+		slurm_error("reft: job %u epilog: %s lacks reft_go_job_epilog: plugin and library are from different builds",
+			    job, GO_LIB_NAME);
+		return 0;
+	}
+	if (CALL_GO(fn(g_config, job, uid, out, sizeof(out), err, sizeof(err))) != 0)
+		slurm_error("reft: job %u epilog: %s%s%s", job, out, out[0] ? "; " : "", err);
+	else if (out[0])
+		slurm_info("reft: job %u epilog: %s", job, out);
+	return 0;
+}
+
 #pragma GCC visibility pop

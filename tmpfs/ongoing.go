@@ -206,7 +206,7 @@ func (o *Ongoing) Arena() *hostmem.Arena { return o.slot.arena }
 // ArenaPath is the arena file for a rank to map with hostmem.MapShared (or
 // pass Arena().File() to it with SCM_RIGHTS). The path is reused by later
 // generations, so a rank can keep its mapping.
-func (o *Ongoing) ArenaPath() string { return o.slot.arena.Path() }
+func (o *Ongoing) ArenaPath() string { return o.slot.arena.FilePath() }
 
 // Buffer is the arena's region for one buffer.
 func (o *Ongoing) Buffer(name string) ([]byte, error) {
@@ -318,7 +318,11 @@ func (s *Store) view(ks *keyState, g *gen) Generation {
 		m.Buffers[i] = b
 	}
 	m.Sources, m.Regions = slices.Clone(g.m.Sources), slices.Clone(g.m.Regions)
-	return Generation{Key: ks.key, Step: g.m.Step, Seq: g.m.Seq, Bad: g.bad, ArenaPath: filepath.Join(ks.dir, g.m.Arena), Manifest: m}
+	path := filepath.Join(ks.dir, g.m.Arena)
+	if sl := ks.arenas[g.m.Arena]; sl != nil && sl.arena != nil {
+		path = sl.arena.FilePath() // the file itself, for ranks that open it with O_NOFOLLOW
+	}
+	return Generation{Key: ks.key, Step: g.m.Step, Seq: g.m.Seq, Bad: g.bad, ArenaPath: path, Manifest: m}
 }
 
 // Commit makes the generation completed: the bytes are in place, the

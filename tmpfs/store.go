@@ -196,7 +196,7 @@ func (s *Store) mkdir(d string) error {
 }
 
 func (s *Store) takeLock() error {
-	f, err := os.OpenFile(filepath.Join(s.dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(filepath.Join(s.dir, LockName), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("tmpfs: open lock: %w", err)
 	}

@@ -56,6 +56,11 @@ type Store struct {
 	// Keep is how many older completed generations per rank the store
 	// keeps, on top of the ones the agent always keeps.
 	Keep int `toml:"keep"`
+	// MaxAge is how long a job's store may sit unchanged on a node before
+	// any garbage collection (the job epilog, an agent's start, `reft gc`)
+	// removes it whatever Slurm says: the net under every job end the
+	// epilog missed. 0 disables it.
+	MaxAge Duration `toml:"max_age"`
 }
 
 // Persist is the persistent (shared filesystem) checkpoint.
@@ -250,6 +255,7 @@ func Default() Config {
 		Store: Store{
 			TmpfsRoot:    "/dev/shm/reft",
 			MemoryBudget: MemoryBudget{Fraction: 0.5},
+			MaxAge:       Duration(72 * time.Hour),
 		},
 		// JIT section 6.5: f = 2e-3 per GPU-day (OPT-175B), 8 GPUs a node.
 		Persist: Persist{FailuresPerNodeDay: 0.016},
@@ -349,6 +355,9 @@ func (c Config) Validate() error {
 		if e != nil {
 			return e
 		}
+	}
+	if c.Store.MaxAge < 0 {
+		return fmt.Errorf("store.max_age = %s: want a duration >= 0 (0 disables the age limit)", time.Duration(c.Store.MaxAge))
 	}
 	if c.Store.Keep < 0 {
 		return fmt.Errorf("store.keep = %d: want the number of older completed generations to keep, >= 0", c.Store.Keep)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -287,5 +288,46 @@ func TestCommand(t *testing.T) {
 	}
 	if code := Command([]string{"--bogus"}, &out, &errb); code != 2 {
 		t.Fatalf("bad flag: exit %d", code)
+	}
+}
+
+// TestCollectMaxAge: a store unchanged beyond MaxAge goes whatever Slurm
+// says (a pending job's too); a younger one is decided by Slurm, or kept
+// without asking when no Jobs is given (an agent's start, the epilog).
+func TestCollectMaxAge(t *testing.T) {
+	now := time.Now()
+	jobs := &fakeJobs{list: map[string]Job{"1": {State: "PENDING"}, "2": {State: "PENDING"}}}
+	tests := []struct {
+		name    string
+		jobs    Jobs
+		removed map[string]bool
+		reason  map[string]string
+	}{
+		{"with Slurm", jobs, map[string]bool{"1": true, "2": false},
+			map[string]string{"1": "beyond store.max_age", "2": "job PENDING"}},
+		{"without Slurm", nil, map[string]bool{"1": true, "2": false},
+			map[string]string{"1": "beyond store.max_age", "2": "Slurm not asked"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "reft")
+			old := makeJob(t, root, "1")
+			makeJob(t, root, "2")
+			past := now.Add(-3 * time.Hour)
+			filepath.Walk(old, func(p string, _ os.FileInfo, _ error) error { return os.Chtimes(p, past, past) })
+			decs, err := Collect(context.Background(), Options{Root: root, UID: -1, MaxAge: 2 * time.Hour, Jobs: tc.jobs,
+				Log: zerolog.Nop(), Now: func() time.Time { return now }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range decs {
+				if d.Remove != tc.removed[d.Dir.JobID] || !strings.Contains(d.Reason, tc.reason[d.Dir.JobID]) {
+					t.Errorf("job %s: remove=%v (%s), want %v (%s)", d.Dir.JobID, d.Remove, d.Reason, tc.removed[d.Dir.JobID], tc.reason[d.Dir.JobID])
+				}
+			}
+			if _, err := os.Stat(old); !os.IsNotExist(err) {
+				t.Errorf("the old store is still there (%v)", err)
+			}
+		})
 	}
 }

@@ -6,8 +6,10 @@ device-to-host copy into an arena is a DMA rather than a copy through the
 runtime's bounce buffer; see _cuda_runtime for when."""
 
 import ctypes
+import errno
 import mmap
 import os
+import stat
 import sys
 
 from ._errors import Error
@@ -43,15 +45,26 @@ class Mapping:
         if size <= 0:
             raise Error("the agent named arena %s with size %d; an arena has at least one page"
                         % (path, size))
-        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
+        # Never through a symlink, and only this user's own regular file:
+        # the path comes from the agent's store, and a rank must not map
+        # (and write its snapshots into) a file someone else planted there;
+        # O_NONBLOCK: a FIFO in its place must not hang the rank.
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
             fd = os.open(path, flags)
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise Error("snapshot arena %s is a symlink; an arena is a regular file of this "
+                            "user: refusing to map it" % (path,)) from None
             raise Error("cannot open the snapshot arena %s: [Errno %s] %s; the agent and this "
                         "rank must run as the same user on the same node"
                         % (path, e.errno, e.strerror)) from None
         try:
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise Error("snapshot arena %s is not a regular file of this user (uid %d, mode "
+                            "%o): refusing to map it; the agent's store has been tampered with"
+                            % (path, st.st_uid, st.st_mode))
             if st.st_size < size:
                 raise Error("snapshot arena %s has %d bytes, the agent said %d; the store is "
                             "inconsistent, see the agent's log" % (path, st.st_size, size))
@@ -130,7 +143,7 @@ class ArenaCache:
         m = self._maps.get(path)
         if m is not None:
             try:
-                st = os.stat(path)
+                st = os.stat(path, follow_symlinks=False)
                 same = (st.st_dev, st.st_ino) == m.ident
             except OSError:
                 same = False
