@@ -97,6 +97,7 @@ sharded_optimizer=True registers the optimizer state as not replicated
 Only CPU tensors are supported; this module imports torch, reft does not.
 """
 
+import ctypes
 import hashlib
 import types
 import warnings
@@ -108,7 +109,10 @@ except ImportError as e:  # reft itself needs no torch; this adapter does
     raise ImportError("reft.torch needs PyTorch (%s): install it (pip install torch, or Debian's "
                       "python3-torch) or use reft.Session directly" % e) from e
 
+import numpy
+
 from ._errors import Error
+from ._streams import CpuStreams, CudaStreams
 from .session import Session, common_newest
 
 __all__ = ["Checkpointer"]
@@ -127,18 +131,24 @@ def _dist():
 
 
 def _bytes_view(what, t):
-    """A writable, C-contiguous uint8 numpy view of t's memory (no copy)."""
-    if t.device.type != "cpu":
-        raise Error("reft.torch: %s is on %s; reft.torch snapshots CPU tensors only (the copy "
-                    "reads host memory): keep the model and optimizer on the CPU" % (what, t.device))
+    """A writable, C-contiguous uint8 numpy view of a CPU tensor's memory
+    (no copy): the meta tensor's registration."""
+    return t.detach().view(-1).view(torch.uint8).numpy()
+
+
+def _check_tensor(what, t):
     if t.layout != torch.strided:
         raise Error("reft.torch: %s is a %s tensor; only dense (strided) tensors can be "
                     "snapshotted" % (what, t.layout))
-    if not t.is_contiguous():
-        raise Error("reft.torch: %s is not contiguous (strides %s); make it contiguous before "
-                    "creating the Checkpointer (e.g. param.data = param.data.contiguous())"
-                    % (what, tuple(t.stride())))
-    return t.detach().view(-1).view(torch.uint8).numpy()
+    if t.device.type not in ("cpu", "cuda"):
+        raise Error("reft.torch: %s is on %s; reft.torch snapshots CPU and CUDA tensors"
+                    % (what, t.device))
+
+
+def _flat(t):
+    """t's bytes as a flat uint8 tensor: a view when t is contiguous."""
+    return t.detach().reshape(-1).view(torch.uint8) if t.is_contiguous() else \
+        t.detach().contiguous().view(-1).view(torch.uint8)
 
 
 def _name(*parts):
@@ -191,13 +201,96 @@ def _materialize(opt):
 class _Entry:
     """One registered tensor. ``tensor`` is what training updates (the
     Parameter itself, to notice param.data = ...); ``addr`` its data address
-    at registration."""
+    at registration (None: not checked, a module buffer); ``copied`` the
+    tensor whose bytes are snapshotted (the staging tensor of a buffer)."""
 
-    __slots__ = ("name", "tensor", "addr", "owner")
+    __slots__ = ("name", "tensor", "addr", "owner", "copied", "_src")
 
-    def __init__(self, name, tensor, owner=None):
+    def __init__(self, name, tensor, owner=None, copied=None, check=True):
         self.name, self.tensor, self.owner = name, tensor, owner
-        self.addr = tensor.data_ptr()
+        self.copied = tensor if copied is None else copied
+        self.addr = tensor.data_ptr() if check else None
+        c = self.copied
+        # A contiguous tensor is copied from its own memory (a cached byte
+        # view); a non-contiguous one is gathered into a contiguous
+        # temporary on the copy stream at every save (one more pass over
+        # its bytes on the device, and a temporary of its size).
+        self._src = c.detach().reshape(-1).view(torch.uint8) if c.is_contiguous() else \
+            (lambda: c.detach().contiguous().view(-1).view(torch.uint8))
+
+    def source(self):
+        if self.addr is not None and self.tensor.data_ptr() != self.addr:
+            raise Error("reft.torch: %s was replaced after the Checkpointer was created "
+                        "(param.data = ..., model.to(), optimizer.load_state_dict(), ...); "
+                        "create the Checkpointer after the model and optimizer have their final "
+                        "tensors" % self.name)
+        return self._src
+
+
+class _Fence:
+    """A save's copies: wait() until they are in the arena (the session's
+    copier thread calls it, the GIL released) and then drops the sources."""
+
+    def __init__(self, streams, done, keep):
+        self._streams, self.done, self._keep = streams, done, keep
+
+    def wait(self):
+        try:
+            self._streams.synchronize(self.done)
+        finally:
+            self._keep = None
+
+
+class _Mover:
+    """Moves a Checkpointer's tensors between their memory and the arena
+    (reft.Session.register_external's mover) through its streams."""
+
+    def __init__(self, streams):
+        self.streams = streams
+        self.mark = None  # event on the compute stream at the last consistent()
+        self.done = None  # the newest copy's done event
+        self._dst = None  # (addr, size, uint8 tensor over the arena)
+
+    def _arena(self, arena):
+        c = self._dst
+        if c is None or c[0] != arena.addr or c[1] != arena.size:
+            # A tensor over the mapping's address, not a buffer export of the
+            # mmap (which would stop the session from unmapping it). The
+            # session maps it for its whole life; registered with the CUDA
+            # runtime when CUDA is in use (reft._arena), so a device-to-host
+            # copy lands in it directly.
+            arr = numpy.ctypeslib.as_array((ctypes.c_uint8 * arena.size).from_address(arena.addr))
+            c = self._dst = (arena.addr, arena.size, torch.from_numpy(arr))
+        return c[2]
+
+    def issue(self, arena, jobs):
+        dst = self._arena(arena)
+        copies = [(e.source(), off, size, dst[at:at + size]) for e, off, size, at in jobs]
+        after = self.mark if self.mark is not None else self.streams.record()
+        done = self.streams.copy(after, copies)
+        self.done = done
+        return _Fence(self.streams, done, copies)
+
+    def fill(self, jobs):
+        groups = {}
+        for e, off, size, view in jobs:
+            groups.setdefault(id(e), (e, []))[1].append((off, size, view))
+        cuda = set()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # frombuffer of the read-only arena: we only read it
+            for e, parts in groups.values():
+                t = e.copied
+                if t.device.type == "cuda":
+                    cuda.add(t.device)
+                direct = t.is_contiguous()
+                flat = _flat(t)  # a copy when not contiguous, written back below
+                for off, size, view in parts:
+                    flat[off:off + size].copy_(torch.frombuffer(view, dtype=torch.uint8))
+                if not direct:
+                    with torch.no_grad():
+                        t.copy_(flat.view(t.dtype).view(t.shape))
+        for d in cuda:
+            torch.cuda.synchronize(d)
 
 
 class Checkpointer:
@@ -207,7 +300,7 @@ class Checkpointer:
     initialized its rank and world size). See the module docstring."""
 
     def __init__(self, model, optimizer=None, session=None, sharded_optimizer=False, *,
-                 optional=False, jit=True):
+                 optional=False, jit=True, streams=None):
         if not isinstance(model, torch.nn.Module):
             raise Error("Checkpointer: model must be a torch.nn.Module, not %s" % type(model).__name__)
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -217,6 +310,7 @@ class Checkpointer:
         self.sharded_optimizer = bool(sharded_optimizer)
         self._pending = None
         self._closed = False
+        self._streams = streams  # None: chosen from the tensors' device in _register
         self._unhook = None
         self._own_session = session is None
         if session is None:
@@ -245,11 +339,14 @@ class Checkpointer:
         self._params, self._buffers, self._state = [], [], []
         fp = hashlib.sha256(b"reft.torch 1\n")
 
-        def add(entry, replicated, view_of=None):
-            t = entry.tensor if view_of is None else view_of
+        pending = []  # (entry, replicated): registered once the streams are known
+
+        def add(entry, replicated):
+            t = entry.copied
+            _check_tensor(entry.name, t)
             fp.update(("%s %s %s\n" % (entry.name, t.dtype, tuple(t.shape))).encode())
             if t.numel():  # an empty tensor has no bytes to keep
-                s.register(entry.name, _bytes_view(entry.name, t), replicated=replicated)
+                pending.append((entry, replicated))
 
         names = {}
         for i, (n, p) in enumerate(self.model.named_parameters()):
@@ -262,8 +359,9 @@ class Checkpointer:
             staging = torch.empty_like(b, memory_format=torch.contiguous_format)
             with torch.no_grad():
                 staging.copy_(b)
-            e = _Entry(_name("buffer", "%d:%s" % (i, n)), b, owner=staging)
-            add(e, True, view_of=staging)
+            e = _Entry(_name("buffer", "%d:%s" % (i, n)), b, owner=staging, copied=staging,
+                       check=False)
+            add(e, True)
             self._buffers.append(e)
 
         opt = self.optimizer
@@ -296,6 +394,18 @@ class Checkpointer:
                     idx += 1
             self._nparams = idx
 
+        devices = {e.copied.device for e, _ in pending if e.copied.device.type == "cuda"}
+        if len(devices) > 1:
+            raise Error("Checkpointer: the state is on %d CUDA devices (%s); reft.torch snapshots "
+                        "one device per rank: one process per GPU (torchrun, srun -n)"
+                        % (len(devices), sorted(str(d) for d in devices)))
+        if self._streams is None:
+            self._streams = CudaStreams(devices.pop()) if devices else CpuStreams()
+        self._mover = _Mover(self._streams)
+        for e, replicated in pending:
+            s.register_external(e.name, e.copied.numel() * e.copied.element_size(), self._mover,
+                                key=e, replicated=replicated)
+
         # meta: magic, format version, step, fingerprint of names, dtypes and shapes.
         self._fingerprint = int.from_bytes(fp.digest()[:8], "little", signed=True)
         self._meta = torch.tensor([_MAGIC, _META_VERSION, -1, self._fingerprint], dtype=torch.int64)
@@ -310,7 +420,7 @@ class Checkpointer:
         def before_step():
             ck = ref()
             if ck is not None and not ck._closed:
-                ck.wait()
+                ck._fence()
                 ck.session.updating()  # waits while a JIT flush copies the state
 
         if hasattr(opt, "register_step_pre_hook"):  # torch >= 2.0
@@ -383,6 +493,25 @@ class Checkpointer:
 
     # --- snapshots -------------------------------------------------------------
 
+    def _fence(self):
+        """Order the next optimizer.step() after the pending copy: on CUDA
+        the compute stream waits for the copy's done event (on the GPU; the
+        host goes on), on the CPU the host waits for the copy. A copy known
+        to have failed raises here (reft.Error), as wait() would."""
+        done = self._mover.done
+        if done is None:
+            return
+        self._streams.fence(done)
+        if getattr(done, "error", None) is not None:  # the CPU stream says so at once
+            self._mover.done = None
+            self.wait()
+            return
+        h = self._pending
+        if h is not None and h.done():
+            self.wait()  # raises if the save failed
+        if self._streams.query(done):
+            self._mover.done = None
+
     def save(self, step):
         """Start a snapshot of the current state as ``step`` (call it after
         optimizer.step() of that step) and return the reft.SaveHandle at
@@ -405,6 +534,7 @@ class Checkpointer:
             for e in self._buffers:
                 e.owner.copy_(e.tensor)
         self._meta[2] = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else -1
+        self._mover.mark = self._streams.record()  # the copies start after the staging
         if self._meta[2] >= 0:
             self.session.consistent(step)
 
@@ -531,6 +661,7 @@ class Checkpointer:
             self.wait()
         finally:
             self._closed = True
+            self._streams.close()
             if self._unhook is not None:
                 self._unhook()
                 self._unhook = None
