@@ -224,6 +224,10 @@ def _by_mover(regions):
     return list(out.values())
 
 
+class _CopyFailed(Exception):
+    """A fence's failure (args[0]), told apart from the connection's."""
+
+
 def _wait_fences(fences):
     """Wait for every fence, ignoring their failures (cleanup after an
     earlier one)."""
@@ -629,14 +633,19 @@ class Session:
             for i, f in enumerate(fences):
                 try:
                     f.wait()
-                except BaseException:
+                except BaseException as e:
                     _wait_fences(fences[i + 1:])
-                    raise
+                    raise _CopyFailed(e) from e
             reply = self._conn.call(W.T_COMMIT, {"step": step})
             handle.seq = reply.get("seq")
             handle.bytes = reply.get("bytes")
             handle.checksum_s = reply.get("checksum_s")
             self._note_committed(step)
+        except _CopyFailed as e:  # an external buffer's copy: the connection is fine
+            self._abort_quietly(step)
+            cause = e.args[0]
+            handle._error = Error("save(%d): %s" % (step, cause.message if isinstance(cause, Error)
+                                                    else "the copy failed: %r" % (cause,)))
         except Error as e:
             if e.code is not None and e.code != "forbidden":
                 self._abort_quietly(step)  # leave no save open on the agent
