@@ -137,9 +137,12 @@ class CudaStreams:
 
     kind = "cuda"
 
-    def __init__(self, device):
+    def __init__(self, device, timing=False):
         self.device = torch.device(device)
         self.stream = torch.cuda.Stream(device=self.device)
+        # timing: done events carry .reft_start, for done.reft_start.elapsed_time(done)
+        # (the copy's own time on the copy stream; tests/gpu measures bandwidth with it).
+        self.timing = timing
 
     def record(self):
         ev = torch.cuda.Event()
@@ -147,9 +150,12 @@ class CudaStreams:
         return ev
 
     def copy(self, after, jobs):
-        done = torch.cuda.Event()
+        done = torch.cuda.Event(enable_timing=self.timing)
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             self.stream.wait_event(after)
+            if self.timing:
+                done.reft_start = torch.cuda.Event(enable_timing=True)
+                done.reft_start.record(self.stream)
             # The sources are referenced by the caller until synchronize()
             # has returned, so the caching allocator cannot hand their
             # memory out mid-copy; a gathered temporary is allocated on the

@@ -118,7 +118,7 @@ from .session import Session, common_newest
 __all__ = ["Checkpointer"]
 
 _MAGIC = 0x7265667430746368  # "reft0tch": marks a generation written by this module
-_META_VERSION = 1
+_META_VERSION = 2  # 2: a fifth word, the sharding layout's fingerprint
 _MAX_NAME = 256  # bytes, the agent's limit on a buffer name
 
 
@@ -134,6 +134,30 @@ def _bytes_view(what, t):
     """A writable, C-contiguous uint8 numpy view of a CPU tensor's memory
     (no copy): the meta tensor's registration."""
     return t.detach().view(-1).view(torch.uint8).numpy()
+
+
+def _is_dtensor(t):
+    return hasattr(t, "placements") and hasattr(t, "device_mesh") and hasattr(t, "to_local")
+
+
+def _local(t):
+    """A DTensor's local shard (the tensor holding this rank's bytes; the
+    same storage, no autograd), else t."""
+    if _is_dtensor(t):
+        loc = getattr(t, "_local_tensor", None)
+        return loc if loc is not None else t.to_local()
+    return t
+
+
+def _layout(t):
+    """What must match between save and restore beyond dtype and local
+    shape: a DTensor's mesh, placements and global shape."""
+    if not _is_dtensor(t):
+        return "plain"
+    mesh = t.device_mesh
+    return "dtensor mesh %s %s placements %s global %s" % (
+        getattr(mesh, "mesh_dim_names", None), tuple(mesh.mesh.shape), tuple(str(p) for p in t.placements),
+        tuple(t.shape))
 
 
 def _check_tensor(what, t):
@@ -161,6 +185,29 @@ def _name(*parts):
     return name
 
 
+_TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+def _adam_step(opt, group, p, is_adam):
+    """Adam's and AdamW's initial step, as torch's _init_group makes it."""
+    if not _TORCH2:
+        # torch 1.13: Adam checks capturable or fused, AdamW only capturable;
+        # a 1-element float tensor on the parameter's device, else a CPU scalar.
+        one = opt.defaults.get("capturable", False) or (is_adam and opt.defaults.get("fused", False))
+        return torch.zeros((1,), dtype=torch.float, device=p.device) if one else torch.tensor(0.)
+    # torch 2.x: a 0-dim tensor on the parameter's device with capturable or
+    # fused (float32 when fused), else a CPU scalar of the default float type.
+    fused = bool(group.get("fused") or False)
+    try:
+        from torch.optim.optimizer import _get_scalar_dtype
+        dtype = _get_scalar_dtype(is_fused=fused) if fused else _get_scalar_dtype()
+    except (ImportError, TypeError):  # torch 2.0
+        dtype = torch.float32
+    if group.get("capturable", False) or fused:
+        return torch.zeros((), dtype=dtype, device=p.device)
+    return torch.tensor(0.0, dtype=dtype)
+
+
 def _materialize(opt):
     """Create the optimizer state torch would create at the first step (see
     the module docstring); return the classes it cannot create state for."""
@@ -173,11 +220,8 @@ def _materialize(opt):
             if not p.requires_grad or opt.state.get(p):
                 continue  # torch never steps a frozen parameter; existing state stays
             if is_adam or is_adamw:
-                # Adam checks capturable or fused, AdamW only capturable (torch 1.13).
-                one = opt.defaults.get("capturable", False) or (is_adam and opt.defaults.get("fused", False))
                 st = opt.state[p]
-                st["step"] = (torch.zeros((1,), dtype=torch.float, device=p.device) if one
-                              else torch.tensor(0.))
+                st["step"] = _adam_step(opt, group, p, is_adam)
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if group.get("amsgrad", False):
@@ -208,8 +252,8 @@ class _Entry:
 
     def __init__(self, name, tensor, owner=None, copied=None, check=True):
         self.name, self.tensor, self.owner = name, tensor, owner
-        self.copied = tensor if copied is None else copied
-        self.addr = tensor.data_ptr() if check else None
+        self.copied = _local(tensor) if copied is None else copied
+        self.addr = _local(tensor).data_ptr() if check else None
         c = self.copied
         # A contiguous tensor is copied from its own memory (a cached byte
         # view); a non-contiguous one is gathered into a contiguous
@@ -219,7 +263,7 @@ class _Entry:
             (lambda: c.detach().contiguous().view(-1).view(torch.uint8))
 
     def source(self):
-        if self.addr is not None and self.tensor.data_ptr() != self.addr:
+        if self.addr is not None and _local(self.tensor).data_ptr() != self.addr:
             raise Error("reft.torch: %s was replaced after the Checkpointer was created "
                         "(param.data = ..., model.to(), optimizer.load_state_dict(), ...); "
                         "create the Checkpointer after the model and optimizer have their final "
@@ -340,11 +384,13 @@ class Checkpointer:
         fp = hashlib.sha256(b"reft.torch 1\n")
 
         pending = []  # (entry, replicated): registered once the streams are known
+        lfp = hashlib.sha256(b"reft.torch layout 1\n")
 
         def add(entry, replicated):
             t = entry.copied
             _check_tensor(entry.name, t)
             fp.update(("%s %s %s\n" % (entry.name, t.dtype, tuple(t.shape))).encode())
+            lfp.update(("%s %s\n" % (entry.name, _layout(entry.tensor))).encode())
             if t.numel():  # an empty tensor has no bytes to keep
                 pending.append((entry, replicated))
 
@@ -408,7 +454,9 @@ class Checkpointer:
 
         # meta: magic, format version, step, fingerprint of names, dtypes and shapes.
         self._fingerprint = int.from_bytes(fp.digest()[:8], "little", signed=True)
-        self._meta = torch.tensor([_MAGIC, _META_VERSION, -1, self._fingerprint], dtype=torch.int64)
+        self._layout_fp = int.from_bytes(lfp.digest()[:8], "little", signed=True)
+        self._meta = torch.tensor([_MAGIC, _META_VERSION, -1, self._fingerprint, self._layout_fp],
+                                  dtype=torch.int64)
         s.register("reft.torch/meta", _bytes_view("meta", self._meta), replicated=True)
 
     def _install_hook(self):
@@ -461,7 +509,7 @@ class Checkpointer:
     def _check_live(self):
         """The tensors the session reads are still the training state."""
         for e in self._params:
-            if e.tensor.data_ptr() != e.addr:
+            if _local(e.tensor).data_ptr() != e.addr:
                 raise Error("Checkpointer: parameter %s was replaced after the Checkpointer was "
                             "created (param.data = ..., model.to(), ...); create the Checkpointer "
                             "after the model has its final tensors" % e.name)
@@ -641,6 +689,12 @@ class Checkpointer:
             raise Error("Checkpointer.restore(): generation %d was not written by reft.torch "
                         "(format %r); the model and optimizer now hold its bytes: start fresh "
                         "(new job) or restore with the program that wrote it" % (step, m[:2]))
+        if m[4] != self._layout_fp:
+            raise Error("Checkpointer.restore(): generation %d was saved with another sharding "
+                        "layout (DTensor device mesh, placements or global shapes, e.g. FSDP2's "
+                        "fully_shard on another mesh, or a sharded model restored unsharded); "
+                        "reft.torch does not reshard: restore with the mesh and fully_shard "
+                        "calls that saved it" % step)
         if m[3] != self._fingerprint:
             raise Error("Checkpointer.restore(): generation %d was written for another model or "
                         "optimizer (same sizes, different names, shapes or dtypes); rerun with "
