@@ -26,6 +26,7 @@ Imported by reft.torch only (it needs torch)."""
 
 import queue
 import threading
+import warnings
 
 import torch
 
@@ -54,15 +55,36 @@ class _CpuEvent:
         return self._done.wait(timeout)
 
 
+_foreach = [getattr(torch, "_foreach_copy_", None)]  # torch >= 2.1: one call for all copies
+
+
+def _copy_all(dsts, srcs, non_blocking):
+    f = _foreach[0]
+    if f is not None and len(dsts) > 1:
+        try:
+            f(dsts, srcs, non_blocking=non_blocking)
+            return
+        except (RuntimeError, TypeError) as e:
+            # Same copies one call each: slower to issue, same result.
+            _foreach[0] = None
+            warnings.warn("reft.torch: torch._foreach_copy_ refused the snapshot copies (%s); "
+                          "issuing them one copy_ call each from now on" % e, RuntimeWarning)
+    for d, s in zip(dsts, srcs):
+        d.copy_(s, non_blocking=non_blocking)
+
+
 def _run_jobs(jobs, non_blocking):
     gathered = {}
+    dsts, srcs = [], []
     for src, off, size, dst in jobs:
         if callable(src):
             key = id(src)
             if key not in gathered:
                 gathered[key] = (src, src())  # the callable is kept alive with its result
             src = gathered[key][1]
-        dst.copy_(src[off:off + size], non_blocking=non_blocking)
+        srcs.append(src[off:off + size])
+        dsts.append(dst)
+    _copy_all(dsts, srcs, non_blocking)
     return gathered
 
 

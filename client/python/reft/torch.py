@@ -294,6 +294,7 @@ class _Mover:
         self.mark = None  # event on the compute stream at the last consistent()
         self.done = None  # the newest copy's done event
         self._dst = None  # (addr, size, uint8 tensor over the arena)
+        self._prepared = None  # (jobs, arena, entries, copies) of the last issue
 
     def _arena(self, arena):
         c = self._dst
@@ -308,8 +309,24 @@ class _Mover:
         return c[2]
 
     def issue(self, arena, jobs):
-        dst = self._arena(arena)
-        copies = [(e.source(), off, size, dst[at:at + size]) for e, off, size, at in jobs]
+        p = self._prepared
+        if p is None or p[0] is not jobs or p[1] != (arena.addr, arena.size):
+            dst = self._arena(arena)
+            # Regions of one tensor that follow each other in the tensor and
+            # in the arena (the agent's chunks) are one copy.
+            merged = []
+            for e, off, size, at in sorted(jobs, key=lambda j: (id(j[0]), j[1])):
+                if merged and merged[-1][0] is e and merged[-1][1] + merged[-1][2] == off and \
+                        merged[-1][3] + merged[-1][2] == at:
+                    merged[-1][2] += size
+                else:
+                    merged.append([e, off, size, at])
+            entries = list({id(m[0]): m[0] for m in merged}.values())
+            p = self._prepared = (jobs, (arena.addr, arena.size), entries,
+                                  [(e, off, size, dst[at:at + size]) for e, off, size, at in merged])
+        for e in p[2]:
+            e.source()  # raises if the tensor was replaced
+        copies = [(e._src, off, size, d) for e, off, size, d in p[3]]
         after = self.mark if self.mark is not None else self.streams.record()
         done = self.streams.copy(after, copies)
         self.done = done
