@@ -99,6 +99,8 @@ Only CPU tensors are supported; this module imports torch, reft does not.
 
 import ctypes
 import hashlib
+import io
+import random
 import types
 import warnings
 import weakref
@@ -354,6 +356,100 @@ class _Mover:
             torch.cuda.synchronize(d)
 
 
+class _RNG:
+    """The random number generators a trainer draws from, as one stateful
+    object: torch's CPU generator, every CUDA device's (when this process
+    has initialized CUDA; never initializes it), Python's random and
+    numpy's global generator."""
+
+    def state_dict(self):
+        st = {"torch": torch.get_rng_state(), "random": random.getstate(),
+              "numpy": numpy.random.get_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            st["cuda"] = torch.cuda.get_rng_state_all()
+        return st
+
+    def load_state_dict(self, st):
+        torch.set_rng_state(st["torch"])
+        random.setstate(st["random"])
+        numpy.random.set_state(st["numpy"])
+        cuda = st.get("cuda")
+        if cuda is not None:
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if n != len(cuda):
+                raise Error("Checkpointer.restore(): the snapshot holds the RNG states of %d CUDA "
+                            "devices, this process sees %d; restore with the same devices visible "
+                            "(CUDA_VISIBLE_DEVICES), or pass rng=False" % (len(cuda), n))
+            torch.cuda.set_rng_state_all(cuda)
+
+
+class _ParamGroups:
+    """The optimizer's hyperparameters (lr, betas, weight_decay, ...: what
+    an LR scheduler changes), every key of its param_groups but the
+    parameters."""
+
+    def __init__(self, opt):
+        self.opt = opt
+
+    def state_dict(self):
+        return [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+
+    def load_state_dict(self, groups):
+        if len(groups) != len(self.opt.param_groups):
+            raise Error("Checkpointer.restore(): the snapshot has %d optimizer parameter groups, "
+                        "the optimizer %d" % (len(groups), len(self.opt.param_groups)))
+        for g, st in zip(self.opt.param_groups, groups):
+            g.update(st)
+
+
+class _Extra:
+    """An object's state_dict(), serialized (torch.save) into a host buffer
+    of fixed capacity at every consistent(): [length, 8 bytes LE][bytes]."""
+
+    def __init__(self, name, obj):
+        self.name, self.obj = name, obj
+        self.buf = None
+
+    def _blob(self):
+        out = io.BytesIO()
+        torch.save(self.obj.state_dict(), out)
+        return out.getvalue()
+
+    def register(self):
+        # The arena layout is fixed at registration: room for 4x today's
+        # state, at least 64 KiB (a sampler's position, a scheduler's counters).
+        n = len(self._blob())
+        self.buf = bytearray(8 + max(64 << 10, 4 * n))
+        return self.buf
+
+    def capture(self):
+        b = self._blob()
+        if 8 + len(b) > len(self.buf):
+            raise Error("Checkpointer: the state of %r (%s) grew to %d bytes, past the %d bytes "
+                        "reserved for it when the Checkpointer was created; create the "
+                        "Checkpointer when that object holds its largest state"
+                        % (self.name, type(self.obj).__name__, len(b), len(self.buf) - 8))
+        self.buf[:8] = len(b).to_bytes(8, "little")
+        self.buf[8:8 + len(b)] = b
+
+    def load(self, step):
+        n = int.from_bytes(self.buf[:8], "little")
+        if n > len(self.buf) - 8:
+            raise Error("Checkpointer.restore(): generation %d holds an unreadable state of %r "
+                        "(%d bytes in a %d-byte buffer)" % (step, self.name, n, len(self.buf) - 8))
+        try:
+            st = torch.load(io.BytesIO(bytes(self.buf[8:8 + n])), **_LOAD_KW)
+        except Exception as e:  # noqa: BLE001 - say which object
+            raise Error("Checkpointer.restore(): the state of %r in generation %d cannot be read: "
+                        "%s" % (self.name, step, e)) from e
+        self.obj.load_state_dict(st)
+
+
+# torch.load of our own blobs: they hold Python objects (RNG tuples, numpy
+# states), which torch >= 2.6 refuses by default (weights_only=True).
+_LOAD_KW = {"weights_only": False} if _TORCH2 else {}
+
+
 class Checkpointer:
     """Snapshots of ``model`` (a Module, DDP included) and ``optimizer``
     (or None) through ``session`` (default: a new reft.Session for this
@@ -361,7 +457,7 @@ class Checkpointer:
     initialized its rank and world size). See the module docstring."""
 
     def __init__(self, model, optimizer=None, session=None, sharded_optimizer=False, *,
-                 optional=False, jit=True, streams=None):
+                 optional=False, jit=True, streams=None, extra=None, rng=True):
         if not isinstance(model, torch.nn.Module):
             raise Error("Checkpointer: model must be a torch.nn.Module, not %s" % type(model).__name__)
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -372,6 +468,20 @@ class Checkpointer:
         self._pending = None
         self._closed = False
         self._streams = streams  # None: chosen from the tensors' device in _register
+        if extra is None:
+            extra = {}
+        if not isinstance(extra, dict) or not all(
+                isinstance(k, str) and k and callable(getattr(v, "state_dict", None)) and
+                callable(getattr(v, "load_state_dict", None)) for k, v in extra.items()):
+            raise Error("Checkpointer: extra must be a dict of name -> object with state_dict() "
+                        "and load_state_dict() (LR schedulers, samplers, your own), not %r"
+                        % (extra if not isinstance(extra, dict) else
+                           {k: type(v).__name__ for k, v in extra.items()},))
+        self._extra = [_Extra(k, v) for k, v in sorted(extra.items())]
+        if optimizer is not None:
+            self._extra.append(_Extra("reft.torch/param_groups", _ParamGroups(optimizer)))
+        if rng:
+            self._extra.append(_Extra("reft.torch/rng", _RNG()))
         self._unhook = None
         self._own_session = session is None
         if session is None:
@@ -468,6 +578,10 @@ class Checkpointer:
         for e, replicated in pending:
             s.register_external(e.name, e.copied.numel() * e.copied.element_size(), self._mover,
                                 key=e, replicated=replicated)
+
+        for x in self._extra:
+            fp.update(("extra %s\n" % x.name).encode())
+            s.register(_name("extra", x.name), x.register(), replicated=False)
 
         # meta: magic, format version, step, fingerprint of names, dtypes and shapes.
         self._fingerprint = int.from_bytes(fp.digest()[:8], "little", signed=True)
@@ -598,6 +712,8 @@ class Checkpointer:
         with torch.no_grad():
             for e in self._buffers:
                 e.owner.copy_(e.tensor)
+        for x in self._extra:
+            x.capture()
         self._meta[2] = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else -1
         self._mover.mark = self._streams.record()  # the copies start after the staging
         if self._meta[2] >= 0:
@@ -722,6 +838,8 @@ class Checkpointer:
         with torch.no_grad():
             for e in self._buffers:
                 e.tensor.copy_(e.owner)
+        for x in self._extra:
+            x.load(step)
 
     def close(self):
         """Wait for the pending snapshot, remove the optimizer hook and close
