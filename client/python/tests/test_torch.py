@@ -426,7 +426,10 @@ class TestContract(TorchCase):
             ck.save(1).wait()
             bufs = s.registration["buffers"]
             optim = [b for b in bufs if b["name"].startswith("optim/")]
-            rest = [b for b in bufs if not b["name"].startswith("optim/")]
+            rest = [b for b in bufs if not b["name"].startswith(("optim/", "extra/"))]
+            extra = [b for b in bufs if b["name"].startswith("extra/")]  # per rank: RNG, param_groups
+            self.assertEqual(len(extra), 2)
+            self.assertTrue(all(b.get("replicated") is False for b in extra), extra)
             nparams = len(list(model.parameters()))
             self.assertEqual(len(optim), 3 * nparams)  # step, exp_avg, exp_avg_sq of each
             self.assertTrue(all(b.get("replicated") is (not sharded) for b in optim), optim)
