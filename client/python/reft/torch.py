@@ -177,6 +177,12 @@ def _flat(t):
         t.detach().contiguous().view(-1).view(torch.uint8)
 
 
+def _plain_name(n):
+    """A parameter's name without torch.compile's wrapper ("_orig_mod."
+    segments): a compiled model and the plain one share snapshots."""
+    return ".".join(p for p in n.split(".") if p != "_orig_mod")
+
+
 def _name(*parts):
     """A buffer name within the agent's length limit; the leading index
     parts keep it unique when the label is cut."""
@@ -523,11 +529,13 @@ class Checkpointer:
 
         names = {}
         for i, (n, p) in enumerate(self.model.named_parameters()):
+            n = _plain_name(n)
             names[p] = n
             e = _Entry(_name("param", "%d:%s" % (i, n)), p)
             add(e, True)
             self._params.append(e)
         for i, (n, b) in enumerate(self.model.named_buffers()):
+            n = _plain_name(n)
             # Staged: forward may change buffers while the copy runs.
             staging = torch.empty_like(b, memory_format=torch.contiguous_format)
             with torch.no_grad():

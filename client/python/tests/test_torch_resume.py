@@ -132,6 +132,26 @@ class TestResume(TorchCase):
         got = self.resumed(self.agent(), extra=False, rng=False)
         self.assertNotEqual(got[0], want[0])
 
+    def test_compiled_module_names_match_the_plain_ones(self):
+        """torch.compile wraps a model in an OptimizedModule whose
+        parameters are named "_orig_mod.<name>" (torch 2.x); the wrapper
+        here is built by hand (torch 1.13 has no torch.compile) and the GPU
+        script (tests/gpu) checks the real one. A snapshot of the wrapped
+        model restores into the plain one."""
+        agent = self.agent()
+        model, opt, _, _ = trainer(1)
+        wrapped = torch.nn.Module()
+        wrapped._orig_mod = model
+        self.assertTrue(all(n.startswith("_orig_mod.") for n, _ in wrapped.named_parameters()))
+        ck = self.checkpointer(wrapped, opt, agent, jit=False)
+        want = [raw(p) for p in model.parameters()]
+        ck.save(1).wait()
+        ck.close()
+        plain, opt2, _, _ = trainer(2)
+        ck2 = self.checkpointer(plain, opt2, agent, jit=False)
+        self.assertEqual(ck2.restore(), 1)
+        self.assertEqual([raw(p) for p in plain.parameters()], want)
+
     def test_extra_must_be_stateful(self):
         model, opt, _, _ = trainer(1)
         with self.assertRaisesRegex(reft.Error, "extra must be a dict of name -> object with state_dict"):
