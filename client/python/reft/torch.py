@@ -1,52 +1,94 @@
-"""reft.torch: snapshots of a PyTorch model and optimizer through reft.
+"""reft.torch: snapshots of a PyTorch model, optimizer and the rest of a
+trainer's state through reft, from GPU (CUDA) or CPU tensors.
 
     from reft.torch import Checkpointer
-    model = DDP(Net())                       # CPU tensors
+    model = DDP(Net().cuda())                # or FSDP2 fully_shard, torch.compile, CPU tensors
     opt = torch.optim.AdamW(model.parameters())
-    ck = Checkpointer(model, opt)            # after both exist, before training
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1000)
+    ck = Checkpointer(model, opt, extra={"sched": sched, "sampler": sampler})
     start = (ck.restore() or 0) + 1          # None: nothing to restore
     for step in range(start, steps + 1):
         loss = loss_fn(model(x), y); loss.backward()
-        ck.wait()                            # the last snapshot has read the parameters
-        opt.step(); opt.zero_grad()
+        opt.step(); opt.zero_grad()          # ordered after the last snapshot's copy
+        sched.step()
         ck.save(step)                        # returns at once; copies in the background
     ck.close()
 
-What is snapshotted: every parameter and buffer of the model, the
-optimizer's state (SGD momentum; Adam/AdamW exp_avg, exp_avg_sq,
-max_exp_avg_sq with amsgrad, and the step tensor) and the saved step. Not:
-gradients (a save comes after optimizer.step), LR schedulers, RNG state, the
-data loader's position. A trainer whose data and learning rate are functions
-of the step resumes bit for bit.
+What is snapshotted, with each generation: every parameter and buffer of
+the model; the optimizer's state (SGD momentum; Adam/AdamW exp_avg,
+exp_avg_sq, max_exp_avg_sq with amsgrad, and the step tensor, as torch
+1.13 and 2.x make it: foreach, fused and capturable included) and its
+param_groups hyperparameters (lr, betas, ...: what an LR scheduler
+changes); the state_dict() of every object in ``extra`` (LR schedulers,
+samplers, a stateful data loader, the user's own: anything with
+state_dict/load_state_dict, as PyTorch DCP's Stateful); the RNG states
+(torch's CPU generator, every CUDA device's when the process uses CUDA,
+Python's random and numpy's; rng=False leaves them out); the saved step.
+Not: gradients (a save comes after optimizer.step). A trainer with dropout,
+a scheduler with state and a shuffled sampler resumes bit for bit with no
+glue beyond passing those objects. Each extra object gets a fixed room when
+the Checkpointer is created (4x its state then, at least 64 KiB); a state
+that outgrows it fails save() with reft.Error saying so.
 
-How the bytes move. Parameters and optimizer state are registered with the
-reft.Session as byte views of the tensors' own memory (tensor.view(uint8),
-exposed through .numpy(): no copy). The session's copier thread copies them
-straight into the agent's shared-memory arena with ctypes.memmove, which
-releases the GIL, so the forward and backward passes run while it copies and
-no staging copy exists. That needs nothing from the session beyond
-register(buffer), so there is no copy-function hook. Module buffers are the
-exception: BatchNorm updates its running statistics during forward and DDP
+Names: torch.compile's "_orig_mod." segments are dropped, so a compiled
+model and the plain one share snapshots. FSDP2 and DTensor: each rank
+snapshots its local shard (DTensor.to_local(): its own memory, no
+gather), and the generation records the device mesh, the placements and
+the global shapes; restoring into another layout (another mesh, a sharded
+model restored unsharded, ...) raises reft.Error (resharding is out of
+scope). With FSDP2, create the Checkpointer after the first forward pass
+(its lazy initialization may re-pad the shards).
+
+How the bytes move. The tensors are registered with the reft.Session as
+external buffers (Session.register_external): a save copies them itself
+through a copy stream (reft._streams):
+
+- CUDA tensors: the session maps the agent's arena and registers it with
+  the CUDA runtime (cudaHostRegister, portable; reft._arena), so the
+  device-to-host copy lands in the agent's memory directly: one copy, no
+  staging, at the speed of PyTorch's own pinned copy (docs/BENCHMARKS.md).
+  consistent() (which save() calls) records an event on the compute stream
+  (the current stream); the copies run on a dedicated copy stream that
+  waits for that event, and save() returns once they are issued. The next
+  optimizer.step() is fenced by the Checkpointer's hook: the compute stream
+  waits for the copy's done event, on the GPU (no host synchronisation),
+  so forward and backward of the next step overlap the copy. The source
+  tensors are referenced until the copy has finished, so the caching
+  allocator cannot reuse their memory mid-copy. The session's thread waits
+  for the done event (the GIL released) and commits; the agent checksums
+  the arena as for any save. Only one CUDA device per rank.
+- CPU tensors: the same code path, with CpuStreams: the compute "stream"
+  is the training thread (CPU work is done when the call returns), the copy
+  stream a worker thread (torch's copy releases the GIL), and the fence
+  before optimizer.step() is a host wait for the copy (not the commit).
+
+Any dtype (the bytes are copied as they are). A non-contiguous tensor is
+gathered into a contiguous temporary on the copy stream at every save (one
+more pass over its bytes, and a temporary of its size) and restored through
+one; contiguous tensors cost nothing extra. Module buffers are staged:
+BatchNorm updates its running statistics during forward and DDP
 rebroadcasts buffers in forward, so they would change under the copy; they
-are copied into a private staging tensor synchronously in save() (they are
-small) and the staging tensor is registered instead.
+are copied into a private staging tensor (on their device) at consistent()
+and the staging tensor is snapshotted.
 
-The non-blocking contract: between save() and the end of the copy the
-parameters and optimizer state must not change, i.e. the copy must be done
-before the next optimizer.step(). Call ck.wait() before optimizer.step() (it
-raises reft.Error if the snapshot failed). The Checkpointer also enforces it:
-it installs a step pre-hook on the optimizer (register_step_pre_hook where
-torch has it, torch >= 2.0; torch 1.13 has none, so optimizer.step is wrapped
-on the instance, in a way LR schedulers still recognise) that waits for the
-pending snapshot, so a missing wait cannot tear a snapshot; a failed snapshot
-then raises from optimizer.step(). Do not change parameters in place outside
-optimizer.step() while a save is pending.
+The contract: between save() and the end of its copy the parameters and
+optimizer state must not change except through optimizer.step(), which the
+hook orders after the copy (register_step_pre_hook on torch >= 2.0; on
+torch 1.13 optimizer.step is wrapped on the instance, in a way LR
+schedulers still recognise). Do not change parameters in place outside
+optimizer.step() while a save is pending (or call ck.wait() first). A
+save() while the previous snapshot is still copying or committing waits
+for it (one save is open per rank). A failed snapshot raises reft.Error
+from the next optimizer.step() when the failure is known by then (always
+for CPU tensors: the copy failed), else from the next save() or wait().
 
 Optimizer state. torch creates it lazily at the first optimizer.step(), but
 restore() at start-up must have somewhere to write it and the arena layout is
 fixed at registration. So the Checkpointer creates it first, exactly as torch
-would: Adam/AdamW zeros for the moments and step = torch.tensor(0.) (a
-1-element tensor with capturable/fused). A run with a Checkpointer is then
+would: Adam/AdamW zeros for the moments and the step tensor of the running
+torch's shape, dtype and device (torch 1.13: a CPU scalar, or a 1-element
+tensor with capturable/fused; torch 2.x: a 0-dim tensor, on the parameter's
+device with capturable or fused). A run with a Checkpointer is then
 bit-identical to one without, and resumed runs to uninterrupted ones.
 SGD caveat: torch's first momentum step sets buf = clone(grad); a zero
 buffer gives buf = 0*momentum + (1-dampening)*grad instead. With dampening=0
@@ -62,6 +104,9 @@ tensors: model.to(), param.data = ..., optimizer.load_state_dict() or
 add_param_group() afterwards replace tensors the session reads, and save()
 raises reft.Error saying so.
 
+Restore copies host to device into the existing tensors (in place: their
+strides and storage stay), then checks the generation's fingerprint (names,
+dtypes, shapes; the sharding layout) and loads the extra states.
 Restore agreement: a snapshot is restorable only if every rank holds it.
 When torch.distributed is initialized and the world is larger than one,
 restore() all-gathers every rank's steps (dist.all_gather_object) and
@@ -70,12 +115,23 @@ and the ranks agree again. World 1 needs no agreement. Without
 torch.distributed, pass a reft.Session with agree=.
 
 DDP: restoring the state is not all a resumed run needs to match an
-uninterrupted one bit for bit. DDP reduces a process's first iteration in
-one bucket and then rebuilds its buckets in gradient order, and gloo's ring
-all-reduce sums an element in an order that depends on its offset in the
-bucket, so the first step after a restart differs in the last bits. Reduce
-with a layout that never changes, e.g. a communication hook that
-all-reduces each parameter's gradient separately (examples/torch_ddp.py).
+uninterrupted one bit for bit. DDP builds its gradient buckets at
+construction and rebuilds them once, after the first iteration, in the
+order the gradients became ready (the C++ Reducer's rebuild_buckets; no
+public API sets or restores that layout). A restarted process therefore
+reduces its first step in the initial layout where the uninterrupted run
+used the rebuilt one, and with three or more ranks the all-reduce sums an
+element in an order that depends on its offset in the bucket, so that step
+differs in the last bits (with two ranks a + b = b + a, and it does not).
+The Checkpointer cannot restore the layout. Two ways need no other glue:
+DDP(find_unused_parameters=True) never rebuilds its buckets (the reducer
+rebuilds only with static_graph or without find_unused_parameters; it
+costs a traversal of the autograd graph per iteration), and
+static_graph=True does not help (it rebuilds too); or a communication hook
+that all-reduces each parameter's gradient separately
+(examples/torch_ddp.py), whose layout never changes. Checked on torch 1.13
+with gloo, 3 ranks: default and static_graph differ after a resume,
+find_unused_parameters=True and the hook are bit-identical.
 
 JIT flush: with jit=True (the default) the Checkpointer's session watches
 the agent's failure notices (reft.Session.watch_failures): when another node
@@ -85,16 +141,19 @@ step in progress is lost. The optimizer hook declares the state updating
 before every optimizer.step(); save(step) declares it consistent, and on
 steps not saved call ck.consistent(step) after optimizer.step(). For the
 step kill (SIGTERM, then SIGKILL after Slurm's KillWait) call
-ck.flush_on_signal() once from the main thread. A flush copies host memory
-only (CPU tensors), on its own threads; it makes progress while the training
-thread waits in a torch.distributed collective (which releases the GIL).
-Module buffers are staged at consistent() and save(), so a forward pass
-that changes them (BatchNorm) does not tear a flushed snapshot.
+ck.flush_on_signal() once from the main thread. A flush issues the copies
+from its own thread after the event recorded at consistent(): for CUDA
+tensors it needs the GPU to reach that point of the compute stream (work
+queued before consistent(), a hung collective included, must finish), else
+it gives up after its timeout and says so. Module buffers and the extra
+states are staged at consistent(), so a forward pass that changes them
+(BatchNorm) does not tear a flushed snapshot.
 
 sharded_optimizer=True registers the optimizer state as not replicated
-(ZeRO-style: each rank holds a different shard).
-
-Only CPU tensors are supported; this module imports torch, reft does not.
+(ZeRO-style: each rank holds a different shard); the extra states are never
+replicated (RNG states differ per rank). streams= replaces the copy stream
+(tests: reft._streams.CpuStreams with a hook). This module imports torch,
+reft does not.
 """
 
 import ctypes
