@@ -8,6 +8,13 @@
 #   bash tests/gpu/run.sh --cpu      # the dry run, CPU tensors, toy sizes
 #
 # REFT_CONFORMANCE_AGENT overrides the agent binary; PYTHON the interpreter.
+# Through the device tool (which ships the lead's checkout plus carried
+# ignored paths), stage a self-contained tree first, e.g.:
+#   mkdir -p .gpuwork/bin .gpuwork/client/python .gpuwork/tests
+#   CGO_ENABLED=0 go build -o .gpuwork/bin/conformance-agent ./tests/conformance-agent
+#   cp -r client/python/reft .gpuwork/client/python/; cp -r tests/gpu .gpuwork/tests/
+# and run with carry [".gpuwork"]: cd .gpuwork && bash tests/gpu/run.sh
+# The script needs about two minutes on an H200 (docs/BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 AGENT=${REFT_CONFORMANCE_AGENT:-bin/conformance-agent}
