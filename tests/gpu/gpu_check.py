@@ -483,12 +483,69 @@ def overhead(agent, dev, cfg, rounds, per_round):
     s.close()
 
 
+def example_and_flush(agent, dev):
+    say("\n== 5. examples/torch_ddp.py resumes bit-identical; a JIT flush of device state (%s) ==" % dev)
+    ex = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "torch_ddp.py")
+    if not os.path.exists(ex):
+        say("  examples/torch_ddp.py: not in this tree")
+    else:
+        env = dict(os.environ, REFT_AGENT_SOCKET=agent.path)
+        env.pop("SLURM_PROCID", None)
+        env.pop("SLURM_NTASKS", None)
+        flags = ["--device", dev.type, "--size", "256", "--layers", "4"]
+        out = {}
+        for name, steps, e in (("first", 4, env), ("resumed", 8, env),
+                               ("plain", 8, {k: v for k, v in env.items() if k != "REFT_AGENT_SOCKET"})):
+            r = subprocess.run([sys.executable, ex, "--steps", str(steps)] + flags, env=e,
+                               capture_output=True, text=True, timeout=120)
+            lines = r.stdout.splitlines()
+            out[name] = ([l for l in lines if l.startswith("final-params-sha256")],
+                         [l for l in lines if "resumed" in l or "ranks on" in l], r.returncode, r.stderr[-500:])
+            say("  %s: rc %d %s %s" % (name, r.returncode, out[name][1], out[name][0]))
+            if r.returncode:
+                say(r.stderr[-2000:])
+        check(out["resumed"][0] and out["resumed"][0] == out["plain"][0] and
+              any("resumed from step 4" in l for l in out["resumed"][1]),
+              "torch_ddp.py on %s: resumed at step 4, ends with the bits of the uninterrupted run" % dev.type)
+    try:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64), nn.Linear(64, 8)).to(dev)
+        o = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        s = session(agent)
+        ck = Checkpointer(m, o, session=s, jit=False)
+        for st in range(1, 4):
+            x = torch.randn(16, 64, device=dev)
+            o.zero_grad()
+            m(x).square().mean().backward()
+            o.step()
+            ck.consistent(st)  # no save: a flush must take step 3
+        want = digest(m, o)
+        m(torch.randn(16, 64, device=dev))  # the next forward changes BatchNorm's stats
+        step, saved = s.flush("test", timeout=30)
+        ck.close()
+        s.close()
+        torch.manual_seed(9)
+        m2 = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64), nn.Linear(64, 8)).to(dev)
+        o2 = torch.optim.AdamW(m2.parameters(), lr=1e-2)
+        ck2 = Checkpointer(m2, o2, session=session(agent), jit=False)
+        got_step = ck2.restore()
+        got = digest(m2, o2)
+        ck2.close()
+        ck2.session.close()
+        check((step, saved, got_step, got) == (3, True, 3, want),
+              "JIT flush of the consistent step 3 from device tensors restores bit-exact (%s %s %s)"
+              % (step, saved, got_step))
+    except Exception:
+        traceback.print_exc()
+        check(False, "JIT flush: raised")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--agent", required=True)
     ap.add_argument("--store-dir", default="")
     ap.add_argument("--cpu", action="store_true", help="dry run on CPU tensors at toy sizes")
-    ap.add_argument("--only", default="1234")
+    ap.add_argument("--only", default="12345")
     a = ap.parse_args()
     dev = torch.device("cpu" if a.cpu else "cuda:0")
     say("reft tests/gpu: %s UTC, torch %s, python %s, %s" % (
@@ -518,6 +575,8 @@ def main():
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
+        if "5" in a.only:
+            example_and_flush(agent, dev)
     finally:
         agent.close()
     say("\ntotal %.0f s; %s" % (time.time() - t0, "FAILED: %s" % FAILED if FAILED else "all checks passed"))
