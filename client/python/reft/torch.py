@@ -812,7 +812,7 @@ class Checkpointer:
         """Pass an idle window to the session (reft.Session.hint_idle). Only
         the host-side buffers (the extra states and the meta record) wait for
         windows; the tensors' copies run on the copy stream at once (on a
-        GPU they use the copy engine, not the training's memory bus)."""
+        GPU the copy engine moves them, beside the compute kernels)."""
         self.session.hint_idle(ms)
 
     def generations(self):
