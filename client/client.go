@@ -13,6 +13,22 @@
 //	if step, ok, err := c.Restore(ctx); ok { ... resume after step ... }
 //	h := c.Save(step) // returns at once; do not touch w until h.Wait
 //	err = h.Wait(ctx)
+//
+// CUDA memory. Registered buffers are host memory ([]byte): the client
+// copies them into the arena with memmove. A Go program whose state lives
+// on a GPU stages it into registered host buffers first: allocate them
+// pinned (cudaHostAlloc, or Go memory page-locked with hostmem/cuda's
+// Runtime.Register), and after the optimizer's update, on a copy stream
+// that waits for the update's event, cudaMemcpyAsync device to buffer;
+// once that copy's event has completed, Save. The next update must not
+// start before the copy has read the device memory (cudaStreamWaitEvent on
+// the compute stream), and the buffers must not change before h.Wait (or
+// h.Done). That is two copies: device to the pinned buffer (DMA), then the
+// buffer to the arena (memmove). The client registers the arenas
+// themselves with the CUDA runtime (Options.GPU), which a device-to-host
+// copy straight into the arena needs, but this package does not hand a
+// save's arena regions to the caller, so the one-copy path (device to
+// arena) is the Python client's (reft.torch, client/python).
 package client
 
 import (

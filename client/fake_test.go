@@ -338,3 +338,52 @@ func TestCommitChecksums(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchFailuresReportsRefusals: an agent that answers the notice
+// connection's hello or watch with an error makes WatchFailures fail with
+// it (a shadowed err once made it return nil, leaving the JIT flush off
+// without a word); unknown_type (an agent from before notices) says so.
+func TestWatchFailuresReportsRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		refuse   proto.Type // the request answered with an error
+		code     string
+		wantText string
+	}{
+		{"watch unknown_type", proto.TWatch, "unknown_type", "has no notices"},
+		{"watch internal", proto.TWatch, "internal", "disk on fire"},
+		{"second hello", proto.THello, "internal", "disk on fire"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			hellos := 0
+			fa := &fakeAgent{reply: func(f proto.Frame) ([]proto.Frame, bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				if f.Type == proto.THello {
+					hellos++
+				}
+				if f.Type == tc.refuse && (f.Type != proto.THello || hellos > 1) {
+					return []proto.Frame{msg(proto.TError, f.ID, `{"code":"`+tc.code+`","message":"disk on fire"}`)}, false
+				}
+				if f.Type == proto.THello {
+					return []proto.Frame{msg(proto.THelloReply, f.ID, helloOK)}, false
+				}
+				return []proto.Frame{msg(f.Type|proto.ReplyBit, f.ID, `{}`)}, false
+			}}
+			c, err := client.Open(context.Background(), client.Options{Socket: fa.start(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			err = c.WatchFailures(context.Background())
+			if err == nil {
+				t.Fatal("WatchFailures = nil; want the agent's refusal")
+			}
+			var ae *client.Error
+			if !errors.As(err, &ae) || ae.Code != tc.code || !strings.Contains(err.Error(), tc.wantText) {
+				t.Errorf("WatchFailures = %v; want a *client.Error with code %s saying %q", err, tc.code, tc.wantText)
+			}
+		})
+	}
+}

@@ -229,7 +229,9 @@ func (c *Client) WatchFailures(ctx context.Context) error {
 	}
 	hello := proto.Hello{Client: "reft-go/0.1 notices", PID: os.Getpid(), Step: os.Getenv("REFT_STEP_ID"), Rank: c.opt.Rank}
 	var wr proto.WatchReply
-	if err := cn.call(ctx, proto.THello, hello, nil); err == nil {
+	// err is the function's own (not one scoped to an if), so that a failed
+	// hello or watch is returned rather than dropped.
+	if err = cn.call(ctx, proto.THello, hello, nil); err == nil {
 		err = cn.call(ctx, proto.TWatch, nil, &wr)
 	}
 	if err != nil {

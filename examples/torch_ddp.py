@@ -1,14 +1,16 @@
 #!/usr/bin/python3
-"""PyTorch DDP training (gloo, CPU) with reft snapshots: the PyTorch
-counterpart of examples/trainer (reft-train).
+"""PyTorch DDP training with reft snapshots, on the GPU when there is one
+(NCCL, one GPU per task: SLURM_LOCALID picks it) and on the CPU otherwise
+(gloo): the PyTorch counterpart of examples/trainer (reft-train). --device
+forces one.
 
     srun --reft=arc -N4 -n4 /usr/bin/python3 examples/torch_ddp.py --steps 20
 
 A small MLP (with a BatchNorm, so module buffers are snapshotted too) learns
 a fixed random teacher on synthetic data. Every batch is a function of
-(--seed, step, rank) and the run is deterministic on the CPU (deterministic
-algorithms, fixed thread counts), so a run that resumes from a snapshot ends
-with the same bits as one that did not.
+(--seed, step, rank) and the run is deterministic (deterministic algorithms,
+fixed thread counts; on CUDA also CUBLAS_WORKSPACE_CONFIG), so a run that
+resumes from a snapshot ends with the same bits as one that did not.
 
 Rank 0 prints "step N loss X", "resumed from step N" after a restore,
 "mean-step-ms: X" and "final-params-sha256: <hex>" (SHA-256 over every
@@ -73,6 +75,8 @@ def parse_args(argv):
                    help="that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto (default): CUDA when torch sees a GPU, else the CPU")
     a = p.parse_args(argv)
     a.fail_step = a.fail_rank = None
     if a.fail_at:
@@ -153,7 +157,18 @@ def master_port():
     return 20000 + (env_int("SLURM_JOB_ID", 0) * 16 + env_int("SLURM_STEP_ID", 0)) % 10000
 
 
-def init_distributed(rank, world):
+def pick_device(a):
+    if a.device == "cpu" or (a.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("%s: --device cuda, but torch sees no GPU (torch %s)" % (PROG, torch.__version__))
+    # One GPU per task, chosen by the task's index on its node.
+    dev = torch.device("cuda", env_int("SLURM_LOCALID", 0) % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    return dev
+
+
+def init_distributed(rank, world, dev):
     if world == 1:
         return
     addr, port = master_addr(), master_port()
@@ -161,7 +176,7 @@ def init_distributed(rank, world):
         # All ranks are on this host: bind gloo to loopback instead of the
         # address of a hostname that may not resolve.
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", init_method="tcp://%s:%d" % (addr, port), rank=rank,
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method="tcp://%s:%d" % (addr, port), rank=rank,
                             world_size=world, timeout=datetime.timedelta(minutes=5))
 
 
@@ -190,15 +205,15 @@ def build_optimizer(a, params):
 class Data:
     """Batches as a function of (seed, step, rank): nothing to restore."""
 
-    def __init__(self, a, rank):
+    def __init__(self, a, rank, dev):
         g = torch.Generator().manual_seed(a.seed * 7919 + 17)
         self.teacher = torch.randn(a.size, 4, generator=g) / a.size ** 0.5
-        self.a, self.rank = a, rank
+        self.a, self.rank, self.dev = a, rank, dev
 
     def batch(self, step):
         g = torch.Generator().manual_seed((self.a.seed * 1000003 + step) * 4099 + self.rank)
         x = torch.randn(self.a.batch, self.a.size, generator=g)
-        return x, torch.tanh(x @ self.teacher)
+        return x.to(self.dev), torch.tanh(x @ self.teacher).to(self.dev)
 
 
 def allreduce_per_parameter(_, bucket):
@@ -226,19 +241,19 @@ def allreduce_per_parameter(_, bucket):
 def params_sha256(module):
     h = hashlib.sha256()
     for p in module.parameters():
-        h.update(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
-def train(a, rank, world):
+def train(a, rank, world, dev):
     log = (lambda *x: print(*x, flush=True)) if rank == 0 else (lambda *x: None)
-    model = build_model(a)
+    model = build_model(a).to(dev)
     ddp = model
     if world > 1:
-        ddp = DDP(model)  # broadcasts rank 0's parameters and buffers
+        ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)  # broadcasts rank 0's state
         ddp.register_comm_hook(None, allreduce_per_parameter)
     opt = build_optimizer(a, ddp.parameters())
-    data = Data(a, rank)
+    data = Data(a, rank, dev)
 
     ck = None
     resumed = None
@@ -252,8 +267,8 @@ def train(a, rank, world):
             log("resumed from step %d" % resumed)
     else:
         log("snapshots off: REFT_AGENT_SOCKET is not set (run under srun --reft=arc)")
-    log("%s: %d ranks, %d layers of width %d (%d parameters), optimizer %s, lr %g, batch %d per rank"
-        % (PROG, world, a.layers, a.size, sum(p.numel() for p in model.parameters()), a.optimizer,
+    log("%s: %d ranks on %s, %d layers of width %d (%d parameters), optimizer %s, lr %g, batch %d per rank"
+        % (PROG, world, dev.type, a.layers, a.size, sum(p.numel() for p in model.parameters()), a.optimizer,
            a.lr, a.batch))
 
     total, ran = 0.0, 0
@@ -266,9 +281,7 @@ def train(a, rank, world):
         opt.zero_grad()
         loss = F.mse_loss(ddp(x), y)
         loss.backward()  # DDP all-reduces the gradients here
-        if ck is not None:
-            ck.wait()  # the last snapshot has read the parameters before they change
-        opt.step()
+        opt.step()  # the Checkpointer's hook orders it after the last snapshot's copy
         if ck is not None and a.save_every and step % a.save_every == 0:
             ck.save(step)  # copies in the background during the next forward/backward
         elif ck is not None:
@@ -301,10 +314,13 @@ def main(argv):
                          % (PROG, a.fail_at, a.fail_rank, world))
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
+    # cuBLAS is deterministic only with a fixed workspace; set before CUDA starts.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     try:
-        init_distributed(rank, world)
-        train(a, rank, world)
+        dev = pick_device(a)
+        init_distributed(rank, world, dev)
+        train(a, rank, world, dev)
     except (reft.Error, RuntimeError) as e:
         print("%s: rank %d: %s" % (PROG, rank, e), file=sys.stderr, flush=True)
         return 1

@@ -214,11 +214,39 @@ def _env_int(name, default):
         raise Error("%s=%r is not an integer; it is set by srun for every task" % (name, raw)) from None
 
 
-class _Buffer:
-    __slots__ = ("name", "size", "replicated", "view", "cview", "addr")
+def _by_mover(regions):
+    """The external buffers' regions, as (mover, [(key, offset, size,
+    arena_offset)]) in the order of the movers' first regions."""
+    out = {}
+    for b, off, size, at in regions:
+        if b.mover is not None:
+            out.setdefault(id(b.mover), (b.mover, []))[1].append((b.key, off, size, at))
+    return list(out.values())
 
-    def __init__(self, name, view, replicated):
+
+class _CopyFailed(Exception):
+    """A fence's failure (args[0]), told apart from the connection's."""
+
+
+def _wait_fences(fences):
+    """Wait for every fence, ignoring their failures (cleanup after an
+    earlier one)."""
+    for f in fences:
+        try:
+            f.wait()
+        except BaseException:  # noqa: BLE001 - the first failure is reported
+            pass
+
+
+class _Buffer:
+    __slots__ = ("name", "size", "replicated", "view", "cview", "addr", "mover", "key")
+
+    def __init__(self, name, view, replicated, mover=None, key=None, size=0):
         self.name, self.view, self.replicated = name, view, replicated
+        self.mover, self.key = mover, key
+        if mover is not None:  # an external buffer: its mover copies it
+            self.size, self.cview, self.addr = size, None, 0
+            return
         self.size = view.nbytes
         # A ctypes view gives the address for memmove; it is also a buffer
         # export, which stops a bytearray from being resized under us.
@@ -227,7 +255,8 @@ class _Buffer:
 
     def release(self):
         self.cview = None
-        self.view.release()
+        if self.view is not None:
+            self.view.release()
 
 
 class SaveHandle:
@@ -306,6 +335,8 @@ class Session:
         self._frozen = False  # registration was sent (or attempted)
         self._registered = False
         self._pending = None
+        self._layout_cache = None  # the last layout checked, see _layout
+        self._groups_cache = (None, None)  # regions -> _by_mover(regions)
         self._arenas = ArenaCache(lambda msg: self._log(msg))
         self._warned = False
         self._comm = False  # the last comm notice sent
@@ -409,16 +440,7 @@ class Session:
         The buffer must keep its size and address for the session's life."""
         self._check_usable("register()")
         with self._op_lock:
-            if not isinstance(name, str) or not name:
-                raise Error("register: the buffer name must be a non-empty str, not %r" % (name,))
-            if len(name.encode("utf-8")) > _MAX_NAME:
-                raise Error("register(%r): the name is longer than %d bytes" % (name[:40] + "...", _MAX_NAME))
-            if self._frozen:
-                raise Error("register(%r): buffers must be registered before the first save(), "
-                            "restore() or generations(); the arena layout is fixed by then "
-                            "(open a new Session to change it)" % name)
-            if name in self._names:
-                raise Error("register(%r): a buffer of that name is already registered" % name)
+            self._check_new_name(name)
             try:
                 view = memoryview(buf)
             except TypeError:
@@ -439,6 +461,46 @@ class Session:
                 raise Error("register(%r): cannot view the buffer as bytes: %s" % (name, e)) from None
             view.release()
             self._buffers.append(_Buffer(name, flat, bool(replicated)))
+            self._names.add(name)
+
+    def _check_new_name(self, name):
+        if not isinstance(name, str) or not name:
+            raise Error("register: the buffer name must be a non-empty str, not %r" % (name,))
+        if len(name.encode("utf-8")) > _MAX_NAME:
+            raise Error("register(%r): the name is longer than %d bytes" % (name[:40] + "...", _MAX_NAME))
+        if self._frozen:
+            raise Error("register(%r): buffers must be registered before the first save(), "
+                        "restore() or generations(); the arena layout is fixed by then "
+                        "(open a new Session to change it)" % name)
+        if name in self._names:
+            raise Error("register(%r): a buffer of that name is already registered" % name)
+
+    def register_external(self, name, nbytes, mover, key=None, replicated=True):
+        """Register ``nbytes`` bytes that ``mover`` copies itself, such as
+        device memory (reft.torch's CUDA tensors), under a unique name.
+
+        A save calls ``mover.issue(arena, jobs)`` on the saving thread (the
+        trainer's, or a JIT flush's) with the writable arena mapping
+        (``arena.addr``, ``arena.size``) and jobs ``(key, offset, size,
+        arena_offset)``: it starts copying bytes ``offset..offset+size`` of
+        the buffer ``key`` to the arena and returns a fence whose ``wait()``
+        blocks (the GIL released) until they are there, raising if they
+        never will be; the copier thread waits on it before committing, and
+        before aborting a failed save, since the arena must not be handed
+        back with copies still landing in it. A restore calls
+        ``mover.fill(jobs)`` with jobs ``(key, offset, size, view)``, view a
+        read-only memoryview of the arena's bytes, which copies them into
+        the buffer before it returns."""
+        self._check_usable("register_external()")
+        with self._op_lock:
+            self._check_new_name(name)
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+                raise Error("register_external(%r): nbytes=%r must be an int >= 0" % (name, nbytes))
+            if not callable(getattr(mover, "issue", None)) or not callable(getattr(mover, "fill", None)):
+                raise Error("register_external(%r): the mover needs issue(arena, jobs) and "
+                            "fill(jobs) methods" % name)
+            self._buffers.append(_Buffer(name, None, bool(replicated), mover=mover,
+                                         key=name if key is None else key, size=nbytes))
             self._names.add(name)
 
     def _ensure_registered(self):
@@ -483,8 +545,15 @@ class Session:
         protocol's rules (docs/PROTOCOL.md, "Regions and sections"). An agent
         from before regions sends none: every buffer whole at its offset."""
         places, arena_size = reply.get("buffers"), reply.get("arena_size")
-        self._check_buffers(what, places, arena_size)
         regions, sections = reply.get("regions"), reply.get("sections")
+        # The agent answers every save of a registration with the same
+        # layout: a reply equal to the last one checked is not checked again
+        # (list equality is a C loop; the checks below are Python per region).
+        c = self._layout_cache
+        if c is not None and c[0] == (save, arena_size) and c[1] == places and c[2] == regions and \
+                c[3] == sections:
+            return c[4]
+        self._check_buffers(what, places, arena_size)
         if regions is None and sections is None:
             regions, sections = [], []
             for b, p in zip(self._buffers, places):
@@ -493,7 +562,9 @@ class Session:
                 if b.size:
                     regions.append({"buffer": b.name, "offset": 0, "size": b.size, "arena_offset": off})
         try:
-            return _check_layout({b.name: b for b in self._buffers}, arena_size, sections, regions, save)
+            out = _check_layout({b.name: b for b in self._buffers}, arena_size, sections, regions, save)
+            self._layout_cache = ((save, arena_size), places, reply.get("regions"), reply.get("sections"), out)
+            return out
         except _LayoutError as e:
             raise Error("%s: the agent's arena layout breaks the protocol: %s; install the Python "
                         "client of the reft version the cluster runs (agent %s)"
@@ -535,31 +606,61 @@ class Session:
             self._abort_quietly(step)
             raise
         handle = SaveHandle(self, step)
-        jobs = [(arena.addr + at, b.addr + off, size) for b, off, size, at in regions]
+        jobs = [(arena.addr + at, b.addr + off, size) for b, off, size, at in regions
+                if b.mover is None]
+        fences = []
+        try:
+            if self._groups_cache[0] is not regions:
+                # The same list each save while the layout holds: a mover
+                # may prepare its copies once per list.
+                self._groups_cache = (regions, _by_mover(regions))
+            for mover, ext in self._groups_cache[1]:
+                fences.append(mover.issue(arena, ext))
+        except BaseException as e:
+            _wait_fences(fences)  # copies already started must land before the abort
+            self._abort_quietly(step)
+            if isinstance(e, Error):
+                raise Error("save(%d): %s" % (step, e.message), code=e.code) from None
+            raise Error("save(%d): starting the copy failed: %r" % (step, e)) from e
         # The thread holds the mapping and the buffers, so that an
         # interrupted close() cannot unmap or release them under it.
-        t = threading.Thread(target=self._copy, args=(handle, jobs, (arena, list(self._buffers))),
+        t = threading.Thread(target=self._copy, args=(handle, jobs, (arena, list(self._buffers)), fences),
                              name="reft-copy-%d" % step, daemon=True)
         self._pending = handle
         t.start()
         return handle
 
-    def _copy(self, handle, jobs, keepalive):
+    def _copy(self, handle, jobs, keepalive, fences=()):
         """The copier: region by region in arena order, chunk by chunk, into
         the arena (ctypes.memmove drops the GIL, so training goes on), then
-        commit."""
+        the external buffers' fences, then commit."""
         step = handle.step
         try:
             cs = self.chunk_size
-            for dst, src, size in jobs:
-                for off in range(0, size, cs):
-                    self._await_window(handle)
-                    ctypes.memmove(dst + off, src + off, min(cs, size - off))
+            try:
+                for dst, src, size in jobs:
+                    for off in range(0, size, cs):
+                        self._await_window(handle)
+                        ctypes.memmove(dst + off, src + off, min(cs, size - off))
+            except BaseException:
+                _wait_fences(fences)
+                raise
+            for i, f in enumerate(fences):
+                try:
+                    f.wait()
+                except BaseException as e:
+                    _wait_fences(fences[i + 1:])
+                    raise _CopyFailed(e) from e
             reply = self._conn.call(W.T_COMMIT, {"step": step})
             handle.seq = reply.get("seq")
             handle.bytes = reply.get("bytes")
             handle.checksum_s = reply.get("checksum_s")
             self._note_committed(step)
+        except _CopyFailed as e:  # an external buffer's copy: the connection is fine
+            self._abort_quietly(step)
+            cause = e.args[0]
+            handle._error = Error("save(%d): %s" % (step, cause.message if isinstance(cause, Error)
+                                                    else "the copy failed: %r" % (cause,)))
         except Error as e:
             if e.code is not None and e.code != "forbidden":
                 self._abort_quietly(step)  # leave no save open on the agent
@@ -777,7 +878,11 @@ class Session:
             arena = self._arenas.get(reply.get("arena"), reply.get("arena_size"), writable=False)
             cs = self.chunk_size
             with memoryview(arena.mm) as src:
+                for mover, ext in _by_mover(regions):
+                    mover.fill([(key, off, size, src[at:at + size]) for key, off, size, at in ext])
                 for b, off, size, at in regions:
+                    if b.mover is not None:
+                        continue
                     # Chunked, so other threads get the GIL between chunks.
                     for o in range(0, size, cs):
                         n = min(cs, size - o)

@@ -1,52 +1,94 @@
-"""reft.torch: snapshots of a PyTorch model and optimizer through reft.
+"""reft.torch: snapshots of a PyTorch model, optimizer and the rest of a
+trainer's state through reft, from GPU (CUDA) or CPU tensors.
 
     from reft.torch import Checkpointer
-    model = DDP(Net())                       # CPU tensors
+    model = DDP(Net().cuda())                # or FSDP2 fully_shard, torch.compile, CPU tensors
     opt = torch.optim.AdamW(model.parameters())
-    ck = Checkpointer(model, opt)            # after both exist, before training
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1000)
+    ck = Checkpointer(model, opt, extra={"sched": sched, "sampler": sampler})
     start = (ck.restore() or 0) + 1          # None: nothing to restore
     for step in range(start, steps + 1):
         loss = loss_fn(model(x), y); loss.backward()
-        ck.wait()                            # the last snapshot has read the parameters
-        opt.step(); opt.zero_grad()
+        opt.step(); opt.zero_grad()          # ordered after the last snapshot's copy
+        sched.step()
         ck.save(step)                        # returns at once; copies in the background
     ck.close()
 
-What is snapshotted: every parameter and buffer of the model, the
-optimizer's state (SGD momentum; Adam/AdamW exp_avg, exp_avg_sq,
-max_exp_avg_sq with amsgrad, and the step tensor) and the saved step. Not:
-gradients (a save comes after optimizer.step), LR schedulers, RNG state, the
-data loader's position. A trainer whose data and learning rate are functions
-of the step resumes bit for bit.
+What is snapshotted, with each generation: every parameter and buffer of
+the model; the optimizer's state (SGD momentum; Adam/AdamW exp_avg,
+exp_avg_sq, max_exp_avg_sq with amsgrad, and the step tensor, as torch
+1.13 and 2.x make it: foreach, fused and capturable included) and its
+param_groups hyperparameters (lr, betas, ...: what an LR scheduler
+changes); the state_dict() of every object in ``extra`` (LR schedulers,
+samplers, a stateful data loader, the user's own: anything with
+state_dict/load_state_dict, as PyTorch DCP's Stateful); the RNG states
+(torch's CPU generator, every CUDA device's when the process uses CUDA,
+Python's random and numpy's; rng=False leaves them out); the saved step.
+Not: gradients (a save comes after optimizer.step). A trainer with dropout,
+a scheduler with state and a shuffled sampler resumes bit for bit with no
+glue beyond passing those objects. Each extra object gets a fixed room when
+the Checkpointer is created (4x its state then, at least 64 KiB); a state
+that outgrows it fails save() with reft.Error saying so.
 
-How the bytes move. Parameters and optimizer state are registered with the
-reft.Session as byte views of the tensors' own memory (tensor.view(uint8),
-exposed through .numpy(): no copy). The session's copier thread copies them
-straight into the agent's shared-memory arena with ctypes.memmove, which
-releases the GIL, so the forward and backward passes run while it copies and
-no staging copy exists. That needs nothing from the session beyond
-register(buffer), so there is no copy-function hook. Module buffers are the
-exception: BatchNorm updates its running statistics during forward and DDP
+Names: torch.compile's "_orig_mod." segments are dropped, so a compiled
+model and the plain one share snapshots. FSDP2 and DTensor: each rank
+snapshots its local shard (DTensor.to_local(): its own memory, no
+gather), and the generation records the device mesh, the placements and
+the global shapes; restoring into another layout (another mesh, a sharded
+model restored unsharded, ...) raises reft.Error (resharding is out of
+scope). With FSDP2, create the Checkpointer after the first forward pass
+(its lazy initialization may re-pad the shards).
+
+How the bytes move. The tensors are registered with the reft.Session as
+external buffers (Session.register_external): a save copies them itself
+through a copy stream (reft._streams):
+
+- CUDA tensors: the session maps the agent's arena and registers it with
+  the CUDA runtime (cudaHostRegister, portable; reft._arena), so the
+  device-to-host copy lands in the agent's memory directly: one copy, no
+  staging, at the speed of PyTorch's own pinned copy (docs/BENCHMARKS.md).
+  consistent() (which save() calls) records an event on the compute stream
+  (the current stream); the copies run on a dedicated copy stream that
+  waits for that event, and save() returns once they are issued. The next
+  optimizer.step() is fenced by the Checkpointer's hook: the compute stream
+  waits for the copy's done event, on the GPU (no host synchronisation),
+  so forward and backward of the next step overlap the copy. The source
+  tensors are referenced until the copy has finished, so the caching
+  allocator cannot reuse their memory mid-copy. The session's thread waits
+  for the done event (the GIL released) and commits; the agent checksums
+  the arena as for any save. Only one CUDA device per rank.
+- CPU tensors: the same code path, with CpuStreams: the compute "stream"
+  is the training thread (CPU work is done when the call returns), the copy
+  stream a worker thread (torch's copy releases the GIL), and the fence
+  before optimizer.step() is a host wait for the copy (not the commit).
+
+Any dtype (the bytes are copied as they are). A non-contiguous tensor is
+gathered into a contiguous temporary on the copy stream at every save (one
+more pass over its bytes, and a temporary of its size) and restored through
+one; contiguous tensors cost nothing extra. Module buffers are staged:
+BatchNorm updates its running statistics during forward and DDP
 rebroadcasts buffers in forward, so they would change under the copy; they
-are copied into a private staging tensor synchronously in save() (they are
-small) and the staging tensor is registered instead.
+are copied into a private staging tensor (on their device) at consistent()
+and the staging tensor is snapshotted.
 
-The non-blocking contract: between save() and the end of the copy the
-parameters and optimizer state must not change, i.e. the copy must be done
-before the next optimizer.step(). Call ck.wait() before optimizer.step() (it
-raises reft.Error if the snapshot failed). The Checkpointer also enforces it:
-it installs a step pre-hook on the optimizer (register_step_pre_hook where
-torch has it, torch >= 2.0; torch 1.13 has none, so optimizer.step is wrapped
-on the instance, in a way LR schedulers still recognise) that waits for the
-pending snapshot, so a missing wait cannot tear a snapshot; a failed snapshot
-then raises from optimizer.step(). Do not change parameters in place outside
-optimizer.step() while a save is pending.
+The contract: between save() and the end of its copy the parameters and
+optimizer state must not change except through optimizer.step(), which the
+hook orders after the copy (register_step_pre_hook on torch >= 2.0; on
+torch 1.13 optimizer.step is wrapped on the instance, in a way LR
+schedulers still recognise). Do not change parameters in place outside
+optimizer.step() while a save is pending (or call ck.wait() first). A
+save() while the previous snapshot is still copying or committing waits
+for it (one save is open per rank). A failed snapshot raises reft.Error
+from the next optimizer.step() when the failure is known by then (always
+for CPU tensors: the copy failed), else from the next save() or wait().
 
 Optimizer state. torch creates it lazily at the first optimizer.step(), but
 restore() at start-up must have somewhere to write it and the arena layout is
 fixed at registration. So the Checkpointer creates it first, exactly as torch
-would: Adam/AdamW zeros for the moments and step = torch.tensor(0.) (a
-1-element tensor with capturable/fused). A run with a Checkpointer is then
+would: Adam/AdamW zeros for the moments and the step tensor of the running
+torch's shape, dtype and device (torch 1.13: a CPU scalar, or a 1-element
+tensor with capturable/fused; torch 2.x: a 0-dim tensor, on the parameter's
+device with capturable or fused). A run with a Checkpointer is then
 bit-identical to one without, and resumed runs to uninterrupted ones.
 SGD caveat: torch's first momentum step sets buf = clone(grad); a zero
 buffer gives buf = 0*momentum + (1-dampening)*grad instead. With dampening=0
@@ -62,6 +104,9 @@ tensors: model.to(), param.data = ..., optimizer.load_state_dict() or
 add_param_group() afterwards replace tensors the session reads, and save()
 raises reft.Error saying so.
 
+Restore copies host to device into the existing tensors (in place: their
+strides and storage stay), then checks the generation's fingerprint (names,
+dtypes, shapes; the sharding layout) and loads the extra states.
 Restore agreement: a snapshot is restorable only if every rank holds it.
 When torch.distributed is initialized and the world is larger than one,
 restore() all-gathers every rank's steps (dist.all_gather_object) and
@@ -70,12 +115,23 @@ and the ranks agree again. World 1 needs no agreement. Without
 torch.distributed, pass a reft.Session with agree=.
 
 DDP: restoring the state is not all a resumed run needs to match an
-uninterrupted one bit for bit. DDP reduces a process's first iteration in
-one bucket and then rebuilds its buckets in gradient order, and gloo's ring
-all-reduce sums an element in an order that depends on its offset in the
-bucket, so the first step after a restart differs in the last bits. Reduce
-with a layout that never changes, e.g. a communication hook that
-all-reduces each parameter's gradient separately (examples/torch_ddp.py).
+uninterrupted one bit for bit. DDP builds its gradient buckets at
+construction and rebuilds them once, after the first iteration, in the
+order the gradients became ready (the C++ Reducer's rebuild_buckets; no
+public API sets or restores that layout). A restarted process therefore
+reduces its first step in the initial layout where the uninterrupted run
+used the rebuilt one, and with three or more ranks the all-reduce sums an
+element in an order that depends on its offset in the bucket, so that step
+differs in the last bits (with two ranks a + b = b + a, and it does not).
+The Checkpointer cannot restore the layout. Two ways need no other glue:
+DDP(find_unused_parameters=True) never rebuilds its buckets (the reducer
+rebuilds only with static_graph or without find_unused_parameters; it
+costs a traversal of the autograd graph per iteration), and
+static_graph=True does not help (it rebuilds too); or a communication hook
+that all-reduces each parameter's gradient separately
+(examples/torch_ddp.py), whose layout never changes. Checked on torch 1.13
+with gloo, 3 ranks: default and static_graph differ after a resume,
+find_unused_parameters=True and the hook are bit-identical.
 
 JIT flush: with jit=True (the default) the Checkpointer's session watches
 the agent's failure notices (reft.Session.watch_failures): when another node
@@ -85,19 +141,25 @@ step in progress is lost. The optimizer hook declares the state updating
 before every optimizer.step(); save(step) declares it consistent, and on
 steps not saved call ck.consistent(step) after optimizer.step(). For the
 step kill (SIGTERM, then SIGKILL after Slurm's KillWait) call
-ck.flush_on_signal() once from the main thread. A flush copies host memory
-only (CPU tensors), on its own threads; it makes progress while the training
-thread waits in a torch.distributed collective (which releases the GIL).
-Module buffers are staged at consistent() and save(), so a forward pass
-that changes them (BatchNorm) does not tear a flushed snapshot.
+ck.flush_on_signal() once from the main thread. A flush issues the copies
+from its own thread after the event recorded at consistent(): for CUDA
+tensors it needs the GPU to reach that point of the compute stream (work
+queued before consistent(), a hung collective included, must finish), else
+it gives up after its timeout and says so. Module buffers and the extra
+states are staged at consistent(), so a forward pass that changes them
+(BatchNorm) does not tear a flushed snapshot.
 
 sharded_optimizer=True registers the optimizer state as not replicated
-(ZeRO-style: each rank holds a different shard).
-
-Only CPU tensors are supported; this module imports torch, reft does not.
+(ZeRO-style: each rank holds a different shard); the extra states are never
+replicated (RNG states differ per rank). streams= replaces the copy stream
+(tests: reft._streams.CpuStreams with a hook). This module imports torch,
+reft does not.
 """
 
+import ctypes
 import hashlib
+import io
+import random
 import types
 import warnings
 import weakref
@@ -108,13 +170,16 @@ except ImportError as e:  # reft itself needs no torch; this adapter does
     raise ImportError("reft.torch needs PyTorch (%s): install it (pip install torch, or Debian's "
                       "python3-torch) or use reft.Session directly" % e) from e
 
+import numpy
+
 from ._errors import Error
+from ._streams import CpuStreams, CudaStreams
 from .session import Session, common_newest
 
 __all__ = ["Checkpointer"]
 
 _MAGIC = 0x7265667430746368  # "reft0tch": marks a generation written by this module
-_META_VERSION = 1
+_META_VERSION = 2  # 2: a fifth word, the sharding layout's fingerprint
 _MAX_NAME = 256  # bytes, the agent's limit on a buffer name
 
 
@@ -127,18 +192,54 @@ def _dist():
 
 
 def _bytes_view(what, t):
-    """A writable, C-contiguous uint8 numpy view of t's memory (no copy)."""
-    if t.device.type != "cpu":
-        raise Error("reft.torch: %s is on %s; reft.torch snapshots CPU tensors only (the copy "
-                    "reads host memory): keep the model and optimizer on the CPU" % (what, t.device))
+    """A writable, C-contiguous uint8 numpy view of a CPU tensor's memory
+    (no copy): the meta tensor's registration."""
+    return t.detach().view(-1).view(torch.uint8).numpy()
+
+
+def _is_dtensor(t):
+    return hasattr(t, "placements") and hasattr(t, "device_mesh") and hasattr(t, "to_local")
+
+
+def _local(t):
+    """A DTensor's local shard (the tensor holding this rank's bytes; the
+    same storage, no autograd), else t."""
+    if _is_dtensor(t):
+        loc = getattr(t, "_local_tensor", None)
+        return loc if loc is not None else t.to_local()
+    return t
+
+
+def _layout(t):
+    """What must match between save and restore beyond dtype and local
+    shape: a DTensor's mesh, placements and global shape."""
+    if not _is_dtensor(t):
+        return "plain"
+    mesh = t.device_mesh
+    return "dtensor mesh %s %s placements %s global %s" % (
+        getattr(mesh, "mesh_dim_names", None), tuple(mesh.mesh.shape), tuple(str(p) for p in t.placements),
+        tuple(t.shape))
+
+
+def _check_tensor(what, t):
     if t.layout != torch.strided:
         raise Error("reft.torch: %s is a %s tensor; only dense (strided) tensors can be "
                     "snapshotted" % (what, t.layout))
-    if not t.is_contiguous():
-        raise Error("reft.torch: %s is not contiguous (strides %s); make it contiguous before "
-                    "creating the Checkpointer (e.g. param.data = param.data.contiguous())"
-                    % (what, tuple(t.stride())))
-    return t.detach().view(-1).view(torch.uint8).numpy()
+    if t.device.type not in ("cpu", "cuda"):
+        raise Error("reft.torch: %s is on %s; reft.torch snapshots CPU and CUDA tensors"
+                    % (what, t.device))
+
+
+def _flat(t):
+    """t's bytes as a flat uint8 tensor: a view when t is contiguous."""
+    return t.detach().reshape(-1).view(torch.uint8) if t.is_contiguous() else \
+        t.detach().contiguous().view(-1).view(torch.uint8)
+
+
+def _plain_name(n):
+    """A parameter's name without torch.compile's wrapper ("_orig_mod."
+    segments): a compiled model and the plain one share snapshots."""
+    return ".".join(p for p in n.split(".") if p != "_orig_mod")
 
 
 def _name(*parts):
@@ -149,6 +250,29 @@ def _name(*parts):
     if len(b) > _MAX_NAME:
         name = b[:_MAX_NAME].decode("utf-8", "ignore")
     return name
+
+
+_TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+def _adam_step(opt, group, p, is_adam):
+    """Adam's and AdamW's initial step, as torch's _init_group makes it."""
+    if not _TORCH2:
+        # torch 1.13: Adam checks capturable or fused, AdamW only capturable;
+        # a 1-element float tensor on the parameter's device, else a CPU scalar.
+        one = opt.defaults.get("capturable", False) or (is_adam and opt.defaults.get("fused", False))
+        return torch.zeros((1,), dtype=torch.float, device=p.device) if one else torch.tensor(0.)
+    # torch 2.x: a 0-dim tensor on the parameter's device with capturable or
+    # fused (float32 when fused), else a CPU scalar of the default float type.
+    fused = bool(group.get("fused") or False)
+    try:
+        from torch.optim.optimizer import _get_scalar_dtype
+        dtype = _get_scalar_dtype(is_fused=fused) if fused else _get_scalar_dtype()
+    except (ImportError, TypeError):  # torch 2.0
+        dtype = torch.float32
+    if group.get("capturable", False) or fused:
+        return torch.zeros((), dtype=dtype, device=p.device)
+    return torch.tensor(0.0, dtype=dtype)
 
 
 def _materialize(opt):
@@ -163,11 +287,8 @@ def _materialize(opt):
             if not p.requires_grad or opt.state.get(p):
                 continue  # torch never steps a frozen parameter; existing state stays
             if is_adam or is_adamw:
-                # Adam checks capturable or fused, AdamW only capturable (torch 1.13).
-                one = opt.defaults.get("capturable", False) or (is_adam and opt.defaults.get("fused", False))
                 st = opt.state[p]
-                st["step"] = (torch.zeros((1,), dtype=torch.float, device=p.device) if one
-                              else torch.tensor(0.))
+                st["step"] = _adam_step(opt, group, p, is_adam)
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if group.get("amsgrad", False):
@@ -191,13 +312,207 @@ def _materialize(opt):
 class _Entry:
     """One registered tensor. ``tensor`` is what training updates (the
     Parameter itself, to notice param.data = ...); ``addr`` its data address
-    at registration."""
+    at registration (None: not checked, a module buffer); ``copied`` the
+    tensor whose bytes are snapshotted (the staging tensor of a buffer)."""
 
-    __slots__ = ("name", "tensor", "addr", "owner")
+    __slots__ = ("name", "tensor", "addr", "owner", "copied", "_src")
 
-    def __init__(self, name, tensor, owner=None):
+    def __init__(self, name, tensor, owner=None, copied=None, check=True):
         self.name, self.tensor, self.owner = name, tensor, owner
-        self.addr = tensor.data_ptr()
+        self.copied = _local(tensor) if copied is None else copied
+        self.addr = _local(tensor).data_ptr() if check else None
+        c = self.copied
+        # A contiguous tensor is copied from its own memory (a cached byte
+        # view); a non-contiguous one is gathered into a contiguous
+        # temporary on the copy stream at every save (one more pass over
+        # its bytes on the device, and a temporary of its size).
+        self._src = c.detach().reshape(-1).view(torch.uint8) if c.is_contiguous() else \
+            (lambda: c.detach().contiguous().view(-1).view(torch.uint8))
+
+    def source(self):
+        if self.addr is not None and _local(self.tensor).data_ptr() != self.addr:
+            raise Error("reft.torch: %s was replaced after the Checkpointer was created "
+                        "(param.data = ..., model.to(), optimizer.load_state_dict(), ...); "
+                        "create the Checkpointer after the model and optimizer have their final "
+                        "tensors" % self.name)
+        return self._src
+
+
+class _Fence:
+    """A save's copies: wait() until they are in the arena (the session's
+    copier thread calls it, the GIL released) and then drops the sources."""
+
+    def __init__(self, streams, done, keep):
+        self._streams, self.done, self._keep = streams, done, keep
+
+    def wait(self):
+        try:
+            self._streams.synchronize(self.done)
+        finally:
+            self._keep = None
+
+
+class _Mover:
+    """Moves a Checkpointer's tensors between their memory and the arena
+    (reft.Session.register_external's mover) through its streams."""
+
+    def __init__(self, streams):
+        self.streams = streams
+        self.mark = None  # event on the compute stream at the last consistent()
+        self.done = None  # the newest copy's done event
+        self._dst = None  # (addr, size, uint8 tensor over the arena)
+        self._prepared = None  # (jobs, arena, entries, copies) of the last issue
+
+    def _arena(self, arena):
+        c = self._dst
+        if c is None or c[0] != arena.addr or c[1] != arena.size:
+            # A tensor over the mapping's address, not a buffer export of the
+            # mmap (which would stop the session from unmapping it). The
+            # session maps it for its whole life; registered with the CUDA
+            # runtime when CUDA is in use (reft._arena), so a device-to-host
+            # copy lands in it directly.
+            arr = numpy.ctypeslib.as_array((ctypes.c_uint8 * arena.size).from_address(arena.addr))
+            c = self._dst = (arena.addr, arena.size, torch.from_numpy(arr))
+        return c[2]
+
+    def issue(self, arena, jobs):
+        p = self._prepared
+        if p is None or p[0] is not jobs or p[1] != (arena.addr, arena.size):
+            dst = self._arena(arena)
+            # Regions of one tensor that follow each other in the tensor and
+            # in the arena (the agent's chunks) are one copy.
+            merged = []
+            for e, off, size, at in sorted(jobs, key=lambda j: (id(j[0]), j[1])):
+                if merged and merged[-1][0] is e and merged[-1][1] + merged[-1][2] == off and \
+                        merged[-1][3] + merged[-1][2] == at:
+                    merged[-1][2] += size
+                else:
+                    merged.append([e, off, size, at])
+            entries = list({id(m[0]): m[0] for m in merged}.values())
+            p = self._prepared = (jobs, (arena.addr, arena.size), entries,
+                                  [(e, off, size, dst[at:at + size]) for e, off, size, at in merged])
+        for e in p[2]:
+            e.source()  # raises if the tensor was replaced
+        copies = [(e._src, off, size, d) for e, off, size, d in p[3]]
+        after = self.mark if self.mark is not None else self.streams.record()
+        done = self.streams.copy(after, copies)
+        self.done = done
+        return _Fence(self.streams, done, copies)
+
+    def fill(self, jobs):
+        groups = {}
+        for e, off, size, view in jobs:
+            groups.setdefault(id(e), (e, []))[1].append((off, size, view))
+        cuda = set()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # frombuffer of the read-only arena: we only read it
+            for e, parts in groups.values():
+                t = e.copied
+                if t.device.type == "cuda":
+                    cuda.add(t.device)
+                direct = t.is_contiguous()
+                flat = _flat(t)  # a copy when not contiguous, written back below
+                for off, size, view in parts:
+                    flat[off:off + size].copy_(torch.frombuffer(view, dtype=torch.uint8))
+                if not direct:
+                    with torch.no_grad():
+                        t.copy_(flat.view(t.dtype).view(t.shape))
+        for d in cuda:
+            torch.cuda.synchronize(d)
+
+
+class _RNG:
+    """The random number generators a trainer draws from, as one stateful
+    object: torch's CPU generator, every CUDA device's (when this process
+    has initialized CUDA; never initializes it), Python's random and
+    numpy's global generator."""
+
+    def state_dict(self):
+        st = {"torch": torch.get_rng_state(), "random": random.getstate(),
+              "numpy": numpy.random.get_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            st["cuda"] = torch.cuda.get_rng_state_all()
+        return st
+
+    def load_state_dict(self, st):
+        torch.set_rng_state(st["torch"])
+        random.setstate(st["random"])
+        numpy.random.set_state(st["numpy"])
+        cuda = st.get("cuda")
+        if cuda is not None:
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if n != len(cuda):
+                raise Error("Checkpointer.restore(): the snapshot holds the RNG states of %d CUDA "
+                            "devices, this process sees %d; restore with the same devices visible "
+                            "(CUDA_VISIBLE_DEVICES), or pass rng=False" % (len(cuda), n))
+            torch.cuda.set_rng_state_all(cuda)
+
+
+class _ParamGroups:
+    """The optimizer's hyperparameters (lr, betas, weight_decay, ...: what
+    an LR scheduler changes), every key of its param_groups but the
+    parameters."""
+
+    def __init__(self, opt):
+        self.opt = opt
+
+    def state_dict(self):
+        return [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+
+    def load_state_dict(self, groups):
+        if len(groups) != len(self.opt.param_groups):
+            raise Error("Checkpointer.restore(): the snapshot has %d optimizer parameter groups, "
+                        "the optimizer %d" % (len(groups), len(self.opt.param_groups)))
+        for g, st in zip(self.opt.param_groups, groups):
+            g.update(st)
+
+
+class _Extra:
+    """An object's state_dict(), serialized (torch.save) into a host buffer
+    of fixed capacity at every consistent(): [length, 8 bytes LE][bytes]."""
+
+    def __init__(self, name, obj):
+        self.name, self.obj = name, obj
+        self.buf = None
+
+    def _blob(self):
+        out = io.BytesIO()
+        torch.save(self.obj.state_dict(), out)
+        return out.getvalue()
+
+    def register(self):
+        # The arena layout is fixed at registration: room for 4x today's
+        # state, at least 64 KiB (a sampler's position, a scheduler's counters).
+        n = len(self._blob())
+        self.buf = bytearray(8 + max(64 << 10, 4 * n))
+        return self.buf
+
+    def capture(self):
+        b = self._blob()
+        if 8 + len(b) > len(self.buf):
+            raise Error("Checkpointer: the state of %r (%s) grew to %d bytes, past the %d bytes "
+                        "reserved for it when the Checkpointer was created; create the "
+                        "Checkpointer when that object holds its largest state"
+                        % (self.name, type(self.obj).__name__, len(b), len(self.buf) - 8))
+        self.buf[:8] = len(b).to_bytes(8, "little")
+        self.buf[8:8 + len(b)] = b
+
+    def load(self, step):
+        n = int.from_bytes(self.buf[:8], "little")
+        if n > len(self.buf) - 8:
+            raise Error("Checkpointer.restore(): generation %d holds an unreadable state of %r "
+                        "(%d bytes in a %d-byte buffer)" % (step, self.name, n, len(self.buf) - 8))
+        try:
+            st = torch.load(io.BytesIO(bytes(self.buf[8:8 + n])), **_LOAD_KW)
+        except Exception as e:  # noqa: BLE001 - say which object
+            raise Error("Checkpointer.restore(): the state of %r in generation %d cannot be read: "
+                        "%s" % (self.name, step, e)) from e
+        self.obj.load_state_dict(st)
+
+
+# torch.load of our own blobs: they hold Python objects (RNG tuples, numpy
+# states), which torch >= 2.6 refuses by default (weights_only=True).
+_LOAD_KW = {"weights_only": False} if _TORCH2 else {}
 
 
 class Checkpointer:
@@ -207,7 +522,7 @@ class Checkpointer:
     initialized its rank and world size). See the module docstring."""
 
     def __init__(self, model, optimizer=None, session=None, sharded_optimizer=False, *,
-                 optional=False, jit=True):
+                 optional=False, jit=True, streams=None, extra=None, rng=True):
         if not isinstance(model, torch.nn.Module):
             raise Error("Checkpointer: model must be a torch.nn.Module, not %s" % type(model).__name__)
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -217,6 +532,21 @@ class Checkpointer:
         self.sharded_optimizer = bool(sharded_optimizer)
         self._pending = None
         self._closed = False
+        self._streams = streams  # None: chosen from the tensors' device in _register
+        if extra is None:
+            extra = {}
+        if not isinstance(extra, dict) or not all(
+                isinstance(k, str) and k and callable(getattr(v, "state_dict", None)) and
+                callable(getattr(v, "load_state_dict", None)) for k, v in extra.items()):
+            raise Error("Checkpointer: extra must be a dict of name -> object with state_dict() "
+                        "and load_state_dict() (LR schedulers, samplers, your own), not %r"
+                        % (extra if not isinstance(extra, dict) else
+                           {k: type(v).__name__ for k, v in extra.items()},))
+        self._extra = [_Extra(k, v) for k, v in sorted(extra.items())]
+        if optimizer is not None:
+            self._extra.append(_Extra("reft.torch/param_groups", _ParamGroups(optimizer)))
+        if rng:
+            self._extra.append(_Extra("reft.torch/rng", _RNG()))
         self._unhook = None
         self._own_session = session is None
         if session is None:
@@ -245,25 +575,33 @@ class Checkpointer:
         self._params, self._buffers, self._state = [], [], []
         fp = hashlib.sha256(b"reft.torch 1\n")
 
-        def add(entry, replicated, view_of=None):
-            t = entry.tensor if view_of is None else view_of
+        pending = []  # (entry, replicated): registered once the streams are known
+        lfp = hashlib.sha256(b"reft.torch layout 1\n")
+
+        def add(entry, replicated):
+            t = entry.copied
+            _check_tensor(entry.name, t)
             fp.update(("%s %s %s\n" % (entry.name, t.dtype, tuple(t.shape))).encode())
+            lfp.update(("%s %s\n" % (entry.name, _layout(entry.tensor))).encode())
             if t.numel():  # an empty tensor has no bytes to keep
-                s.register(entry.name, _bytes_view(entry.name, t), replicated=replicated)
+                pending.append((entry, replicated))
 
         names = {}
         for i, (n, p) in enumerate(self.model.named_parameters()):
+            n = _plain_name(n)
             names[p] = n
             e = _Entry(_name("param", "%d:%s" % (i, n)), p)
             add(e, True)
             self._params.append(e)
         for i, (n, b) in enumerate(self.model.named_buffers()):
+            n = _plain_name(n)
             # Staged: forward may change buffers while the copy runs.
             staging = torch.empty_like(b, memory_format=torch.contiguous_format)
             with torch.no_grad():
                 staging.copy_(b)
-            e = _Entry(_name("buffer", "%d:%s" % (i, n)), b, owner=staging)
-            add(e, True, view_of=staging)
+            e = _Entry(_name("buffer", "%d:%s" % (i, n)), b, owner=staging, copied=staging,
+                       check=False)
+            add(e, True)
             self._buffers.append(e)
 
         opt = self.optimizer
@@ -296,9 +634,27 @@ class Checkpointer:
                     idx += 1
             self._nparams = idx
 
+        devices = {e.copied.device for e, _ in pending if e.copied.device.type == "cuda"}
+        if len(devices) > 1:
+            raise Error("Checkpointer: the state is on %d CUDA devices (%s); reft.torch snapshots "
+                        "one device per rank: one process per GPU (torchrun, srun -n)"
+                        % (len(devices), sorted(str(d) for d in devices)))
+        if self._streams is None:
+            self._streams = CudaStreams(devices.pop()) if devices else CpuStreams()
+        self._mover = _Mover(self._streams)
+        for e, replicated in pending:
+            s.register_external(e.name, e.copied.numel() * e.copied.element_size(), self._mover,
+                                key=e, replicated=replicated)
+
+        for x in self._extra:
+            fp.update(("extra %s\n" % x.name).encode())
+            s.register(_name("extra", x.name), x.register(), replicated=False)
+
         # meta: magic, format version, step, fingerprint of names, dtypes and shapes.
         self._fingerprint = int.from_bytes(fp.digest()[:8], "little", signed=True)
-        self._meta = torch.tensor([_MAGIC, _META_VERSION, -1, self._fingerprint], dtype=torch.int64)
+        self._layout_fp = int.from_bytes(lfp.digest()[:8], "little", signed=True)
+        self._meta = torch.tensor([_MAGIC, _META_VERSION, -1, self._fingerprint, self._layout_fp],
+                                  dtype=torch.int64)
         s.register("reft.torch/meta", _bytes_view("meta", self._meta), replicated=True)
 
     def _install_hook(self):
@@ -310,7 +666,7 @@ class Checkpointer:
         def before_step():
             ck = ref()
             if ck is not None and not ck._closed:
-                ck.wait()
+                ck._fence()
                 ck.session.updating()  # waits while a JIT flush copies the state
 
         if hasattr(opt, "register_step_pre_hook"):  # torch >= 2.0
@@ -351,7 +707,7 @@ class Checkpointer:
     def _check_live(self):
         """The tensors the session reads are still the training state."""
         for e in self._params:
-            if e.tensor.data_ptr() != e.addr:
+            if _local(e.tensor).data_ptr() != e.addr:
                 raise Error("Checkpointer: parameter %s was replaced after the Checkpointer was "
                             "created (param.data = ..., model.to(), ...); create the Checkpointer "
                             "after the model has its final tensors" % e.name)
@@ -383,6 +739,25 @@ class Checkpointer:
 
     # --- snapshots -------------------------------------------------------------
 
+    def _fence(self):
+        """Order the next optimizer.step() after the pending copy: on CUDA
+        the compute stream waits for the copy's done event (on the GPU; the
+        host goes on), on the CPU the host waits for the copy. A copy known
+        to have failed raises here (reft.Error), as wait() would."""
+        done = self._mover.done
+        if done is None:
+            return
+        self._streams.fence(done)
+        if getattr(done, "error", None) is not None:  # the CPU stream says so at once
+            self._mover.done = None
+            self.wait()
+            return
+        h = self._pending
+        if h is not None and h.done():
+            self.wait()  # raises if the save failed
+        if self._streams.query(done):
+            self._mover.done = None
+
     def save(self, step):
         """Start a snapshot of the current state as ``step`` (call it after
         optimizer.step() of that step) and return the reft.SaveHandle at
@@ -404,7 +779,10 @@ class Checkpointer:
         with torch.no_grad():
             for e in self._buffers:
                 e.owner.copy_(e.tensor)
+        for x in self._extra:
+            x.capture()
         self._meta[2] = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else -1
+        self._mover.mark = self._streams.record()  # the copies start after the staging
         if self._meta[2] >= 0:
             self.session.consistent(step)
 
@@ -431,7 +809,10 @@ class Checkpointer:
         return True
 
     def hint_idle(self, ms):
-        """Pass an idle window to the session (reft.Session.hint_idle)."""
+        """Pass an idle window to the session (reft.Session.hint_idle). Only
+        the host-side buffers (the extra states and the meta record) wait for
+        windows; the tensors' copies run on the copy stream at once (on a
+        GPU the copy engine moves them, beside the compute kernels)."""
         self.session.hint_idle(ms)
 
     def generations(self):
@@ -511,6 +892,12 @@ class Checkpointer:
             raise Error("Checkpointer.restore(): generation %d was not written by reft.torch "
                         "(format %r); the model and optimizer now hold its bytes: start fresh "
                         "(new job) or restore with the program that wrote it" % (step, m[:2]))
+        if m[4] != self._layout_fp:
+            raise Error("Checkpointer.restore(): generation %d was saved with another sharding "
+                        "layout (DTensor device mesh, placements or global shapes, e.g. FSDP2's "
+                        "fully_shard on another mesh, or a sharded model restored unsharded); "
+                        "reft.torch does not reshard: restore with the mesh and fully_shard "
+                        "calls that saved it" % step)
         if m[3] != self._fingerprint:
             raise Error("Checkpointer.restore(): generation %d was written for another model or "
                         "optimizer (same sizes, different names, shapes or dtypes); rerun with "
@@ -521,6 +908,8 @@ class Checkpointer:
         with torch.no_grad():
             for e in self._buffers:
                 e.tensor.copy_(e.owner)
+        for x in self._extra:
+            x.load(step)
 
     def close(self):
         """Wait for the pending snapshot, remove the optimizer hook and close
@@ -531,6 +920,7 @@ class Checkpointer:
             self.wait()
         finally:
             self._closed = True
+            self._streams.close()
             if self._unhook is not None:
                 self._unhook()
                 self._unhook = None

@@ -1,4 +1,5 @@
 import array
+import ctypes
 import errno
 import os
 import socket
@@ -175,6 +176,66 @@ class Registration(AgentCase):
             buf.extend(b"x")  # the session's export pins its size
         s.close()
         buf.extend(b"x")
+
+
+class HostMover:
+    """A register_external mover over bytearrays (what reft.torch's mover
+    does for tensors, with memmove): fail makes the fence raise."""
+
+    def __init__(self, bufs):
+        self.bufs, self.fail, self.issued = bufs, None, []
+
+    def issue(self, arena, jobs):
+        for key, off, size, at in jobs:
+            src = (ctypes.c_char * len(self.bufs[key])).from_buffer(self.bufs[key])
+            ctypes.memmove(arena.addr + at, ctypes.addressof(src) + off, size)
+            del src
+        self.issued.append([j[0] for j in jobs])
+        fail = self.fail
+
+        class Fence:
+            def wait(self):
+                if fail:
+                    raise OSError(5, fail)
+        return Fence()
+
+    def fill(self, jobs):
+        for key, off, size, view in jobs:
+            self.bufs[key][off:off + size] = view
+
+
+class ExternalBuffers(AgentCase):
+    def test_round_trip_with_host_buffers(self):
+        s = self.session()
+        ext = {"a": pattern(5000, 3), "b": pattern(300, 9)}
+        mover = HostMover(ext)
+        s.register("host", pattern(100, 1))
+        s.register_external("a", 5000, mover)
+        s.register_external("b", 300, mover, key="b", replicated=False)
+        s.save(1).wait()
+        self.assertEqual(sorted(mover.issued[0]), ["a", "b"])
+        ext["a"][:] = bytes(5000)
+        ext["b"][:] = bytes(300)
+        self.assertEqual(s.restore(), 1)
+        self.assertEqual((ext["a"], ext["b"]), (pattern(5000, 3), pattern(300, 9)))
+
+    def test_a_failed_fence_aborts_the_save(self):
+        s = self.session()
+        mover = HostMover({"a": pattern(64, 1)})
+        s.register_external("a", 64, mover)
+        s.save(1).wait()
+        mover.fail = "the copy engine failed"
+        with self.assertRaisesRegex(reft.Error, r"save\(2\): the copy failed: .*the copy engine failed"):
+            s.save(2).wait()
+        self.assertIn(2, [st for t, st in ((t, p.get("step")) for t, p in self.agent.log) if t == "abort"])
+        self.assertEqual(s.generations(), [1])
+
+    def test_rejects(self):
+        s = self.session()
+        for args, msg in (((-1, HostMover({})), "nbytes=-1"), ((4, object()), "issue\\(arena, jobs\\)"),
+                          ((True, HostMover({})), "nbytes=True")):
+            with self.subTest(msg), self.assertRaisesRegex(reft.Error, msg):
+                s.register_external("x", *args)
 
 
 class JobWideRestore(AgentCase):

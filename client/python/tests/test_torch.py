@@ -41,6 +41,7 @@ except ImportError as e:  # pragma: no cover - the message is the point
         % e + "!" * 78 + "\n\n")
 else:
     from reft.torch import Checkpointer
+    from reft._streams import CpuStreams
 
 needs_torch = unittest.skipIf(torch is None, "PyTorch is not importable; see the message above")
 
@@ -330,19 +331,33 @@ class TestContract(TorchCase):
     def test_optimizer_step_waits_for_the_copy(self):
         agent = self.agent()
         model, opt = make("adam")
-        ck = self.checkpointer(model, opt, agent)
+        gate, copying = threading.Event(), threading.Event()
+
+        def before_copy(i):  # the copy stream holds at its first job until the gate opens
+            copying.set()
+            gate.wait(30)
+
+        ck = self.checkpointer(model, opt, agent, streams=CpuStreams(before_copy))
+        self.addCleanup(gate.set)
         train(model, opt, [1], ck, save=False)
         want = state(model, opt)
-        # After a hint the copier copies only inside announced windows; a
-        # zero-length one has passed, so the copy waits until someone waits.
-        ck.hint_idle(0)
         h = ck.save(1)
+        self.assertTrue(copying.wait(30))
         self.assertFalse(h.done())
         x, y = batch(2)
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
-        opt.step()  # no ck.wait(): the hook waits
-        self.assertTrue(h.done())
+        stepped = threading.Event()
+        t = threading.Thread(target=lambda: (opt.step(), stepped.set()))  # no ck.wait(): the hook fences
+        t.start()
+        self.assertFalse(stepped.wait(0.2), "optimizer.step() ran while the copy was held")
+        now = state(model, opt)  # the forward pass has changed BatchNorm's buffers, nothing else
+        self.assertSameState({k: v for k, v in now.items() if not k.startswith("buffer ")},
+                             {k: v for k, v in want.items() if not k.startswith("buffer ")},
+                             "parameters and optimizer state while the copy is held")
+        gate.set()
+        t.join(30)
+        self.assertTrue(stepped.is_set())
         h.wait()
         model2, opt2 = make("adam", seed=5)
         ck2 = self.checkpointer(model2, opt2, agent)
@@ -411,7 +426,10 @@ class TestContract(TorchCase):
             ck.save(1).wait()
             bufs = s.registration["buffers"]
             optim = [b for b in bufs if b["name"].startswith("optim/")]
-            rest = [b for b in bufs if not b["name"].startswith("optim/")]
+            rest = [b for b in bufs if not b["name"].startswith(("optim/", "extra/"))]
+            extra = [b for b in bufs if b["name"].startswith("extra/")]  # per rank: RNG, param_groups
+            self.assertEqual(len(extra), 2)
+            self.assertTrue(all(b.get("replicated") is False for b in extra), extra)
             nparams = len(list(model.parameters()))
             self.assertEqual(len(optim), 3 * nparams)  # step, exp_avg, exp_avg_sq of each
             self.assertTrue(all(b.get("replicated") is (not sharded) for b in optim), optim)
