@@ -60,6 +60,14 @@ type Config struct {
 	// MaxHandshakes caps concurrent handshakes on a Server, so that
 	// strangers cannot make it run credential tools without bound. 0: 8.
 	MaxHandshakes int
+	// MaxUnauthenticated caps the connections a Server holds before they
+	// authenticate; when they are all taken it stops accepting (new ones
+	// wait in the kernel's backlog) until a handshake ends. 0: 64.
+	MaxUnauthenticated int
+	// MaxUnauthenticatedPerHost caps those of one remote address; beyond
+	// it a new connection from that address is closed at once. An agent
+	// dials a peer with ConnsPerPeer connections. 0: 8.
+	MaxUnauthenticatedPerHost int
 	// Background, if set, rate-limits fetches flagged background (on the
 	// Server, before each chunk is sent; on the Client, before credit is
 	// returned). Foreground fetches (restores) are never limited.
@@ -116,6 +124,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxHandshakes <= 0 {
 		c.MaxHandshakes = 8
+	}
+	if c.MaxUnauthenticated <= 0 {
+		c.MaxUnauthenticated = 64
+	}
+	if c.MaxUnauthenticatedPerHost <= 0 {
+		c.MaxUnauthenticatedPerHost = 8
 	}
 	switch {
 	case c.Job == "":
