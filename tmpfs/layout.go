@@ -119,7 +119,15 @@ func plan(spec Spec) ([]Buffer, int64, error) {
 }
 
 // chunks is how many chunks of size cs a buffer of n bytes has.
-func chunks(n, cs int64) int { return int((n + cs - 1) / cs) }
+// chunks is how many chunks of cs bytes hold n bytes, without the
+// overflow of (n+cs-1)/cs for sizes near the int64 limit.
+func chunks(n, cs int64) int {
+	c := n / cs
+	if n%cs != 0 {
+		c++
+	}
+	return int(c)
+}
 
 // Plan is the arena layout every generation of spec uses: each buffer's
 // offset (page-aligned, in the order given) and the arena's size. Clients
