@@ -2,7 +2,6 @@ package peer
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -81,8 +80,9 @@ type Config struct {
 }
 
 // FromAgentConfig fills what reft.toml governs into base (which carries
-// Job, UID, Node, Log): [agent] port_range, peer_bind, peer_auth and
-// peer_secret, and the [heartbeat] interval and timeout. With MUNGE, our
+// Job, UID, Node, Log, and Role for a status tool): [agent] port_range,
+// peer_bind, peer_auth and peer_secret (an agent creates the job's
+// secret if it is the first of the job, see EnsureSecret), and the [heartbeat] interval and timeout. With MUNGE, our
 // credentials are restricted to the job's uid, so no other user's process
 // can even decode them.
 func FromAgentConfig(c config.Config, base Config) (Config, error) {
@@ -92,7 +92,17 @@ func FromAgentConfig(c config.Config, base Config) (Config, error) {
 	base.Timeout = time.Duration(c.Heartbeat.Timeout)
 	switch c.Agent.PeerAuth {
 	case "secret":
-		s, err := LoadSecret(strings.ReplaceAll(c.Agent.PeerSecret, "%j", base.Job))
+		path, err := SecretPath(c.Agent.PeerSecret, base.Job, base.UID)
+		if err != nil {
+			return base, fmt.Errorf("agent.peer_auth = \"secret\": %w", err)
+		}
+		// An agent makes the job's secret if it is the first; a status
+		// tool only reads it.
+		load := LoadSecret
+		if base.Role == "" {
+			load = EnsureSecret
+		}
+		s, err := load(path)
 		if err != nil {
 			return base, fmt.Errorf("agent.peer_auth = \"secret\": %w", err)
 		}
