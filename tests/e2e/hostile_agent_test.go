@@ -28,8 +28,9 @@ import (
 // hostileAgentPy is bob's attack kit: a peer-protocol frame header with
 // valid checksums (CRC-32C, computed here), and two attacks. "flood HOST
 // PORT N": N connections each announce a huge payload before
-// authenticating (chunk frames of 64 MiB, hellos of 1 MiB) and never send
-// it; after 3 s it prints how many the listener has closed. "squat PORT...":
+// authenticating (chunk frames of 64 MiB, hellos of 1 MiB; all connected
+// before any speaks) and never send it; after 3 s it prints how many the
+// listener has closed. "squat PORT...":
 // listen on the ports and answer every connection with a challenge header
 // announcing 1 MiB that never comes; it prints "squatting" when listening
 // and the number of connections it took when stdin closes.
@@ -60,15 +61,15 @@ def closed(s):
         return True
 if sys.argv[1] == "flood":
     host, port, n = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    socks = []
-    for i in range(n):
-        s = socket.create_connection((host, port), timeout=5)
+    # Every connection first, silent (each holds a slot until it speaks or
+    # times out), then the headers.
+    socks = [socket.create_connection((host, port), timeout=5) for _ in range(n)]
+    for i, s in enumerate(socks):
         t, ln = (0x86, 64 << 20) if i % 2 == 0 else (0x01, 1 << 20)
         try:
             s.sendall(header(t, ln))
         except OSError:
             pass
-        socks.append(s)
     time.sleep(3)
     print("closed %d of %d" % (sum(closed(s) for s in socks), n), flush=True)
 else:
