@@ -135,13 +135,16 @@ func hostileAgentNotDrained(t *testing.T, nodes ...string) {
 	}
 }
 
-// hostileAgentTrain runs reft-train on n1 and n2 in alice's allocation job
-// with --reft=arc and returns its final-params-sha256, which must be an
-// undisturbed run's.
+// hostileAgentTrain runs reft-train on n1 and n2 (in alice's allocation
+// job with --reft=arc; "" runs it without reft, in a job of its own) and
+// returns its final-params-sha256, which must be an undisturbed run's.
 func hostileAgentTrain(t *testing.T, job string) string {
 	t.Helper()
-	args := append([]string{"srun", "--jobid=" + job, "--reft=arc", "--mpi=pmix", "-N2", "-n2", "-w", "n1,n2", bin("reft-train")},
-		append(append([]string{}, trainFlags...), reftTrainFlags...)...)
+	args := []string{"srun", "--mpi=pmix", "-N2", "-n2", "-w", "n1,n2"}
+	if job != "" {
+		args = append(args, "--jobid="+job, "--reft=arc")
+	}
+	args = append(append(append(args, bin("reft-train")), trainFlags...), reftTrainFlags...)
 	r := mustRun(t, 3*time.Minute, alice, args...)
 	m := hashRe.FindAllStringSubmatch(r.Stdout, -1)
 	if len(m) != 1 {
@@ -153,7 +156,7 @@ func hostileAgentTrain(t *testing.T, job string) string {
 // hostileAgentReference is the hash of the same training without reft.
 func hostileAgentReference(t *testing.T) string {
 	t.Helper()
-	return train(t, []string{"-N2", "-n2", "-w", "n1,n2"}, reftTrainFlags...).hash
+	return hostileAgentTrain(t, "")
 }
 
 // hostileAgentWaitEvent waits until node's agent of job logged event with
