@@ -310,7 +310,7 @@ out = {"restored": step, "identical": b == a}
 try:
     h = old.save(2)
     h.wait()
-    out["old_save"] = "error: %s" % h.error() if h.error() else "committed"
+    out["old_save"] = "error: %s" % h.error if h.error else "committed"
 except reft.Error as e:
     out["old_save"] = "refused: %s" % e
 out["generations"] = [g if isinstance(g, int) else g.get("step") for g in new.generations()]
