@@ -240,7 +240,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		s.mu.Unlock()
 	}()
 	log.Debug().Msg("client connected")
-	rc := &rankConn{}
+	rc := &rankConn{pid: cred.Pid}
 	defer rc.close()
 	defer s.commPhase(rc, false, log) // a rank that died mid-collective must not hold replication paused
 	defer s.unwatch(rc)
@@ -381,8 +381,24 @@ func (s *Server) noteRegistered(rc *rankConn, rank, world int, si *sgInfo) {
 	if s.regs == nil {
 		s.regs, s.regOwner = map[int]*proto.RankProtection{}, map[int]*rankConn{}
 	}
+	if old := s.regOwner[rank]; old != nil && old != rc && s.regs[rank].Connected {
+		s.log.Warn().Str("event", "rank_fenced").Int("rank", rank).Int32("pid", rc.pid).Int32("fenced_pid", old.pid).
+			Msgf("rank %d registered again by pid %d while pid %d's registration is still connected: pid %d is fenced (its saves, commits, restores and releases are refused)",
+				rank, rc.pid, old.pid, old.pid)
+	}
 	s.regs[rank], s.regOwner[rank] = p, rc
 	s.regMu.Unlock()
+}
+
+// fencedBy returns the connection that registered rc's rank after rc did,
+// or nil while rc is the rank's registration.
+func (s *Server) fencedBy(rc *rankConn) *rankConn {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	if o := s.regOwner[rc.key.Rank]; o != nil && o != rc {
+		return o
+	}
+	return nil
 }
 
 // noteGone marks a registered rank's connection closed.

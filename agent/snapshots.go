@@ -25,6 +25,7 @@ const maxChunkSize = 256 << 20
 // rankConn is the snapshot state of one client connection: one rank
 // (docs/PROTOCOL.md, "Snapshots").
 type rankConn struct {
+	pid        int32 // the client process (SO_PEERCRED), for the fence's messages
 	registered bool
 	key        tmpfs.Key
 	spec       tmpfs.Spec         // sections, sources and regions of every save
@@ -122,6 +123,18 @@ func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zer
 	}
 	if f.Type != proto.TRegister && !rc.registered {
 		return replyErr(c, f.ID, proto.CodeBadState, "%s before register: register the rank's buffers first", f.Type)
+	}
+	if rc.registered && f.Type != proto.TRegister && f.Type != proto.TGenerations {
+		// A rank's snapshots have one writer: the connection that
+		// registered the rank last. An older incarnation still connected
+		// (a process that outlived its relaunch) must not commit over,
+		// restore into or release the newer one's state.
+		if by := s.fencedBy(rc); by != nil {
+			return replyErr(c, f.ID, proto.CodeBadState,
+				"%s refused: rank %d was registered again on this node by pid %d after this connection (pid %d) registered it; "+
+					"a rank has one process, so this older one is fenced (end it: the rank runs in pid %d now)",
+				f.Type, rc.key.Rank, by.pid, rc.pid, by.pid)
+		}
 	}
 	switch f.Type {
 	case proto.TRegister:

@@ -299,14 +299,55 @@ func TestSnapshotSecondConnectionSupersedes(t *testing.T) {
 	sock := storeServer(t, t.TempDir(), 0)
 	old, cur := newClient(t, sock), newClient(t, sock)
 	old.must(proto.TRegister, regReq(0, twoBufs...), nil)
-	cur.must(proto.TRegister, regReq(0, twoBufs...), nil)
 	old.must(proto.TSave, proto.StepReq{Step: 1}, nil)
+	cur.must(proto.TRegister, regReq(0, twoBufs...), nil)
 	cur.saveFilled(1, 9) // discards old's unfinished generation
 	if code := old.call(proto.TCommit, proto.StepReq{Step: 1}, nil); code != proto.CodeBadState {
 		t.Fatalf("commit of a superseded save: %q, want bad_state", code)
 	}
 	if got := cur.steps(); !slices.Equal(got, []int64{1}) {
 		t.Fatalf("generations %v", got)
+	}
+}
+
+// TestSnapshotOldIncarnationFenced: a rank registered again while its
+// older connection is still open (a process that outlived its relaunch)
+// fences the older one: whatever it asks that could change or read the
+// rank's snapshots is refused with an error naming both processes, so it
+// cannot commit over the newer incarnation (issue 14, finding 7).
+func TestSnapshotOldIncarnationFenced(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		typ  proto.Type
+		req  any
+	}{
+		{"save", proto.TSave, proto.StepReq{Step: 7}},
+		{"commit", proto.TCommit, proto.StepReq{Step: 7}},
+		{"abort", proto.TAbort, proto.StepReq{Step: 7}},
+		{"restore", proto.TRestore, proto.StepReq{Step: -1}},
+		{"release", proto.TRelease, proto.StepReq{Step: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := storeServer(t, t.TempDir(), 0)
+			old, cur := newClient(t, sock), newClient(t, sock)
+			old.must(proto.TRegister, regReq(0, twoBufs...), nil)
+			old.saveFilled(1, 1)
+			var ar proto.ArenaReply
+			old.must(proto.TRestore, proto.StepReq{Step: 1}, &ar) // pinned, for release
+			old.must(proto.TSave, proto.StepReq{Step: 7}, nil)    // open, for commit and abort
+			cur.must(proto.TRegister, regReq(0, twoBufs...), nil)
+			perr := old.callErr(tc.typ, tc.req, nil)
+			if perr == nil || perr.Code != proto.CodeBadState || !strings.Contains(perr.Message, "fenced") {
+				t.Fatalf("%s of the older incarnation: %v, want bad_state naming the fence", tc.typ, perr)
+			}
+			if got := cur.steps(); !slices.Equal(got, []int64{1}) {
+				t.Fatalf("generations %v, want [1]: the fenced connection changed them", got)
+			}
+			cur.saveFilled(2, 2) // the newer incarnation works on
+			if got := old.steps(); !slices.Equal(got, []int64{2, 1}) {
+				t.Fatalf("generations seen by the older connection %v", got)
+			}
+		})
 	}
 }
 

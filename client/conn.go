@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/reft-hpc/reft/agent/proto"
 )
@@ -50,7 +53,47 @@ func dial(ctx context.Context, path string) (*conn, error) {
 		return nil, fmt.Errorf("connecting to the reft agent at %s: %w", path, err)
 	}
 	uc := c.(*net.UnixConn)
+	if err := checkAgentUID(uc, path); err != nil {
+		uc.Close()
+		return nil, err
+	}
 	return &conn{c: uc, r: bufio.NewReader(uc)}, nil
+}
+
+// ErrAgentNotOurs: the process at the agent's socket runs as another
+// user. The client sends it nothing: a request carries the arena's name
+// and the rank's layout, and its replies would decide what is restored.
+var ErrAgentNotOurs = errors.New("the reft agent's socket is served by another user")
+
+// ownUID is the uid the agent must run as, this process's own (the agent
+// runs as the job's user, never as root). A variable so that tests can
+// pose as another user.
+var ownUID = os.Getuid
+
+// checkAgentUID reads the uid of the process that serves uc
+// (SO_PEERCRED, recorded by the kernel when it listened) and refuses
+// any but our own.
+func checkAgentUID(uc *net.UnixConn, path string) error {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("checking the reft agent at %s: %w", path, err)
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		cerr = err
+	}
+	if cerr != nil {
+		return fmt.Errorf("checking the reft agent at %s: reading its credentials (SO_PEERCRED): %w", path, cerr)
+	}
+	if want := ownUID(); int(cred.Uid) != want {
+		return fmt.Errorf("%w: %s is served by uid %d (pid %d), this process runs as uid %d; refusing to talk to it "+
+			"(another user's process holds the agent's socket path: check REFT_AGENT_SOCKET, and tell the admin)",
+			ErrAgentNotOurs, path, cred.Uid, cred.Pid, want)
+	}
+	return nil
 }
 
 // call sends one request and decodes its reply into resp (nil: ignore the

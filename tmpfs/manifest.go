@@ -176,7 +176,8 @@ func (m *Manifest) check(step int64, seq uint64, arenaSize int64) error {
 	}
 	var end int64
 	for _, b := range m.Buffers {
-		// Compared without Offset+Size, which wraps for a crafted manifest.
+		// Offset >= end >= 0, so ArenaSize-Offset cannot overflow, where
+		// Offset+Size could wrap past the check (a crafted manifest).
 		if b.Offset < end || b.Size < 0 || b.Offset > m.ArenaSize || b.Size > m.ArenaSize-b.Offset {
 			return fmt.Errorf("buffer %q at %d+%d overlaps or leaves the arena", b.Name, b.Offset, b.Size)
 		}

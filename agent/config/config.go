@@ -86,8 +86,10 @@ type Agent struct {
 	PeerBind string `toml:"peer_bind"`
 	// PeerAuth is how agents authenticate each other: "munge" or "secret".
 	PeerAuth string `toml:"peer_auth"`
-	// PeerSecret is the per-job secret file for PeerAuth "secret"; %j
-	// stands for the job id.
+	// PeerSecret is the per-job secret file for PeerAuth "secret", on a
+	// filesystem every node of the job sees, in a directory private to
+	// the user; the job's first agent creates it. %j stands for the job
+	// id, %u for the uid, a leading ~/ for $HOME.
 	PeerSecret string `toml:"peer_secret"`
 	// StartTimeout is how long a step waits for its node's agent to answer.
 	StartTimeout Duration `toml:"start_timeout"`
@@ -264,6 +266,7 @@ func Default() Config {
 			RunDir:       "/run/reft",
 			PortRange:    [2]int{47000, 47999},
 			PeerAuth:     "munge",
+			PeerSecret:   "~/.reft/secrets/%j",
 			StartTimeout: Duration(10 * time.Second),
 			GPUHealth:    true,
 		},
@@ -371,8 +374,9 @@ func (c Config) Validate() error {
 	switch c.Agent.PeerAuth {
 	case "munge":
 	case "secret":
-		if !strings.HasPrefix(c.Agent.PeerSecret, "/") {
-			return fmt.Errorf("agent.peer_auth = \"secret\" needs agent.peer_secret, an absolute path (%%j: the job id); got %q", c.Agent.PeerSecret)
+		if !strings.HasPrefix(c.Agent.PeerSecret, "/") && !strings.HasPrefix(c.Agent.PeerSecret, "~/") {
+			return fmt.Errorf("agent.peer_auth = \"secret\" needs agent.peer_secret, an absolute path or one under ~/ on a filesystem every node sees "+
+				"(%%j: the job id, %%u: the uid; e.g. \"~/.reft/secrets/%%j\"); got %q", c.Agent.PeerSecret)
 		}
 	default:
 		return fmt.Errorf("agent.peer_auth = %q: valid methods: munge, secret", c.Agent.PeerAuth)

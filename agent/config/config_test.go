@@ -122,7 +122,7 @@ func TestParseInvalid(t *testing.T) {
 		{"bad peer auth", "[agent]\npeer_auth = \"kerberos\"", "valid methods: munge, secret"},
 		{"gpu health string", "[agent]\ngpu_health = \"yes\"", "gpu_health"},
 		{"gpu health miscased", "[agent]\nGPU_Health = false", `unknown key "agent.GPU_Health"`},
-		{"secret without file", "[agent]\npeer_auth = \"secret\"", "needs agent.peer_secret"},
+		{"secret with a relative file", "[agent]\npeer_auth = \"secret\"\npeer_secret = \"secrets/%j\"", "needs agent.peer_secret"},
 		{"zero failure rate", "[persist]\nfailures_per_node_day = 0.0", "persist.failures_per_node_day = 0: want failures per node per day, > 0"},
 		{"negative failure rate", "[persist]\nfailures_per_node_day = -1.0", "persist.failures_per_node_day = -1"},
 		{"infinite failure rate", "[persist]\nfailures_per_node_day = inf", "persist.failures_per_node_day = +Inf"},

@@ -31,6 +31,10 @@ type Options struct {
 	Dir     string    // log directory; the file is Dir/<job>/<node>.jsonl
 	Level   string    // trace, debug, info, warn or error
 	Console io.Writer // also log here, human readable, if it is a terminal; may be nil
+	// UID is the uid that must own the job's log directory and file: the
+	// job's, which the process runs as. nil: os.Getuid (tests pose as
+	// another user with it).
+	UID func() int
 }
 
 // Path returns the JSON log file of a job on a node.
@@ -46,13 +50,20 @@ func Open(o Options, f Fields) (zerolog.Logger, io.Closer, error) {
 	if err != nil || o.Level == "" {
 		return zerolog.Nop(), nil, fmt.Errorf("log level %q: valid levels: trace, debug, info, warn, error", o.Level)
 	}
-	path := Path(o.Dir, f.Job, f.Node)
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return zerolog.Nop(), nil, fmt.Errorf("creating log directory %s: %w (check log.dir in reft.toml: job users must be able to create it)", filepath.Dir(path), err)
+	// The directory is shared with every user of the node: the job's
+	// own directory in it is checked, and the file opened through it.
+	uid := o.UID
+	if uid == nil {
+		uid = os.Getuid
 	}
-	file, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	d, err := JobDir(o.Dir, f.Job, uid())
 	if err != nil {
-		return zerolog.Nop(), nil, fmt.Errorf("opening log file %s: %w (check log.dir in reft.toml)", path, err)
+		return zerolog.Nop(), nil, fmt.Errorf("the job's log: %w", err)
+	}
+	defer d.Close()
+	file, err := OpenIn(d, safe(f.Node)+".jsonl", os.O_WRONLY|os.O_CREATE|os.O_APPEND, uid())
+	if err != nil {
+		return zerolog.Nop(), nil, fmt.Errorf("the job's log: %w", err)
 	}
 	var w io.Writer = file
 	if IsTerminal(o.Console) {

@@ -115,15 +115,15 @@ func acceptHandshake(cfg *Config, c *conn, sem chan struct{}) (peerNode, role st
 		c.writeError(0, r.code, r.msg, nil)
 		return "", "", fmt.Errorf("%w: %w", ErrAuth, r)
 	}
-	f, err := c.readFrame()
+	f, err := c.readHandshake(THello)
 	if err != nil {
-		if errors.Is(err, ErrVersion) {
+		switch {
+		case errors.Is(err, ErrVersion):
 			return fail(refuse(CodeVersion, "this agent speaks peer protocol %d", Version))
+		case errors.Is(err, errUnexpected):
+			return fail(refuse(CodeForbidden, "%s frame before authentication; a connection starts with hello", f.Type))
 		}
 		return fail(refuse(CodeMalformed, "reading hello: %v", err))
-	}
-	if f.Type != THello {
-		return fail(refuse(CodeForbidden, "%s frame before authentication; a connection starts with hello", f.Type))
 	}
 	var h Hello
 	if err := unmarshal(f, &h); err != nil {
@@ -146,11 +146,11 @@ func acceptHandshake(cfg *Config, c *conn, sem chan struct{}) (peerNode, role st
 	if err := c.writeMsg(TChallenge, 0, &Challenge{Protocol: Version, Method: cfg.Auth.Method(), Nonce: ln, Node: cfg.Node}); err != nil {
 		return "", "", fmt.Errorf("%w: %w", ErrAuth, err)
 	}
-	if f, err = c.readFrame(); err != nil {
+	if f, err = c.readHandshake(TAuth); err != nil {
+		if errors.Is(err, errUnexpected) {
+			return fail(refuse(CodeForbidden, "%s frame where auth was due", f.Type))
+		}
 		return fail(refuse(CodeMalformed, "reading auth: %v", err))
-	}
-	if f.Type != TAuth {
-		return fail(refuse(CodeForbidden, "%s frame where auth was due", f.Type))
 	}
 	var a AuthMsg
 	if err := unmarshal(f, &a); err != nil {
@@ -211,7 +211,12 @@ func dialHandshake(ctx context.Context, cfg *Config, c *conn) (peerNode string, 
 	// expect reads the next frame; an error frame from the listener is its
 	// refusal and is returned as *Error.
 	expect := func(t Type, v any) error {
-		f, err := c.readFrame()
+		// A squatter on the peer's port gets no more of our memory than a
+		// stranger gets of a listener's: small frames of the due type.
+		f, err := c.readHandshake(t, TError)
+		if errors.Is(err, errUnexpected) {
+			return fmt.Errorf("%w: %s frame where %s was due", ErrAuth, f.Type, t)
+		}
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", t, err)
 		}

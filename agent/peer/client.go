@@ -442,7 +442,15 @@ func (g *GenInfo) check() error {
 	return nil
 }
 
-func numChunks(size, chunk int64) int64 { return (size + chunk - 1) / chunk }
+// numChunks is how many chunks of chunk bytes hold size bytes, without
+// the overflow of (size+chunk-1)/chunk for sizes near the int64 limit.
+func numChunks(size, chunk int64) int64 {
+	n := size / chunk
+	if size%chunk != 0 {
+		n++
+	}
+	return n
+}
 
 // event is what the reader tells a stream: a chunk landed (err: it failed
 // its checksum), or the stream ended early (end).

@@ -2,7 +2,6 @@ package peer
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -60,6 +59,14 @@ type Config struct {
 	// MaxHandshakes caps concurrent handshakes on a Server, so that
 	// strangers cannot make it run credential tools without bound. 0: 8.
 	MaxHandshakes int
+	// MaxUnauthenticated caps the connections a Server holds before they
+	// authenticate; when they are all taken it stops accepting (new ones
+	// wait in the kernel's backlog) until a handshake ends. 0: 64.
+	MaxUnauthenticated int
+	// MaxUnauthenticatedPerHost caps those of one remote address; beyond
+	// it a new connection from that address is closed at once. An agent
+	// dials a peer with ConnsPerPeer connections. 0: 8.
+	MaxUnauthenticatedPerHost int
 	// Background, if set, rate-limits fetches flagged background (on the
 	// Server, before each chunk is sent; on the Client, before credit is
 	// returned). Foreground fetches (restores) are never limited.
@@ -73,8 +80,9 @@ type Config struct {
 }
 
 // FromAgentConfig fills what reft.toml governs into base (which carries
-// Job, UID, Node, Log): [agent] port_range, peer_bind, peer_auth and
-// peer_secret, and the [heartbeat] interval and timeout. With MUNGE, our
+// Job, UID, Node, Log, and Role for a status tool): [agent] port_range,
+// peer_bind, peer_auth and peer_secret (an agent creates the job's
+// secret if it is the first of the job, see EnsureSecret), and the [heartbeat] interval and timeout. With MUNGE, our
 // credentials are restricted to the job's uid, so no other user's process
 // can even decode them.
 func FromAgentConfig(c config.Config, base Config) (Config, error) {
@@ -84,7 +92,17 @@ func FromAgentConfig(c config.Config, base Config) (Config, error) {
 	base.Timeout = time.Duration(c.Heartbeat.Timeout)
 	switch c.Agent.PeerAuth {
 	case "secret":
-		s, err := LoadSecret(strings.ReplaceAll(c.Agent.PeerSecret, "%j", base.Job))
+		path, err := SecretPath(c.Agent.PeerSecret, base.Job, base.UID)
+		if err != nil {
+			return base, fmt.Errorf("agent.peer_auth = \"secret\": %w", err)
+		}
+		// An agent makes the job's secret if it is the first; a status
+		// tool only reads it.
+		load := LoadSecret
+		if base.Role == "" {
+			load = EnsureSecret
+		}
+		s, err := load(path)
 		if err != nil {
 			return base, fmt.Errorf("agent.peer_auth = \"secret\": %w", err)
 		}
@@ -116,6 +134,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxHandshakes <= 0 {
 		c.MaxHandshakes = 8
+	}
+	if c.MaxUnauthenticated <= 0 {
+		c.MaxUnauthenticated = 64
+	}
+	if c.MaxUnauthenticatedPerHost <= 0 {
+		c.MaxUnauthenticatedPerHost = 8
 	}
 	switch {
 	case c.Job == "":

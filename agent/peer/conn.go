@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,11 @@ import (
 // larger than it bypass it (bufio reads straight into the destination once
 // it is drained), so bulk bytes are copied by the kernel only.
 const readBuf = 64 << 10
+
+// handshakeBuf is the read buffer of a connection that is not
+// authenticated yet: strangers hold little memory each. live() puts the
+// large buffer on top once the peer is known.
+const handshakeBuf = 4 << 10
 
 // crcPiece is the step of the fused read+checksum: the piece just read is
 // still in L2 when it is checksummed, so the data crosses memory once.
@@ -46,7 +52,7 @@ func newConn(nc net.Conn, timeout time.Duration) *conn {
 		tc.SetNoDelay(true) // control frames are small and latency-bound
 	}
 	dr := &deadlineReader{nc: nc}
-	return &conn{nc: nc, dr: dr, br: bufio.NewReaderSize(dr, readBuf), timeout: timeout, closed: make(chan struct{})}
+	return &conn{nc: nc, dr: dr, br: bufio.NewReaderSize(dr, handshakeBuf), timeout: timeout, closed: make(chan struct{})}
 }
 
 // deadlineReader pushes the read deadline forward whenever bytes flow, at
@@ -73,6 +79,10 @@ func (c *conn) live() {
 	c.nc.SetDeadline(time.Time{})
 	c.dr.timeout = c.timeout
 	c.dr.last = time.Time{}
+	// The peer is authenticated: give it the bulk buffer. Wrapping keeps
+	// whatever the small one buffered; reads larger than the small buffer
+	// pass through it unbuffered, so the data is not copied twice.
+	c.br = bufio.NewReaderSize(c.br, readBuf)
 }
 
 // close closes the connection once, remembering the first reason.
@@ -134,11 +144,24 @@ func (c *conn) readPayload(h Header) (Frame, error) {
 	return f, nil
 }
 
-// readFrame reads a whole control frame.
-func (c *conn) readFrame() (Frame, error) {
+// errUnexpected: a handshake frame of a type the handshake does not take
+// at that point.
+var errUnexpected = errors.New("unexpected frame type")
+
+// readHandshake reads a frame of the handshake, which must be one of
+// want and at most MaxHandshake bytes. Both are checked on the header,
+// before any payload is read or allocated, so that a stranger's length
+// field costs nothing.
+func (c *conn) readHandshake(want ...Type) (Frame, error) {
 	h, err := c.readHeader()
 	if err != nil {
 		return Frame{Header: h}, err
+	}
+	if !slices.Contains(want, h.Type) {
+		return Frame{Header: h}, fmt.Errorf("%w: %s", errUnexpected, h.Type)
+	}
+	if h.Length > MaxHandshake {
+		return Frame{Header: h}, fmt.Errorf("%w: %s payload of %d bytes before authentication > %d", ErrTooLarge, h.Type, h.Length, MaxHandshake)
 	}
 	return c.readPayload(h)
 }

@@ -24,6 +24,11 @@ const (
 	// MaxPayload bounds any payload, so also the chunk size a peer may
 	// serve. tmpfs chunks are 4 MiB by default.
 	MaxPayload = 64 << 20
+	// MaxHandshake bounds the payload of every frame before the peer is
+	// authenticated (hello, challenge, auth, auth reply, error): a token
+	// is at most MaxToken bytes, base64 in JSON. A stranger can make a
+	// listener hold no more than this per connection.
+	MaxHandshake = 32 << 10
 )
 
 // Type is a frame type. A reply has the request's type with bit 0x80 set,

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"math"
 	"testing"
 )
 
@@ -134,5 +135,18 @@ func TestTypeNames(t *testing.T) {
 	}
 	if Type(0x42).known() {
 		t.Error("0x42 is known")
+	}
+}
+
+// TestNumChunksNoOverflow: a peer's buffer size near the int64 limit
+// gives the right chunk count, not a wrapped one (issue 14, finding 7).
+func TestNumChunksNoOverflow(t *testing.T) {
+	for _, tc := range []struct{ n, cs, want int64 }{
+		{0, 4096, 0}, {1, 4096, 1}, {4096, 4096, 1}, {4097, 4096, 2},
+		{math.MaxInt64, MaxPayload, math.MaxInt64/MaxPayload + 1},
+	} {
+		if got := numChunks(tc.n, tc.cs); got != tc.want {
+			t.Errorf("numChunks(%d, %d) = %d, want %d", tc.n, tc.cs, got, tc.want)
+		}
 	}
 }

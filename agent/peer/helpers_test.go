@@ -208,3 +208,12 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// readFrame reads a whole control frame of any type.
+func (c *conn) readFrame() (Frame, error) {
+	h, err := c.readHeader()
+	if err != nil {
+		return Frame{Header: h}, err
+	}
+	return c.readPayload(h)
+}

@@ -8,6 +8,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/rs/zerolog"
 )
@@ -67,12 +69,19 @@ type Server struct {
 	log     zerolog.Logger
 	streams chan struct{} // MaxStreams slots
 	shakes  chan struct{} // MaxHandshakes slots
+	// unauth holds a slot per connection not yet authenticated
+	// (MaxUnauthenticated); the accept loop waits for one before it
+	// accepts, so strangers cannot make the agent hold more.
+	unauth chan struct{}
+	done   chan struct{} // closed by Close
 
-	mu       sync.Mutex
-	conns    map[*conn]struct{}
-	closed   bool
-	wg       sync.WaitGroup
-	handlers map[Type]Handler
+	mu         sync.Mutex
+	conns      map[*conn]struct{}
+	perHost    map[string]int // unauthenticated connections per remote address
+	refusedLog every
+	closed     bool
+	wg         sync.WaitGroup
+	handlers   map[Type]Handler
 
 	stats ServerStats
 }
@@ -85,6 +94,12 @@ type ServerStats struct {
 	ChunksSent atomic.Uint64
 	BytesSent  atomic.Uint64
 	Busy       atomic.Uint64 // fetches refused with busy
+	// Shed counts connections closed unread because their address held
+	// MaxUnauthenticatedPerHost unauthenticated ones already.
+	Shed atomic.Uint64
+	// AcceptBackoffs counts accepts that failed for want of descriptors
+	// or memory and were retried after a pause.
+	AcceptBackoffs atomic.Uint64
 }
 
 // Listen binds a port of cfg.Ports, or else of cfg.PortRange, on cfg.Bind
@@ -115,7 +130,8 @@ func Listen(cfg Config, src ChunkSource) (*Server, error) {
 func newServer(cfg Config, src ChunkSource, ln *net.TCPListener) *Server {
 	return &Server{cfg: cfg, src: src, ln: ln, log: cfg.Log.With().Str("component", "peer").Logger(),
 		streams: make(chan struct{}, cfg.MaxStreams), shakes: make(chan struct{}, cfg.MaxHandshakes),
-		conns: map[*conn]struct{}{}}
+		unauth: make(chan struct{}, cfg.MaxUnauthenticated), done: make(chan struct{}),
+		conns: map[*conn]struct{}{}, perHost: map[string]int{}}
 }
 
 // Handler serves one request type that is not the store's (Type.Handled):
@@ -160,6 +176,7 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.done)
 	err := s.ln.Close()
 	for c := range s.conns {
 		c.close(errors.New("peer server closed"))
@@ -171,26 +188,112 @@ func (s *Server) Close() error {
 
 func (s *Server) accept() {
 	defer s.wg.Done()
+	var backoff time.Duration
+	var shedLog every
 	for {
+		select {
+		case s.unauth <- struct{}{}:
+		case <-s.done:
+			return
+		}
 		nc, err := s.ln.Accept()
 		if err != nil {
+			<-s.unauth
 			s.mu.Lock()
 			closed := s.closed
 			s.mu.Unlock()
 			if closed {
 				return
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if !acceptRetryable(err) {
+				s.log.Error().Err(err).Msg("peer accept failed; the listener stops")
+				return
 			}
-			s.log.Error().Err(err).Msg("peer accept failed; the listener stops")
-			return
+			// Out of descriptors or memory: a flood, or the job itself.
+			// The condition passes when connections close, so wait and
+			// try again rather than stop listening for the rest of the job.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			if s.stats.AcceptBackoffs.Add(1) == 1 || backoff == time.Second {
+				s.log.Warn().Str("event", "peer_accept_backoff").Err(err).Dur("retry_in", backoff).
+					Msg("peer accept failed for want of resources; retrying (raise the open-files limit if this persists)")
+			}
+			select {
+			case <-time.After(backoff):
+			case <-s.done:
+				return
+			}
+			continue
 		}
-		if !s.track(nc, s.serve) {
+		backoff = 0
+		host := remoteHost(nc)
+		if !s.admit(host) {
+			<-s.unauth
+			nc.Close()
+			if s.stats.Shed.Add(1); shedLog.allow(10 * time.Second) {
+				s.log.Warn().Str("event", "peer_conn_shed").Str("remote", host).Uint64("shed", s.stats.Shed.Load()).
+					Msgf("closed a connection from %s unread: it holds %d unauthenticated connections already (a flood, or a misbehaving host)", host, s.cfg.MaxUnauthenticatedPerHost)
+			}
+			continue
+		}
+		if !s.track(nc, func(c *conn) { s.serveCounted(c, func() { s.authenticated(host) }) }) {
 			return
 		}
 	}
+}
+
+// every lets an event through at most once per interval.
+type every struct{ last atomic.Int64 }
+
+func (e *every) allow(d time.Duration) bool {
+	now, last := time.Now().UnixNano(), e.last.Load()
+	return now-last >= int64(d) && e.last.CompareAndSwap(last, now)
+}
+
+// acceptRetryable reports whether an accept error passes on its own:
+// the process or system is out of descriptors (EMFILE, ENFILE) or of
+// buffer memory, or the connection went away before it was accepted.
+func acceptRetryable(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// remoteHost is a connection's remote address without the port.
+func remoteHost(nc net.Conn) string {
+	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return nc.RemoteAddr().String()
+}
+
+// admit counts an unauthenticated connection from host, or reports that
+// host holds MaxUnauthenticatedPerHost already.
+func (s *Server) admit(host string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.perHost[host] >= s.cfg.MaxUnauthenticatedPerHost {
+		return false
+	}
+	s.perHost[host]++
+	return true
+}
+
+// authenticated gives back the unauthenticated slots of a connection
+// from host whose handshake ended, either way.
+func (s *Server) authenticated(host string) {
+	s.mu.Lock()
+	if s.perHost[host]--; s.perHost[host] <= 0 {
+		delete(s.perHost, host)
+	}
+	s.mu.Unlock()
+	<-s.unauth
 }
 
 // track serves a new connection with serve on a goroutine of its own,
@@ -281,12 +384,21 @@ func refusalLevel(code string) zerolog.Level {
 	return zerolog.WarnLevel
 }
 
-func (s *Server) serve(c *conn) {
+func (s *Server) serve(c *conn) { s.serveCounted(c, func() {}) }
+
+// serveCounted is serve, calling shaken when the handshake ended, either
+// way (the accept loop's unauthenticated count).
+func (s *Server) serveCounted(c *conn, shaken func()) {
 	remote := c.nc.RemoteAddr().String()
 	node, role, err := acceptHandshake(&s.cfg, c, s.shakes)
+	shaken()
 	if err != nil {
-		s.stats.Refused.Add(1)
-		s.log.Warn().Str("event", "peer_refused").Str("remote", remote).Err(err).Msg("refused a peer connection")
+		// A flood of strangers must not flood the log as well: the first
+		// refusals are logged one by one, then one a second at most.
+		n := s.stats.Refused.Add(1)
+		if n <= maxRefusalLogs || s.refusedLog.allow(time.Second) {
+			s.log.Warn().Str("event", "peer_refused").Str("remote", remote).Uint64("refused", n).Err(err).Msg("refused a peer connection")
+		}
 		c.close(err)
 		return
 	}

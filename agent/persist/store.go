@@ -390,10 +390,10 @@ func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
 	// Every byte a restore copies must be covered by a checksum.
 	var end int64
 	for _, b := range g.Manifest.Buffers {
-		// Neither Offset+Size nor Size+ChunkSize-1: both wrap for a crafted manifest.
-		cs := g.Manifest.ChunkSize
+		// Compared without Offset+Size, which a crafted manifest can make
+		// wrap around past the check.
 		if b.Offset < end || b.Size < 0 || b.Offset > g.Manifest.ArenaSize || b.Size > g.Manifest.ArenaSize-b.Offset ||
-			int64(len(b.CRC32C)) != b.Size/cs+min(b.Size%cs, 1) {
+			int64(len(b.CRC32C)) != numChunks(b.Size, g.Manifest.ChunkSize) {
 			return Generation{}, fmt.Errorf("manifest: buffer %q at %d+%d with %d checksums does not fit the %d-byte arena in %d-byte chunks",
 				b.Name, b.Offset, b.Size, len(b.CRC32C), g.Manifest.ArenaSize, g.Manifest.ChunkSize)
 		}
@@ -402,6 +402,16 @@ func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
 	_, err = os.Stat(filepath.Join(dir, badFile))
 	g.Bad = err == nil
 	return g, nil
+}
+
+// numChunks is how many chunks of cs bytes hold n bytes, without the
+// overflow of (n+cs-1)/cs for sizes near the int64 limit.
+func numChunks(n, cs int64) int64 {
+	c := n / cs
+	if n%cs != 0 {
+		c++
+	}
+	return c
 }
 
 // CorruptError names the persisted chunks whose bytes do not match their

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/logging"
 )
 
 // FileName is the recovery log's name inside <log dir>/<jobid>/.
@@ -119,13 +121,16 @@ func (e *errWriter) Write(p []byte) (int, error) {
 
 // Open creates or appends to the recovery log of job under logDir.
 func Open(logDir, job string) (*Writer, error) {
-	path := Path(logDir, job)
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return nil, fmt.Errorf("creating the recovery log's directory %s: %w (log.dir in reft.toml must be writable by job users, e.g. mode 1777)", filepath.Dir(path), err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	// The log directory is shared by every user: the job's directory in
+	// it must be the job user's own, and the file is opened through it.
+	d, err := logging.JobDir(logDir, job, os.Getuid())
 	if err != nil {
-		return nil, fmt.Errorf("opening the recovery log %s: %w (check log.dir in reft.toml)", path, err)
+		return nil, fmt.Errorf("the recovery log: %w", err)
+	}
+	defer d.Close()
+	f, err := logging.OpenIn(d, FileName, os.O_WRONLY|os.O_CREATE|os.O_APPEND, os.Getuid())
+	if err != nil {
+		return nil, fmt.Errorf("the recovery log: %w", err)
 	}
 	return NewWriter(f), nil
 }

@@ -99,7 +99,7 @@ func FuzzWatcher(f *testing.F) {
 	f.Fuzz(func(t *testing.T, first, more []byte) {
 		dir := t.TempDir()
 		path := filepath.Join(dir, "n1.jsonl")
-		w := NewWatcher(dir)
+		w := NewWatcher(dir, []string{"n1", "n2"})
 		for _, b := range [][]byte{first, more} {
 			fh, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 			if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/logging"
 	"github.com/reft-hpc/reft/launcher/recoverylog"
 )
 
@@ -150,7 +151,7 @@ func (r *Runner) Run(ctx context.Context) int {
 	if r.StopGrace <= 0 {
 		r.StopGrace = time.Minute
 	}
-	watcher := NewWatcher(r.JobLogDir)
+	watcher := NewWatcher(r.JobLogDir, r.Plan.Alloc)
 	if r.Spec == "off" {
 		r.say("warning: --reft=off: the step takes no snapshots, so every relaunch starts over")
 	}
@@ -355,8 +356,8 @@ const failStopGrace = 2 * time.Second
 // ranks) and records it in a; a lost spare leaves the plan at once.
 func (r *Runner) checkAgents(ctx context.Context, a *attempt, w *Watcher) bool {
 	if err := w.Poll(); err != nil {
-		r.warnOnce("watch", "%v; failures are seen only when srun reports them", err)
-		return false
+		// What could be read is used; what not is said once.
+		r.warnOnce("watch", "%v; failures in those logs are seen only when srun reports them", err)
 	}
 	fs := w.Failures()
 	for ; a.seenFailures < len(fs); a.seenFailures++ {
@@ -485,8 +486,7 @@ func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[
 		return
 	}
 	if err := w.Poll(); err != nil {
-		r.warnOnce("watch", "%v; resumption will not be observed", err)
-		return
+		r.warnOnce("watch", "%v; resumption in those logs will not be observed", err)
 	}
 	step := stepSuffix(a.stepID)
 	world := r.Plan.Ranks()
@@ -591,11 +591,23 @@ func newStep(before, now map[string]string, job string) string {
 // writes the hostfile.
 func (r *Runner) argv(relaunch int) ([]string, []string, error) {
 	hostfile := filepath.Join(r.JobLogDir, fmt.Sprintf("hostfile.%d", relaunch))
-	if err := os.MkdirAll(r.JobLogDir, 0o750); err != nil {
-		return nil, nil, fmt.Errorf("creating %s for the step's hostfile: %w (log.dir in reft.toml must be writable by job users)", r.JobLogDir, err)
+	// srun places the ranks by this file: it is written only into the
+	// job user's own directory, never through a link.
+	d, err := logging.JobDir(filepath.Dir(r.JobLogDir), filepath.Base(r.JobLogDir), os.Getuid())
+	if err != nil {
+		return nil, nil, fmt.Errorf("the step's hostfile: %w", err)
 	}
-	if err := os.WriteFile(hostfile, []byte(r.Plan.Hostfile()), 0o640); err != nil {
-		return nil, nil, fmt.Errorf("writing the step's hostfile: %w", err)
+	defer d.Close()
+	f, err := logging.OpenIn(d, filepath.Base(hostfile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, os.Getuid())
+	if err != nil {
+		return nil, nil, fmt.Errorf("the step's hostfile: %w", err)
+	}
+	_, err = f.WriteString(r.Plan.Hostfile())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("writing the step's hostfile %s: %w", hostfile, err)
 	}
 	argv := append([]string{r.Srun}, r.Plan.SrunArgs()...)
 	argv = append(argv, "--kill-on-bad-exit=1", "--reft="+r.Spec)

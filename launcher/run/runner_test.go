@@ -771,3 +771,33 @@ func TestRunAgentsVerdict(t *testing.T) {
 		})
 	}
 }
+
+// TestRunIgnoresForgedVerdict: the log directory is shared by every
+// user, so another user's failure_detected line in a log not named after
+// a node of the allocation must not stop, shrink or requeue the job
+// (issue 14, finding 4). The forged verdict (n2 lost) is in n0.jsonl,
+// read before the real one (a hang on n3, from n1's agent): reft run acts
+// on the real one only, relaunching on the same nodes.
+func TestRunIgnoresForgedVerdict(t *testing.T) {
+	alloc := []string{"n1", "n2", "n3", "n4", "n5"}
+	forged := agentFailureLine("n0", "n2", "node", "", 0.8)
+	h := newHarness(t, alloc, 1, fastPolicy(),
+		fakeAttempt{block: true, agentLog: map[string][]string{
+			"n0": {forged},
+			"n1": {agentFailureLine("n1", "n3", "hang", "2", 600)},
+		}},
+		fakeAttempt{exit: 0, agentLog: resumeLogs("2", 5, four...)})
+	if code := h.r.Run(context.Background()); code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, h.out.String())
+	}
+	fs := find(h.events(), recoverylog.FailureDetected)
+	if len(fs) != 1 || fs[0].Kind != recoverylog.KindHang {
+		t.Fatalf("failure_detected %+v, want the real hang only\n%s", fs, h.out.String())
+	}
+	if len(h.f.shrunk) != 0 || h.f.requeued != 0 || len(find(h.events(), recoverylog.NodeExcluded)) != 0 {
+		t.Fatalf("the forged verdict acted: shrunk %v, requeued %d, events %v", h.f.shrunk, h.f.requeued, names(h.events()))
+	}
+	if rl := find(h.events(), recoverylog.StepRelaunched); len(rl) != 1 || !slices.Equal(rl[0].Nodes, four) {
+		t.Fatalf("relaunched %+v, want the same four nodes", rl)
+	}
+}

@@ -6,12 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/reft-hpc/reft/agent/logging"
 	"github.com/reft-hpc/reft/launcher/recoverylog"
 )
 
@@ -23,6 +26,8 @@ import (
 // reft run sees (as `reft log` does); MissingNodes says when it is not.
 type Watcher struct {
 	dir     string
+	nodes   []string // the allocation's: only their logs are read
+	uid     int      // the job's: only its files are read
 	offsets map[string]int64
 	partial map[string][]byte
 	// step maps (node, client pid) to the Slurm step id its hello gave.
@@ -94,65 +99,83 @@ type agentLine struct {
 // (detect.EventFailure; not imported, so reft run does not link the agent).
 const agentFailureEvent = "failure_detected"
 
-// NewWatcher follows the agent logs in dir (<log dir>/<job>).
-func NewWatcher(dir string) *Watcher {
-	return &Watcher{dir: dir, offsets: map[string]int64{}, partial: map[string][]byte{}, step: map[pidKey]string{}}
+// NewWatcher follows the agent logs in dir (<log dir>/<job>) of nodes,
+// the allocation's. The log directory is shared by every user of the
+// cluster, so the watcher reads only what the job's user alone could
+// have written: dir must be a directory of this process's uid (the
+// job's) closed to others, and only the regular files of that uid named
+// after the allocation's nodes are read, never through a link. Anything
+// else there is ignored, however it looks.
+func NewWatcher(dir string, nodes []string) *Watcher {
+	return &Watcher{dir: dir, nodes: slices.Clone(nodes), uid: os.Getuid(),
+		offsets: map[string]int64{}, partial: map[string][]byte{}, step: map[pidKey]string{}}
 }
 
-// files lists the agents' logs: every .jsonl but reft run's own.
-func (w *Watcher) files() ([]string, error) {
-	ents, err := os.ReadDir(w.dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+// files opens the job's log directory, checked, and lists the agents'
+// logs in it; the caller closes d. A directory that does not exist yet
+// lists nothing (d nil).
+func (w *Watcher) files() (d *os.File, names []string, err error) {
+	d, err = logging.OpenJobDir(w.dir, w.uid)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading the agents' log directory: %w", err)
+		return nil, nil, fmt.Errorf("not reading the agents' logs: %w", err)
 	}
-	var out []string
+	ents, err := d.ReadDir(-1)
+	if err != nil {
+		d.Close()
+		return nil, nil, fmt.Errorf("reading the agents' log directory: %w", err)
+	}
 	for _, e := range ents {
 		n := e.Name()
-		if e.Type().IsRegular() && strings.HasSuffix(n, ".jsonl") && n != recoverylog.FileName {
-			out = append(out, n)
+		if node, ok := strings.CutSuffix(n, ".jsonl"); ok && n != recoverylog.FileName && e.Type().IsRegular() && slices.Contains(w.nodes, node) {
+			names = append(names, n)
 		}
 	}
-	return out, nil
+	return d, names, nil
 }
 
 // Mark skips what the logs hold now, and forgets what was read: Poll then
 // sees only what the agents log from here on.
 func (w *Watcher) Mark() error {
 	w.recs, w.failures = nil, nil
-	names, err := w.files()
-	if err != nil {
+	d, names, err := w.files()
+	if err != nil || d == nil {
 		return err
 	}
+	defer d.Close()
 	for _, n := range names {
-		st, err := os.Stat(filepath.Join(w.dir, n))
-		if err != nil {
+		var st unix.Stat_t
+		if err := unix.Fstatat(int(d.Fd()), n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			continue // rotated away between ReadDir and Stat
 		}
-		w.offsets[n] = st.Size()
+		w.offsets[n] = st.Size
 		delete(w.partial, n)
 	}
 	return nil
 }
 
-// Poll reads what the agents logged since the last call.
+// Poll reads what the agents logged since the last call. Its error says
+// which logs it could not read; what the others held is read all the same.
 func (w *Watcher) Poll() error {
-	names, err := w.files()
-	if err != nil {
+	d, names, err := w.files()
+	if err != nil || d == nil {
 		return err
 	}
+	defer d.Close()
+	// One unreadable log does not hide the others' lines.
+	var errs []error
 	for _, n := range names {
-		if err := w.readFile(n); err != nil {
-			return err
+		if err := w.readFile(d, n); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
-func (w *Watcher) readFile(name string) error {
-	f, err := os.Open(filepath.Join(w.dir, name))
+func (w *Watcher) readFile(d *os.File, name string) error {
+	f, err := logging.OpenIn(d, name, os.O_RDONLY, w.uid)
 	if err != nil {
 		return fmt.Errorf("reading an agent log: %w", err)
 	}
@@ -175,15 +198,18 @@ func (w *Watcher) readFile(name string) error {
 		return nil
 	}
 	w.partial[name] = slices.Clone(data[end+1:])
+	node := strings.TrimSuffix(name, ".jsonl")
 	for _, line := range bytes.Split(data[:end], []byte{'\n'}) {
-		w.line(line)
+		w.line(node, line)
 	}
 	return nil
 }
 
-func (w *Watcher) line(b []byte) {
+// line takes one line of node's log. An agent writes only its own
+// node's name: a line naming another is not an agent's.
+func (w *Watcher) line(node string, b []byte) {
 	var l agentLine
-	if json.Unmarshal(b, &l) != nil {
+	if json.Unmarshal(b, &l) != nil || l.Node != node {
 		return // not ours to judge: the agent's log, not reft run's
 	}
 	if l.Event == agentFailureEvent && l.FailedNode != "" {
@@ -246,7 +272,10 @@ func (w *Watcher) Restores(step string) map[int]agentRecord {
 
 // MissingNodes lists the nodes that have no agent log in the directory.
 func (w *Watcher) MissingNodes(nodes []string) []string {
-	names, _ := w.files()
+	d, names, _ := w.files()
+	if d != nil {
+		d.Close()
+	}
 	var out []string
 	for _, n := range nodes {
 		if !slices.Contains(names, n+".jsonl") {

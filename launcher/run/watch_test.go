@@ -29,7 +29,7 @@ func TestWatcher(t *testing.T) {
 	// Before the relaunch: the first step's restores, which must not count.
 	appendLines(t, n1, strings.Join(restoreLog("n1", 0, "0", 3), "\n")+"\n")
 	appendLines(t, filepath.Join(dir, recoverylog.FileName), `{"event":"restore_local","rank":0,"node":"n1"}`+"\n")
-	w := NewWatcher(dir)
+	w := NewWatcher(dir, []string{"n1", "n2"})
 	if err := w.Mark(); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestWatcher(t *testing.T) {
 		t.Error("Mark kept old restores")
 	}
 	// A log directory that does not exist (yet) is no error.
-	if err := NewWatcher(filepath.Join(dir, "none")).Poll(); err != nil {
+	if err := NewWatcher(filepath.Join(dir, "none"), []string{"n1"}).Poll(); err != nil {
 		t.Errorf("missing directory: %v", err)
 	}
 }
@@ -100,10 +100,70 @@ func TestRestoreSummaries(t *testing.T) {
 
 	// A persistent-tier restore carries the agent's reason: why memory
 	// could not serve it is what the operator reads in the log.
-	w := NewWatcher(t.TempDir())
-	w.line([]byte(`{"time":"2026-05-01T12:00:00Z","node":"n4","event":"restore_persistent","rank":1,"generation":10,"bytes":5,"duration":2,"reason":"SG (pp=0,tp=0) lost ranks 1 and 2"}`))
+	w := NewWatcher(t.TempDir(), []string{"n4"})
+	w.line("n4", []byte(`{"time":"2026-05-01T12:00:00Z","node":"n4","event":"restore_persistent","rank":1,"generation":10,"bytes":5,"duration":2,"reason":"SG (pp=0,tp=0) lost ranks 1 and 2"}`))
 	ps := RestoreSummaries(w.Restores(""))
 	if len(ps) != 1 || ps[0].Event != recoverylog.RestorePersistent || ps[0].Cause != "memory could not serve it: SG (pp=0,tp=0) lost ranks 1 and 2" {
 		t.Errorf("persistent restore summary %+v", ps)
+	}
+}
+
+// TestWatcherTrustsOnlyTheJobsOwnLogs: the watcher reads the agents'
+// logs only from a job directory of the job's uid, only files named
+// after the allocation's nodes, not through links, and only lines that
+// name the file's node (issue 14, finding 4).
+func TestWatcherTrustsOnlyTheJobsOwnLogs(t *testing.T) {
+	verdict := func(node, failed string) string {
+		return `{"time":"2026-05-01T12:00:00Z","node":"` + node + `","event":"failure_detected","failed_node":"` + failed + `","class":"node","message":"forged"}` + "\n"
+	}
+	cases := []struct {
+		name  string
+		plant func(t *testing.T, dir string) // after Mark
+		uid   int                            // the job's uid as the watcher knows it
+		want  []string                       // failed nodes read
+		err   string                         // Poll's error
+	}{
+		{"the allocation's agent", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n1.jsonl"), verdict("n1", "n2")) },
+			os.Getuid(), []string{"n2"}, ""},
+		{"a node outside the allocation", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n9.jsonl"), verdict("n9", "n2")) },
+			os.Getuid(), nil, ""},
+		{"not a node's log", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "evil.jsonl"), verdict("n1", "n2")) },
+			os.Getuid(), nil, ""},
+		{"a line naming another node", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n1.jsonl"), verdict("n3", "n2")) },
+			os.Getuid(), nil, ""},
+		{"a node's log is a link", func(t *testing.T, d string) {
+			other := filepath.Join(t.TempDir(), "forged.jsonl")
+			appendLines(t, other, verdict("n1", "n2"))
+			if err := os.Symlink(other, filepath.Join(d, "n1.jsonl")); err != nil {
+				t.Fatal(err)
+			}
+		}, os.Getuid(), nil, ""},
+		{"the directory is another user's", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n1.jsonl"), verdict("n1", "n2")) },
+			os.Getuid() + 1, nil, "belongs to uid"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "42")
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			w := NewWatcher(dir, []string{"n1", "n2", "n3"})
+			w.uid = tc.uid
+			if err := w.Mark(); (err != nil) != (tc.err != "") {
+				t.Fatalf("Mark: %v", err)
+			}
+			tc.plant(t, dir)
+			err := w.Poll()
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Fatalf("Poll = %v, want error %q", err, tc.err)
+			}
+			var got []string
+			for _, f := range w.Failures() {
+				got = append(got, f.Node)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("failures of %v read, want %v", got, tc.want)
+			}
+		})
 	}
 }

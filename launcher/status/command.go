@@ -70,7 +70,7 @@ func Command(args []string, stdout, stderr io.Writer) int {
 	}
 	host, _ := os.Hostname()
 	uid := os.Getuid()
-	pc, err := peer.FromAgentConfig(c, peer.Config{Job: job, UID: uid, Node: "reft-status@" + host, Log: zerolog.Nop()})
+	pc, err := peer.FromAgentConfig(c, peer.Config{Job: job, UID: uid, Node: "reft-status@" + host, Role: peer.RoleStatus, Log: zerolog.Nop()})
 	if err != nil {
 		fmt.Fprintf(stderr, "reft status: %v\n", err)
 		return 1

@@ -6,6 +6,7 @@ followed by a compact JSON object. Bulk bytes never travel here.
 """
 
 import json
+import os
 import socket
 import struct
 import threading
@@ -138,6 +139,32 @@ def decode(data):
     return read_frame(read)
 
 
+# The uid the agent must run as: this process's own (the agent runs as
+# the job's user, never as root). A name of its own so tests can pose as
+# another user.
+own_uid = os.getuid
+
+_UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+
+
+def check_agent_uid(sock, path):
+    """Refuse an agent socket served by another user (SO_PEERCRED, which
+    the kernel recorded when the server listened), before sending it a
+    byte: a request names the arena, and the replies decide what is
+    restored."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    except OSError as e:
+        raise Error("checking the reft agent at %s: reading its credentials (SO_PEERCRED): "
+                    "[Errno %s] %s" % (path, e.errno, e.strerror)) from None
+    pid, uid, _ = _UCRED.unpack(raw)
+    want = own_uid()
+    if uid != want:
+        raise Error("the reft agent's socket %s is served by uid %d (pid %d), this process runs as "
+                    "uid %d; refusing to talk to it (another user's process holds the agent's "
+                    "socket path: check REFT_AGENT_SOCKET, and tell the admin)" % (path, uid, pid, want))
+
+
 class Connection:
     """One socket to an agent. Requests are serialized by a lock, so at most
     one is outstanding and its reply is the next frame (an error frame with
@@ -158,6 +185,11 @@ class Connection:
             raise Error("cannot reach the reft agent at %s: [Errno %s] %s; is the agent of this "
                         "job still running on this node (REFT_AGENT_SOCKET is set by srun "
                         "--reft for the step's tasks)?" % (path, e.errno, e.strerror)) from None
+        try:
+            check_agent_uid(sock, path)
+        except Error:
+            sock.close()
+            raise
         self._sock = sock
         self._rfile = sock.makefile("rb")
 
