@@ -22,6 +22,7 @@ var noTarget = map[string]string{
 	"agent/logging/logtest":   "a test helper reading the test's own log",
 	"agent/sg/explain":        "`reft explain --map` reads a file its own user names, in the user's own process: no boundary",
 	"tests/conformance-agent": "a test tool",
+	"hostmem":                 "reads only what the kernel writes (/proc/self/cgroup, the cgroup files' limits, /proc/meminfo)",
 }
 
 var (
