@@ -144,6 +144,13 @@ func TestPreAuthPerHost(t *testing.T) {
 	for _, r := range held {
 		r.Close()
 	}
+	// The server notices the closes on its own goroutines; a peer that
+	// dials before the count drops is shed, rightly.
+	waitFor(t, 5*time.Second, "the stalled connections to be released", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return srv.perHost["127.0.0.1"] == 0
+	})
 	cl := newClient(t, baseConfig(t, "cli"))
 	if _, err := cl.Connect(testCtx(t, 10*time.Second), addr); err != nil {
 		t.Fatalf("a real peer after the stalled ones closed: %v", err)
