@@ -557,6 +557,31 @@ static int agent_child(int msgfd, const char *const *item, char *const *argv, ui
 	if (item[P_LOG_DIR][0] &&
 	    (logfd = open_root_dir(-1, item[P_LOG_DIR], 1, 01777, 1, warn, warnlen)) < 0)
 		msg_cat(warn, warnlen, "; the agent's log directory is not prepared", NULL);
+	/* A <log dir>/<job> that is not the user's own 0700 directory was made
+	 * by someone else (the log directory is shared and sticky): still
+	 * root, move it aside, without following it (renameat moves the name,
+	 * never what a link names; NOREPLACE never clobbers a planted target),
+	 * so the job gets a fresh directory of its own below and the squatter
+	 * neither stops the agent nor reads or forges its logs. */
+	if (logfd >= 0) {
+		struct stat st;
+		char aside[64] = "", path[PATH_MAX] = "";
+		if (fstatat(logfd, item[P_JOB], &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+		    (!S_ISDIR(st.st_mode) || st.st_uid != uid || (st.st_mode & 07777) != 0700)) {
+			msg_cat(path, sizeof(path), item[P_LOG_DIR], "/", item[P_JOB], NULL);
+			msg_cat(aside, sizeof(aside), ".squatted-", item[P_JOB], "-", fmt_num(n1, (unsigned long) getpid(), 10), NULL);
+			if (S_ISLNK(st.st_mode))
+				msg_cat(warn, warnlen, "the agent's log directory ", path, " is a symlink (planted by another user?)", NULL);
+			else
+				msg_cat(warn, warnlen, "the agent's log directory ", path, " exists with owner uid ",
+					fmt_num(n1, st.st_uid, 10), " and mode ", fmt_num(n2, st.st_mode & 07777, 8),
+					", not the job's uid and 0700 (planted by another user?)", NULL);
+			if (renameat2(logfd, item[P_JOB], logfd, aside, RENAME_NOREPLACE) == 0)
+				msg_cat(warn, warnlen, ": moved aside to ", aside, "; the job gets its own", NULL);
+			else
+				msg_cat(warn, warnlen, ": cannot move it aside (", strerror(errno), ")", NULL);
+		}
+	}
 	setsid();
 	if (setgroups((size_t) g->n, g->gid) != 0 || setresgid(gid, gid, gid) != 0 ||
 	    setresuid(uid, uid, uid) != 0 || getuid() != uid || geteuid() != uid) {

@@ -229,7 +229,10 @@ func TestHostileAgentSquattedPorts(t *testing.T) {
 	canary := hostileAgentCanary(t)
 	want := hostileAgentReference(t)
 	ja := allocateAs(t, alice, "--reft=arc", "-N2", "-n2", "-w", "n1,n2")
-	const lo, hi = 47000, 47099
+	// Outside the default port_range [47000, 47999], where the agents of
+	// earlier tests' jobs may still be stopping and hold a candidate bob
+	// must bind.
+	const lo, hi = 48100, 48199
 	conf := filepath.Join(clusterDir, "etc", "reft-e2e.toml")
 	b, err := os.ReadFile(conf)
 	if err != nil {
@@ -250,6 +253,7 @@ func TestHostileAgentSquattedPorts(t *testing.T) {
 	pw.Close()
 	line := make([]byte, 64)
 	if n, _ := pr.Read(line); !strings.Contains(string(line[:n]), "squatting") {
+		sq.Wait()
 		t.Fatalf("bob's squatter did not start: %q %s", line[:n], out.String())
 	}
 	t.Logf("job %s: bob squats alice's first candidate ports %v", ja, squatted)

@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -256,14 +257,23 @@ func hostileRootLogSquat(t *testing.T, node, py string) {
 		dirs = append(dirs, filepath.Join(logDir, j))
 	}
 	mustRun(t, time.Minute, bob, "sh", "-c", "umask 0; mkdir "+strings.Join(dirs, " "))
-	t.Cleanup(func() { run(t, time.Minute, bob, "rm", "-rf", strings.Join(dirs, " ")) })
+	t.Cleanup(func() {
+		run(t, time.Minute, bob, append([]string{"rm", "-rf"}, dirs...)...)
+		run(t, time.Minute, root, "sh", "-c", "rm -rf "+logDir+"/.squatted-*")
+	})
 	since := slurmdLogSince(t, node)
 	r, jobA, hs := helloStep(t, node, py, "--reft=arc")
 	if r.Code != 0 {
 		t.Fatalf("alice's step failed:\n%s\nslurmd log:\n%s", r, since())
 	}
 	checkHellos(t, hs, 1, "arc", jobA, "0")
-	hostileRootLogHas(t, since, `reft: job `+jobA+`: the agent's log directory .*/`+jobA+` exists with owner uid `+strconv.Itoa(uidOf(t, bob))+` and mode 777, not the job's uid and 0700`)
+	hostileRootLogHas(t, since, `reft: job `+jobA+`: the agent's log directory .*/`+jobA+` exists with owner uid `+strconv.Itoa(uidOf(t, bob))+` and mode 777, not the job's uid and 0700 \(planted by another user\?\): moved aside to \.squatted-`+jobA+`-`)
+	// Root moved bob's directory aside: alice's job has its own, 0700,
+	// and its agent logs there.
+	fi, err := os.Lstat(filepath.Join(logDir, jobA))
+	if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 || int(fi.Sys().(*syscall.Stat_t).Uid) != uidOf(t, alice) {
+		t.Fatalf("alice's log directory %s/%s: %v, %v; want her own 0700 directory", logDir, jobA, fi, err)
+	}
 	hostileRootNotDrained(t, node)
 }
 

@@ -146,10 +146,10 @@ func TestSpawnAgentDirectories(t *testing.T) {
 		}, "", ""},
 		{"log dir squatted", func(t *testing.T, b, victim string) {
 			mkdir(t, b+"/log/7", 0o777, bob)
-		}, "", "exists with owner uid 4243 and mode 777, not the job's uid and 0700"},
+		}, "", "exists with owner uid 4243 and mode 777, not the job's uid and 0700 (planted by another user?): moved aside to .squatted-7-"},
 		{"log dir is a symlink", func(t *testing.T, b, victim string) {
 			must(t, os.Symlink(victim, b+"/log/7"))
-		}, "", "/log/7 is a symlink"},
+		}, "", "/log/7 is a symlink (planted by another user?): moved aside to .squatted-7-"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := t.TempDir()
@@ -195,8 +195,9 @@ func TestSpawnAgentDirectories(t *testing.T) {
 					t.Errorf("%s: uid %d mode %v; want root's 0755", d, uid, mode)
 				}
 			}
-			if tc.warn == "" {
-				if uid, mode := owner(t, b+"/log/7"); uid != alice || mode.Perm() != 0o700 {
+			// a squatted one was moved aside: the job has its own now
+			{
+				if uid, mode := owner(t, b+"/log/7"); uid != alice || mode.Perm() != 0o700 || !mode.IsDir() {
 					t.Errorf("log dir: uid %d mode %v; want alice's 0700", uid, mode)
 				}
 			}
