@@ -1,7 +1,6 @@
 package tmpfs
 
 import (
-	"hash/crc32"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -24,13 +23,13 @@ func CopyCRC(crc uint32, dst, src []byte) uint32 {
 	for off := 0; off < len(src); off += fuseBlock {
 		end := min(off+fuseBlock, len(src))
 		copy(dst[off:end], src[off:end])
-		crc = crc32.Update(crc, castagnoli, dst[off:end])
+		crc = updateCRC(crc, dst[off:end])
 	}
 	return crc
 }
 
 // CRC is the CRC-32C of p.
-func CRC(p []byte) uint32 { return crc32.Checksum(p, castagnoli) }
+func CRC(p []byte) uint32 { return updateCRC(0, p) }
 
 // ChunkCRCs is the checksum list of a buffer of p split into chunkSize
 // pieces, as the manifest records it.

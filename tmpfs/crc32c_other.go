@@ -1,0 +1,11 @@
+//go:build !amd64
+
+package tmpfs
+
+import "hash/crc32"
+
+// hasCLMUL512 is false off amd64: hash/crc32 has its own fast paths there.
+const hasCLMUL512 = false
+
+// updateCRC is crc32.Update(crc, castagnoli, p).
+func updateCRC(crc uint32, p []byte) uint32 { return crc32.Update(crc, castagnoli, p) }

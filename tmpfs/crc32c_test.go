@@ -1,0 +1,104 @@
+package tmpfs
+
+import (
+	"hash/crc32"
+	"math/bits"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestCRC32CMatchesHashCRC32 compares updateCRC (AVX-512 VPCLMULQDQ where
+// the CPU has it) with hash/crc32 for every length up to a few KiB, at
+// every alignment of the start, from several running CRCs, and for a
+// few large lengths; and CopyCRC, which uses it, the same way.
+func TestCRC32CMatchesHashCRC32(t *testing.T) {
+	if !hasCLMUL512 {
+		t.Log("no AVX-512 VPCLMULQDQ on this CPU: updateCRC is hash/crc32 itself")
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	buf := make([]byte, 1<<20+64)
+	for i := range buf {
+		buf[i] = byte(r.Uint32())
+	}
+	want := func(crc uint32, p []byte) uint32 { return crc32.Update(crc, castagnoli, p) }
+	for _, crc := range []uint32{0, 0xffffffff, 0x12345678} {
+		for n := 0; n <= 4200; n++ {
+			off := n % 64
+			p := buf[off : off+n]
+			if got, w := updateCRC(crc, p), want(crc, p); got != w {
+				t.Fatalf("crc %#x, len %d, offset %d: got %#x, hash/crc32 %#x", crc, n, off, got, w)
+			}
+		}
+		for _, n := range []int{fuseBlock - 1, fuseBlock, fuseBlock + 17, 1 << 20} {
+			for _, off := range []int{0, 1, 8, 63} {
+				p := buf[off : off+n]
+				if got, w := updateCRC(crc, p), want(crc, p); got != w {
+					t.Fatalf("crc %#x, len %d, offset %d: got %#x, hash/crc32 %#x", crc, n, off, got, w)
+				}
+			}
+		}
+	}
+	for _, n := range []int{0, 1, 255, 256, 4 << 10, fuseBlock + 3, 1 << 20} {
+		dst := make([]byte, n)
+		if got, w := CopyCRC(7, dst, buf[3:3+n]), want(7, buf[3:3+n]); got != w {
+			t.Fatalf("CopyCRC len %d: got %#x, hash/crc32 %#x", n, got, w)
+		}
+		if string(dst) != string(buf[3:3+n]) {
+			t.Fatalf("CopyCRC len %d: the copy differs from its source", n)
+		}
+	}
+}
+
+// TestCRC32CFlippedBit: a single flipped bit anywhere in a block changes
+// the checksum (CRC-32C detects every single-bit error).
+func TestCRC32CFlippedBit(t *testing.T) {
+	p := make([]byte, 2048)
+	pattern(p, 5, "flip")
+	orig := updateCRC(0, p)
+	for bit := 0; bit < len(p)*8; bit++ {
+		p[bit/8] ^= 1 << (bit % 8)
+		if updateCRC(0, p) == orig {
+			t.Fatalf("bit %d flipped: same CRC-32C", bit)
+		}
+		p[bit/8] ^= 1 << (bit % 8)
+	}
+}
+
+// TestCRC32CConstants recomputes the folding constants of
+// crc32c_amd64.s: the same derivation gives Go's IEEE constants.
+func TestCRC32CConstants(t *testing.T) {
+	xnmod := func(n int, p uint64) uint64 {
+		r := uint64(1)
+		for range n {
+			r <<= 1
+			if r&(1<<32) != 0 {
+				r ^= p
+			}
+		}
+		return r
+	}
+	k := func(n int, p uint64) uint64 { return bits.Reverse64(xnmod(n, p))>>32<<1 }
+	for _, c := range []struct {
+		poly uint64
+		n    int
+		want uint64
+	}{
+		{0x104C11DB7, 544, 0x154442bd4}, // hash/crc32's IEEE r2r1
+		{0x104C11DB7, 480, 0x1c6e41596},
+		{0x104C11DB7, 64, 0x163cd6124},
+		{0x11EDC6F41, 2080, 0xdcb17aa4},
+		{0x11EDC6F41, 2016, 0xb9e02b86},
+		{0x11EDC6F41, 544, 0x740eef02},
+		{0x11EDC6F41, 480, 0x9e4addf8},
+		{0x11EDC6F41, 160, 0xf20c0dfe},
+		{0x11EDC6F41, 96, 0x14cd00bd6},
+		{0x11EDC6F41, 64, 0xdd45aab8},
+	} {
+		if got := k(c.n, c.poly); got != c.want {
+			t.Errorf("poly %#x: x^%d constant %#x, the assembly has %#x", c.poly, c.n, got, c.want)
+		}
+	}
+	if got := bits.Reverse64(0x11EDC6F41) >> 31; got != 0x105ec76f1 {
+		t.Errorf("reflected P %#x, the assembly has 0x105ec76f1", got)
+	}
+}
