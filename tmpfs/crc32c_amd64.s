@@ -45,6 +45,52 @@ DATA kpoly<>+0(SB)/8, $0x105ec76f1
 DATA kpoly<>+8(SB)/8, $0xdea713f1
 GLOBL kpoly<>(SB), RODATA, $16
 
+// LANES folds the four 128-bit lanes of Z1 into X1 (leaving k128 in X0),
+// as hash/crc32 does after its loop.
+#define LANES \
+	VEXTRACTF32X4 $1, Z1, X2; \
+	VEXTRACTF32X4 $2, Z1, X3; \
+	VEXTRACTF32X4 $3, Z1, X4; \
+	VZEROUPPER; \
+	MOVOU     k128<>+0(SB), X0; \
+	MOVOA     X1, X5; \
+	PCLMULQDQ $0, X0, X1; \
+	PCLMULQDQ $0x11, X0, X5; \
+	PXOR      X5, X1; \
+	PXOR      X2, X1; \
+	MOVOA     X1, X5; \
+	PCLMULQDQ $0, X0, X1; \
+	PCLMULQDQ $0x11, X0, X5; \
+	PXOR      X5, X1; \
+	PXOR      X3, X1; \
+	MOVOA     X1, X5; \
+	PCLMULQDQ $0, X0, X1; \
+	PCLMULQDQ $0x11, X0, X5; \
+	PXOR      X5, X1; \
+	PXOR      X4, X1
+
+// FINISH reduces X1 to the 32-bit CRC in X1's second dword: 128 bits
+// to 64, then Barrett reduction (hash/crc32's code).
+#define FINISH \
+	PCMPEQB   X3, X3; \
+	PCLMULQDQ $1, X1, X0; \
+	PSRLDQ    $8, X1; \
+	PXOR      X0, X1; \
+	MOVOA X1, X2; \
+	MOVQ  k64<>+0(SB), X0; \
+	PSRLQ $32, X3; \
+	PSRLDQ    $4, X2; \
+	PAND      X3, X1; \
+	PCLMULQDQ $0, X0, X1; \
+	PXOR      X2, X1; \
+	MOVOU kpoly<>+0(SB), X0; \
+	MOVOA     X1, X2; \
+	PAND      X3, X1; \
+	PCLMULQDQ $0x10, X0, X1; \
+	PAND      X3, X1; \
+	PCLMULQDQ $0, X0, X1; \
+	PXOR      X2, X1
+
 // func castagnoliAVX512(crc uint32, p []byte) uint32
 // crc is the inverted running CRC (as the CRC32 instruction keeps it);
 // len(p) must be at least 256 and a multiple of 16.
@@ -117,31 +163,7 @@ loop64:
 	JGE        loop64
 
 unfold:
-	// The four 128-bit lanes of Z1 into X1-X4, as in hash/crc32.
-	VEXTRACTF32X4 $1, Z1, X2
-	VEXTRACTF32X4 $2, Z1, X3
-	VEXTRACTF32X4 $3, Z1, X4
-	VZEROUPPER
-
-	MOVOU     k128<>+0(SB), X0
-
-	MOVOA     X1, X5
-	PCLMULQDQ $0, X0, X1
-	PCLMULQDQ $0x11, X0, X5
-	PXOR      X5, X1
-	PXOR      X2, X1
-
-	MOVOA     X1, X5
-	PCLMULQDQ $0, X0, X1
-	PCLMULQDQ $0x11, X0, X5
-	PXOR      X5, X1
-	PXOR      X3, X1
-
-	MOVOA     X1, X5
-	PCLMULQDQ $0, X0, X1
-	PCLMULQDQ $0x11, X0, X5
-	PXOR      X5, X1
-	PXOR      X4, X1
+	LANES
 
 	CMPQ CX, $16
 	JB   finish
@@ -159,31 +181,84 @@ remain16:
 	JGE       remain16
 
 finish:
-	// 128 bits to 64, then Barrett reduction to 32 (hash/crc32's code).
-	PCMPEQB   X3, X3
-	PCLMULQDQ $1, X1, X0
-	PSRLDQ    $8, X1
-	PXOR      X0, X1
-
-	MOVOA X1, X2
-	MOVQ  k64<>+0(SB), X0
-
-	PSRLQ $32, X3
-
-	PSRLDQ    $4, X2
-	PAND      X3, X1
-	PCLMULQDQ $0, X0, X1
-	PXOR      X2, X1
-
-	MOVOU kpoly<>+0(SB), X0
-
-	MOVOA     X1, X2
-	PAND      X3, X1
-	PCLMULQDQ $0x10, X0, X1
-	PAND      X3, X1
-	PCLMULQDQ $0, X0, X1
-	PXOR      X2, X1
-
+	FINISH
 	PEXTRD $1, X1, AX
 	MOVL   AX, ret+32(FP)
+	RET
+
+// func copyCastagnoliAVX512NT(crc uint32, dst, src []byte) uint32
+// Copies src into dst with non-temporal stores (no read for ownership of
+// dst, as runtime.memmove does above 1 MiB) and folds the very registers
+// it stores into the inverted CRC-32C crc, so the checksum is of the bytes
+// written. len(dst) == len(src), a multiple of 256 and at least 256; dst
+// 64-byte aligned.
+TEXT ·copyCastagnoliAVX512NT(SB), NOSPLIT, $0-60
+	MOVL crc+0(FP), X0
+	MOVQ dst_base+8(FP), DI
+	MOVQ dst_len+16(FP), CX
+	MOVQ src_base+32(FP), SI
+
+	VPXORQ    Z10, Z10, Z10
+	VMOVAPS   X0, X10
+	VMOVDQU64 (SI), Z1
+	VMOVDQU64 64(SI), Z2
+	VMOVDQU64 128(SI), Z3
+	VMOVDQU64 192(SI), Z4
+	VMOVNTDQ  Z1, (DI)
+	VMOVNTDQ  Z2, 64(DI)
+	VMOVNTDQ  Z3, 128(DI)
+	VMOVNTDQ  Z4, 192(DI)
+	VPXORQ    Z10, Z1, Z1
+	ADDQ      $256, SI
+	ADDQ      $256, DI
+	SUBQ      $256, CX
+	JZ        ntfold4
+
+	VMOVDQU64 k2048<>+0(SB), Z0
+
+	PCALIGN $32
+ntloop256:
+	VMOVDQU64  (SI), Z11
+	VMOVDQU64  64(SI), Z12
+	VMOVDQU64  128(SI), Z13
+	VMOVDQU64  192(SI), Z14
+	VMOVNTDQ   Z11, (DI)
+	VMOVNTDQ   Z12, 64(DI)
+	VMOVNTDQ   Z13, 128(DI)
+	VMOVNTDQ   Z14, 192(DI)
+	VPCLMULQDQ $0x11, Z0, Z1, Z5
+	VPCLMULQDQ $0x11, Z0, Z2, Z6
+	VPCLMULQDQ $0x11, Z0, Z3, Z7
+	VPCLMULQDQ $0x11, Z0, Z4, Z8
+	VPCLMULQDQ $0, Z0, Z1, Z1
+	VPCLMULQDQ $0, Z0, Z2, Z2
+	VPCLMULQDQ $0, Z0, Z3, Z3
+	VPCLMULQDQ $0, Z0, Z4, Z4
+	VPTERNLOGD $0x96, Z11, Z5, Z1
+	VPTERNLOGD $0x96, Z12, Z6, Z2
+	VPTERNLOGD $0x96, Z13, Z7, Z3
+	VPTERNLOGD $0x96, Z14, Z8, Z4
+	ADDQ       $256, SI
+	ADDQ       $256, DI
+	SUBQ       $256, CX
+	JNZ        ntloop256
+
+ntfold4:
+	SFENCE
+	VMOVDQU64  k512<>+0(SB), Z0
+	VPCLMULQDQ $0x11, Z0, Z1, Z5
+	VPCLMULQDQ $0, Z0, Z1, Z1
+	VPTERNLOGD $0x96, Z2, Z5, Z1
+	VPCLMULQDQ $0x11, Z0, Z1, Z5
+	VPCLMULQDQ $0, Z0, Z1, Z1
+	VPTERNLOGD $0x96, Z3, Z5, Z1
+	VPCLMULQDQ $0x11, Z0, Z1, Z5
+	VPCLMULQDQ $0, Z0, Z1, Z1
+	VPTERNLOGD $0x96, Z4, Z5, Z1
+
+	LANES
+	FINISH
+
+	PEXTRD $1, X1, AX
+	MOVL   AX, ret+56(FP)
 	RET

@@ -9,3 +9,6 @@ const hasCLMUL512 = false
 
 // updateCRC is crc32.Update(crc, castagnoli, p).
 func updateCRC(crc uint32, p []byte) uint32 { return crc32.Update(crc, castagnoli, p) }
+
+// copyCRC has no fast path off amd64.
+func copyCRC(crc uint32, dst, src []byte) (uint32, bool) { return crc, false }

@@ -38,13 +38,28 @@ func TestCRC32CMatchesHashCRC32(t *testing.T) {
 			}
 		}
 	}
-	for _, n := range []int{0, 1, 255, 256, 4 << 10, fuseBlock + 3, 1 << 20} {
-		dst := make([]byte, n)
-		if got, w := CopyCRC(7, dst, buf[3:3+n]), want(7, buf[3:3+n]); got != w {
-			t.Fatalf("CopyCRC len %d: got %#x, hash/crc32 %#x", n, got, w)
-		}
-		if string(dst) != string(buf[3:3+n]) {
-			t.Fatalf("CopyCRC len %d: the copy differs from its source", n)
+	// CopyCRC: below ntMin the block loop, from it (where the CPU has
+	// AVX-512 VPCLMULQDQ) the non-temporal one-pass copy, with an
+	// unaligned head and a tail at every offset of dst.
+	big := make([]byte, 2<<20+64)
+	for i := range big {
+		big[i] = byte(r.Uint32())
+	}
+	out := make([]byte, len(big))
+	for _, n := range []int{0, 1, 255, 256, 4 << 10, fuseBlock + 3, ntMin - 1, ntMin, ntMin + 255, ntMin + 1000, 2 << 20} {
+		for _, off := range []int{0, 1, 17, 63} {
+			src := big[3 : 3+n]
+			dst := out[off : off+n]
+			clear(out)
+			if got, w := CopyCRC(7, dst, src), want(7, src); got != w {
+				t.Fatalf("CopyCRC len %d, dst offset %d: got %#x, hash/crc32 %#x", n, off, got, w)
+			}
+			if string(dst) != string(src) {
+				t.Fatalf("CopyCRC len %d, dst offset %d: the copy differs from its source", n, off)
+			}
+			if off > 0 && out[off-1] != 0 || out[off+n] != 0 {
+				t.Fatalf("CopyCRC len %d, dst offset %d: wrote outside dst", n, off)
+			}
 		}
 	}
 }
