@@ -92,7 +92,7 @@ func TestCRC32CConstants(t *testing.T) {
 		}
 		return r
 	}
-	k := func(n int, p uint64) uint64 { return bits.Reverse64(xnmod(n, p))>>32<<1 }
+	k := func(n int, p uint64) uint64 { return bits.Reverse64(xnmod(n, p)) >> 32 << 1 }
 	for _, c := range []struct {
 		poly uint64
 		n    int
