@@ -4,12 +4,13 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // readBuf is the read buffer of a connection. Payloads of a chunk frame
@@ -173,7 +174,7 @@ func (c *conn) readInto(dst []byte) (uint32, error) {
 			return 0, c.readErr(noEOF(err))
 		}
 		c.lastData.Store(time.Now().UnixNano())
-		crc = crc32.Update(crc, castagnoli, dst[off:end])
+		crc = tmpfs.UpdateCRC(crc, dst[off:end])
 		off = end
 	}
 	return crc, nil
