@@ -12,3 +12,6 @@ func updateCRC(crc uint32, p []byte) uint32 { return crc32.Update(crc, castagnol
 
 // copyCRC has no fast path off amd64.
 func copyCRC(crc uint32, dst, src []byte) (uint32, bool) { return crc, false }
+
+// ntMin is where the amd64 one-pass copy starts; the tests use its edges.
+const ntMin = 1 << 20

@@ -191,3 +191,39 @@ func TestFlippedBitAnywhereInArena(t *testing.T) {
 		}
 	}
 }
+
+// TestManifestChecksumsAreHashCRC32: the manifest format and its checksum
+// algorithm are unchanged by the AVX-512 path (no algorithm field is
+// needed): every chunk checksum a save records, through the one-pass
+// non-temporal copy or the block loop, is hash/crc32's CRC-32C of the
+// arena's bytes, so generations written before (and persisted files and
+// peers' chunks, which carry the same lists) verify as they did.
+func TestManifestChecksumsAreHashCRC32(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "reft")
+	s := openStore(t, root, func(o *Options) { o.ChunkSize = DefaultChunkSize })
+	k := Key{Shard: DefaultShard}
+	specs := []BufferSpec{{Name: "params", Size: DefaultChunkSize + ntMin + 5}, {Name: "step", Size: 8}}
+	g := save(t, s, k, 1, specs)
+	arena, err := os.ReadFile(g.ArenaPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range g.Manifest.Buffers {
+		n := 0
+		for lo := int64(0); lo < b.Size; lo += DefaultChunkSize {
+			hi := min(lo+DefaultChunkSize, b.Size)
+			if want := crc32.Checksum(arena[b.Offset+lo:b.Offset+hi], castagnoli); b.CRC32C[n] != want {
+				t.Fatalf("buffer %q chunk %d: manifest has %#x, hash/crc32 gives %#x", b.Name, n, b.CRC32C[n], want)
+			}
+			n++
+		}
+		if n != len(b.CRC32C) {
+			t.Fatalf("buffer %q: %d checksums for %d chunks", b.Name, len(b.CRC32C), n)
+		}
+	}
+	got := emptyState(specs)
+	if _, err := s.Restore(k, got); err != nil {
+		t.Fatal(err)
+	}
+	checkState(t, got, 1, specs)
+}
