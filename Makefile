@@ -109,6 +109,7 @@ demo: all
 # docs/BENCHMARKS.md) runs on the local test cluster, so `make bench` needs
 # root, like `make test`.
 bench: all
+	@echo "make bench on: $$(lscpu | sed -n 's/^Model name: *//p' | head -1), $$(nproc) cores, $$(uname -r), $$($(GO) version | cut -d' ' -f3), load $$(cut -d' ' -f1-3 /proc/loadavg)"
 	$(GO) test -timeout 60m -run '^$$' -bench . -benchtime 3x ./...
 	@$(WITH_CLUSTER); \
 	$(GO) test -count=1 -tags e2e -timeout 30m -run '^$$' -bench StepLaunch -benchtime 1x ./tests/e2e/

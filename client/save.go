@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -267,8 +266,6 @@ func (g *gate) wait(hurry <-chan struct{}) {
 // src is only checksummed.
 type piece struct{ dst, src []byte }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // task is one chunk to copy, as pieces in arena order; crc, when set,
 // receives the CRC-32C of the pieces' bytes (copied, or only read where
 // dst is nil), continued from piece to piece, so that it is the chunk's
@@ -460,7 +457,7 @@ func copyChunks(tasks []task, workers int, before func()) error {
 				var crc uint32
 				for _, p := range t.pieces {
 					if p.dst == nil { // a restore's bytes between regions
-						crc = crc32.Update(crc, castagnoli, p.src)
+						crc = tmpfs.UpdateCRC(crc, p.src)
 					} else {
 						crc = tmpfs.CopyCRC(crc, p.dst, p.src)
 					}

@@ -4,13 +4,14 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // readBuf is the read buffer of a connection. Payloads of a chunk frame
@@ -196,7 +197,7 @@ func (c *conn) readInto(dst []byte) (uint32, error) {
 			return 0, c.readErr(noEOF(err))
 		}
 		c.lastData.Store(time.Now().UnixNano())
-		crc = crc32.Update(crc, castagnoli, dst[off:end])
+		crc = tmpfs.UpdateCRC(crc, dst[off:end])
 		off = end
 	}
 	return crc, nil

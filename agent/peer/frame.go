@@ -4,9 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"strings"
+
+	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // Wire constants (docs/PEER_PROTOCOL.md).
@@ -129,9 +130,7 @@ func (t Type) Handled() bool { return t == TBeat || t == TProbe || t == TFailure
 // known reports whether t is a type of this version.
 func (t Type) known() bool { return !strings.HasPrefix(t.String(), "type-") }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-func crc32c(p []byte) uint32 { return crc32.Checksum(p, castagnoli) }
+func crc32c(p []byte) uint32 { return tmpfs.UpdateCRC(0, p) }
 
 // Header is a frame header. Layout (big endian):
 //
