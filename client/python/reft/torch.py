@@ -221,6 +221,41 @@ def _layout(t):
         tuple(t.shape))
 
 
+def _sharded(t):
+    """A DTensor whose bytes differ between the ranks of its mesh (a Shard
+    or Partial placement on some mesh dimension): not replicated state,
+    which the agent may cut across the data-parallel group (arc, aec) and
+    rebuild from the other ranks' copies."""
+    if not _is_dtensor(t):
+        return False
+    return not all(p.is_replicate() for p in t.placements)
+
+
+def _fsdp_modules(model):
+    """The FSDP2 (fully_shard) modules of ``model``, outermost first."""
+    cls = None
+    for mod in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        try:
+            cls = getattr(__import__(mod, fromlist=["FSDPModule"]), "FSDPModule")
+            break
+        except (ImportError, AttributeError):
+            continue
+    if cls is None:
+        return []
+    return [m for m in model.modules() if isinstance(m, cls)]
+
+
+def _reshard(model):
+    """Put FSDP2's sharded parameters back on the modules. Between a forward
+    pass with reshard_after_forward=False (or unshard()) and the backward,
+    FSDP2 leaves the unsharded parameters registered on its modules: plain
+    tensors of the full shape that the next all-gather replaces, not the
+    DTensors the optimizer updates, so they must be neither snapshotted nor
+    restored into."""
+    for m in _fsdp_modules(model):
+        m.reshard()
+
+
 def _check_tensor(what, t):
     if t.layout != torch.strided:
         raise Error("reft.torch: %s is a %s tensor; only dense (strided) tensors can be "
@@ -576,6 +611,7 @@ class Checkpointer:
         fp = hashlib.sha256(b"reft.torch 1\n")
 
         pending = []  # (entry, replicated): registered once the streams are known
+        self._any_sharded = False
         lfp = hashlib.sha256(b"reft.torch layout 1\n")
 
         def add(entry, replicated):
@@ -583,9 +619,12 @@ class Checkpointer:
             _check_tensor(entry.name, t)
             fp.update(("%s %s %s\n" % (entry.name, t.dtype, tuple(t.shape))).encode())
             lfp.update(("%s %s\n" % (entry.name, _layout(entry.tensor))).encode())
+            sharded = _sharded(entry.tensor)
+            self._any_sharded = self._any_sharded or sharded
             if t.numel():  # an empty tensor has no bytes to keep
-                pending.append((entry, replicated))
+                pending.append((entry, replicated and not sharded))
 
+        _reshard(self.model)
         names = {}
         for i, (n, p) in enumerate(self.model.named_parameters()):
             n = _plain_name(n)
@@ -655,7 +694,9 @@ class Checkpointer:
         self._layout_fp = int.from_bytes(lfp.digest()[:8], "little", signed=True)
         self._meta = torch.tensor([_MAGIC, _META_VERSION, -1, self._fingerprint, self._layout_fp],
                                   dtype=torch.int64)
-        s.register("reft.torch/meta", _bytes_view("meta", self._meta), replicated=True)
+        # The fingerprint covers each rank's local shapes, which differ
+        # between the ranks of a sharded model: its meta is per rank.
+        s.register("reft.torch/meta", _bytes_view("meta", self._meta), replicated=not self._any_sharded)
 
     def _install_hook(self):
         opt = self.optimizer
@@ -825,6 +866,7 @@ class Checkpointer:
         when there is none. Call it on every rank, before training."""
         self._check_open("restore()")
         self.wait()
+        _reshard(self.model)  # else the next forward may use stale unsharded parameters
         s = self.session
         d = _dist()
         if s.world > 1 and d is not None:
@@ -832,9 +874,18 @@ class Checkpointer:
                 raise Error("Checkpointer.restore(): torch.distributed has %d ranks but the reft "
                             "session %d; launch with one task per rank (srun -n) so that "
                             "SLURM_NTASKS matches" % (d.get_world_size(), s.world))
-            step = self._restore_agreed(d)
-        else:
-            step = s.restore()
+        try:
+            step = self._restore_agreed(d) if s.world > 1 and d is not None else s.restore()
+        except Error as e:
+            if not self._any_sharded or e.code in ("corrupt", "not_found"):
+                raise
+            # A DTensor whose local shape changed (another mesh, placements
+            # or world) no longer fits the generation's buffers, so the agent
+            # refuses it before the layout check (_after_restore) can say why.
+            raise Error("%s\nThe model is sharded (DTensor, FSDP2): if its sharding layout changed "
+                        "since the snapshot (another device mesh, placements or world size), that "
+                        "is the cause: reft.torch does not reshard; restore with the mesh and "
+                        "fully_shard calls that saved it" % e.message, code=e.code) from e
         if step is None:
             return None
         self._after_restore(step)

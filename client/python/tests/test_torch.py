@@ -504,7 +504,9 @@ class TestDistributedAgreement(TorchCase):
         with socket.socket() as sk:
             sk.bind(("127.0.0.1", 0))
             port = sk.getsockname()[1]
-        env = dict(os.environ, PYTHONPATH=PYROOT, REFT_AGENT_SOCKET=agent.path, GLOO_SOCKET_IFNAME="lo")
+        env = dict(os.environ, PYTHONPATH=PYROOT, REFT_AGENT_SOCKET=agent.path, GLOO_SOCKET_IFNAME="lo",
+                   # Debian's torch 2.6 has no libuv; its TCPStore asks for it by default
+                   USE_LIBUV="0")
         for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
             env.pop(k, None)
         procs = [subprocess.Popen([sys.executable, "-c", _DIST_RANK, phase, str(r),
