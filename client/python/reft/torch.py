@@ -37,7 +37,18 @@ gather), and the generation records the device mesh, the placements and
 the global shapes; restoring into another layout (another mesh, a sharded
 model restored unsharded, ...) raises reft.Error (resharding is out of
 scope). With FSDP2, create the Checkpointer after the first forward pass
-(its lazy initialization may re-pad the shards).
+(its lazy initialization may re-pad the shards); the Checkpointer calls
+reshard() on the fully_shard modules first (and before a restore), since
+after a forward with reshard_after_forward=False they hold the unsharded
+parameters, not the shards the optimizer updates. A sharded DTensor (a
+Shard or Partial placement), its optimizer state and the meta record (its
+fingerprint covers the local shapes) are registered as not replicated:
+the ranks hold different bytes, which arc/aec must not cut across the
+group. A layout change that keeps every local size is refused by the
+layout check; one that changes a size is refused by the agent (the
+generation's buffers do not fit), and the error then adds that a changed
+sharding layout is the likely cause. Tested on torch 2.6 over gloo, world
+2 (tests_torch2/): FSDP2 and distribute_tensor(Shard(0)) resume bit for bit.
 
 How the bytes move. The tensors are registered with the reft.Session as
 external buffers (Session.register_external): a save copies them itself
@@ -160,6 +171,7 @@ import ctypes
 import hashlib
 import io
 import random
+import sys
 import types
 import warnings
 import weakref
@@ -232,17 +244,15 @@ def _sharded(t):
 
 
 def _fsdp_modules(model):
-    """The FSDP2 (fully_shard) modules of ``model``, outermost first."""
-    cls = None
-    for mod in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
-        try:
-            cls = getattr(__import__(mod, fromlist=["FSDPModule"]), "FSDPModule")
-            break
-        except (ImportError, AttributeError):
-            continue
-    if cls is None:
+    """The FSDP2 (fully_shard) modules of ``model``, outermost first. Only
+    a program that imported FSDP2 has them: nothing is imported here
+    (torch 1.13's torch.distributed.fsdp does not even import on Python
+    3.11)."""
+    classes = tuple(c for c in (getattr(sys.modules.get(m), "FSDPModule", None) for m in (
+        "torch.distributed.fsdp", "torch.distributed._composable.fsdp")) if isinstance(c, type))
+    if not classes:
         return []
-    return [m for m in model.modules() if isinstance(m, cls)]
+    return [m for m in model.modules() if isinstance(m, classes)]
 
 
 def _reshard(model):

@@ -4,11 +4,14 @@ compiled model and the plain one share snapshots, and a compiled trainer
 (dropout, LR scheduler, shuffled sampler, RNG) resumes bit-identical.
 
 backend="aot_eager": dynamo's graph capture and AOT autograd, without
-inductor's code generation (inductor's CPU backend compiles C++, and the
-torch 2 lane's root has no C++ compiler; the GPU script, tests/gpu, runs
-the default backend).
+inductor's code generation. Inductor's CPU backend compiles C++ and the
+torch 2 lane's root has no C++ compiler: the default backend fails there
+with "InvalidCxxCompiler: No working C++ compiler found in
+torch._inductor.config.cpp.cxx: (None, 'g++')". The names and the
+snapshot path do not depend on the backend (the wrapper is the same
+OptimizedModule); the GPU script (tests/gpu) runs the default one.
 
-    cd client/python && python3 -m unittest discover -s tests_torch2 -t . -v
+    cd client/python && python3 -m unittest discover -s tests_torch2 -v
 """
 
 import os

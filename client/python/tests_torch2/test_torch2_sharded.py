@@ -7,7 +7,7 @@ state, on every rank); a layout change between save and restore is refused.
 torch >= 2.4 only: the torch 2 lane collects this directory (see
 README.md here); the torch 1.13 suite (tests/) does not.
 
-    cd client/python && python3 -m unittest discover -s tests_torch2 -t . -v
+    cd client/python && python3 -m unittest discover -s tests_torch2 -v
 """
 
 import json
