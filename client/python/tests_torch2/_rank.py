@@ -1,4 +1,4 @@
-"""One rank of the world-2 FSDP2 / DTensor runs of test_torch2_sharded.py
+"""One rank of the FSDP2 / DTensor runs of test_torch2_sharded.py
 (a separate process per rank, gloo over loopback, both ranks' sessions on
 the test's agent).
 
@@ -10,7 +10,7 @@ Shard(0); "shard1": the weights Shard(1), the biases Shard(0);
 without reft; "save": train 1..last saving every step, then die without
 closing anything, as a killed rank does; "resume": a new model from another
 seed, restore, train restored+1..last saving every step), rank, init
-(tcp://...), last. Prints JSON lines: {"step": s, "hash": ...} after each
+(tcp://...), last, world (default 2). Prints JSON lines: {"step": s, "hash": ...} after each
 step, {"restored": s, "state": hash after the restore} or {"error": msg}.
 """
 
@@ -26,7 +26,8 @@ import torch.nn.functional as F
 cfg = json.loads(sys.argv[1])
 rank, kind, phase = cfg["rank"], cfg["kind"], cfg["phase"]
 torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method=cfg["init"], rank=rank, world_size=2)
+world = cfg.get("world", 2)
+dist.init_process_group("gloo", init_method=cfg["init"], rank=rank, world_size=world)
 
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
@@ -68,7 +69,7 @@ def fully_shard_fn():
         return fully_shard
 
 
-mesh = init_device_mesh("cpu", (2,))
+mesh = init_device_mesh("cpu", (world,))
 torch.manual_seed(0 if phase != "resume" else 77)
 model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 

@@ -1,5 +1,5 @@
 """reft.torch with FSDP2 (fully_shard) and DTensor-sharded models, world 2
-over gloo on CPU, against the real agent: snapshot every step, kill both
+(and 3) over gloo on CPU, against the real agent: snapshot every step, kill both
 ranks, start new processes from another seed, restore, and the resumed run
 is bit-identical to an uninterrupted one (parameters and the sharded AdamW
 state, on every rank); a layout change between save and restore is refused.
@@ -37,7 +37,7 @@ def tearDownModule():
 
 
 class ShardedCase(TorchCase):
-    def launch(self, kind, phase, agent=None, last=LAST):
+    def launch(self, kind, phase, agent=None, last=LAST, world=2):
         with socket.socket() as sk:
             sk.bind(("127.0.0.1", 0))
             port = sk.getsockname()[1]
@@ -47,8 +47,8 @@ class ShardedCase(TorchCase):
         for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "REFT_AGENT_SOCKET"):
             env.pop(k, None)
         procs = []
-        for r in (0, 1):
-            cfg = {"rank": r, "kind": kind, "phase": phase, "init": "tcp://127.0.0.1:%d" % port,
+        for r in range(world):
+            cfg = {"rank": r, "world": world, "kind": kind, "phase": phase, "init": "tcp://127.0.0.1:%d" % port,
                    "last": last, "socket": agent.path if agent else ""}
             procs.append(subprocess.Popen([sys.executable, RANK, json.dumps(cfg)], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -70,12 +70,12 @@ class ShardedCase(TorchCase):
     def hashes(out):
         return {o["step"]: o["hash"] for o in out if "step" in o}
 
-    def check_resume(self, kind):
-        plain = self.launch(kind, "plain")
+    def check_resume(self, kind, world=2):
+        plain = self.launch(kind, "plain", world=world)
         agent = self.agent()
-        saved = self.launch(kind, "save", agent, last=KILLED_AT)
-        resumed = self.launch(kind, "resume", agent)
-        for r in (0, 1):
+        saved = self.launch(kind, "save", agent, last=KILLED_AT, world=world)
+        resumed = self.launch(kind, "resume", agent, world=world)
+        for r in range(world):
             want = self.hashes(plain[r])
             self.assertEqual(sorted(want), list(range(1, LAST + 1)))
             # With reft saving every step the run is the same as without it.
@@ -103,6 +103,14 @@ class ShardedCase(TorchCase):
 
     def test_dtensor_resume_is_bit_identical(self):
         self.check_resume("dtensor")
+
+    def test_dtensor_world3_resume_is_bit_identical(self):
+        """Three ranks under arc (the agent's default here), where the
+        replicated state is cut across the group: with the shards
+        registered as replicated (before the fix) the restore reported
+        step 3 and returned another state (checked: the restored hash
+        differed on a rank), silently."""
+        self.check_resume("dtensor", world=3)
 
     def refused(self, saved_kind, restored_kind, pattern):
         agent = self.agent()
