@@ -149,6 +149,7 @@ if phase != "plain":
         except reft.Error as e:
             emit(error=str(e))
             ck.close()
+            dist.barrier()  # see the end
             dist.destroy_process_group()
             sys.exit(0)
         emit(restored=got, state=digest())
@@ -168,4 +169,8 @@ if phase == "save":
     os._exit(0)  # killed: no close(), no destroy_process_group()
 if ck is not None:
     ck.close()
+# torch 2.6 (gloo): a rank that tore the group down while its peer was
+# still in it sometimes aborted ("terminate called without an active
+# exception", SIGABRT) after a restore's all_gather_object; tear down together.
+dist.barrier()
 dist.destroy_process_group()
