@@ -47,8 +47,8 @@ the ranks hold different bytes, which arc/aec must not cut across the
 group. A layout change that keeps every local size is refused by the
 layout check; one that changes a size is refused by the agent (the
 generation's buffers do not fit), and the error then adds that a changed
-sharding layout is the likely cause. Tested on torch 2.6 over gloo, world
-2 (tests_torch2/): FSDP2 and distribute_tensor(Shard(0)) resume bit for bit.
+sharding layout is the likely cause. Tested on torch 2.6 over gloo (tests_torch2/): FSDP2 (world 2) and
+distribute_tensor(Shard(0)) (worlds 2 and 3) resume bit for bit.
 
 How the bytes move. The tensors are registered with the reft.Session as
 external buffers (Session.register_external): a save copies them itself
