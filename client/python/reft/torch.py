@@ -37,7 +37,18 @@ gather), and the generation records the device mesh, the placements and
 the global shapes; restoring into another layout (another mesh, a sharded
 model restored unsharded, ...) raises reft.Error (resharding is out of
 scope). With FSDP2, create the Checkpointer after the first forward pass
-(its lazy initialization may re-pad the shards).
+(its lazy initialization may re-pad the shards); the Checkpointer calls
+reshard() on the fully_shard modules first (and before a restore), since
+after a forward with reshard_after_forward=False they hold the unsharded
+parameters, not the shards the optimizer updates. A sharded DTensor (a
+Shard or Partial placement), its optimizer state and the meta record (its
+fingerprint covers the local shapes) are registered as not replicated:
+the ranks hold different bytes, which arc/aec must not cut across the
+group. A layout change that keeps every local size is refused by the
+layout check; one that changes a size is refused by the agent (the
+generation's buffers do not fit), and the error then adds that a changed
+sharding layout is the likely cause. Tested on torch 2.6 over gloo (tests_torch2/): FSDP2 (world 2) and
+distribute_tensor(Shard(0)) (worlds 2 and 3) resume bit for bit.
 
 How the bytes move. The tensors are registered with the reft.Session as
 external buffers (Session.register_external): a save copies them itself
@@ -160,6 +171,7 @@ import ctypes
 import hashlib
 import io
 import random
+import sys
 import types
 import warnings
 import weakref
@@ -219,6 +231,39 @@ def _layout(t):
     return "dtensor mesh %s %s placements %s global %s" % (
         getattr(mesh, "mesh_dim_names", None), tuple(mesh.mesh.shape), tuple(str(p) for p in t.placements),
         tuple(t.shape))
+
+
+def _sharded(t):
+    """A DTensor whose bytes differ between the ranks of its mesh (a Shard
+    or Partial placement on some mesh dimension): not replicated state,
+    which the agent may cut across the data-parallel group (arc, aec) and
+    rebuild from the other ranks' copies."""
+    if not _is_dtensor(t):
+        return False
+    return not all(p.is_replicate() for p in t.placements)
+
+
+def _fsdp_modules(model):
+    """The FSDP2 (fully_shard) modules of ``model``, outermost first. Only
+    a program that imported FSDP2 has them: nothing is imported here
+    (torch 1.13's torch.distributed.fsdp does not even import on Python
+    3.11)."""
+    classes = tuple(c for c in (getattr(sys.modules.get(m), "FSDPModule", None) for m in (
+        "torch.distributed.fsdp", "torch.distributed._composable.fsdp")) if isinstance(c, type))
+    if not classes:
+        return []
+    return [m for m in model.modules() if isinstance(m, classes)]
+
+
+def _reshard(model):
+    """Put FSDP2's sharded parameters back on the modules. Between a forward
+    pass with reshard_after_forward=False (or unshard()) and the backward,
+    FSDP2 leaves the unsharded parameters registered on its modules: plain
+    tensors of the full shape that the next all-gather replaces, not the
+    DTensors the optimizer updates, so they must be neither snapshotted nor
+    restored into."""
+    for m in _fsdp_modules(model):
+        m.reshard()
 
 
 def _check_tensor(what, t):
@@ -576,6 +621,7 @@ class Checkpointer:
         fp = hashlib.sha256(b"reft.torch 1\n")
 
         pending = []  # (entry, replicated): registered once the streams are known
+        self._any_sharded = False
         lfp = hashlib.sha256(b"reft.torch layout 1\n")
 
         def add(entry, replicated):
@@ -583,9 +629,12 @@ class Checkpointer:
             _check_tensor(entry.name, t)
             fp.update(("%s %s %s\n" % (entry.name, t.dtype, tuple(t.shape))).encode())
             lfp.update(("%s %s\n" % (entry.name, _layout(entry.tensor))).encode())
+            sharded = _sharded(entry.tensor)
+            self._any_sharded = self._any_sharded or sharded
             if t.numel():  # an empty tensor has no bytes to keep
-                pending.append((entry, replicated))
+                pending.append((entry, replicated and not sharded))
 
+        _reshard(self.model)
         names = {}
         for i, (n, p) in enumerate(self.model.named_parameters()):
             n = _plain_name(n)
@@ -655,7 +704,9 @@ class Checkpointer:
         self._layout_fp = int.from_bytes(lfp.digest()[:8], "little", signed=True)
         self._meta = torch.tensor([_MAGIC, _META_VERSION, -1, self._fingerprint, self._layout_fp],
                                   dtype=torch.int64)
-        s.register("reft.torch/meta", _bytes_view("meta", self._meta), replicated=True)
+        # The fingerprint covers each rank's local shapes, which differ
+        # between the ranks of a sharded model: its meta is per rank.
+        s.register("reft.torch/meta", _bytes_view("meta", self._meta), replicated=not self._any_sharded)
 
     def _install_hook(self):
         opt = self.optimizer
@@ -825,6 +876,7 @@ class Checkpointer:
         when there is none. Call it on every rank, before training."""
         self._check_open("restore()")
         self.wait()
+        _reshard(self.model)  # else the next forward may use stale unsharded parameters
         s = self.session
         d = _dist()
         if s.world > 1 and d is not None:
@@ -832,9 +884,18 @@ class Checkpointer:
                 raise Error("Checkpointer.restore(): torch.distributed has %d ranks but the reft "
                             "session %d; launch with one task per rank (srun -n) so that "
                             "SLURM_NTASKS matches" % (d.get_world_size(), s.world))
-            step = self._restore_agreed(d)
-        else:
-            step = s.restore()
+        try:
+            step = self._restore_agreed(d) if s.world > 1 and d is not None else s.restore()
+        except Error as e:
+            if not self._any_sharded or e.code in ("corrupt", "not_found"):
+                raise
+            # A DTensor whose local shape changed (another mesh, placements
+            # or world) no longer fits the generation's buffers, so the agent
+            # refuses it before the layout check (_after_restore) can say why.
+            raise Error("%s\nThe model is sharded (DTensor, FSDP2): if its sharding layout changed "
+                        "since the snapshot (another device mesh, placements or world size), that "
+                        "is the cause: reft.torch does not reshard; restore with the mesh and "
+                        "fully_shard calls that saved it" % e.message, code=e.code) from e
         if step is None:
             return None
         self._after_restore(step)

@@ -7,6 +7,7 @@ the checkout with `go build` unless REFT_CONFORMANCE_AGENT names a binary.
     cd client/python && /usr/bin/python3 -m unittest tests.test_torch -v
 """
 
+import copy
 import json
 import os
 import shutil
@@ -366,10 +367,17 @@ class TestContract(TorchCase):
 
     def test_close_removes_the_hook(self):
         model, opt = make("sgd")
+        hooks = getattr(opt, "_optimizer_step_pre_hooks", None)  # torch >= 2.0
         ck = self.checkpointer(model, opt, self.agent())
-        self.assertIn("step", opt.__dict__)
+        if hooks is not None:
+            self.assertEqual(len(hooks), 1)
+            self.assertNotIn("step", opt.__dict__)
+        else:  # torch 1.13: step wrapped on the instance
+            self.assertIn("step", opt.__dict__)
         ck.close()
         self.assertNotIn("step", opt.__dict__)
+        if hooks is not None:
+            self.assertEqual(len(hooks), 0)
         with self.assertRaisesRegex(reft.Error, "after close"):
             ck.save(1)
 
@@ -389,14 +397,19 @@ class TestContract(TorchCase):
                         train(model, opt, [step], ck)
                         sched.step()
                 self.assertEqual([str(x.message) for x in w], [])
-                self.assertEqual(opt._step_count, 2)
+                if hasattr(opt, "_step_count"):  # torch 1.13: the scheduler's step counter
+                    self.assertEqual(opt._step_count, 2)
+                else:  # torch 2.x: the scheduler's flag that optimizer.step() ran
+                    self.assertTrue(opt._opt_called)
                 self.assertAlmostEqual(opt.param_groups[0]["lr"], 0.05 / 4)
                 ck.close()
 
     def test_replaced_state_is_refused(self):
         model, opt = make("adam")
         ck = self.checkpointer(model, opt, self.agent())
-        opt.load_state_dict(opt.state_dict())  # new state tensors
+        # New state tensors (torch 2.x's load_state_dict keeps tensors that
+        # already have the right dtype and device; 1.13's copies them).
+        opt.load_state_dict(copy.deepcopy(opt.state_dict()))
         with self.assertRaisesRegex(reft.Error, "optimizer's parameters or state changed"):
             ck.save(1)
         model, opt = make("sgd")
@@ -486,6 +499,7 @@ _DIST_RANK = textwrap.dedent("""
         for x in w:
             print("warning", x.message, flush=True)
     ck.close()
+    dist.barrier()  # torch 2.6: a rank tearing down gloo while its peer still ran sometimes aborted
     dist.destroy_process_group()
 """)
 
@@ -504,7 +518,9 @@ class TestDistributedAgreement(TorchCase):
         with socket.socket() as sk:
             sk.bind(("127.0.0.1", 0))
             port = sk.getsockname()[1]
-        env = dict(os.environ, PYTHONPATH=PYROOT, REFT_AGENT_SOCKET=agent.path, GLOO_SOCKET_IFNAME="lo")
+        env = dict(os.environ, PYTHONPATH=PYROOT, REFT_AGENT_SOCKET=agent.path, GLOO_SOCKET_IFNAME="lo",
+                   # Debian's torch 2.6 has no libuv; its TCPStore asks for it by default
+                   USE_LIBUV="0")
         for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
             env.pop(k, None)
         procs = [subprocess.Popen([sys.executable, "-c", _DIST_RANK, phase, str(r),
@@ -514,7 +530,7 @@ class TestDistributedAgreement(TorchCase):
         outs = []
         for p in procs:
             out, err = p.communicate(timeout=180)
-            self.assertEqual(p.returncode, 0, "phase %s rank failed:\n%s" % (phase, err))
+            self.assertEqual(p.returncode, 0, "phase %s rank failed:\n%s\nits output:\n%s" % (phase, err, out))
             outs.append([l for l in out.split("\n") if l])
         return outs
 
