@@ -16,13 +16,13 @@ PYTHON      ?= /usr/bin/python3
 # Debian 12 packages the project builds, tests and runs with.
 DEB_PKGS := slurm-wlm slurmctld slurmd slurmdbd slurm-client munge mariadb-server \
 	libslurm-dev libpmix-dev openmpi-bin libopenmpi-dev pkg-config gcc make \
-	python3-torch python3-numpy iproute2 util-linux procps
+	python3-torch python3-numpy iproute2 util-linux procps debootstrap
 
 BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/reft-pmix-probe $(BUILD)/reft-train
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
 BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
-.PHONY: all deps test unit fuzz e2e demo bench install clean
+.PHONY: all deps deps-host deps-trixie test unit unit-trixie fuzz e2e demo bench install clean
 all: $(BINARIES)
 
 $(BUILD):
@@ -51,13 +51,29 @@ $(BUILD)/spank_reft.so: spank/shim.c | $(BUILD)
 
 FORCE:
 
+deps: deps-host deps-trixie
+
 # Idempotent: installs only what dpkg does not already report as installed.
-deps:
+deps-host:
 	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "make deps: installing:" $$missing; \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	else echo "make deps: all $(words $(DEB_PKGS)) packages present"; fi
+
+# The second test lane (issue 16): a Debian 13 (trixie) root under
+# /var/tmp/reft-trixie, debootstrapped from Debian's mirror and cached (a
+# stamp records its package list); tests/lane/trixie-root says how. Only
+# debootstrap (a host package of deps-host) is installed on the host.
+TRIXIE := tests/lane/trixie-root
+deps-trixie: deps-host
+	$(TRIXIE) build
+
+# The Python client suite on trixie's Python 3.13 and PyTorch 2.6, run in
+# the root with the checkout bound in (the host's Go builds the conformance
+# agent there).
+unit-trixie:
+	$(TRIXIE) run 'cd client/python && python3 -m unittest discover -s tests'
 
 unit:
 	$(GO) vet ./...
