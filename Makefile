@@ -22,7 +22,7 @@ BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/r
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
 BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
-.PHONY: all deps deps-host deps-trixie test unit unit-trixie fuzz e2e demo bench install clean
+.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie fuzz e2e demo bench install clean
 all: $(BINARIES)
 
 $(BUILD):
@@ -74,6 +74,15 @@ deps-trixie: deps-host
 # agent there).
 unit-trixie:
 	$(TRIXIE) run 'cd client/python && python3 -m unittest discover -s tests'
+
+# Everything `make all` builds, built inside the trixie root against its
+# Slurm 24.11 headers, Open MPI 5 and PMIx 5, into build/trixie/; then the
+# SPANK plugin's stamped release (plugin_version, what slurmd checks) must
+# be the root's Slurm.
+BUILD_TRIXIE := $(BUILD)/trixie
+build-trixie:
+	$(TRIXIE) run 'make BUILD=$(BUILD_TRIXIE) VERSION=$(VERSION) CC=gcc all && \
+		v=$$(slurmd -V) && go run ./tests/lane/pluginrelease -want "$$v" $(BUILD_TRIXIE)/spank_reft.so'
 
 unit:
 	$(GO) vet ./...
