@@ -69,18 +69,23 @@ TRIXIE := tests/lane/trixie-root
 deps-trixie: deps-host
 	$(TRIXIE) build
 
-# The Python client suite on trixie's Python 3.13 and PyTorch 2.6, run in
-# the root with the checkout bound in (the host's Go builds the conformance
-# agent there).
-unit-trixie:
+# The trixie lane's unit tests, in the root with the checkout bound in: the
+# build above, go vet, the Go tests of the cgo packages (PMIx 5, Open MPI 5,
+# the SPANK library) and the Python client suite on Python 3.13 and
+# PyTorch 2.6 (the host's Go, bound in, builds its conformance agent).
+TRIXIE_GO_PKGS := ./pmix/... ./spank/... ./examples/... ./hostmem/...
+unit-trixie: build-trixie
+	$(TRIXIE) run 'go vet ./... && go test -count=1 $(TRIXIE_GO_PKGS)'
 	$(TRIXIE) run 'cd client/python && python3 -m unittest discover -s tests'
 
 # Everything `make all` builds, built inside the trixie root against its
 # Slurm 24.11 headers, Open MPI 5 and PMIx 5, into build/trixie/; then the
 # SPANK plugin's stamped release (plugin_version, what slurmd checks) must
-# be the root's Slurm.
+# be the root's Slurm. The root has no network access to the Go proxy of
+# its own: it reads the host's module cache, read-only (hence the download).
 BUILD_TRIXIE := $(BUILD)/trixie
 build-trixie:
+	$(GO) mod download
 	$(TRIXIE) run 'make BUILD=$(BUILD_TRIXIE) VERSION=$(VERSION) CC=gcc all && \
 		v=$$(slurmd -V) && go run ./tests/lane/pluginrelease -want "$$v" $(BUILD_TRIXIE)/spank_reft.so'
 
@@ -116,7 +121,7 @@ e2e: all
 	( cd tests/cluster && $(GO) test -count=1 -tags e2e -timeout 10m -v . ) || rc=$$?; \
 	exit $$rc
 
-test: unit e2e
+test: unit unit-trixie e2e
 
 demo: all
 	tests/demo.sh
