@@ -22,7 +22,7 @@ BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/r
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
 BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
-.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie fuzz e2e demo bench install clean
+.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e demo bench install clean
 all: $(BINARIES)
 
 $(BUILD):
@@ -77,6 +77,20 @@ TRIXIE_GO_PKGS := ./pmix/... ./spank/... ./examples/... ./hostmem/...
 unit-trixie: build-trixie
 	$(TRIXIE) run 'go vet ./... && go test -count=1 $(TRIXIE_GO_PKGS)'
 	$(TRIXIE) run 'cd client/python && python3 -m unittest discover -s tests'
+
+# The trixie lane's e2e subset: the local test cluster with the root's
+# Slurm 24.11 daemons and build/trixie's binaries and plugin
+# (tests/lane/e2e brings it up, runs these tests, always takes it down).
+# It uses the Debian 12 cluster's ports, so it runs after `make e2e`, never
+# beside it.
+TRIXIE_E2E := TestMPIAllReduce TestShmPrivatePerNode TestKillNodeWipesShm TestSacctListsJob \
+	TestReftSrunEnvAndHello TestReftBatchDirective TestReftOneAgentPerNodeAcrossSteps \
+	TestReftBadInputRejected TestReftNoFlagUnchanged TestReftExternStepStartsAgent \
+	TestReftRunNodeLossSpare TestReftRunNodeLossSpareTorch TestReftRunNodeLossRequeue
+empty :=
+space := $(empty) $(empty)
+e2e-trixie: build-trixie
+	$(TRIXIE) run --lane-build "tests/lane/e2e '^($(subst $(space),|,$(strip $(TRIXIE_E2E))))$$'"
 
 # Everything `make all` builds, built inside the trixie root against its
 # Slurm 24.11 headers, Open MPI 5 and PMIx 5, into build/trixie/; then the
