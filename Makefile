@@ -95,8 +95,8 @@ e2e-trixie: build-trixie
 # Everything `make all` builds, built inside the trixie root against its
 # Slurm 24.11 headers, Open MPI 5 and PMIx 5, into build/trixie/; then the
 # SPANK plugin's stamped release (plugin_version, what slurmd checks) must
-# be the root's Slurm. The root has no network access to the Go proxy of
-# its own: it reads the host's module cache, read-only (hence the download).
+# be the root's Slurm. Go runs there offline (GOPROXY=off) on the host's
+# module cache, bound read-only: hence the download first.
 BUILD_TRIXIE := $(BUILD)/trixie
 build-trixie:
 	$(GO) mod download
