@@ -22,7 +22,7 @@ BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/r
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
 BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
-.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e demo bench install clean
+.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e demo demo-trixie bench install clean
 all: $(BINARIES)
 
 $(BUILD):
@@ -137,8 +137,17 @@ e2e: all
 
 test: unit unit-trixie e2e
 
+# REFT_LANE=trixie make demo: the same demo on the trixie lane's cluster
+# (Slurm 24.11, build/trixie's binaries).
 demo: all
+ifeq ($(REFT_LANE),trixie)
+	$(MAKE) demo-trixie
+else
 	tests/demo.sh
+endif
+
+demo-trixie: build-trixie
+	$(TRIXIE) run --lane-build tests/demo.sh
 
 # The trainer overhead benchmark trains for minutes; on a busy machine the
 # default 10-minute test timeout is not enough.
