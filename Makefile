@@ -16,13 +16,13 @@ PYTHON      ?= /usr/bin/python3
 # Debian 12 packages the project builds, tests and runs with.
 DEB_PKGS := slurm-wlm slurmctld slurmd slurmdbd slurm-client munge mariadb-server \
 	libslurm-dev libpmix-dev openmpi-bin libopenmpi-dev pkg-config gcc make \
-	python3-torch python3-numpy iproute2 util-linux procps
+	python3-torch python3-numpy iproute2 util-linux procps debootstrap
 
 BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/reft-pmix-probe $(BUILD)/reft-train
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
 BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
-.PHONY: all deps test unit fuzz e2e demo bench install clean
+.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e demo demo-trixie bench install clean
 all: $(BINARIES)
 
 $(BUILD):
@@ -58,13 +58,58 @@ $(BUILD)/spank_reft.so: spank/shim.c spank/shim.map | $(BUILD)
 
 FORCE:
 
+deps: deps-host deps-trixie
+
 # Idempotent: installs only what dpkg does not already report as installed.
-deps:
+deps-host:
 	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "make deps: installing:" $$missing; \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	else echo "make deps: all $(words $(DEB_PKGS)) packages present"; fi
+
+# The second test lane (issue 16): a Debian 13 (trixie) root under
+# /var/tmp/reft-trixie, debootstrapped from Debian's mirror and cached (a
+# stamp records its package list); tests/lane/trixie-root says how. Only
+# debootstrap (a host package of deps-host) is installed on the host.
+TRIXIE := tests/lane/trixie-root
+deps-trixie: deps-host
+	$(TRIXIE) build
+
+# The trixie lane's unit tests, in the root with the checkout bound in: the
+# build above, go vet, the Go tests of the cgo packages (PMIx 5, Open MPI 5,
+# the SPANK library) and the Python client suite on Python 3.13 and
+# PyTorch 2.6 (the host's Go, bound in, builds its conformance agent).
+TRIXIE_GO_PKGS := ./pmix/... ./spank/... ./examples/... ./hostmem/...
+unit-trixie: build-trixie
+	$(TRIXIE) run 'go vet ./... && go test -count=1 $(TRIXIE_GO_PKGS)'
+	$(TRIXIE) run 'cd client/python && python3 -m unittest discover -s tests'
+	$(TRIXIE) run 'cd client/python && python3 -m unittest discover -s tests_torch2'
+
+# The trixie lane's e2e subset: the local test cluster with the root's
+# Slurm 24.11 daemons and build/trixie's binaries and plugin
+# (tests/lane/e2e brings it up, runs these tests, always takes it down).
+# It uses the Debian 12 cluster's ports, so it runs after `make e2e`, never
+# beside it.
+TRIXIE_E2E := TestMPIAllReduce TestShmPrivatePerNode TestKillNodeWipesShm TestSacctListsJob \
+	TestReftSrunEnvAndHello TestReftBatchDirective TestReftOneAgentPerNodeAcrossSteps \
+	TestReftBadInputRejected TestReftNoFlagUnchanged TestReftExternStepStartsAgent \
+	TestReftRunNodeLossSpare TestReftRunNodeLossSpareTorch TestReftRunNodeLossRequeue
+empty :=
+space := $(empty) $(empty)
+e2e-trixie: build-trixie
+	$(TRIXIE) run --lane-build "tests/lane/e2e '^($(subst $(space),|,$(strip $(TRIXIE_E2E))))$$'"
+
+# Everything `make all` builds, built inside the trixie root against its
+# Slurm 24.11 headers, Open MPI 5 and PMIx 5, into build/trixie/; then the
+# SPANK plugin's stamped release (plugin_version, what slurmd checks) must
+# be the root's Slurm. Go runs there offline (GOPROXY=off) on the host's
+# module cache, bound read-only: hence the download first.
+BUILD_TRIXIE := $(BUILD)/trixie
+build-trixie:
+	$(GO) mod download
+	$(TRIXIE) run 'make BUILD=$(BUILD_TRIXIE) VERSION=$(VERSION) CC=gcc all && \
+		v=$$(slurmd -V) && go run ./tests/lane/pluginrelease -want "$$v" $(BUILD_TRIXIE)/spank_reft.so'
 
 unit:
 	$(GO) vet ./...
@@ -98,10 +143,19 @@ e2e: all
 	( cd tests/cluster && $(GO) test -count=1 -tags e2e -timeout 10m -v . ) || rc=$$?; \
 	exit $$rc
 
-test: unit e2e
+test: unit unit-trixie e2e
 
+# REFT_LANE=trixie make demo: the same demo on the trixie lane's cluster
+# (Slurm 24.11, build/trixie's binaries).
 demo: all
+ifeq ($(REFT_LANE),trixie)
+	$(MAKE) demo-trixie
+else
 	tests/demo.sh
+endif
+
+demo-trixie: build-trixie
+	$(TRIXIE) run --lane-build tests/demo.sh
 
 # The trainer overhead benchmark trains for minutes; on a busy machine the
 # default 10-minute test timeout is not enough.

@@ -176,7 +176,9 @@ def init_distributed(rank, world, dev):
         # All ranks are on this host: bind gloo to loopback instead of the
         # address of a hostname that may not resolve.
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method="tcp://%s:%d" % (addr, port), rank=rank,
+    # use_libuv=0: torch >= 2.4's TCPStore defaults to libuv, which Debian's
+    # torch is built without; torch 1.13 ignores the parameter.
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method="tcp://%s:%d?use_libuv=0" % (addr, port), rank=rank,
                             world_size=world, timeout=datetime.timedelta(minutes=5))
 
 

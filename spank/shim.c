@@ -813,6 +813,14 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	char err[1024];
 
 	parse_args(ac, av);
+	/* The Slurm release whose headers built this plugin (SPANK_PLUGIN
+	 * stamps it as plugin_version; Slurm loads only a plugin of its own
+	 * release): logged once, by slurmd at its start. */
+	if (spank_context() == S_CTX_SLURMD)
+		slurm_info("reft: SPANK plugin built for Slurm %d.%02d.%d",
+			   (int) SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER),
+			   (int) SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER),
+			   (int) SLURM_VERSION_MICRO(SLURM_VERSION_NUMBER));
 	/* A step's slurmstepd checks default= now, before the job's I/O is
 	 * set up: from user_init on, an error would also reach the user's
 	 * stderr, in jobs that never asked for reft. It loads Go for that

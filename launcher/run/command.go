@@ -125,6 +125,10 @@ func Prepare(ctx context.Context, a Args, getenv func(string) string, environ []
 			}
 		}
 	}
+	rel, err := slurm.Release(ctx)
+	if err != nil {
+		return nil, ExitError, err
+	}
 	w, err := recoverylog.Open(cfg.Log.Dir, job)
 	if err != nil {
 		return nil, ExitError, err
@@ -136,8 +140,9 @@ func Prepare(ctx context.Context, a Args, getenv func(string) string, environ []
 		}
 	}
 	return &Runner{
-		Prior: earlier,
-		Slurm: slurm, Log: w, Env: environ, Job: job, Restart: restart, Spec: s.String(), Plan: plan,
+		SlurmRelease: rel,
+		Prior:        earlier,
+		Slurm:        slurm, Log: w, Env: environ, Job: job, Restart: restart, Spec: s.String(), Plan: plan,
 		Policy: policy, Srun: a.Srun, SrunOpts: a.SrunOpts, Command: a.Command,
 		JobLogDir: filepath.Dir(recoverylog.Path(cfg.Log.Dir, job)),
 	}, ExitOK, nil

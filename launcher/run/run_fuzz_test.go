@@ -91,10 +91,10 @@ func FuzzScan(f *testing.F) {
 // a .jsonl file there holds, the watcher reads it without panicking, and
 // what it reports names a node.
 func FuzzWatcher(f *testing.F) {
-	f.Add([]byte(`{"time":"2026-01-01T00:00:00Z","node":"n1","event":"failure_detected","failed_node":"n2","class":"node","ranks":[1],"latency_s":1.5}` + "\n" +
-		`{"node":"n1","event":"client_hello","peer_pid":7,"client_step":"42.0"}` + "\n" +
-		`{"node":"n1","event":"rank_registered","peer_pid":7,"rank":3}` + "\n" +
-		`{"node":"n1","event":"restore_local","peer_pid":7,"rank":3,"generation":5,"bytes":100,"verify":1e308}` + "\n{partial"), []byte("}\n"))
+	f.Add([]byte(`{"time":"2026-01-01T00:00:00Z","node":"n1","event":"failure_detected","failed_node":"n2","class":"node","ranks":[1],"latency_s":1.5}`+"\n"+
+		`{"node":"n1","event":"client_hello","peer_pid":7,"client_step":"42.0"}`+"\n"+
+		`{"node":"n1","event":"rank_registered","peer_pid":7,"rank":3}`+"\n"+
+		`{"node":"n1","event":"restore_local","peer_pid":7,"rank":3,"generation":5,"bytes":100,"verify":1e308}`+"\n{partial"), []byte("}\n"))
 	f.Add([]byte(`{"event":"restore_peer","rank":-1,"generation":-9223372036854775808,"duration":-1e308}`+"\n"), []byte(nil))
 	f.Fuzz(func(t *testing.T, first, more []byte) {
 		dir := t.TempDir()

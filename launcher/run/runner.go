@@ -31,7 +31,10 @@ type Runner struct {
 	Policy   config.Run
 	Srun     string
 	SrunOpts []string
-	Command  []string
+	// SlurmRelease is srun's release (Slurm.Release); the zero value means
+	// 22.05's command line.
+	SlurmRelease Release
+	Command      []string
 	// JobLogDir is <log dir>/<job>: the agents' logs are read there, and
 	// the hostfiles written.
 	JobLogDir string
@@ -609,7 +612,11 @@ func (r *Runner) argv(relaunch int) ([]string, []string, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("writing the step's hostfile %s: %w", hostfile, err)
 	}
-	argv := append([]string{r.Srun}, r.Plan.SrunArgs()...)
+	place := r.Plan.SrunArgs()
+	if !r.SlurmRelease.nodesWithArbitrary() {
+		place = slices.DeleteFunc(place, func(a string) bool { return strings.HasPrefix(a, "--nodes=") })
+	}
+	argv := append([]string{r.Srun}, place...)
 	argv = append(argv, "--kill-on-bad-exit=1", "--reft="+r.Spec)
 	if relaunch > 0 {
 		// The failed step can linger, ending, on a node that died with it

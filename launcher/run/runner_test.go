@@ -59,6 +59,8 @@ func (f *fakeSlurm) StopAgents(_ context.Context, _ string, nodes []string) (map
 	return committedReports(nodes, 6), nil
 }
 
+func (f *fakeSlurm) Release(context.Context) (Release, error) { return Release{}, nil }
+
 func (f *fakeSlurm) Shrink(_ context.Context, _ string, keep []string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

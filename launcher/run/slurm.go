@@ -46,6 +46,9 @@ type Slurm interface {
 	StopAgents(ctx context.Context, job string, nodes []string) (map[string]AgentReport, error)
 	// Start launches the step.
 	Start(l Launch) (Proc, error)
+	// Release is the Slurm release of srun (srun --version), which picks
+	// the step's command line where releases differ.
+	Release(ctx context.Context) (Release, error)
 }
 
 // Launch is one srun of the step.
