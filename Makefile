@@ -111,10 +111,14 @@ build-trixie:
 	$(TRIXIE) run 'make BUILD=$(BUILD_TRIXIE) VERSION=$(VERSION) CC=gcc all && \
 		v=$$(slurmd -V) && go run ./tests/lane/pluginrelease -want "$$v" $(BUILD_TRIXIE)/spank_reft.so'
 
+# tests/gpu/run.sh --cpu: the GPU check script's dry run (CPU tensors, toy
+# sizes), so the script a device session runs has run here first.
 unit:
 	$(GO) vet ./...
 	$(GO) test -count=1 ./...
 	cd client/python && $(PYTHON) -m unittest discover -s tests
+	CGO_ENABLED=0 $(GO) build -o $(BUILD)/conformance-agent ./tests/conformance-agent
+	REFT_GPU_AGENT=$(BUILD)/conformance-agent PYTHON=$(PYTHON) bash tests/gpu/run.sh --cpu
 	$(MAKE) fuzz
 
 # Every Go fuzz target, FUZZTIME each, one after the other (tests/fuzz.sh

@@ -576,6 +576,10 @@ def main():
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
         if "5" in a.only:
+            # A fresh agent: the example registers rank 0 of its own job,
+            # and the sections above left their generations under rank 0.
+            agent.close()
+            agent = Agent(a.agent, a.store_dir)
             example_and_flush(agent, dev)
     finally:
         agent.close()

@@ -7,7 +7,8 @@
 #   bash tests/gpu/run.sh            # on the GPU machine
 #   bash tests/gpu/run.sh --cpu      # the dry run, CPU tensors, toy sizes
 #
-# REFT_CONFORMANCE_AGENT overrides the agent binary; PYTHON the interpreter.
+# REFT_GPU_AGENT overrides the agent binary; PYTHON the interpreter. (Not
+# REFT_CONFORMANCE_AGENT: the conformance agent reads that as its layout.)
 # Through the device tool (which ships the lead's checkout plus carried
 # ignored paths), stage a self-contained tree first, e.g.:
 #   mkdir -p .gpuwork/bin .gpuwork/client/python .gpuwork/tests
@@ -17,7 +18,7 @@
 # The script needs about two minutes on an H200 (docs/BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-AGENT=${REFT_CONFORMANCE_AGENT:-bin/conformance-agent}
+AGENT=${REFT_GPU_AGENT:-bin/conformance-agent}
 [ -x "$AGENT" ] || { echo "no agent at $AGENT: go build -o $AGENT ./tests/conformance-agent" >&2; exit 2; }
 PY=${PYTHON:-python3}
 # Arenas live in /dev/shm when it can hold a few snapshots of the GPT
