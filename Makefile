@@ -142,7 +142,7 @@ WITH_CLUSTER = trap 'rc=$$?; trap - EXIT; $(CLUSTER) down || { [ $$rc -ne 0 ] ||
 e2e: all
 	@$(WITH_CLUSTER); \
 	rc=0; \
-	$(GO) test -count=1 -tags e2e -timeout 30m -v ./tests/e2e/ || rc=$$?; \
+	$(GO) test -count=1 -tags e2e -timeout 45m -v ./tests/e2e/ || rc=$$?; \
 	$(GO) test -count=1 -tags e2e -timeout 5m -run Munge -v ./agent/peer/ || rc=$$?; \
 	( cd tests/cluster && $(GO) test -count=1 -tags e2e -timeout 10m -v . ) || rc=$$?; \
 	exit $$rc
