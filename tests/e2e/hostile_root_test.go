@@ -31,16 +31,7 @@ const hostileRootNode = "n5"
 // last because, before the fix, they drained the node.
 func TestHostileRoot(t *testing.T) {
 	const node = hostileRootNode
-	t.Cleanup(func() {
-		disableReft(t)
-		if slurmdUp(t, node) {
-			cluster(t, "kill-node", node)
-		}
-		cluster(t, "revive", node)
-	})
-	enableReft(t)
-	cluster(t, "kill-node", node)
-	cluster(t, "revive", node)
+	enableReftRestarting(t, node)
 	dir := sharedDir(t, alice)
 	py := writeHelloPy(t, dir)
 

@@ -883,19 +883,7 @@ func slurmdUp(t *testing.T, node string) bool {
 // there the first step starts the agent instead.
 func TestReftExternStepStartsAgent(t *testing.T) {
 	const node = "n4"
-	// Registered first, so it runs last, after enableReft's cleanup removed
-	// the line: the node gets a slurmd that did not load the plugin, as
-	// the other tests expect.
-	t.Cleanup(func() {
-		disableReft(t)
-		if slurmdUp(t, node) {
-			cluster(t, "kill-node", node)
-		}
-		cluster(t, "revive", node)
-	})
-	enableReft(t)
-	cluster(t, "kill-node", node)
-	cluster(t, "revive", node)
+	enableReftRestarting(t, node)
 
 	since := slurmdLogSince(t, node)
 	job := allocate(t, "--reft=arc", "-N1", "-w", node)
@@ -955,4 +943,24 @@ func TestReftExternStepStartsAgent(t *testing.T) {
 	if l := since(); strings.Contains(l, "error: reft") {
 		t.Errorf("slurmd log of %s has reft errors:\n%s", node, l)
 	}
+}
+
+// enableReftRestarting installs the plugin (enableReft) and restarts node's
+// slurmd so that it loads it: slurmd reads plugstack.conf only at its start,
+// and only such a slurmd runs the plugin's slurmd-context callbacks (the
+// extern step, the job epilog). The cleanup, registered first so it runs
+// last (after enableReft's removed the line), restarts the node again
+// without the plugin, as the other tests expect.
+func enableReftRestarting(t *testing.T, node string) {
+	t.Helper()
+	t.Cleanup(func() {
+		disableReft(t)
+		if slurmdUp(t, node) {
+			cluster(t, "kill-node", node)
+		}
+		cluster(t, "revive", node)
+	})
+	enableReft(t)
+	cluster(t, "kill-node", node)
+	cluster(t, "revive", node)
 }
