@@ -224,6 +224,15 @@ func TestHostileAgentPreAuthFlood(t *testing.T) {
 // (one log line naming it) and find each other; her training ends
 // bit-identical.
 func TestHostileAgentSquattedPorts(t *testing.T) {
+	// Alice's agents must start at her first step, after the port range
+	// below is set, not at allocation: restart n1's and n2's slurmd while
+	// no plugin line is installed (a node an earlier test revived while
+	// its line was in place loaded the plugin, and its extern step would
+	// start the agent with the default range).
+	for _, n := range []string{"n1", "n2"} {
+		cluster(t, "kill-node", n)
+		cluster(t, "revive", n)
+	}
 	enableReft(t)
 	kit := hostileAgentKit(t)
 	canary := hostileAgentCanary(t)
