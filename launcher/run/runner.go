@@ -354,6 +354,15 @@ func (r *Runner) runAttempt(ctx context.Context, a *attempt, w *Watcher) (code i
 // tasks within a second of the cancel.
 const failStopGrace = 2 * time.Second
 
+// stale says whether f concerns an agent or ranks that were last heard
+// from before start, the launch of the attempt being watched: the new
+// attempt's agents and ranks only begin after it. A node verdict is never
+// stale: a node that was lost stays lost. (Agents' and reft run's clocks
+// are the nodes' clocks; a skew below the agents' start time is harmless.)
+func stale(f AgentFailure, start time.Time) bool {
+	return f.Class != recoverylog.KindNode && !f.LastHeard.IsZero() && f.LastHeard.Before(start)
+}
+
 // checkAgents looks for a failure the agents published since the attempt
 // began that concerns the step (a node or agent of the step, or its hung
 // ranks) and records it in a; a lost spare leaves the plan at once.
@@ -365,6 +374,16 @@ func (r *Runner) checkAgents(ctx context.Context, a *attempt, w *Watcher) bool {
 	fs := w.Failures()
 	for ; a.seenFailures < len(fs); a.seenFailures++ {
 		f := fs[a.seenFailures]
+		if stale(f, a.start) {
+			// The detector's verdict on the agent (or rank) of the step
+			// before this one, published after this launch began: srun
+			// saw that failure first and this attempt already recovers
+			// from it. Acting on it would stop the relaunch (seen on the
+			// test cluster: an agent kill cost two relaunches).
+			r.say("the agents' verdict on %s (%s, last heard %s) concerns the step before this launch; ignored",
+				f.Node, f.Class, f.LastHeard.Format(time.RFC3339Nano))
+			continue
+		}
 		if slices.Contains(r.Plan.Slots, f.Node) {
 			if a.agentFailure == nil {
 				a.agentFailure, a.verdictAt = &f, r.now()

@@ -27,6 +27,9 @@ type fakeAttempt struct {
 	agentLog map[string][]string
 	// block: srun runs until it gets a signal, then exits 143.
 	block bool
+	// linger: srun exits this long after reft run saw the step (reft run
+	// reads the agents' logs meanwhile).
+	linger time.Duration
 }
 
 // fakeSlurm plays Slurm for the Runner. Each Start plays the next attempt.
@@ -190,7 +193,7 @@ func (f *fakeSlurm) Start(l Launch) (Proc, error) {
 		if err != nil {
 			return nil, err
 		}
-		fh.WriteString(strings.Join(lines, "\n") + "\n")
+		fh.WriteString(strings.ReplaceAll(strings.Join(lines, "\n")+"\n", nowMark, time.Now().Format(time.RFC3339Nano)))
 		fh.Close()
 	}
 	p := &fakeProc{f: f, exit: at.exit, wait: make(chan struct{})}
@@ -203,6 +206,7 @@ func (f *fakeSlurm) Start(l Launch) (Proc, error) {
 			l.OnStderr(line, time.Now())
 		}
 		if !at.block {
+			time.Sleep(at.linger)
 			p.end()
 		}
 	}()
@@ -465,6 +469,59 @@ func TestRunAgentFailure(t *testing.T) {
 	}
 }
 
+// TestRunIgnoresStaleVerdict: n2's agent is killed, srun sees its rank
+// exit first and reft run relaunches; the agents' verdict on the killed
+// agent is published only after the relaunch began. It concerns the
+// agent before the relaunch and must not stop the relaunch (the e2e test
+// TestReftRunAgentKill once took two relaunches).
+func TestRunIgnoresStaleVerdict(t *testing.T) {
+	for _, class := range []string{"agent", "hang"} {
+		t.Run(class, func(t *testing.T) {
+			ranks := ""
+			if class == "hang" {
+				ranks = "1"
+			}
+			late := agentFailureLineHeard("n1", "n2", class, ranks, 0.75, time.Now().Format(time.RFC3339Nano))
+			logs := resumeLogs("2", 6, four...)
+			logs["n1"] = append(logs["n1"], late)
+			h := newHarness(t, four, 0, fastPolicy(),
+				fakeAttempt{exit: 1, stderr: []string{"srun: error: n2: task 1: Exited with exit code 1"}},
+				fakeAttempt{exit: 0, linger: 50 * time.Millisecond, agentLog: logs})
+			time.Sleep(time.Millisecond) // the relaunch begins after the agent was last heard
+			if code := h.r.Run(context.Background()); code != ExitOK {
+				t.Fatalf("exit %d\n%s", code, h.out.String())
+			}
+			ev := h.events()
+			if rl := find(ev, recoverylog.StepRelaunched); len(rl) != 1 || len(find(ev, recoverylog.FailureDetected)) != 1 {
+				t.Fatalf("events %v: want one failure and one relaunch\n%s", names(ev), h.out.String())
+			}
+			if !strings.Contains(h.out.String(), "the agents' verdict on n2 ("+class) || !strings.Contains(h.out.String(), "concerns the step before this launch; ignored") {
+				t.Errorf("reft run did not say it ignored the stale verdict:\n%s", h.out.String())
+			}
+		})
+	}
+}
+
+func TestStale(t *testing.T) {
+	start := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		class string
+		heard time.Time
+		want  bool
+	}{
+		{"agent", start.Add(-time.Millisecond), true},
+		{"hang", start.Add(-time.Minute), true},
+		{"agent", start.Add(time.Millisecond), false},
+		{"hang", start, false},
+		{"node", start.Add(-time.Minute), false}, // a lost node stays lost
+		{"agent", time.Time{}, false},            // an older agent that logs no last_heard
+	} {
+		if got := stale(AgentFailure{Node: "n2", Class: tc.class, LastHeard: tc.heard}, start); got != tc.want {
+			t.Errorf("stale(%s, last heard %v) = %v, want %v", tc.class, tc.heard, got, tc.want)
+		}
+	}
+}
+
 func TestRunGivesUpWithoutProgress(t *testing.T) {
 	p := fastPolicy()
 	p.MaxStalled = 2
@@ -649,14 +706,26 @@ func TestRunAfterRequeueResumes(t *testing.T) {
 	}
 }
 
-// agentFailureLine is the coordinator's failure_detected line (agent/detect).
+// agentFailureLine is the coordinator's failure_detected line (agent/detect)
+// about an agent or ranks of the attempt that logs it: fake srun writes
+// the time it starts the attempt for nowMark.
 func agentFailureLine(coord, failed, class string, ranks string, latency float64) string {
+	return agentFailureLineHeard(coord, failed, class, ranks, latency, nowMark)
+}
+
+// nowMark in an agentLog line is replaced by the time fake srun starts
+// the attempt.
+const nowMark = "@NOW@"
+
+// agentFailureLineHeard is agentFailureLine with the failed agent last
+// heard from at heard (RFC 3339, or nowMark).
+func agentFailureLineHeard(coord, failed, class string, ranks string, latency float64, heard string) string {
 	r := ""
 	if ranks != "" {
 		r = `"ranks":[` + ranks + `],`
 	}
-	return fmt.Sprintf(`{"level":"warn","job":"42","step":"agent","node":%q,"component":"detect","event":"failure_detected","failed_node":%q,"class":%q,%s"latency_s":%g,"last_heard":"2026-05-01T11:59:59.2Z","detected_at":"2026-05-01T12:00:00Z","reporter":"n3","coordinator":%q,"confirmed_by":["n4"],"time":"2026-05-01T12:00:00Z","message":"the agent of %s is unreachable"}`,
-		coord, failed, class, r, latency, coord, failed)
+	return fmt.Sprintf(`{"level":"warn","job":"42","step":"agent","node":%q,"component":"detect","event":"failure_detected","failed_node":%q,"class":%q,%s"latency_s":%g,"last_heard":%q,"detected_at":%q,"reporter":"n3","coordinator":%q,"confirmed_by":["n4"],"time":%q,"message":"the agent of %s is unreachable"}`,
+		coord, failed, class, r, latency, heard, nowMark, coord, nowMark, failed)
 }
 
 // TestRunAgentsVerdict: a failure the agents publish while the step runs

@@ -47,6 +47,7 @@ type AgentFailure struct {
 	Reporter    string
 	ConfirmedBy []string
 	Latency     time.Duration // last sign of life to confirmation
+	LastHeard   time.Time     // the failed agent's (or hung rank's) last sign of life; zero: not logged
 	DetectedAt  time.Time
 }
 
@@ -92,6 +93,7 @@ type agentLine struct {
 	Reporter    string    `json:"reporter"`
 	Coordinator string    `json:"coordinator"`
 	ConfirmedBy []string  `json:"confirmed_by"`
+	LastHeard   time.Time `json:"last_heard"`
 	DetectedAt  time.Time `json:"detected_at"`
 }
 
@@ -219,7 +221,7 @@ func (w *Watcher) line(node string, b []byte) {
 		}
 		w.failures = append(w.failures, AgentFailure{Node: l.FailedNode, Class: l.Class, Ranks: l.Ranks, Cause: l.Message,
 			Coordinator: l.Coordinator, Reporter: l.Reporter, ConfirmedBy: l.ConfirmedBy,
-			Latency: time.Duration(l.LatencyS * float64(time.Second)), DetectedAt: at})
+			Latency: time.Duration(l.LatencyS * float64(time.Second)), LastHeard: l.LastHeard, DetectedAt: at})
 		return
 	}
 	key := pidKey{l.Node, l.PeerPID}
