@@ -292,11 +292,16 @@ func openStore(cfg config.Config, job string, budget uint64, persisting bool, lo
 	return st, nil
 }
 
-// alwaysKept is the older completed generation the agent keeps whatever
-// store.keep says: ranks commit asynchronously, so at a failure one rank
-// may hold step k+1 while another has only k, and k must still be there
-// for the job-wide choice.
-const alwaysKept = 1
+// alwaysKept is how many older completed generations the agent keeps
+// whatever store.keep says. Ranks commit asynchronously: a rank waits for
+// step k's commit only in save(k+1), after step k+1's collectives, so when
+// a rank's commit of k fails (its agent or node is lost), the others have
+// passed step k+1's collectives with it and go on to commit k+1: they hold
+// k+1 while it holds only k-1. k-1 must still be there on every node for
+// the job-wide choice (with one kept, a killed agent on the test cluster
+// left ranks at {9,10} and {11,12}: no common step, and the relaunch
+// started over).
+const alwaysKept = 2
 
 // storeKeep is the store's Keep: the generation always kept, plus
 // store.keep older ones the site asked for.

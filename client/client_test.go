@@ -536,6 +536,29 @@ func TestRestoreAgreement(t *testing.T) {
 			t.Fatalf("Restore = %v", err)
 		}
 	})
+	t.Run("no common step is said", func(t *testing.T) {
+		// This rank holds a step, the other rank none of the same: the job
+		// starts over, and the rank says which work it throws away.
+		var said []string
+		c := open(t, a, client.Options{Rank: 0, World: 2, Log: func(m string) { said = append(said, m) },
+			Agree: func(_ context.Context, mine []int64) ([]int64, error) {
+				if slices.Contains(mine, 7) {
+					return nil, nil // the step agreement: the other rank holds no step 7
+				}
+				return mine, nil // the outcome agreement: the other rank restored fine
+			}})
+		c.Register("w", make([]byte, 10_000), client.Sharded)
+		if err := c.Save(7).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		step, ok, err := c.Restore(ctx)
+		if err != nil || ok {
+			t.Fatalf("Restore = %d, %v, %v; want nothing to restore", step, ok, err)
+		}
+		if len(said) != 1 || !strings.Contains(said[0], "holds step(s) [7 1], but no step is held by every rank") {
+			t.Fatalf("logged %q; want one line naming steps 7 and 1 (step 1 from above)", said)
+		}
+	})
 	t.Run("local failure still takes part", func(t *testing.T) {
 		var calls [][]int64
 		c := open(t, a, client.Options{Rank: 1, World: 2, Agree: func(_ context.Context, mine []int64) ([]int64, error) {

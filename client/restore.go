@@ -140,6 +140,11 @@ func (c *Client) Restore(ctx context.Context) (step int64, ok bool, err error) {
 		return 0, false, &RestoreError{Step: step, Ranks: failed, More: more, Err: err}
 	}
 	if !ok {
+		if len(mine) > 0 {
+			// Not a first launch: committed work is being thrown away.
+			c.opt.Log(fmt.Sprintf("restore: this rank holds step(s) %v, but no step is held by every rank of the job: starting from the beginning; "+
+				"the agents' logs say which generations each node kept", mine))
+		}
 		return 0, false, nil
 	}
 	return step, true, nil

@@ -14,14 +14,17 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -165,8 +168,57 @@ func mustRun(t testing.TB, timeout time.Duration, user string, args ...string) r
 // cluster runs the cluster tool (as root).
 func cluster(t testing.TB, args ...string) string {
 	t.Helper()
+	if len(args) == 2 && args[0] == "revive" {
+		if _, err := os.Stat(plugstackLine()); err == nil {
+			pluginLoaded.add(args[1])
+		}
+	}
 	args = append([]string{filepath.Join(repo, "tests", "cluster", "cluster")}, args...)
 	return mustRun(t, 3*time.Minute, root, args...).Stdout
+}
+
+// pluginLoaded lists the nodes whose slurmd was (re)started while the
+// plugin's plugstack line was installed: slurmd reads plugstack.conf only
+// at its start, so such a node runs the plugin's slurmd-context callbacks
+// (an agent started at allocation by the extern step) until it restarts.
+// enableReftArgs's cleanup restarts them once the line is gone, so that no
+// later test meets a node that an earlier one revived mid-test (the
+// clean-clone run: TestHostileAgentSquattedPorts met such an n2).
+var pluginLoaded nodeSet
+
+type nodeSet struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+func (s *nodeSet) add(n string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]bool{}
+	}
+	s.m[n] = true
+}
+
+// take empties the set and returns what it held, sorted.
+func (s *nodeSet) take() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := slices.Sorted(maps.Keys(s.m))
+	s.m = nil
+	return out
+}
+
+// restartWithoutPlugin restarts the slurmd of every node in pluginLoaded;
+// the plugstack line must be gone.
+func restartWithoutPlugin(t testing.TB) {
+	t.Helper()
+	for _, n := range pluginLoaded.take() {
+		if slurmdUp(t, n) {
+			cluster(t, "kill-node", n)
+		}
+		cluster(t, "revive", n)
+	}
 }
 
 // sharedDir makes a directory that every node and the given user can use

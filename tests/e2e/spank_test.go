@@ -77,7 +77,10 @@ func enableReftArgs(t testing.TB, args string) {
 	if err := os.WriteFile(plugstackLine(), []byte(fmt.Sprintf("optional %s %s\n", bin("spank_reft.so"), args)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.Remove(plugstackLine()) })
+	t.Cleanup(func() {
+		os.Remove(plugstackLine())
+		restartWithoutPlugin(t)
+	})
 }
 
 // enableReft installs the plugin, with the e2e reft.toml, for the duration
@@ -865,7 +868,7 @@ func TestReftHelpListsModes(t *testing.T) {
 }
 
 // slurmdUp reports whether the cluster tool runs node's slurmd.
-func slurmdUp(t *testing.T, node string) bool {
+func slurmdUp(t testing.TB, node string) bool {
 	for _, l := range lines(run(t, time.Minute, root, repo+"/tests/cluster/cluster", "status").Stdout) {
 		if f := strings.Fields(l); len(f) >= 2 && f[0] == "slurmd-"+node {
 			return f[1] == "up"
@@ -948,18 +951,10 @@ func TestReftExternStepStartsAgent(t *testing.T) {
 // enableReftRestarting installs the plugin (enableReft) and restarts node's
 // slurmd so that it loads it: slurmd reads plugstack.conf only at its start,
 // and only such a slurmd runs the plugin's slurmd-context callbacks (the
-// extern step, the job epilog). The cleanup, registered first so it runs
-// last (after enableReft's removed the line), restarts the node again
-// without the plugin, as the other tests expect.
+// extern step, the job epilog). enableReft's cleanup restarts the node
+// again without the plugin (pluginLoaded), as the other tests expect.
 func enableReftRestarting(t *testing.T, node string) {
 	t.Helper()
-	t.Cleanup(func() {
-		disableReft(t)
-		if slurmdUp(t, node) {
-			cluster(t, "kill-node", node)
-		}
-		cluster(t, "revive", node)
-	})
 	enableReft(t)
 	cluster(t, "kill-node", node)
 	cluster(t, "revive", node)

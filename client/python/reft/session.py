@@ -868,6 +868,11 @@ class Session:
             e = Error(msg, code=err.code if err is not None else None)
             e.ranks, e.more, e.step = ranks, more, chosen
             raise e from err
+        if chosen is None and mine:
+            # Not a first launch: committed work is being thrown away.
+            self._log("restore: this rank holds step(s) %s, but no step is held by every rank of the job: "
+                      "starting from the beginning; the agents' logs say which generations each node kept"
+                      % sorted(mine, reverse=True))
         return chosen
 
     def _restore(self, step):
