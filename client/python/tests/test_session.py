@@ -276,9 +276,23 @@ class JobWideRestore(AgentCase):
 
     def test_agree_nothing_common(self):
         s = self.session(rank=0, world=2, agree=self.other_rank_holds([]))
+        said = []
+        s._log = said.append
         s.register("w", bytearray(10))
         s.save(1).wait()
         self.assertIsNone(s.restore())
+        # Committed work is thrown away: the rank says which.
+        self.assertEqual(len(said), 1, said)
+        self.assertIn("holds step(s) [1], but no step is held by every rank", said[0])
+
+    def test_agree_nothing_held_says_nothing(self):
+        # A first launch: no rank holds anything, and nothing is said.
+        s = self.session(rank=0, world=2, agree=self.other_rank_holds([]))
+        said = []
+        s._log = said.append
+        s.register("w", bytearray(10))
+        self.assertIsNone(s.restore())
+        self.assertEqual(said, [])
 
     def test_agree_must_choose_a_held_step(self):
         calls = []
