@@ -33,14 +33,15 @@ func saveSteps(t *testing.T, st *tmpfs.Store, n int64) {
 }
 
 // TestStoreKeepConfig: [store] keep = N keeps N completed generations more
-// than the agent's own retention (the newest and the one before it).
+// than the agent's own retention (the newest and the two before it,
+// alwaysKept).
 func TestStoreKeepConfig(t *testing.T) {
 	tests := []struct {
 		keep int
 		want []int64
 	}{
-		{0, []int64{6, 5}},
-		{2, []int64{6, 5, 4, 3}},
+		{0, []int64{6, 5, 4}},
+		{2, []int64{6, 5, 4, 3, 2}},
 	}
 	for _, tc := range tests {
 		t.Run("keep="+strconv.Itoa(tc.keep), func(t *testing.T) {
