@@ -22,6 +22,7 @@ import (
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/restore"
 	"github.com/reft-hpc/reft/agent/runpath"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -68,7 +69,7 @@ type Server struct {
 	// mesh is the job's agent mesh, for sharded restores (AttachMesh).
 	mesh      func() *mesh.Mesh
 	viewMu    sync.Mutex
-	viewCache map[string]*storeView // per sharding group: its members' watermarks, briefly cached
+	viewCache map[string]*restore.View // per sharding group: its members' watermarks, briefly cached
 	// progressEvery is how often a running restore reports progress
 	// (restoreProgressEvery; 0: at every arrival).
 	progressEvery time.Duration
