@@ -172,7 +172,9 @@ type session struct {
 	log zerolog.Logger
 }
 
-func (ss *session) Handle(f proto.Frame) error { return ss.s.handle(ss.c, ss.rc, f, ss.log) }
+func (ss *session) Handle(ctx context.Context, f proto.Frame) error {
+	return ss.s.handle(ctx, ss.c, ss.rc, f, ss.log)
+}
 
 // Close forgets the rank: its progress, registration, watch and
 // communication phase (a rank that died mid-collective must not hold
@@ -186,7 +188,9 @@ func (ss *session) Close() {
 	rc.close()
 }
 
-func (s *Server) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
+// handle dispatches one frame by its type; ctx is the connection's
+// (localsrv.Session).
+func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
 	switch f.Type {
 	case proto.THello:
 		var h proto.Hello
@@ -212,7 +216,7 @@ func (s *Server) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Log
 		s.commPhase(rc, cm.Active, log)
 		return nil
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
-		return s.handleSnapshot(c, rc, f, log)
+		return s.handleSnapshot(ctx, c, rc, f, log)
 	case proto.TWatch:
 		return s.handleWatch(c, rc, f, log)
 	case proto.TProgress:

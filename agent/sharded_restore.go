@@ -118,6 +118,9 @@ func (s *Server) view(ctx context.Context, si *sgInfo) *restore.View {
 	}
 	v.SortLocalFirst()
 	sort.Strings(v.Missing)
+	if ctx.Err() != nil {
+		return v // cut short: not for the next caller
+	}
 	if s.viewCache == nil {
 		s.viewCache = map[string]*restore.View{}
 	}
@@ -167,10 +170,10 @@ func (si *sgInfo) candidateSteps(v *restore.View) []int64 {
 }
 
 // planner is the restore planner of this node: it reads AOR replicas'
-// base steps through the mesh, each read bounded by 2*gatherWait.
-func (s *Server) planner() restore.Planner {
+// base steps through the mesh, each read bounded by 2*gatherWait and ctx.
+func (s *Server) planner(ctx context.Context) restore.Planner {
 	return restore.Planner{Node: s.info.Node, ReadBase: func(locs []restore.Loc) (int64, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*gatherWait)
+		ctx, cancel := context.WithTimeout(ctx, 2*gatherWait)
 		defer cancel()
 		return s.readBase(ctx, locs)
 	}}
@@ -179,11 +182,11 @@ func (s *Server) planner() restore.Planner {
 // shardedGenerations is the generations reply of a sharded rank: the
 // steps its whole state can be assembled at from the job's memory, then
 // the persisted steps every member of its SG has.
-func (s *Server) shardedGenerations(rc *rankConn, log zerolog.Logger) []proto.GenInfo {
+func (s *Server) shardedGenerations(ctx context.Context, rc *rankConn, log zerolog.Logger) []proto.GenInfo {
 	si := rc.sg
-	v := s.view(context.Background(), si)
+	v := s.view(ctx, si)
 	out := []proto.GenInfo{}
-	pl, g := s.planner(), si.restoreGroup()
+	pl, g := s.planner(ctx), si.restoreGroup()
 	for _, st := range si.candidateSteps(v) {
 		if p := pl.Plan(g, v, st); p.OK {
 			out = append(out, proto.GenInfo{Step: st, Bytes: rc.registeredBytes(), Source: proto.SourceMemory})
@@ -247,17 +250,21 @@ type restoreStats struct {
 // job can restore) from the node's store, the SG's agents and parity, or,
 // only when memory cannot, from the persistent directory; then serves it
 // like a local restore.
-func (s *Server) restoreSharded(rc *rankConn, step int64, log zerolog.Logger) (tmpfs.Generation, string, error) {
+func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, log zerolog.Logger) (tmpfs.Generation, string, error) {
 	si := rc.sg
-	ctx := context.Background()
 	s.repl.hosts.forget() // a restore follows a relaunch: ranks may have moved
 	v := s.view(ctx, si)
 	steps := si.candidateSteps(v)
 	if step >= 0 {
 		steps = []int64{step}
 	}
-	pl, rg := s.planner(), si.restoreGroup()
+	pl, rg := s.planner(ctx), si.restoreGroup()
 	chosen, first := pl.FirstRestorable(rg, v, steps)
+	if err := ctx.Err(); err != nil {
+		// The agent is stopping: what the view missed says nothing of
+		// what survives, so no fallback on its account.
+		return tmpfs.Generation{}, "", fmt.Errorf("the restore of rank %d stopped (the agent is stopping): %w", si.rank, err)
+	}
 	event := "restore_local"
 	var reason string
 	var lost []restore.LostShard // what memory lost, when the persistent tier restores

@@ -40,12 +40,14 @@ type Handler interface {
 // Contract: Handle and Close run on the connection's goroutine, never at
 // once. Handle gets each well-formed frame in arrival order, one at a time
 // (the next is not read before it returns); it writes its replies to the
-// connection itself and may block (a restore does, for minutes). An error
-// from Handle means a reply could not be written: the connection closes.
-// Close runs exactly once, after the last Handle, however the connection
-// ended (the peer went away, a fatal frame, the server's Close).
+// connection itself and may block (a restore does, for minutes). Its ctx
+// is the connection's: cancelled when the server closes, and after Close;
+// long work takes it so that stopping the agent stops it. An error from
+// Handle means a reply could not be written: the connection closes. Close
+// runs exactly once, after the last Handle, however the connection ended
+// (the peer went away, a fatal frame, the server's Close).
 type Session interface {
-	Handle(f proto.Frame) error
+	Handle(ctx context.Context, f proto.Frame) error
 	Close()
 }
 
@@ -62,6 +64,10 @@ type Server struct {
 	cfg  Config
 	ln   *net.UnixListener
 	path string
+	// ctx is the server's life, the parent of every connection's;
+	// Close cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
@@ -93,7 +99,8 @@ func Listen(path string, cfg Config) (*Server, error) {
 		ln.Close()
 		return nil, fmt.Errorf("chmod 0600 %s: %w", path, err)
 	}
-	return &Server{cfg: cfg, ln: ln, path: path, conns: map[net.Conn]struct{}{}}, nil
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Server{cfg: cfg, ln: ln, path: path, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}, nil
 }
 
 // Path returns the socket path.
@@ -138,12 +145,13 @@ func (s *Server) Serve(ctx context.Context, h Handler) error {
 	}
 }
 
-// Close stops accepting, closes every connection and removes the socket.
-// Later calls do nothing.
+// Close stops accepting, cancels the connections' work, closes every
+// connection and removes the socket. Later calls do nothing.
 func (s *Server) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	s.cancel()
 	err := s.ln.Close()
 	s.mu.Lock()
 	for c := range s.conns {
@@ -184,15 +192,17 @@ func (s *Server) serveConn(c *net.UnixConn, h Handler) {
 		s.mu.Unlock()
 	}()
 	log.Debug().Msg("client connected")
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
 	sess := h.Open(c, cred, log)
 	defer sess.Close()
-	s.frames(c, sess, log)
+	s.frames(ctx, c, sess, log)
 }
 
 // frames is the connection's frame loop: a malformed frame is answered
 // with an error (and ends the connection when its boundary is lost), a
 // well-formed one goes to sess.
-func (s *Server) frames(c net.Conn, sess Session, log zerolog.Logger) {
+func (s *Server) frames(ctx context.Context, c net.Conn, sess Session, log zerolog.Logger) {
 	for {
 		f, err := proto.Decode(c)
 		if err != nil {
@@ -215,7 +225,7 @@ func (s *Server) frames(c net.Conn, sess Session, log zerolog.Logger) {
 			}
 			continue
 		}
-		if err := sess.Handle(f); err != nil {
+		if err := sess.Handle(ctx, f); err != nil {
 			log.Debug().Err(err).Msg("writing a reply failed; closing")
 			return
 		}

@@ -20,17 +20,21 @@ import (
 )
 
 // fake is a Handler whose sessions record the frames they get and answer
-// each with an empty hello reply; a frame of id failID makes Handle fail.
+// each with an empty hello reply; a frame of id failID makes Handle fail,
+// one of blockID blocks it until its ctx is done.
 type fake struct {
-	mu     sync.Mutex
-	ids    []uint32
-	opened int
-	pid    int32
-	closed chan struct{} // closed by the first session's Close (a second panics)
-	failID uint32
+	mu      sync.Mutex
+	ids     []uint32
+	opened  int
+	pid     int32
+	closed  chan struct{} // closed by the first session's Close (a second panics)
+	failID  uint32
+	blockID uint32
+	blocked chan struct{} // closed when Handle blocks
+	ctxErr  error         // why the blocked Handle ended
 }
 
-func newFake() *fake { return &fake{closed: make(chan struct{})} }
+func newFake() *fake { return &fake{closed: make(chan struct{}), blocked: make(chan struct{})} }
 
 func (h *fake) Open(c net.Conn, cred *unix.Ucred, _ zerolog.Logger) Session {
 	h.mu.Lock()
@@ -51,12 +55,20 @@ type fakeSession struct {
 	c net.Conn
 }
 
-func (s *fakeSession) Handle(f proto.Frame) error {
+func (s *fakeSession) Handle(ctx context.Context, f proto.Frame) error {
 	s.h.mu.Lock()
 	s.h.ids = append(s.h.ids, f.ID)
 	s.h.mu.Unlock()
-	if f.ID == s.h.failID {
+	switch f.ID {
+	case s.h.failID:
 		return errors.New("reply not written")
+	case s.h.blockID:
+		close(s.h.blocked)
+		<-ctx.Done()
+		s.h.mu.Lock()
+		s.h.ctxErr = ctx.Err()
+		s.h.mu.Unlock()
+		return ctx.Err()
 	}
 	return proto.WriteMsg(s.c, proto.THelloReply, f.ID, proto.HelloReply{})
 }
@@ -252,7 +264,8 @@ func TestFrames(t *testing.T) {
 
 // TestSessionEnds: a session is closed once when a reply cannot be
 // written (Handle fails) and when the server closes, which also ends
-// Serve; Clients counts open connections.
+// Serve and cancels a frame's work in progress; Clients counts open
+// connections.
 func TestSessionEnds(t *testing.T) {
 	t.Run("handle fails", func(t *testing.T) {
 		h := newFake()
@@ -296,6 +309,33 @@ func TestSessionEnds(t *testing.T) {
 		}
 		if _, err := proto.Decode(c); err == nil {
 			t.Fatal("the connection stayed open after Close")
+		}
+	})
+	t.Run("server closes during a frame", func(t *testing.T) {
+		h := newFake()
+		h.blockID = 5
+		path := filepath.Join(t.TempDir(), "agent.sock")
+		s, err := Listen(path, Config{UID: os.Getuid(), Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- s.Serve(context.Background(), h) }()
+		if _, err := dial(t, path).Write(hello(5)); err != nil {
+			t.Fatal(err)
+		}
+		wait(t, h.blocked, "Handle to block")
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		wait(t, h.closed, "the session's Close")
+		if err := <-done; err != nil {
+			t.Fatalf("Serve after Close: %v", err)
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if !errors.Is(h.ctxErr, context.Canceled) {
+			t.Fatalf("the blocked frame's ctx ended with %v, want canceled", h.ctxErr)
 		}
 	})
 }
