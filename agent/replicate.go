@@ -17,6 +17,7 @@ import (
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/sg"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -51,7 +52,7 @@ import (
 
 // replicaShard is the store key's shard of the replicas a node keeps of
 // other nodes' ranks.
-const replicaShard = "replica"
+const replicaShard = shard.Replica
 
 // replicaWindow is how many chunks a background fetch keeps in flight:
 // few, so that a pause stops the network within a couple of chunks.
@@ -650,14 +651,4 @@ func (r *replicator) waitResume(ctx context.Context) error {
 		r.pausedWaits.Add(1)
 	}
 	return r.lim.Wait(ctx, 0)
-}
-
-// replicaSteps lists, newest first, the steps of rank's replicas in v.
-func (v *storeView) replicaSteps(rank int) []int64 {
-	out := make([]int64, 0, len(v.replicas[rank]))
-	for st := range v.replicas[rank] {
-		out = append(out, st)
-	}
-	slices.SortFunc(out, func(a, b int64) int { return int(b - a) })
-	return out
 }

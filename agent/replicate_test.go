@@ -475,3 +475,10 @@ func BenchmarkReplication(b *testing.B) {
 		})
 	}
 }
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -314,20 +313,20 @@ func TestRingWatermarksOGroup(t *testing.T) {
 					want = append(want, j.nodes[m].name)
 				}
 			}
-			if !slices.Equal(v.asked, want) {
-				t.Errorf("rank %d's view asked nodes %v, want only its SG's %v", r, v.asked, want)
+			if !slices.Equal(v.Asked, want) {
+				t.Errorf("rank %d's view asked nodes %v, want only its SG's %v", r, v.Asked, want)
 			}
-			for node, k := range v.replyRanks {
+			for node, k := range v.ReplyRanks {
 				if k > 2 {
 					t.Errorf("rank %d's view: %s's reply carried %d ranks, more than the group's 2", r, node, k)
 				}
 			}
-			for rk := range v.gens {
+			for rk := range v.Gens {
 				if l.Coord(rk).PP != c.PP {
 					t.Errorf("rank %d's view holds rank %d of another group", r, rk)
 				}
 			}
-			t.Logf("rank %d: asked %v, ranks per reply %v", r, v.asked, v.replyRanks)
+			t.Logf("rank %d: asked %v, ranks per reply %v", r, v.Asked, v.ReplyRanks)
 		}
 	}
 	check(j)
@@ -338,43 +337,4 @@ func TestRingWatermarksOGroup(t *testing.T) {
 	}
 	checkRestored(t, step, errs, bufs, false)
 	check(j)
-}
-
-// TestStepRing: a step's ring is the one its generations recorded, dp
-// order for generations from before rings, and an error naming both when
-// members disagree.
-func TestStepRing(t *testing.T) {
-	si := &sgInfo{layout: sg.Layout{DP: 3, PP: 1, TP: 1}, rank: 1, m: 3, members: []int{0, 1, 2}, pos: 1}
-	mk := func(rings ...[]int) *storeView {
-		v := &storeView{gens: map[int]map[int64][]genLoc{}}
-		for r, rg := range rings {
-			v.gens[r] = map[int64][]genLoc{5: {{node: fmt.Sprint("n", r), ring: rg}}}
-		}
-		return v
-	}
-	cases := []struct {
-		name string
-		v    *storeView
-		want []int
-		err  string
-	}{
-		{"recorded", mk([]int{0, 2, 1}, []int{0, 2, 1}, []int{0, 2, 1}), []int{0, 2, 1}, ""},
-		{"legacy", mk(nil, nil, nil), []int{0, 1, 2}, ""},
-		{"one member lost", mk([]int{2, 1, 0}, nil, []int{2, 1, 0}), []int{2, 1, 0}, ""},
-		{"disagree", mk([]int{0, 2, 1}, []int{0, 1, 2}, nil), nil, "rank 0 on [0 2 1], rank 1 on [0 1 2]"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := stepRing(si, tc.v, 5)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want one with %q", err, tc.err)
-				}
-				return
-			}
-			if err != nil || !slices.Equal(got, tc.want) {
-				t.Fatalf("got %v, %v; want %v", got, err, tc.want)
-			}
-		})
-	}
 }

@@ -1,17 +1,16 @@
-// Package agent is the per-node, per-job reft daemon: its local Unix socket
-// server now, its snapshot store and peer protocol later.
+// Package agent is the per-node, per-job reft daemon: it serves the local
+// protocol on agent/localsrv's socket (Server is its Handler, one session
+// a connection) over the node's snapshot store, and composes the peer
+// mesh, detection, replication and the persistent tier.
 package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -19,9 +18,11 @@ import (
 
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/detect"
+	"github.com/reft-hpc/reft/agent/localsrv"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/restore"
 	"github.com/reft-hpc/reft/agent/runpath"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -48,18 +49,9 @@ type Server struct {
 	// persist is the persistent tier (agent/persist); nil: off.
 	persist *persist.Persister
 	log     zerolog.Logger
-	ln      *net.UnixListener
-	path    string
 	start   time.Time
-
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-
-	clients     atomic.Int64
-	accepted    atomic.Uint64
-	badFrames   atomic.Uint64
-	closed      atomic.Bool
-	connTimeout time.Duration
+	// ls is the local socket (agent/localsrv); the server is its Handler.
+	ls *localsrv.Server
 
 	// layout lays registered buffers out in the arena; nil: identity
 	// (SetTestLayout).
@@ -68,7 +60,7 @@ type Server struct {
 	// mesh is the job's agent mesh, for sharded restores (AttachMesh).
 	mesh      func() *mesh.Mesh
 	viewMu    sync.Mutex
-	viewCache map[string]*storeView // per sharding group: its members' watermarks, briefly cached
+	viewCache map[string]*restore.View // per sharding group: its members' watermarks, briefly cached
 	// progressEvery is how often a running restore reports progress
 	// (restoreProgressEvery; 0: at every arrival).
 	progressEvery time.Duration
@@ -119,29 +111,14 @@ type Server struct {
 	det     *detect.Detector
 }
 
-// Listen creates the socket at path with mode 0600. A stale socket at path
-// (nobody answers) is replaced; a live one is an error.
+// Listen creates the socket at path with mode 0600 (localsrv.Listen),
+// serving the processes of info.UID only.
 func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		c.Close()
-		return nil, fmt.Errorf("socket %s: another agent is already listening there", path)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
-	}
-	old := unix.Umask(0o177) // the socket is born 0600: no window with a wider mode
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	unix.Umask(old)
+	ls, err := localsrv.Listen(path, localsrv.Config{UID: info.UID, Job: info.Job, Log: log})
 	if err != nil {
-		return nil, fmt.Errorf("listening on %s: %w (is agent.run_dir in reft.toml on a local filesystem the user can write?)", path, err)
+		return nil, err
 	}
-	ln.SetUnlinkOnClose(true)
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("chmod 0600 %s: %w", path, err)
-	}
-	s := &Server{info: info, log: log, ln: ln, path: path, start: time.Now(),
-		conns: map[net.Conn]struct{}{}, connTimeout: 0, progressEvery: restoreProgressEvery,
+	s := &Server{info: info, log: log, ls: ls, start: time.Now(), progressEvery: restoreProgressEvery,
 		watchers: map[*watcher]struct{}{}, failedPeers: map[string]time.Time{}}
 	s.repl = newReplicator(s)
 	return s, nil
@@ -160,7 +137,7 @@ func (s *Server) AttachPeering(f func() *proto.Peering) { s.peering = f }
 func (s *Server) AttachGPU(f func() *proto.GPU) { s.gpu = f }
 
 // Path returns the socket path.
-func (s *Server) Path() string { return s.path }
+func (s *Server) Path() string { return s.ls.Path() }
 
 // Serve accepts connections until ctx is done or Close is called.
 func (s *Server) Serve(ctx context.Context) error {
@@ -168,119 +145,57 @@ func (s *Server) Serve(ctx context.Context) error {
 		<-ctx.Done()
 		s.Close()
 	}()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		c, err := s.ln.AcceptUnix()
-		if err != nil {
-			if s.closed.Load() || ctx.Err() != nil {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			s.log.Error().Err(err).Msg("accept failed; stopping the socket server")
-			return fmt.Errorf("accept on %s: %w", s.path, err)
-		}
-		s.accepted.Add(1)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.serveConn(c)
-		}()
-	}
+	return s.ls.Serve(ctx, s)
 }
 
 // Close stops accepting, closes every connection and removes the socket.
 func (s *Server) Close() error {
 	// Every caller waits for the replicator: the store closes after Close.
 	defer s.repl.stop()
-	if s.closed.Swap(true) {
-		return nil
-	}
-	err := s.ln.Close()
-	s.mu.Lock()
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
-	return err
+	return s.ls.Close()
 }
 
 // PeerCred returns the credentials of the process at the other end of c.
 func PeerCred(c *net.UnixConn) (*unix.Ucred, error) { return runpath.PeerCred(c) }
 
-func (s *Server) serveConn(c *net.UnixConn) {
-	defer c.Close()
-	cred, err := PeerCred(c)
-	if err != nil {
-		s.log.Error().Err(err).Msg("SO_PEERCRED failed; closing the connection")
-		return
-	}
-	log := s.log.With().Int32("peer_pid", cred.Pid).Uint32("peer_uid", cred.Uid).Logger()
-	if int(cred.Uid) != s.info.UID {
-		log.Warn().Int("job_uid", s.info.UID).Msg("refused a connection from another uid")
-		_ = proto.WriteMsg(c, proto.TError, 0, proto.Error{Code: proto.CodeForbidden,
-			Message: fmt.Sprintf("uid %d may not use the agent of job %s (owned by uid %d)", cred.Uid, s.info.Job, s.info.UID)})
-		return
-	}
-	s.mu.Lock()
-	if s.closed.Load() {
-		s.mu.Unlock()
-		return
-	}
-	s.conns[c] = struct{}{}
-	s.mu.Unlock()
-	s.clients.Add(1)
-	defer func() {
-		s.clients.Add(-1)
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-	}()
-	log.Debug().Msg("client connected")
-	rc := &rankConn{pid: cred.Pid}
-	defer rc.close()
-	defer s.commPhase(rc, false, log) // a rank that died mid-collective must not hold replication paused
-	defer s.unwatch(rc)
-	defer s.noteGone(rc)
-	defer s.progress.drop(rc)
-	for {
-		f, err := proto.Decode(c)
-		if err != nil {
-			if errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			if f.ID == 0 && errors.Is(err, io.EOF) {
-				log.Debug().Msg("client disconnected")
-				return
-			}
-			s.badFrames.Add(1)
-			code := proto.CodeMalformed
-			if errors.Is(err, proto.ErrVersion) {
-				code = proto.CodeVersion
-			}
-			log.Warn().Err(err).Uint32("id", f.ID).Msg("malformed frame")
-			_ = proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: code, Message: err.Error()})
-			if proto.Fatal(err) {
-				return
-			}
-			continue
-		}
-		if err := s.handle(c, rc, f, log); err != nil {
-			log.Debug().Err(err).Msg("writing a reply failed; closing")
-			return
-		}
-	}
+// Open is the localsrv.Handler: a connection is one rank (or one reft
+// command), its state a rankConn.
+func (s *Server) Open(c net.Conn, cred *unix.Ucred, log zerolog.Logger) localsrv.Session {
+	return &session{s: s, c: c, rc: &rankConn{pid: cred.Pid}, log: log}
 }
 
-func (s *Server) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
+// session is one connection of the local socket.
+type session struct {
+	s   *Server
+	c   net.Conn
+	rc  *rankConn
+	log zerolog.Logger
+}
+
+func (ss *session) Handle(ctx context.Context, f proto.Frame) error {
+	return ss.s.handle(ctx, ss.c, ss.rc, f, ss.log)
+}
+
+// Close forgets the rank: its progress, registration, watch and
+// communication phase (a rank that died mid-collective must not hold
+// replication paused), then its connection's state.
+func (ss *session) Close() {
+	s, rc := ss.s, ss.rc
+	s.progress.drop(rc)
+	s.noteGone(rc)
+	s.unwatch(rc)
+	s.commPhase(rc, false, ss.log)
+	rc.close()
+}
+
+// handle dispatches one frame by its type; ctx is the connection's
+// (localsrv.Session).
+func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
 	switch f.Type {
 	case proto.THello:
 		var h proto.Hello
 		if err := f.Unmarshal(&h); err != nil {
-			s.badFrames.Add(1)
+			s.ls.NoteBadFrame()
 			log.Warn().Err(err).Msg("malformed hello")
 			return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeMalformed, Message: err.Error()})
 		}
@@ -294,20 +209,20 @@ func (s *Server) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Log
 		// A notice: no reply, so a trainer pays no round trip for it.
 		var cm proto.Comm
 		if err := f.Unmarshal(&cm); err != nil {
-			s.badFrames.Add(1)
+			s.ls.NoteBadFrame()
 			log.Warn().Err(err).Msg("malformed comm notice (not answered: comm has no reply)")
 			return nil
 		}
 		s.commPhase(rc, cm.Active, log)
 		return nil
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
-		return s.handleSnapshot(c, rc, f, log)
+		return s.handleSnapshot(ctx, c, rc, f, log)
 	case proto.TWatch:
 		return s.handleWatch(c, rc, f, log)
 	case proto.TProgress:
 		return s.handleProgress(c, rc, f)
 	}
-	s.badFrames.Add(1)
+	s.ls.NoteBadFrame()
 	log.Warn().Stringer("type", f.Type).Msg("unknown message type")
 	return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeUnknownType,
 		Message: fmt.Sprintf("unknown message type 0x%02x; this agent knows %s (docs/PROTOCOL.md)", uint8(f.Type), proto.Requests())})
@@ -318,7 +233,7 @@ func (s *Server) Status() proto.Status {
 	return proto.Status{
 		Job: s.info.Job, Node: s.info.Node, Spec: s.info.Spec, AgentVersion: s.info.Version,
 		PID: os.Getpid(), UptimeSeconds: time.Since(s.start).Seconds(),
-		Clients: int(s.clients.Load()), Connections: s.accepted.Load(), BadFrames: s.badFrames.Load(),
+		Clients: int(s.ls.Clients()), Connections: s.ls.Accepted(), BadFrames: s.ls.BadFrames(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
 		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.placementWarnings(), Memory: s.memoryStatus(),
 		Store: s.storeCounters(), LostNodes: s.lostNodes(),

@@ -10,6 +10,7 @@ import (
 	"github.com/reft-hpc/reft/agent/erasure"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/sg"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -34,24 +35,23 @@ import (
 // A restore assembles the whole slice again (restoreSharded): own shard
 // and ARC copy from the node's store, the other shards from the members'
 // agents, lost shards decoded from parity.
+//
+// The names are agent/shard's, which the restore planner reads too.
 const (
-	secShard  = "rep@shard"
-	secARC    = "rep@arc"
-	secIn     = "rep@in"
-	secParity = "rep@parity"
-	secRep    = "rep" // the whole slice, in an assembled restore
-	// AOR (sharded_aor.go): secAORGrad+G is the client's copy of the
-	// ring successor's shard of gradient G; secAOR+B the agent's replica
-	// of the successor's state buffer B; secAORBase the step the replicas
-	// are valid for (int64, little endian; -1: invalid).
-	secAORGrad = "aor@grad@"
-	secAOR     = "aor@"
-	secAORBase = "aor@base"
+	secShard  = shard.Own
+	secARC    = shard.ARC
+	secIn     = shard.In
+	secParity = shard.Parity
+	secRep    = shard.Rep
+	// AOR (sharded_aor.go).
+	secAORGrad = shard.AORGrad
+	secAOR     = shard.AOR
+	secAORBase = shard.AORBase
 	// restoreShard is the store key's shard of assembled restores.
-	restoreShard = "restore"
+	restoreShard = shard.Restored
 	// persistedShard holds members' persisted generations loaded for a
 	// persistent-tier restore.
-	persistedShard = "persisted"
+	persistedShard = shard.Persisted
 )
 
 // encodeWorkers is the goroutines the parity encode (XOR or aec:K) uses
@@ -383,41 +383,6 @@ func (si *sgInfo) restoreSpec(sources []tmpfs.Source, chunk int64) (tmpfs.Spec, 
 	return spec, nil
 }
 
-// model is the failure analysis of the SG's slice at one step: rankNode[r]
-// is the node holding rank r's generation, "" when no agent reported it.
-// Ranks whose generation is gone are put on nodes of their own, failed.
-// The planner is agent/sg's, so a restore does what `reft explain` says.
-func (si *sgInfo) model(rankNode map[int]string) (*sg.Model, []string, error) {
-	top := sg.Topology{RankNode: make([]string, si.world)}
-	var failed []string
-	for r := range si.world {
-		n := rankNode[r]
-		if n == "" {
-			n = goneNode(r)
-			failed = append(failed, n)
-		}
-		top.RankNode[r] = n
-	}
-	// Ranks sharing a node in the store view is fine: the ring is given
-	// (Rings) and failures are explicit; give co-located members distinct
-	// names so that the analysis counts them apart.
-	seen := map[string]int{}
-	for r, n := range top.RankNode {
-		if c := seen[n]; c > 0 {
-			top.RankNode[r] = n + "#" + strconv.Itoa(c)
-		}
-		seen[n]++
-	}
-	sp := si.spec
-	sp.DP, sp.PP, sp.TP = 0, 0, 0
-	kinds := sg.Replicated
-	if si.aor != nil {
-		kinds |= sg.Optimizer
-	}
-	md, err := sg.NewModel(sg.Job{Spec: sp, Layout: si.layout, Topology: top, Kinds: kinds, Rings: map[string][]int{si.groupName(): si.members}})
-	return md, failed, err
-}
-
 // describe names the arena layout for the log.
 func (si *sgInfo) describe() string {
 	if si == nil {
@@ -448,7 +413,3 @@ func (s *Server) spec() spec.Spec {
 	})
 	return s.jobSpec
 }
-
-// goneNode names, for the failure analysis, the node of a rank whose
-// generation no agent reports: its node is no longer in the job.
-func goneNode(r int) string { return "gone(rank " + strconv.Itoa(r) + "'s node)" }

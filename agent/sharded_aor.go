@@ -13,6 +13,7 @@ import (
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/restore"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -207,16 +208,16 @@ func (s *Server) aorPrevious(rc *rankConn, step int64, reps map[string][]byte) s
 		}
 	}
 	if prev != nil {
-		loc := genLoc{key: peer.GenKey{Rank: rc.key.Rank, Shard: rc.key.Shard, Step: prev.Step, Seq: prev.Seq}}
+		loc := restore.Loc{Key: peer.GenKey{Rank: rc.key.Rank, Shard: rc.key.Shard, Step: prev.Step, Seq: prev.Seq}}
 		var b [8]byte
-		if err := s.copyLocal(b[:], cand{loc: loc, sec: secAORBase}); err != nil {
+		if err := s.copyLocal(b[:], restore.Cand{Loc: loc, Sec: secAORBase}); err != nil {
 			return fmt.Sprintf("the replica of step %d cannot be read: %v", prev.Step, err)
 		}
 		if got := int64(binary.LittleEndian.Uint64(b[:])); got != prev.Step {
 			return fmt.Sprintf("the replica in the generation of step %d is invalid too", prev.Step)
 		}
 		for name, dst := range reps {
-			if err := s.copyLocal(dst, cand{loc: loc, sec: secAOR + name}); err != nil {
+			if err := s.copyLocal(dst, restore.Cand{Loc: loc, Sec: secAOR + name}); err != nil {
 				return fmt.Sprintf("the replica of %q of step %d cannot be read: %v", name, prev.Step, err)
 			}
 		}
@@ -236,10 +237,10 @@ func (s *Server) aorPrevious(rc *rankConn, step int64, reps map[string][]byte) s
 
 // readBase reads the aor@base of a generation from the first candidate
 // that has it.
-func (s *Server) readBase(ctx context.Context, locs []genLoc) (int64, error) {
-	var cs []cand
+func (s *Server) readBase(ctx context.Context, locs []restore.Loc) (int64, error) {
+	var cs []restore.Cand
 	for _, l := range locs {
-		cs = append(cs, cand{loc: l, sec: secAORBase})
+		cs = append(cs, restore.Cand{Loc: l, Sec: secAORBase})
 	}
 	var b [8]byte
 	if err := s.fetchInto(ctx, b[:], cs, &restoreStats{}); err != nil {
@@ -252,17 +253,17 @@ func (s *Server) readBase(ctx context.Context, locs []genLoc) (int64, error) {
 // commit starts from: its own replica if its generation survived with a
 // valid one, else succ's own state buffers. locs gives a rank's copies of
 // its generation of step.
-func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs func(r int) []genLoc, log zerolog.Logger) {
+func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs func(r int) []restore.Loc, log zerolog.Logger) {
 	si := rc.sg
 	rc.aorRestored, rc.aorSeed, rc.aorSeedWhy = true, nil, ""
 	sd := &aorSeed{step: step, bufs: map[string][]byte{}}
-	fill := func(ls []genLoc, sec func(string) string) error {
+	fill := func(ls []restore.Loc, sec func(string) string) error {
 		for _, g := range si.aor {
 			for _, st := range g.states {
 				buf := make([]byte, si.succBytes(&g))
-				var cs []cand
+				var cs []restore.Cand
 				for _, l := range ls {
-					cs = append(cs, cand{loc: l, sec: sec(st.buf)})
+					cs = append(cs, restore.Cand{Loc: l, Sec: sec(st.buf)})
 				}
 				if err := s.fetchInto(ctx, buf, cs, &restoreStats{}); err != nil {
 					return fmt.Errorf("%s: %w", sec(st.buf), err)
@@ -304,7 +305,7 @@ func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs fun
 		}
 	}
 	if from == "" && s.persist != nil { // succ's state came back from the persistent tier
-		if err := s.persistedState(succ, si.rank, step, func(l genLoc) error { return fill([]genLoc{l}, func(n string) string { return n }) }); err == nil {
+		if err := s.persistedState(succ, si.rank, step, func(l restore.Loc) error { return fill([]restore.Loc{l}, func(n string) string { return n }) }); err == nil {
 			from = fmt.Sprintf("rank %d's persisted state", succ)
 		} else {
 			whys = append(whys, fmt.Sprintf("rank %d's persisted state: %v", succ, err))
@@ -324,7 +325,7 @@ func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs fun
 // persistedState loads rank r's persisted generation of step into this
 // node's store (under the restoring rank's transient key), hands it to
 // use, and drops it again.
-func (s *Server) persistedState(r, forRank int, step int64, use func(genLoc) error) error {
+func (s *Server) persistedState(r, forRank int, step int64, use func(restore.Loc) error) error {
 	gens, err := s.persist.Generations(r)
 	if err != nil {
 		return err
@@ -339,5 +340,5 @@ func (s *Server) persistedState(r, forRank int, step int64, use func(genLoc) err
 		return err
 	}
 	defer s.store.Drop(key)
-	return use(genLoc{key: peer.GenKey{Rank: r, Shard: key.Shard, Step: g.Step, Seq: g.Seq}})
+	return use(restore.Loc{Key: peer.GenKey{Rank: r, Shard: key.Shard, Step: g.Step, Seq: g.Seq}})
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -116,7 +117,7 @@ func storeErr(err error) string {
 	return proto.CodeInternal
 }
 
-func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
+func (s *Server) handleSnapshot(ctx context.Context, c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
 	if s.store == nil {
 		return replyErr(c, f.ID, proto.CodeDisabled,
 			"job %s has no snapshot store on %s (SPEC %q): snapshots are disabled for this job", s.info.Job, s.info.Node, s.info.Spec)
@@ -146,7 +147,7 @@ func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zer
 	case proto.TGenerations:
 		gens := []proto.GenInfo(nil)
 		if rc.sg != nil {
-			gens = s.shardedGenerations(rc, log)
+			gens = s.shardedGenerations(ctx, rc, log)
 		} else {
 			gens = s.generationList(rc.key.Rank, log)
 		}
@@ -166,7 +167,7 @@ func (s *Server) handleSnapshot(c net.Conn, rc *rankConn, f proto.Frame, log zer
 		if err := f.Unmarshal(&req); err != nil {
 			return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
 		}
-		return s.restore(c, rc, f.ID, req.Step, req.Verify == proto.VerifyClient, log)
+		return s.restore(ctx, c, rc, f.ID, req.Step, req.Verify == proto.VerifyClient, log)
 	case proto.TRelease:
 		var req proto.Release
 		if err := f.Unmarshal(&req); err != nil {
@@ -477,9 +478,9 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 
 // restore serves a restore request; verifyClient: the client checks the
 // checksums while it copies (proto.Restore.Verify).
-func (s *Server) restore(c net.Conn, rc *rankConn, id uint32, step int64, verifyClient bool, log zerolog.Logger) error {
+func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint32, step int64, verifyClient bool, log zerolog.Logger) error {
 	if rc.sg != nil {
-		g, event, err := s.restoreSharded(rc, step, log)
+		g, event, err := s.restoreSharded(ctx, rc, step, log)
 		if err != nil {
 			log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("restore failed")
 			what := "the newest restorable step"
