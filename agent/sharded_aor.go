@@ -210,14 +210,14 @@ func (s *Server) aorPrevious(rc *rankConn, step int64, reps map[string][]byte) s
 	if prev != nil {
 		loc := restore.Loc{Key: peer.GenKey{Rank: rc.key.Rank, Shard: rc.key.Shard, Step: prev.Step, Seq: prev.Seq}}
 		var b [8]byte
-		if err := s.copyLocal(b[:], restore.Cand{Loc: loc, Sec: secAORBase}); err != nil {
+		if err := (restore.StoreLocal{Store: s.store}).Read(b[:], restore.Cand{Loc: loc, Sec: secAORBase}); err != nil {
 			return fmt.Sprintf("the replica of step %d cannot be read: %v", prev.Step, err)
 		}
 		if got := int64(binary.LittleEndian.Uint64(b[:])); got != prev.Step {
 			return fmt.Sprintf("the replica in the generation of step %d is invalid too", prev.Step)
 		}
 		for name, dst := range reps {
-			if err := s.copyLocal(dst, restore.Cand{Loc: loc, Sec: secAOR + name}); err != nil {
+			if err := (restore.StoreLocal{Store: s.store}).Read(dst, restore.Cand{Loc: loc, Sec: secAOR + name}); err != nil {
 				return fmt.Sprintf("the replica of %q of step %d cannot be read: %v", name, prev.Step, err)
 			}
 		}
@@ -243,7 +243,7 @@ func (s *Server) readBase(ctx context.Context, locs []restore.Loc) (int64, error
 		cs = append(cs, restore.Cand{Loc: l, Sec: secAORBase})
 	}
 	var b [8]byte
-	if err := s.fetchInto(ctx, b[:], cs, &restoreStats{}); err != nil {
+	if err := s.fetchInto(ctx, b[:], cs); err != nil {
 		return 0, err
 	}
 	return int64(binary.LittleEndian.Uint64(b[:])), nil
@@ -265,7 +265,7 @@ func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs fun
 				for _, l := range ls {
 					cs = append(cs, restore.Cand{Loc: l, Sec: sec(st.buf)})
 				}
-				if err := s.fetchInto(ctx, buf, cs, &restoreStats{}); err != nil {
+				if err := s.fetchInto(ctx, buf, cs); err != nil {
 					return fmt.Errorf("%s: %w", sec(st.buf), err)
 				}
 				sd.bufs[st.buf] = buf

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -235,17 +234,6 @@ func (s *Server) persistedSteps(si *sgInfo, log zerolog.Logger) []int64 {
 	return out
 }
 
-// restoreStats is what an assembled restore did.
-type restoreStats struct {
-	local, peer, decoded atomic.Int64
-	// failovers counts the chunks (and local sections) that a copy
-	// failed, a checksum mismatch or a lost peer, and another gave.
-	failovers atomic.Int64
-	peers     sync.Map         // node -> struct{}
-	prog      *restoreProgress // nil: not reported
-	log       *zerolog.Logger  // the restore's; nil: the server's
-}
-
 // restoreSharded assembles the rank's state at step (< 0: the newest the
 // job can restore) from the node's store, the SG's agents and parity, or,
 // only when memory cannot, from the persistent directory; then serves it
@@ -305,9 +293,10 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 		return tmpfs.Generation{}, "", err
 	}
 	rc.sg, rc.ringFixed = si, false
-	st := restoreStats{prog: newRestoreProgress(log, si.rank, chosen.Step, rc.registeredBytes()+si.parityBytes(chosen), s.progressEvery), log: &log}
-	g, err := s.assemble(ctx, rc, si, chosen, &st, log)
-	st.prog.close()
+	var st restore.Stats
+	prog := newRestoreProgress(log, si.rank, chosen.Step, rc.registeredBytes()+si.parityBytes(chosen), s.progressEvery)
+	g, err := s.assemble(ctx, rc, si, chosen, s.assembler(&st, prog, log))
+	prog.close()
 	if err == nil {
 		s.adoptRing(si, chosen.Step, log)
 	}
@@ -335,20 +324,18 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 	}
 	if event != "restore_persistent" {
 		switch {
-		case st.decoded.Load() > 0:
+		case st.Decoded.Load() > 0:
 			event = "decode"
-		case st.peer.Load() > 0:
+		case st.Peer.Load() > 0:
 			event = "restore_peer"
 		}
 	}
-	var peers []string
-	st.peers.Range(func(k, _ any) bool { peers = append(peers, k.(string)); return true })
-	sort.Strings(peers)
+	peers := st.Peers()
 	d := time.Since(t0)
-	total := st.local.Load() + st.peer.Load() + st.decoded.Load()
+	total := st.Local.Load() + st.Peer.Load() + st.Decoded.Load()
 	ev := log.Info().Str("event", event).Int("rank", si.rank).Int64("generation", chosen.Step).Int64("bytes", total).
-		Int64("local_bytes", st.local.Load()).Int64("peer_bytes", st.peer.Load()).Int64("decoded_bytes", st.decoded.Load()).
-		Strs("peers", peers).Str("sources", chosen.Sources()).Int64("failovers", st.failovers.Load()).Dur("duration", d).
+		Int64("local_bytes", st.Local.Load()).Int64("peer_bytes", st.Peer.Load()).Int64("decoded_bytes", st.Decoded.Load()).
+		Strs("peers", peers).Str("sources", chosen.Sources()).Int64("failovers", st.Failovers.Load()).Dur("duration", d).
 		Float64("rate_mb_s", float64(total)/1e6/max(d.Seconds(), 1e-9))
 	if reason != "" {
 		ev = ev.Str("reason", reason).Interface("lost_shards", lost)
@@ -434,8 +421,9 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 }
 
 // assemble writes the plan's state into a fresh generation of the rank's
-// restore key, every chunk verified on the way.
-func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *restore.Plan, st *restoreStats, log zerolog.Logger) (tmpfs.Generation, error) {
+// restore key: the arena's sections are handed to the Assembler, and every
+// chunk verified on the way.
+func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *restore.Plan, asm *restore.Assembler) (tmpfs.Generation, error) {
 	spec, err := si.restoreSpec(rc.spec.Sources, s.store.ChunkSize())
 	if err != nil {
 		return tmpfs.Generation{}, err
@@ -451,77 +439,12 @@ func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *rest
 			o.Abort()
 		}
 	}()
-	rep, err := o.Buffer(secRep)
+	t, err := si.restoreTarget(o)
 	if err != nil {
 		return tmpfs.Generation{}, err
 	}
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-	)
-	fail := func(err error) {
-		mu.Lock()
-		errs = append(errs, err)
-		mu.Unlock()
-	}
-	for _, b := range si.slice {
-		if !si.whole || b.size == 0 {
-			continue
-		}
-		var cs []restore.Cand
-		for _, c := range p.Whole {
-			cs = append(cs, restore.Cand{Loc: c.Loc, Sec: b.name})
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.fetchInto(ctx, rep[b.off:b.off+b.size], cs, st); err != nil {
-				fail(fmt.Errorf("buffer %q: %w", b.name, err))
-			}
-		}()
-	}
-	for _, sh := range p.Shards {
-		if len(sh.Cands) == 0 || si.whole {
-			continue // decoded below, or fetched whole above
-		}
-		r := si.shard(sh.Pos)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.fetchInto(ctx, rep[r.Off:r.End()], sh.Cands, st); err != nil {
-				fail(fmt.Errorf("shard %d (rank %d, %s): %w", sh.Pos, sh.Rank, sh.Source, err))
-			}
-		}()
-	}
-	for _, b := range si.other {
-		dst, err := o.Buffer(b.Name)
-		if err != nil {
-			return tmpfs.Generation{}, err
-		}
-		var cs []restore.Cand
-		for _, c := range p.Others {
-			cs = append(cs, restore.Cand{Loc: c.Loc, Sec: b.Name})
-		}
-		if _, ok := si.aorStateOf(b.Name); ok {
-			cs = p.Opt[b.Name]
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.fetchInto(ctx, dst, cs, st); err != nil {
-				fail(fmt.Errorf("buffer %q: %w", b.Name, err))
-			}
-		}()
-	}
-	wg.Wait()
-	if len(errs) > 0 {
-		return tmpfs.Generation{}, errors.Join(errs...)
-	}
-	if len(p.Decode) > 0 {
-		if err := s.decode(ctx, si, p, rep, st); err != nil {
-			return tmpfs.Generation{}, err
-		}
+	if err := asm.Assemble(ctx, p, t); err != nil {
+		return tmpfs.Generation{}, err
 	}
 	for _, b := range spec.Buffers {
 		if err := o.ComputeChecksums(b.Name); err != nil {
@@ -534,6 +457,35 @@ func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *rest
 	}
 	ok = true
 	return g, nil
+}
+
+// restoreTarget is the assembly's view of o, an arena laid out by
+// restoreSpec: the slice, its shards and buffers, the unreplicated
+// buffers, and the decoder.
+func (si *sgInfo) restoreTarget(o *tmpfs.Ongoing) (restore.Target, error) {
+	rep, err := o.Buffer(secRep)
+	if err != nil {
+		return restore.Target{}, err
+	}
+	t := restore.Target{Rep: rep, Whole: si.whole, Decoder: si.decoder}
+	for q := range si.m {
+		t.Shards = append(t.Shards, si.shard(q))
+	}
+	for _, b := range si.slice {
+		t.Replicated = append(t.Replicated, restore.Section{Name: b.name, Off: b.off, Size: b.size})
+	}
+	for _, b := range si.other {
+		dst, err := o.Buffer(b.Name)
+		if err != nil {
+			return restore.Target{}, err
+		}
+		_, isAOR := si.aorStateOf(b.Name)
+		t.Others = append(t.Others, restore.Other{Name: b.Name, Dst: dst, AOR: isAOR})
+	}
+	if si.el != nil {
+		t.ParitySize = si.el.ParitySize()
+	}
+	return t, nil
 }
 
 // parityBytes is what a plan fetches besides the state itself: the
@@ -551,185 +503,27 @@ func (si *sgInfo) parityBytes(p *restore.Plan) int64 {
 	return n
 }
 
-// decode rebuilds the plan's lost shards in rep from the other shards
-// (already in rep) and the surviving members' parity.
-func (s *Server) decode(ctx context.Context, si *sgInfo, p *restore.Plan, rep []byte, st *restoreStats) error {
-	shards := make([][]byte, si.m)
-	for q := range si.m {
-		r := si.shard(q)
-		shards[q] = rep[r.Off:r.End()]
-	}
-	parities := make([][]byte, si.m)
-	var wg sync.WaitGroup
-	for q := range si.m {
-		if slices.Contains(p.Decode, q) || len(p.Parity[q]) == 0 {
-			continue
+// assembler is this node's restore.Assembler: its store, its mesh (waited
+// for up to gatherWait; nil while peering is off), each peer's lookups
+// bounded by gatherWait. st and prog may be nil (a read nobody reports).
+func (s *Server) assembler(st *restore.Stats, prog *restoreProgress, log zerolog.Logger) *restore.Assembler {
+	a := &restore.Assembler{Local: restore.StoreLocal{Store: s.store}, AskTimeout: gatherWait, Log: log, Stats: st}
+	a.Peers = func(ctx context.Context) restore.Peers {
+		if m := s.waitMesh(ctx); m != nil {
+			return m // not a nil *mesh.Mesh in a non-nil interface
 		}
-		buf := make([]byte, si.el.ParitySize())
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.fetchInto(ctx, buf, p.Parity[q], st); err == nil {
-				parities[q] = buf
-			}
-		}()
-	}
-	wg.Wait()
-	if err := si.decoder.Reconstruct(p.Decode, shards, parities); err != nil {
-		return fmt.Errorf("decoding shards %v from parity: %w", p.Decode, err)
-	}
-	for _, q := range p.Decode {
-		st.decoded.Add(si.shard(q).Len)
-		st.prog.add(si.shard(q).Len)
-	}
-	return nil
-}
-
-// fetchInto fills dst with a section that each candidate holds whole:
-// from this node's store if a local copy verifies, else from the peers, a
-// chunk that fails its checksum taken from the next copy. Every copy that
-// failed while another delivered is logged (chunk_failover) and counted.
-func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []restore.Cand, st *restoreStats) error {
-	var lastErr error
-	var remote []restore.Cand
-	var localBad []string // local copies that failed, with why
-	for _, c := range cands {
-		if c.Loc.Node != "" {
-			remote = append(remote, c)
-			continue
-		}
-		if err := s.copyLocal(dst, c); err != nil {
-			lastErr = err
-			localBad = append(localBad, err.Error())
-			continue
-		}
-		st.local.Add(int64(len(dst)))
-		st.prog.add(int64(len(dst)))
-		s.logFailover(st, c, localBad, nil, nil, "this node")
 		return nil
 	}
-	if len(remote) == 0 {
-		if lastErr == nil {
-			lastErr = errors.New("no copy of it survives")
-		}
-		return lastErr
+	if prog != nil {
+		a.Progress = prog.add
 	}
-	m := s.waitMesh(ctx)
-	if m == nil {
-		return errors.Join(lastErr, errors.New("peering is off: the copies on other nodes cannot be read"))
-	}
-	var spec peer.FetchSpec
-	nodeOf := map[string]string{} // source address -> node
-	for _, c := range remote {
-		cctx, cancel := context.WithTimeout(ctx, gatherWait)
-		info, err := m.Manifest(cctx, c.Loc.Node, c.Loc.Key)
-		var src peer.Source
-		if err == nil {
-			src, err = m.Source(cctx, c.Loc.Node, peer.ChunkKey{GenKey: c.Loc.Key, Buffer: c.Sec})
-		}
-		cancel()
-		if err != nil {
-			lastErr = err
-			localBad = append(localBad, fmt.Sprintf("%s on %s: %v", c.Sec, c.Loc.Node, err))
-			continue
-		}
-		b := info.Buffer(c.Sec)
-		if b == nil || b.Size != int64(len(dst)) {
-			lastErr = fmt.Errorf("%s on %s has no section %s of %d bytes", c.Loc.Key, c.Loc.Node, c.Sec, len(dst))
-			localBad = append(localBad, lastErr.Error())
-			continue
-		}
-		if spec.Sources == nil {
-			spec = peer.FetchSpec{ChunkSize: info.ChunkSize, Size: int64(len(dst)), CRC: b.CRC32C, Dst: dst, Progress: st.prog.add}
-		} else if info.ChunkSize != spec.ChunkSize {
-			continue // another chunking: its checksums do not compare
-		}
-		spec.Sources = append(spec.Sources, src)
-		nodeOf[src.Addr] = c.Loc.Node
-		st.peers.Store(c.Loc.Node, struct{}{})
-	}
-	if len(spec.Sources) == 0 {
-		return lastErr
-	}
-	if len(dst) == 0 {
-		return nil
-	}
-	fs, err := m.Fetch(ctx, spec)
-	if err != nil {
-		return err
-	}
-	st.peer.Add(int64(len(dst)))
-	s.logFailover(st, cands[0], localBad, fs.Recovered, nodeOf, "peers")
-	return nil
+	return a
 }
 
-// chunkFailover is one chunk that a copy failed and another delivered.
-type chunkFailover struct {
-	Chunk  int      `json:"chunk"`
-	Failed []string `json:"failed"` // "node: why", in the order tried
-	From   string   `json:"from"`   // the node that delivered it
-}
-
-// logFailover says, once per section, which copies failed (whole:
-// local copies and peers that could not serve the section; chunks: the
-// chunks a peer failed and another delivered) and counts them.
-func (s *Server) logFailover(st *restoreStats, c restore.Cand, whole []string, chunks []peer.ChunkRecovery, nodeOf map[string]string, by string) {
-	if len(whole) == 0 && len(chunks) == 0 {
-		return
-	}
-	n := len(whole)
-	fo := make([]chunkFailover, len(chunks))
-	for i, rc := range chunks {
-		fo[i] = chunkFailover{Chunk: rc.Chunk, From: nodeOf[rc.From.Addr]}
-		for _, a := range rc.Attempts {
-			fo[i].Failed = append(fo[i].Failed, fmt.Sprintf("%s: %v", nodeOf[a.Source.Addr], a.Err))
-		}
-		n += len(rc.Attempts)
-	}
-	st.failovers.Add(int64(n))
-	log := s.log
-	if st.log != nil {
-		log = *st.log
-	}
-	log.Warn().Str("event", "chunk_failover").Int("owner_rank", c.Loc.Key.Rank).Int64("generation", c.Loc.Key.Step).Str("section", c.Sec).
-		Strs("copies_failed", whole).Interface("chunks", fo).Int("failovers", n).
-		Msgf("restore: %d read(s) of section %s failed (a checksum mismatch or a copy that could not be read); another copy served them (%s)", n, c.Sec, by)
-}
-
-// copyLocal copies a section of a generation in this node's store,
-// verifying every chunk.
-func (s *Server) copyLocal(dst []byte, c restore.Cand) error {
-	k := tmpfs.Key{Rank: c.Loc.Key.Rank, Shard: c.Loc.Key.Shard}
-	i := slices.IndexFunc(s.store.Generations(k), func(g tmpfs.Generation) bool {
-		return g.Step == c.Loc.Key.Step && g.Seq == c.Loc.Key.Seq && !g.Bad
-	})
-	if i < 0 {
-		return fmt.Errorf("%s is no longer in this node's store", c.Loc.Key)
-	}
-	r, err := s.store.Open(s.store.Generations(k)[i])
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	if b := slices.IndexFunc(r.Manifest().Buffers, func(b tmpfs.Buffer) bool { return b.Name == c.Sec }); b < 0 || r.Manifest().Buffers[b].Size != int64(len(dst)) {
-		return fmt.Errorf("%s has no section %s of %d bytes: the sharding group's members registered different replicated buffers (is the layout, dp= pp= tp=, the trainer's?)", c.Loc.Key, c.Sec, len(dst))
-	}
-	var off int64
-	for n := 0; off < int64(len(dst)); n++ {
-		b, crc, err := r.Chunk(c.Sec, n)
-		if err != nil {
-			return err
-		}
-		if tmpfs.CRC(b) != crc {
-			return fmt.Errorf("%s section %s chunk %d: %w", c.Loc.Key, c.Sec, n, tmpfs.ErrCorrupt)
-		}
-		if off+int64(len(b)) > int64(len(dst)) {
-			return fmt.Errorf("%s section %s is larger than %d bytes", c.Loc.Key, c.Sec, len(dst))
-		}
-		copy(dst[off:], b)
-		off += int64(len(b))
-	}
-	return nil
+// fetchInto fills dst with a section that each candidate holds whole
+// (restore.Assembler.Fetch), uncounted and logged to the server's log.
+func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []restore.Cand) error {
+	return s.assembler(nil, nil, s.log).Fetch(ctx, dst, cands)
 }
 
 // lostError is a state that neither memory nor the persistent tier can
