@@ -18,6 +18,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/detect"
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/localsrv"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
@@ -297,7 +298,7 @@ func (s *Server) noteRegistered(rc *rankConn, rank, world int, si *sgInfo) {
 		s.regs, s.regOwner = map[int]*proto.RankProtection{}, map[int]*rankConn{}
 	}
 	if old := s.regOwner[rank]; old != nil && old != rc && s.regs[rank].Connected {
-		s.log.Warn().Str("event", "rank_fenced").Int("rank", rank).Int32("pid", rc.pid).Int32("fenced_pid", old.pid).
+		s.log.Warn().Str("event", event.RankFenced).Int("rank", rank).Int32("pid", rc.pid).Int32("fenced_pid", old.pid).
 			Msgf("rank %d registered again by pid %d while pid %d's registration is still connected: pid %d is fenced (its saves, commits, restores and releases are refused)",
 				rank, rc.pid, old.pid, old.pid)
 	}

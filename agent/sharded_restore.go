@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/persist"
@@ -253,7 +254,7 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 		// what survives, so no fallback on its account.
 		return tmpfs.Generation{}, "", fmt.Errorf("the restore of rank %d stopped (the agent is stopping): %w", si.rank, err)
 	}
-	event := "restore_local"
+	ev := event.RestoreLocal
 	var reason string
 	var lost []restore.LostShard // what memory lost, when the persistent tier restores
 	if chosen == nil {
@@ -277,11 +278,11 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 		if err != nil {
 			return tmpfs.Generation{}, "", lostError{fmt.Sprintf("%s; %v", reason, err)}
 		}
-		chosen, event = p, "restore_persistent"
+		chosen, ev = p, event.RestorePersistent
 		if first != nil {
 			lost = first.Lost
 		}
-		log.Warn().Str("event", "restore_fallback").Int("rank", si.rank).Int64("generation", p.Step).Str("reason", reason).
+		log.Warn().Str("event", event.RestoreFallback).Int("rank", si.rank).Int64("generation", p.Step).Str("reason", reason).
 			Interface("lost_shards", lost).Msg("in-memory restore is impossible; restoring from the persistent directory")
 	}
 	t0 := time.Now()
@@ -312,7 +313,7 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 		}
 		s.seedAOR(ctx, rc, chosen.Step, locs, log)
 	}
-	if event == "restore_persistent" {
+	if ev == event.RestorePersistent {
 		for _, r := range append(slices.Clone(si.members), si.rank) {
 			if err := s.store.Drop(tmpfs.Key{Rank: r, Shard: persistedKey(si.rank)}); err != nil {
 				log.Warn().Err(err).Msg("restore: freeing the loaded persisted generations")
@@ -322,26 +323,26 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 	if err != nil {
 		return g, "", err
 	}
-	if event != "restore_persistent" {
+	if ev != event.RestorePersistent {
 		switch {
 		case st.Decoded.Load() > 0:
-			event = "decode"
+			ev = event.Decode
 		case st.Peer.Load() > 0:
-			event = "restore_peer"
+			ev = event.RestorePeer
 		}
 	}
 	peers := st.Peers()
 	d := time.Since(t0)
 	total := st.Local.Load() + st.Peer.Load() + st.Decoded.Load()
-	ev := log.Info().Str("event", event).Int("rank", si.rank).Int64("generation", chosen.Step).Int64("bytes", total).
+	line := log.Info().Str("event", ev).Int("rank", si.rank).Int64("generation", chosen.Step).Int64("bytes", total).
 		Int64("local_bytes", st.Local.Load()).Int64("peer_bytes", st.Peer.Load()).Int64("decoded_bytes", st.Decoded.Load()).
 		Strs("peers", peers).Str("sources", chosen.Sources()).Int64("failovers", st.Failovers.Load()).Dur("duration", d).
 		Float64("rate_mb_s", float64(total)/1e6/max(d.Seconds(), 1e-9))
 	if reason != "" {
-		ev = ev.Str("reason", reason).Interface("lost_shards", lost)
+		line = line.Str("reason", reason).Interface("lost_shards", lost)
 	}
-	ev.Msg("restore assembled from the sharding group")
-	return g, event, nil
+	line.Msg("restore assembled from the sharding group")
+	return g, ev, nil
 }
 
 func intStrings(v []int) []string {

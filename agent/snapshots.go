@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -318,7 +319,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	if cs == 0 {
 		cs = s.store.ChunkSize()
 	}
-	log.Info().Str("event", "rank_registered").Int("rank", req.Rank).Int("world", req.World).Int("local_rank", req.LocalRank).
+	log.Info().Str("event", event.RankRegistered).Int("rank", req.Rank).Int("world", req.World).Int("local_rank", req.LocalRank).
 		Str("layout", req.Layout).Str("arena_layout", si.describe()).Int("buffers", len(req.Buffers)).Int("regions", len(spec.Regions)).Int("sections", len(secs)).
 		Int64("bytes", payloadBytes(secs)).Int64("arena_size", size).Msg("rank registered")
 	return proto.WriteMsg(c, proto.TRegister|proto.ReplyBit, id, proto.RegisterReply{
@@ -519,7 +520,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 		return replyErr(c, id, proto.CodeNotFound, "restore of step %d: rank %d has no committed generation of that step on %s (it has steps %v)",
 			step, rc.key.Rank, s.info.Node, have)
 	}
-	return s.serveRestore(c, rc, id, g, "restore_local", verifyClient, log)
+	return s.serveRestore(c, rc, id, g, event.RestoreLocal, verifyClient, log)
 }
 
 // serveRestore pins generation g of the rank and replies with its arena
@@ -529,7 +530,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 // memory bus once; otherwise (the Python client, or checksums that would
 // not fit in a frame) the store verifies the arena first and the client
 // copies.
-func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Generation, event string, verifyClient bool, log zerolog.Logger) error {
+func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Generation, name string, verifyClient bool, log zerolog.Logger) error {
 	// The generation's own layout: it may predate this registration's.
 	m := &g.Manifest
 	if err := sameSources(m.SourceList(), rc.bufs); err != nil {
@@ -592,7 +593,7 @@ func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Gener
 		s.persist.Restored(rc.key.Rank, g.Step)
 	}
 	if rc.sg == nil {
-		log.Info().Str("event", event).Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
+		log.Info().Str("event", name).Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
 			Int64("bytes", payloadBytes(g.Manifest.Buffers)).Str("verified_by", verifier).Dur("verify", time.Since(t0)).Msg("serving a local restore")
 	}
 	return proto.WriteMsg(c, proto.TRestore|proto.ReplyBit, id, reply)

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/sg"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -397,7 +398,7 @@ func (a *Assembler) logFailover(c Cand, whole []string, chunks []peer.ChunkRecov
 		n += len(rc.Attempts)
 	}
 	a.stats().Failovers.Add(int64(n))
-	a.Log.Warn().Str("event", "chunk_failover").Int("owner_rank", c.Loc.Key.Rank).Int64("generation", c.Loc.Key.Step).Str("section", c.Sec).
+	a.Log.Warn().Str("event", event.ChunkFailover).Int("owner_rank", c.Loc.Key.Rank).Int64("generation", c.Loc.Key.Step).Str("section", c.Sec).
 		Strs("copies_failed", whole).Interface("chunks", fo).Int("failovers", n).
 		Msgf("restore: %d read(s) of section %s failed (a checksum mismatch or a copy that could not be read); another copy served them (%s)", n, c.Sec, by)
 }

@@ -312,6 +312,7 @@ func TestAssemble(t *testing.T) {
 			}
 			var st Stats
 			var log logtest.Buffer
+			log.CheckEvents(t)
 			var progress atomic.Int64
 			tg := w.target(g)
 			if err := w.assembler(&st, &log, &progress).Assemble(t.Context(), p, tg); err != nil {
