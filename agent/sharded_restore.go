@@ -21,6 +21,7 @@ import (
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/restore"
 	"github.com/reft-hpc/reft/agent/sg"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -41,14 +42,14 @@ func (s *Server) AttachMesh(f func() *mesh.Mesh) { s.mesh = f }
 // their generations (ring.go), for the members' ranks only, so that a
 // view is O(group) whatever the job's size; until a search of the job
 // has found every member (a fresh agent), it searches first.
-func (s *Server) view(ctx context.Context, si *sgInfo) *restore.View {
+func (s *Server) view(ctx context.Context, si *shard.Geometry) *restore.View {
 	s.viewMu.Lock()
 	defer s.viewMu.Unlock()
-	name := si.groupName()
+	name := si.GroupName()
 	if v := s.viewCache[name]; v != nil && time.Since(v.At) < viewTTL {
 		return v
 	}
-	members := si.dpOrder()
+	members := si.DPOrder()
 	v := restore.NewView(time.Now())
 	for _, w := range (peer.StoreSource{Store: s.store}).Watermarks(members) {
 		v.Add("", w)
@@ -157,16 +158,16 @@ func (s *Server) waitMesh(ctx context.Context) *mesh.Mesh {
 }
 
 // restoreGroup is what the restore planner needs of si's geometry.
-func (si *sgInfo) restoreGroup() restore.Group {
-	return restore.Group{Spec: si.spec, Layout: si.layout, World: si.world, Rank: si.rank, Members: si.members,
-		ARC: si.arc, Parity: si.el != nil, Whole: si.whole, AOR: si.aorStateNames(),
-		Unreplicated: len(si.other) > 0, Placed: si.placed()}
+func restoreGroup(si *shard.Geometry) restore.Group {
+	return restore.Group{Spec: si.Spec, Layout: si.Layout, World: si.World, Rank: si.Rank, Members: si.Members,
+		ARC: si.ARC, Parity: si.EL != nil, Whole: si.Whole, AOR: si.AORStateNames(),
+		Unreplicated: len(si.Other) > 0, Placed: si.Placed()}
 }
 
 // candidateSteps are the steps any member of the SG (or the rank itself)
 // has, newest first.
-func (si *sgInfo) candidateSteps(v *restore.View) []int64 {
-	return v.Steps(append(slices.Clone(si.members), si.rank))
+func candidateSteps(si *shard.Geometry, v *restore.View) []int64 {
+	return v.Steps(append(slices.Clone(si.Members), si.Rank))
 }
 
 // planner is the restore planner of this node: it reads AOR replicas'
@@ -186,8 +187,8 @@ func (s *Server) shardedGenerations(ctx context.Context, rc *rankConn, log zerol
 	si := rc.sg
 	v := s.view(ctx, si)
 	out := []proto.GenInfo{}
-	pl, g := s.planner(ctx), si.restoreGroup()
-	for _, st := range si.candidateSteps(v) {
+	pl, g := s.planner(ctx), restoreGroup(si)
+	for _, st := range candidateSteps(si, v) {
 		if p := pl.Plan(g, v, st); p.OK {
 			out = append(out, proto.GenInfo{Step: st, Bytes: rc.registeredBytes(), Source: proto.SourceMemory})
 		}
@@ -211,12 +212,12 @@ func (rc *rankConn) registeredBytes() int64 {
 
 // persistedSteps are the steps every SG member (and the rank, for its
 // unreplicated buffers) has in the persistent directory, newest first.
-func (s *Server) persistedSteps(si *sgInfo, log zerolog.Logger) []int64 {
+func (s *Server) persistedSteps(si *shard.Geometry, log zerolog.Logger) []int64 {
 	if s.persist == nil {
 		return nil
 	}
 	var common map[int64]bool
-	for _, r := range si.members {
+	for _, r := range si.Members {
 		gens, err := s.persist.Generations(r)
 		if err != nil {
 			log.Warn().Err(err).Int("rank", r).Msg("the persistent directory cannot be listed")
@@ -243,16 +244,16 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 	si := rc.sg
 	s.repl.hosts.forget() // a restore follows a relaunch: ranks may have moved
 	v := s.view(ctx, si)
-	steps := si.candidateSteps(v)
+	steps := candidateSteps(si, v)
 	if step >= 0 {
 		steps = []int64{step}
 	}
-	pl, rg := s.planner(ctx), si.restoreGroup()
+	pl, rg := s.planner(ctx), restoreGroup(si)
 	chosen, first := pl.FirstRestorable(rg, v, steps)
 	if err := ctx.Err(); err != nil {
 		// The agent is stopping: what the view missed says nothing of
 		// what survives, so no fallback on its account.
-		return tmpfs.Generation{}, "", fmt.Errorf("the restore of rank %d stopped (the agent is stopping): %w", si.rank, err)
+		return tmpfs.Generation{}, "", fmt.Errorf("the restore of rank %d stopped (the agent is stopping): %w", si.Rank, err)
 	}
 	ev := event.RestoreLocal
 	var reason string
@@ -262,12 +263,12 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 			// The ranks agreed on a step memory cannot give (a persisted
 			// one, typically long released from memory): the reason that
 			// matters is why no newer step came back from memory.
-			_, first = pl.FirstRestorable(rg, v, si.candidateSteps(v))
+			_, first = pl.FirstRestorable(rg, v, candidateSteps(si, v))
 		}
 		// Memory cannot: the persistent tier.
 		switch {
 		case first == nil:
-			reason = fmt.Sprintf("no agent of the job holds a generation of SG %s", strings.Join(intStrings(si.members), ","))
+			reason = fmt.Sprintf("no agent of the job holds a generation of SG %s", strings.Join(intStrings(si.Members), ","))
 		default:
 			reason = strings.Join(first.Reasons, "; ")
 		}
@@ -282,26 +283,26 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 		if first != nil {
 			lost = first.Lost
 		}
-		log.Warn().Str("event", event.RestoreFallback).Int("rank", si.rank).Int64("generation", p.Step).Str("reason", reason).
+		log.Warn().Str("event", event.RestoreFallback).Int("rank", si.Rank).Int64("generation", p.Step).Str("reason", reason).
 			Interface("lost_shards", lost).Msg("in-memory restore is impossible; restoring from the persistent directory")
 	}
 	t0 := time.Now()
 	// The step's own ring, from here on: the assembly reads its shards by
 	// the positions they were saved at, the AOR seed takes the successor
 	// on it, and the group keeps it for the saves that follow.
-	si, err := si.withRing(chosen.Ring)
+	si, err := si.WithRing(chosen.Ring)
 	if err != nil {
 		return tmpfs.Generation{}, "", err
 	}
 	rc.sg, rc.ringFixed = si, false
 	var st restore.Stats
-	prog := newRestoreProgress(log, si.rank, chosen.Step, rc.registeredBytes()+si.parityBytes(chosen), s.progressEvery)
+	prog := newRestoreProgress(log, si.Rank, chosen.Step, rc.registeredBytes()+parityBytes(si, chosen), s.progressEvery)
 	g, err := s.assemble(ctx, rc, si, chosen, s.assembler(&st, prog, log))
 	prog.close()
 	if err == nil {
 		s.adoptRing(si, chosen.Step, log)
 	}
-	if err == nil && si.aor != nil { // before the loaded persisted generations go
+	if err == nil && si.AOR != nil { // before the loaded persisted generations go
 		locs := func(r int) []restore.Loc { return v.Gens[r][chosen.Step] }
 		if chosen.Loaded != nil {
 			locs = func(r int) []restore.Loc {
@@ -314,8 +315,8 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 		s.seedAOR(ctx, rc, chosen.Step, locs, log)
 	}
 	if ev == event.RestorePersistent {
-		for _, r := range append(slices.Clone(si.members), si.rank) {
-			if err := s.store.Drop(tmpfs.Key{Rank: r, Shard: persistedKey(si.rank)}); err != nil {
+		for _, r := range append(slices.Clone(si.Members), si.Rank) {
+			if err := s.store.Drop(tmpfs.Key{Rank: r, Shard: persistedKey(si.Rank)}); err != nil {
 				log.Warn().Err(err).Msg("restore: freeing the loaded persisted generations")
 			}
 		}
@@ -334,7 +335,7 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 	peers := st.Peers()
 	d := time.Since(t0)
 	total := st.Local.Load() + st.Peer.Load() + st.Decoded.Load()
-	line := log.Info().Str("event", ev).Int("rank", si.rank).Int64("generation", chosen.Step).Int64("bytes", total).
+	line := log.Info().Str("event", ev).Int("rank", si.Rank).Int64("generation", chosen.Step).Int64("bytes", total).
 		Int64("local_bytes", st.Local.Load()).Int64("peer_bytes", st.Peer.Load()).Int64("decoded_bytes", st.Decoded.Load()).
 		Strs("peers", peers).Str("sources", chosen.Sources()).Int64("failovers", st.Failovers.Load()).Dur("duration", d).
 		Float64("rate_mb_s", float64(total)/1e6/max(d.Seconds(), 1e-9))
@@ -355,7 +356,7 @@ func intStrings(v []int) []string {
 
 // loadPersisted loads the newest persisted step (or step) that every SG
 // member has into this node's store and plans the restore from it.
-func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*restore.Plan, error) {
+func (s *Server) loadPersisted(si *shard.Geometry, step int64, log zerolog.Logger) (*restore.Plan, error) {
 	if s.persist == nil {
 		return nil, errors.New("persistent checkpoints are off for this job (persist= in --reft), so the state is lost: train again from the start or from your own checkpoint")
 	}
@@ -364,12 +365,12 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 		steps = slices.DeleteFunc(steps, func(x int64) bool { return x != step })
 	}
 	if len(steps) == 0 {
-		return nil, fmt.Errorf("and the persistent directory %s has no step that every member (ranks %s) wrote", s.persist.Dir(), strings.Join(intStrings(si.members), ","))
+		return nil, fmt.Errorf("and the persistent directory %s has no step that every member (ranks %s) wrote", s.persist.Dir(), strings.Join(intStrings(si.Members), ","))
 	}
 	st := steps[0]
 	loaded := map[int]restore.Loc{}
 	var ring []int
-	for _, r := range append(slices.Clone(si.members), si.rank) {
+	for _, r := range append(slices.Clone(si.Members), si.Rank) {
 		if _, ok := loaded[r]; ok {
 			continue
 		}
@@ -381,7 +382,7 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 		if i < 0 {
 			return nil, fmt.Errorf("rank %d has no persisted step %d", r, st)
 		}
-		key := tmpfs.Key{Rank: r, Shard: persistedKey(si.rank)}
+		key := tmpfs.Key{Rank: r, Shard: persistedKey(si.Rank)}
 		g, err := s.persist.Load(gens[i], key, manifestSpec(&gens[i].Manifest))
 		if err != nil {
 			return nil, err
@@ -394,29 +395,29 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 		}
 	}
 	if ring == nil {
-		ring = si.dpOrder()
+		ring = si.DPOrder()
 	}
-	si, err := si.withRing(ring)
+	si, err := si.WithRing(ring)
 	if err != nil {
 		return nil, err
 	}
-	p := &restore.Plan{Step: st, OK: true, Ring: si.members, Parity: make([][]restore.Cand, si.m)}
-	for q, r := range si.members {
+	p := &restore.Plan{Step: st, OK: true, Ring: si.Members, Parity: make([][]restore.Cand, si.M)}
+	for q, r := range si.Members {
 		src := restore.ShardSource{Pos: q, Rank: r, Source: sg.SourcePersistent, Cands: []restore.Cand{{Loc: loaded[r], Sec: secShard}}}
 		p.Shards = append(p.Shards, src)
 	}
 	p.Loaded = loaded
-	if si.whole {
-		p.Whole = []restore.Cand{{Loc: loaded[si.rank]}}
+	if si.Whole {
+		p.Whole = []restore.Cand{{Loc: loaded[si.Rank]}}
 	}
-	if si.aor != nil {
+	if si.AOR != nil {
 		p.Opt, p.OptSource = map[string][]restore.Cand{}, sg.SourcePersistent
-		for _, name := range si.aorStateNames() {
-			p.Opt[name] = []restore.Cand{{Loc: loaded[si.rank], Sec: name}}
+		for _, name := range si.AORStateNames() {
+			p.Opt[name] = []restore.Cand{{Loc: loaded[si.Rank], Sec: name}}
 		}
 	}
-	if len(si.other) > 0 {
-		p.Others = []restore.Cand{{Loc: loaded[si.rank]}}
+	if len(si.Other) > 0 {
+		p.Others = []restore.Cand{{Loc: loaded[si.Rank]}}
 	}
 	return p, nil
 }
@@ -424,13 +425,13 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 // assemble writes the plan's state into a fresh generation of the rank's
 // restore key: the arena's sections are handed to the Assembler, and every
 // chunk verified on the way.
-func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *restore.Plan, asm *restore.Assembler) (tmpfs.Generation, error) {
-	spec, err := si.restoreSpec(rc.spec.Sources, s.store.ChunkSize())
+func (s *Server) assemble(ctx context.Context, rc *rankConn, si *shard.Geometry, p *restore.Plan, asm *restore.Assembler) (tmpfs.Generation, error) {
+	spec, err := si.RestoreSpec(rc.spec.Sources, s.store.ChunkSize())
 	if err != nil {
 		return tmpfs.Generation{}, err
 	}
 	spec.Step = p.Step
-	o, err := s.store.Begin(tmpfs.Key{Rank: si.rank, Shard: restoreShard}, spec)
+	o, err := s.store.Begin(tmpfs.Key{Rank: si.Rank, Shard: restoreShard}, spec)
 	if err != nil {
 		return tmpfs.Generation{}, fmt.Errorf("an arena for the assembled state: %w", err)
 	}
@@ -440,7 +441,7 @@ func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *rest
 			o.Abort()
 		}
 	}()
-	t, err := si.restoreTarget(o)
+	t, err := restoreTarget(si, o)
 	if err != nil {
 		return tmpfs.Generation{}, err
 	}
@@ -461,44 +462,44 @@ func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *rest
 }
 
 // restoreTarget is the assembly's view of o, an arena laid out by
-// restoreSpec: the slice, its shards and buffers, the unreplicated
+// RestoreSpec: the slice, its shards and buffers, the unreplicated
 // buffers, and the decoder.
-func (si *sgInfo) restoreTarget(o *tmpfs.Ongoing) (restore.Target, error) {
+func restoreTarget(si *shard.Geometry, o *tmpfs.Ongoing) (restore.Target, error) {
 	rep, err := o.Buffer(secRep)
 	if err != nil {
 		return restore.Target{}, err
 	}
-	t := restore.Target{Rep: rep, Whole: si.whole, Decoder: si.decoder}
-	for q := range si.m {
-		t.Shards = append(t.Shards, si.shard(q))
+	t := restore.Target{Rep: rep, Whole: si.Whole, Decoder: si.Decoder}
+	for q := range si.M {
+		t.Shards = append(t.Shards, si.Shard(q))
 	}
-	for _, b := range si.slice {
-		t.Replicated = append(t.Replicated, restore.Section{Name: b.name, Off: b.off, Size: b.size})
+	for _, b := range si.Slice {
+		t.Replicated = append(t.Replicated, restore.Section{Name: b.Name, Off: b.Off, Size: b.Size})
 	}
-	for _, b := range si.other {
+	for _, b := range si.Other {
 		dst, err := o.Buffer(b.Name)
 		if err != nil {
 			return restore.Target{}, err
 		}
-		_, isAOR := si.aorStateOf(b.Name)
+		_, isAOR := si.AORStateOf(b.Name)
 		t.Others = append(t.Others, restore.Other{Name: b.Name, Dst: dst, AOR: isAOR})
 	}
-	if si.el != nil {
-		t.ParitySize = si.el.ParitySize()
+	if si.EL != nil {
+		t.ParitySize = si.EL.ParitySize()
 	}
 	return t, nil
 }
 
 // parityBytes is what a plan fetches besides the state itself: the
 // parity units its decode reads.
-func (si *sgInfo) parityBytes(p *restore.Plan) int64 {
+func parityBytes(si *shard.Geometry, p *restore.Plan) int64 {
 	if len(p.Decode) == 0 {
 		return 0
 	}
 	var n int64
-	for q := range si.m {
+	for q := range si.M {
 		if !slices.Contains(p.Decode, q) && len(p.Parity[q]) > 0 {
-			n += int64(si.el.ParitySize())
+			n += int64(si.EL.ParitySize())
 		}
 	}
 	return n

@@ -16,6 +16,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -36,8 +37,8 @@ type rankConn struct {
 	arenaSize  int64
 	open       *tmpfs.Ongoing
 	restored   map[int64]*tmpfs.Reader
-	sg         *sgInfo        // the sharded layout's geometry; nil: identity
-	req        proto.Register // the registration, to lay saves out again on another ring
+	sg         *shard.Geometry // the sharded layout's geometry; nil: identity
+	req        proto.Register  // the registration, to lay saves out again on another ring
 	// ringFixed: the saves are laid out on the group's fixed ring (ring.go).
 	ringFixed bool
 	// AOR (sharded_aor.go): the replica a restore seeded, whether this
@@ -271,7 +272,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	if err := checkRegister(s.spec(), req); err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
-	si, err := newSGInfo(s.spec(), req)
+	si, err := shard.NewGeometry(s.spec(), req)
 	if err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
@@ -283,7 +284,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 		// A ring fixed already (another local rank's save, a restore)
 		// lays this rank out on it at once.
 		if ring := s.fixedRing(s.group(si)); ring != nil {
-			if rs, err := si.withRing(ring); err == nil {
+			if rs, err := si.WithRing(ring); err == nil {
 				si, rc.ringFixed = rs, true
 			}
 		}
@@ -320,7 +321,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 		cs = s.store.ChunkSize()
 	}
 	log.Info().Str("event", event.RankRegistered).Int("rank", req.Rank).Int("world", req.World).Int("local_rank", req.LocalRank).
-		Str("layout", req.Layout).Str("arena_layout", si.describe()).Int("buffers", len(req.Buffers)).Int("regions", len(spec.Regions)).Int("sections", len(secs)).
+		Str("layout", req.Layout).Str("arena_layout", si.Describe()).Int("buffers", len(req.Buffers)).Int("regions", len(spec.Regions)).Int("sections", len(secs)).
 		Int64("bytes", payloadBytes(secs)).Int64("arena_size", size).Msg("rank registered")
 	return proto.WriteMsg(c, proto.TRegister|proto.ReplyBit, id, proto.RegisterReply{
 		Rank: req.Rank, ChunkSize: cs, ArenaSize: size, Buffers: layout.places})
@@ -363,13 +364,13 @@ func (e internalError) Error() string { return e.err.Error() }
 
 // applyLayout lays the registration out (sharded on si's ring, or
 // identity), preallocates its arenas and makes it rc's layout.
-func (s *Server) applyLayout(rc *rankConn, req proto.Register, si *sgInfo) error {
+func (s *Server) applyLayout(rc *rankConn, req proto.Register, si *shard.Geometry) error {
 	spec, secs, size, agentSecs, err := s.planLayout(req, si)
 	if err != nil {
 		return err
 	}
 	if si != nil {
-		spec.Ring = slices.Clone(si.members)
+		spec.Ring = slices.Clone(si.Members)
 	}
 	layout := newReplyLayout(spec.Sources, secs, spec.Regions)
 	layout.sections = slices.DeleteFunc(layout.sections, func(sec proto.Section) bool { return slices.Contains(agentSecs, sec.Name) })
@@ -444,7 +445,7 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 	}
 	crcTime := time.Since(t0)
 	if rc.sg != nil {
-		err := rc.sg.encode(o)
+		err := rc.sg.Encode(o)
 		if err == nil {
 			err = s.aorCommit(rc, o, log)
 		}
