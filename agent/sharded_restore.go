@@ -256,8 +256,7 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 		return tmpfs.Generation{}, "", fmt.Errorf("the restore of rank %d stopped (the agent is stopping): %w", si.Rank, err)
 	}
 	ev := event.RestoreLocal
-	var reason string
-	var lost []restore.LostShard // what memory lost, when the persistent tier restores
+	var fb fallback
 	if chosen == nil {
 		if step >= 0 {
 			// The ranks agreed on a step memory cannot give (a persisted
@@ -265,26 +264,11 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 			// matters is why no newer step came back from memory.
 			_, first = pl.FirstRestorable(rg, v, candidateSteps(si, v))
 		}
-		// Memory cannot: the persistent tier.
-		switch {
-		case first == nil:
-			reason = fmt.Sprintf("no agent of the job holds a generation of SG %s", strings.Join(intStrings(si.Members), ","))
-		default:
-			reason = strings.Join(first.Reasons, "; ")
+		var err error
+		if fb, err = s.fallBack(si, step, v, first, log); err != nil {
+			return tmpfs.Generation{}, "", err
 		}
-		if len(v.Missing) > 0 {
-			reason += " (agents that did not answer: " + strings.Join(v.Missing, "; ") + ")"
-		}
-		p, err := s.loadPersisted(si, step, log)
-		if err != nil {
-			return tmpfs.Generation{}, "", lostError{fmt.Sprintf("%s; %v", reason, err)}
-		}
-		chosen, ev = p, event.RestorePersistent
-		if first != nil {
-			lost = first.Lost
-		}
-		log.Warn().Str("event", event.RestoreFallback).Int("rank", si.Rank).Int64("generation", p.Step).Str("reason", reason).
-			Interface("lost_shards", lost).Msg("in-memory restore is impossible; restoring from the persistent directory")
+		chosen, ev = fb.plan, event.RestorePersistent
 	}
 	t0 := time.Now()
 	// The step's own ring, from here on: the assembly reads its shards by
@@ -301,49 +285,112 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 	prog.close()
 	if err == nil {
 		s.adoptRing(si, chosen.Step, log)
-	}
-	if err == nil && si.AOR != nil { // before the loaded persisted generations go
-		locs := func(r int) []restore.Loc { return v.Gens[r][chosen.Step] }
-		if chosen.Loaded != nil {
-			locs = func(r int) []restore.Loc {
-				if l, ok := chosen.Loaded[r]; ok {
-					return []restore.Loc{l}
-				}
-				return nil
-			}
-		}
-		s.seedAOR(ctx, rc, chosen.Step, locs, log)
+		s.seedRestored(ctx, rc, chosen, v, log) // before the loaded persisted generations go
 	}
 	if ev == event.RestorePersistent {
-		for _, r := range append(slices.Clone(si.Members), si.Rank) {
-			if err := s.store.Drop(tmpfs.Key{Rank: r, Shard: persistedKey(si.Rank)}); err != nil {
-				log.Warn().Err(err).Msg("restore: freeing the loaded persisted generations")
-			}
-		}
+		dropLoaded(s.store, si, log)
 	}
 	if err != nil {
 		return g, "", err
 	}
-	if ev != event.RestorePersistent {
-		switch {
-		case st.Decoded.Load() > 0:
-			ev = event.Decode
-		case st.Peer.Load() > 0:
-			ev = event.RestorePeer
+	ev = restoredEvent(ev, &st)
+	logRestored(log, ev, si.Rank, chosen, &st, time.Since(t0), fb)
+	return g, ev, nil
+}
+
+// fallback is a restore from the persistent tier: its plan, why memory
+// could not, and what memory lost.
+type fallback struct {
+	plan   *restore.Plan
+	reason string
+	lost   []restore.LostShard
+}
+
+// fallBack loads the persisted step (step < 0: the newest every member
+// has) when memory cannot restore, first being the plan to blame (nil:
+// no agent holds a generation of the group), and says so
+// (restore_fallback). A step the tier cannot give either is lost
+// (lostError).
+func (s *Server) fallBack(si *shard.Geometry, step int64, v *restore.View, first *restore.Plan, log zerolog.Logger) (fallback, error) {
+	var fb fallback
+	switch {
+	case first == nil:
+		fb.reason = fmt.Sprintf("no agent of the job holds a generation of SG %s", strings.Join(intStrings(si.Members), ","))
+	default:
+		fb.reason = strings.Join(first.Reasons, "; ")
+	}
+	if len(v.Missing) > 0 {
+		fb.reason += " (agents that did not answer: " + strings.Join(v.Missing, "; ") + ")"
+	}
+	p, err := s.loadPersisted(si, step, log)
+	if err != nil {
+		return fb, lostError{fmt.Sprintf("%s; %v", fb.reason, err)}
+	}
+	fb.plan = p
+	if first != nil {
+		fb.lost = first.Lost
+	}
+	log.Warn().Str("event", event.RestoreFallback).Int("rank", si.Rank).Int64("generation", p.Step).Str("reason", fb.reason).
+		Interface("lost_shards", fb.lost).Msg("in-memory restore is impossible; restoring from the persistent directory")
+	return fb, nil
+}
+
+// seedRestored sets the AOR replica the rank's next commit starts from
+// (seedAOR), from the copies of the restored step: the view's, or the
+// loaded persisted generations of a persistent-tier plan.
+func (s *Server) seedRestored(ctx context.Context, rc *rankConn, p *restore.Plan, v *restore.View, log zerolog.Logger) {
+	if rc.sg.AOR == nil {
+		return
+	}
+	locs := func(r int) []restore.Loc { return v.Gens[r][p.Step] }
+	if p.Loaded != nil {
+		locs = func(r int) []restore.Loc {
+			if l, ok := p.Loaded[r]; ok {
+				return []restore.Loc{l}
+			}
+			return nil
 		}
 	}
-	peers := st.Peers()
-	d := time.Since(t0)
+	s.seedAOR(ctx, rc, p.Step, locs, log)
+}
+
+// dropLoaded frees the persisted generations a persistent-tier restore
+// loaded into the store.
+func dropLoaded(store *tmpfs.Store, si *shard.Geometry, log zerolog.Logger) {
+	for _, r := range append(slices.Clone(si.Members), si.Rank) {
+		if err := store.Drop(tmpfs.Key{Rank: r, Shard: persistedKey(si.Rank)}); err != nil {
+			log.Warn().Err(err).Msg("restore: freeing the loaded persisted generations")
+		}
+	}
+}
+
+// restoredEvent names an assembled restore by what it took: decode when
+// it decoded, restore_peer when it fetched, else ev (restore_local, or
+// restore_persistent whatever it took).
+func restoredEvent(ev string, st *restore.Stats) string {
+	if ev == event.RestorePersistent {
+		return ev
+	}
+	switch {
+	case st.Decoded.Load() > 0:
+		return event.Decode
+	case st.Peer.Load() > 0:
+		return event.RestorePeer
+	}
+	return ev
+}
+
+// logRestored writes the restore event of an assembled restore.
+func logRestored(log zerolog.Logger, ev string, rank int, p *restore.Plan, st *restore.Stats, d time.Duration, fb fallback) {
 	total := st.Local.Load() + st.Peer.Load() + st.Decoded.Load()
-	line := log.Info().Str("event", ev).Int("rank", si.Rank).Int64("generation", chosen.Step).Int64("bytes", total).
+	line := log.Info().Str("event", ev).Int("rank", rank).Int64("generation", p.Step).Int64("bytes", total).
 		Int64("local_bytes", st.Local.Load()).Int64("peer_bytes", st.Peer.Load()).Int64("decoded_bytes", st.Decoded.Load()).
-		Strs("peers", peers).Str("sources", chosen.Sources()).Int64("failovers", st.Failovers.Load()).Dur("duration", d).
+		Strs("peers", st.Peers()).Str("sources", p.Sources()).Int64("failovers", st.Failovers.Load()).Dur("duration", d).
 		Float64("rate_mb_s", float64(total)/1e6/max(d.Seconds(), 1e-9))
-	if reason != "" {
-		line = line.Str("reason", reason).Interface("lost_shards", lost)
+	if fb.reason != "" {
+		line = line.Str("reason", fb.reason).Interface("lost_shards", fb.lost)
 	}
 	line.Msg("restore assembled from the sharding group")
-	return g, ev, nil
 }
 
 func intStrings(v []int) []string {
