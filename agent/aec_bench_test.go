@@ -12,6 +12,7 @@ import (
 	"github.com/klauspost/reedsolomon"
 
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/spank/spec"
 )
 
@@ -19,10 +20,10 @@ import (
 // it, against klauspost/reedsolomon encoding the same stripes
 // (docs/BENCHMARKS.md, "Redundancy codes").
 //
-//   - agent: every member's sgInfo built by newSGInfo from a registration
+//   - agent: every member's shard.Geometry built by shard.NewGeometry from a registration
 //     of one replicated buffer of W bytes (so its layout, shard cut and
-//     codec, encodeWorkers included, are the agent's), and every member's
-//     Codec.EncodeInputs from its gathered rep@in scratch, as sgInfo.encode
+//     codec, EncodeWorkers included, are the agent's), and every member's
+//     Codec.EncodeInputs from its gathered rep@in scratch, as Geometry.Encode
 //     calls it at commit: m·K parity units, each one Reed-Solomon row over
 //     D = m-K pieces of one stripe. A member's K units belong to K different
 //     stripes (rotated parity), so the members read K·W bytes in all.
@@ -58,25 +59,25 @@ func benchAECEncode(b *testing.B, spc string, m, k, w int) {
 	slice := make([]byte, w)
 	rand.NewChaCha8([32]byte{byte(m), byte(k)}).Read(slice)
 	type member struct {
-		si              *sgInfo
+		si              *shard.Geometry
 		scratch, parity []byte
 	}
 	ms := make([]member, m)
 	for j := range ms {
-		si, err := newSGInfo(sp, proto.Register{Rank: j, World: m, Layout: fmt.Sprintf("dp=%d", m),
+		si, err := shard.NewGeometry(sp, proto.Register{Rank: j, World: m, Layout: fmt.Sprintf("dp=%d", m),
 			Buffers: []proto.BufferSpec{{Name: "params", Size: int64(w), Replicated: true}}})
-		if err != nil || si == nil || si.codec == nil {
+		if err != nil || si == nil || si.Codec == nil {
 			b.Fatalf("member %d: no aec codec (%v)", j, err)
 		}
 		var scratch []byte
-		for _, in := range si.el.Inputs(si.pos) { // what the client copies to rep@in
+		for _, in := range si.EL.Inputs(si.Pos) { // what the client copies to rep@in
 			scratch = append(scratch, slice[in.Range.Off:in.Range.End()]...)
 		}
-		ms[j] = member{si, scratch, make([]byte, si.el.ParitySize())}
+		ms[j] = member{si, scratch, make([]byte, si.EL.ParitySize())}
 	}
-	el := *ms[0].si.el
+	el := *ms[0].si.EL
 	d, p := el.DataPieces(), el.PieceSize()
-	enc, err := reedsolomon.New(d, k, reedsolomon.WithCauchyMatrix(), reedsolomon.WithMaxGoroutines(encodeWorkers))
+	enc, err := reedsolomon.New(d, k, reedsolomon.WithCauchyMatrix(), reedsolomon.WithMaxGoroutines(shard.EncodeWorkers))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -98,7 +99,7 @@ func benchAECEncode(b *testing.B, spc string, m, k, w int) {
 	}
 	agent := func() {
 		for _, mb := range ms {
-			if err := mb.si.codec.EncodeInputs(mb.si.pos, mb.scratch, mb.parity); err != nil {
+			if err := mb.si.Codec.EncodeInputs(mb.si.Pos, mb.scratch, mb.parity); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -114,7 +115,7 @@ func benchAECEncode(b *testing.B, spc string, m, k, w int) {
 	direct()
 	for j, mb := range ms {
 		for t := range k {
-			s := el.UnitStripe(mb.si.pos, t)
+			s := el.UnitStripe(mb.si.Pos, t)
 			if !bytes.Equal(mb.parity[t*p:(t+1)*p], stripes[s][d+t]) {
 				b.Fatalf("member %d's parity unit %d differs from klauspost's row %d of stripe %d", j, t, t, s)
 			}
@@ -150,5 +151,5 @@ func benchAECEncode(b *testing.B, spc string, m, k, w int) {
 	b.ReportMetric(float64(w)/med(directT)/1e9, "klauspost_read_GB/s")
 	b.ReportMetric(med(ratios), "x_klauspost")
 	b.ReportMetric(med(ratios)*float64(k), "x_klauspost_read")
-	b.ReportMetric(float64(encodeWorkers), "workers")
+	b.ReportMetric(float64(shard.EncodeWorkers), "workers")
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -111,7 +112,7 @@ func checkBuffers(bufs []proto.BufferSpec) error {
 // planLayout is the tmpfs spec every generation of a registration uses:
 // the layout's sections, the registered buffers as sources and the
 // regions at their arena offsets; and the laid-out sections.
-func (s *Server) planLayout(req proto.Register, si *sgInfo) (tmpfs.Spec, []tmpfs.Buffer, int64, []string, error) {
+func (s *Server) planLayout(req proto.Register, si *shard.Geometry) (tmpfs.Spec, []tmpfs.Buffer, int64, []string, error) {
 	layout := s.layout
 	if layout == nil {
 		layout = identityLayout
@@ -120,7 +121,7 @@ func (s *Server) planLayout(req proto.Register, si *sgInfo) (tmpfs.Spec, []tmpfs
 	var sections []tmpfs.BufferSpec
 	var pieces []piece
 	if si != nil {
-		sections, pieces, agentSecs = si.sections()
+		sections, pieces, agentSecs = saveSections(si)
 	} else {
 		sections, pieces = layout(req.Buffers)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -77,7 +78,7 @@ func (s *Server) restorePersistent(c net.Conn, rc *rankConn, id uint32, step int
 		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", pg.Step).Str("dir", pg.Dir).Msg("restore from the persistent directory failed")
 		return g, false, true, replyErr(c, id, storeErr(err), "restore of rank %d step %d from %s: %v", rc.key.Rank, pg.Step, pg.Dir, err)
 	}
-	log.Info().Str("event", "restore_persistent").Int("rank", rc.key.Rank).Int64("generation", pg.Step).Int64("bytes", pg.Bytes()).
+	log.Info().Str("event", event.RestorePersistent).Int("rank", rc.key.Rank).Int64("generation", pg.Step).Int64("bytes", pg.Bytes()).
 		Dur("duration", time.Since(t0)).Str("dir", pg.Dir).Str("reason", reason).Msg("restoring from the persistent directory")
 	return g, true, false, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/spank/spec"
@@ -41,7 +42,15 @@ func persistServerBudget(t *testing.T, root, pdir, specStr string, logs *bytes.B
 		t.Fatal(err)
 	}
 	sock = filepath.Join(t.TempDir(), "agent.sock")
-	log := zerolog.New(&syncWriter{buf: logs})
+	sw := &syncWriter{buf: logs}
+	t.Cleanup(func() { // after stop, registered below
+		sw.mu.Lock()
+		defer sw.mu.Unlock()
+		for _, err := range logtest.CheckLines(logs.String()) {
+			t.Error(err)
+		}
+	})
+	log := zerolog.New(sw)
 	s, err := Listen(sock, Info{Job: "42", Node: "n1", Spec: sp.String(), Version: "test", UID: os.Getuid()}, log)
 	if err != nil {
 		t.Fatal(err)

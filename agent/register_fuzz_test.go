@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/spank/spec"
 )
 
@@ -51,7 +52,7 @@ func FuzzRegister(f *testing.F) {
 		if checkRegister(sp, req) != nil {
 			return
 		}
-		si, err := newSGInfo(sp, req)
+		si, err := shard.NewGeometry(sp, req)
 		if err != nil {
 			return
 		}

@@ -163,29 +163,6 @@ func (r *replicator) warnOnce(log zerolog.Logger, key string) *zerolog.Event {
 	return log.Warn()
 }
 
-// placed are the unreplicated buffers that get peer copies: those AOR
-// does not cover.
-func (si *sgInfo) placed() []string {
-	var out []string
-	for _, b := range si.other {
-		if _, ok := si.aorStateOf(b.Name); !ok {
-			out = append(out, b.Name)
-		}
-	}
-	return out
-}
-
-// copies is how many peer copies of the placed buffers the SPEC asks
-// for: as many failed nodes as its modes tolerate, at least one (the
-// failure analysis's count, agent/sg).
-func (si *sgInfo) copies() int {
-	n := si.k
-	if si.arc {
-		n++
-	}
-	return max(n, 1)
-}
-
 // holders are the nodes that keep copies of self's placed state: GEMINI
 // placement as reft explain computes it (sg.Model.Placement), over the
 // nodes of alloc (allocation order) that host ranks, spread across the
@@ -405,7 +382,7 @@ func (r *replicator) placement(m *mesh.Mesh, world, copies int, log zerolog.Logg
 // announce queues generation g of a rank for its placement peers; it
 // never blocks the commit.
 func (s *Server) announce(rc *rankConn, g tmpfs.Generation, log zerolog.Logger) {
-	secs := rc.sg.placed()
+	secs := rc.sg.Placed()
 	if len(secs) == 0 {
 		return
 	}
@@ -421,7 +398,7 @@ func (s *Server) announce(rc *rankConn, g tmpfs.Generation, log zerolog.Logger) 
 		po = &pendingOut{}
 		r.out[g.Key.Rank] = po
 	}
-	po.next, po.copies, po.world = req, rc.sg.copies(), rc.sg.world
+	po.next, po.copies, po.world = req, rc.sg.Copies(), rc.sg.World
 	if po.running {
 		return
 	}

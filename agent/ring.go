@@ -15,6 +15,7 @@ import (
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/sg"
+	"github.com/reft-hpc/reft/agent/shard"
 )
 
 // Ring placement (issue #6). A sharding group's ring decides which
@@ -71,8 +72,8 @@ type groupState struct {
 func (s *Server) AttachTopology(t config.Topology) { s.topo = t }
 
 // group returns the state of si's sharding group.
-func (s *Server) group(si *sgInfo) *groupState {
-	name := si.groupName()
+func (s *Server) group(si *shard.Geometry) *groupState {
+	name := si.GroupName()
 	s.groupsMu.Lock()
 	defer s.groupsMu.Unlock()
 	if s.groups == nil {
@@ -94,7 +95,7 @@ func (s *Server) fixedRing(g *groupState) []int {
 }
 
 // host records that rank (of si's group, nil: unsharded) registered here.
-func (s *Server) host(rank int, si *sgInfo) {
+func (s *Server) host(rank int, si *shard.Geometry) {
 	s.groupsMu.Lock()
 	defer s.groupsMu.Unlock()
 	if s.hosted == nil {
@@ -103,7 +104,7 @@ func (s *Server) host(rank int, si *sgInfo) {
 	}
 	s.hosted[rank]++
 	if si != nil {
-		s.hostedGroup[rank] = si.groupName()
+		s.hostedGroup[rank] = si.GroupName()
 	}
 }
 
@@ -153,7 +154,7 @@ func (s *Server) ensureRing(rc *rankConn, log zerolog.Logger) error {
 		rc.ringFixed = true
 		return nil
 	}
-	si, err := rc.sg.withRing(ring)
+	si, err := rc.sg.WithRing(ring)
 	if err != nil {
 		return err
 	}
@@ -161,12 +162,12 @@ func (s *Server) ensureRing(rc *rankConn, log zerolog.Logger) error {
 		return fmt.Errorf("laying the save out on ring %v: %w", ring, err)
 	}
 	rc.ringFixed = true
-	log.Info().Str("event", "arena_layout").Int("rank", rc.key.Rank).Str("arena_layout", si.describe()).Msg("save laid out on the group's ring")
+	log.Info().Str("event", "arena_layout").Int("rank", rc.key.Rank).Str("arena_layout", si.Describe()).Msg("save laid out on the group's ring")
 	return nil
 }
 
 // groupRing returns si's group's ring, deciding it first if no one has.
-func (s *Server) groupRing(si *sgInfo, log zerolog.Logger) []int {
+func (s *Server) groupRing(si *shard.Geometry, log zerolog.Logger) []int {
 	g := s.group(si)
 	g.decide.Lock()
 	defer g.decide.Unlock()
@@ -187,7 +188,7 @@ func (s *Server) groupRing(si *sgInfo, log zerolog.Logger) []int {
 }
 
 // fixRing fixes g's ring (a restore's replaces a decided one) and logs it.
-func (s *Server) fixRing(si *sgInfo, g *groupState, ring []int, how string, log zerolog.Logger) {
+func (s *Server) fixRing(si *shard.Geometry, g *groupState, ring []int, how string, log zerolog.Logger) {
 	s.groupsMu.Lock()
 	old := g.ring
 	g.ring = slices.Clone(ring)
@@ -205,20 +206,20 @@ func (s *Server) fixRing(si *sgInfo, g *groupState, ring []int, how string, log 
 		doms[i] = dom[n]
 	}
 	log.Info().Str("event", "sg_ring").Str("group", g.name).Ints("ring", ring).Strs("nodes", nodes).Strs("domains", doms).
-		Bool("dp_order", slices.Equal(ring, si.dpOrder())).Str("how", how).Msgf("SG %s ring %v (%s)", g.name, ring, how)
+		Bool("dp_order", slices.Equal(ring, si.DPOrder())).Str("how", how).Msgf("SG %s ring %v (%s)", g.name, ring, how)
 }
 
 // adoptRing fixes the ring a restored generation was saved with.
-func (s *Server) adoptRing(si *sgInfo, step int64, log zerolog.Logger) {
+func (s *Server) adoptRing(si *shard.Geometry, step int64, log zerolog.Logger) {
 	g := s.group(si)
 	g.decide.Lock()
 	defer g.decide.Unlock()
-	s.fixRing(si, g, si.members, fmt.Sprintf("the ring step %d was saved with, restored", step), log)
+	s.fixRing(si, g, si.Members, fmt.Sprintf("the ring step %d was saved with, restored", step), log)
 }
 
 // decideRing searches the group's members until every one is found
 // registered (or a member's agent has a fixed ring), at most ringWait.
-func (s *Server) decideRing(si *sgInfo, g *groupState) (ring []int, how string, fallback bool, warns []sg.Warning) {
+func (s *Server) decideRing(si *shard.Geometry, g *groupState) (ring []int, how string, fallback bool, warns []sg.Warning) {
 	wait := s.ringWait
 	if wait <= 0 {
 		wait = ringWaitDefault
@@ -229,23 +230,23 @@ func (s *Server) decideRing(si *sgInfo, g *groupState) (ring []int, how string, 
 	for {
 		adopted, from, hosts, why := s.searchGroup(ctx, si, g)
 		if adopted != nil {
-			if _, err := si.withRing(adopted); err == nil {
+			if _, err := si.WithRing(adopted); err == nil {
 				return adopted, "adopted from node " + from + "'s agent, which fixed it first", false, s.localShared(si, hosts)
 			}
 		}
-		if len(hosts) == si.m {
-			nodes := make([]string, si.m)
-			for dp, r := range si.dpOrder() {
+		if len(hosts) == si.M {
+			nodes := make([]string, si.M)
+			for dp, r := range si.DPOrder() {
 				nodes[dp] = hosts[r]
 			}
 			dom, err := s.topo.DomainsOf(nodes)
 			if err != nil {
-				return si.dpOrder(), fmt.Sprintf("the failure domains in reft.toml do not work: %v", err), true, s.localShared(si, hosts)
+				return si.DPOrder(), fmt.Sprintf("the failure domains in reft.toml do not work: %v", err), true, s.localShared(si, hosts)
 			}
-			c := si.layout.Coord(si.rank)
-			grp, w, err := sg.FormGroup(si.layout, c.PP, c.TP, nodes, dom)
+			c := si.Layout.Coord(si.Rank)
+			grp, w, err := sg.FormGroup(si.Layout, c.PP, c.TP, nodes, dom)
 			if err != nil {
-				return si.dpOrder(), err.Error(), true, s.localShared(si, hosts)
+				return si.DPOrder(), err.Error(), true, s.localShared(si, hosts)
 			}
 			how := "spread across nodes"
 			if len(dom) > 0 {
@@ -255,7 +256,7 @@ func (s *Server) decideRing(si *sgInfo, g *groupState) (ring []int, how string, 
 		}
 		if ctx.Err() != nil || why != "" && strings.HasPrefix(why, "peering is off") {
 			var missing []int
-			for _, r := range si.dpOrder() {
+			for _, r := range si.DPOrder() {
 				if hosts[r] == "" {
 					missing = append(missing, r)
 				}
@@ -264,7 +265,7 @@ func (s *Server) decideRing(si *sgInfo, g *groupState) (ring []int, how string, 
 			if why != "" {
 				reason += " (" + why + ")"
 			}
-			return si.dpOrder(), reason, true, s.localShared(si, hosts)
+			return si.DPOrder(), reason, true, s.localShared(si, hosts)
 		}
 		select {
 		case <-ctx.Done():
@@ -282,8 +283,8 @@ func (s *Server) decideRing(si *sgInfo, g *groupState) (ring []int, how string, 
 // late registration), one with a member may have fixed a ring to adopt.
 // It returns a ring a member's agent fixed (and its node), the hosts
 // found so far, and why some agents did not answer.
-func (s *Server) searchGroup(ctx context.Context, si *sgInfo, g *groupState) (adopted []int, from string, hosts map[int]string, why string) {
-	members := si.dpOrder()
+func (s *Server) searchGroup(ctx context.Context, si *shard.Geometry, g *groupState) (adopted []int, from string, hosts map[int]string, why string) {
+	members := si.DPOrder()
 	for _, h := range s.Hosted(members) {
 		s.noteHost(g, h.Rank, s.info.Node)
 	}
@@ -330,11 +331,11 @@ func (s *Server) searchGroup(ctx context.Context, si *sgInfo, g *groupState) (ad
 
 // hostsHere maps the members of si's group registered with this agent to
 // this node.
-func (s *Server) hostsHere(si *sgInfo) map[int]string {
+func (s *Server) hostsHere(si *shard.Geometry) map[int]string {
 	s.groupsMu.Lock()
 	defer s.groupsMu.Unlock()
 	out := map[int]string{}
-	for _, r := range si.dpOrder() {
+	for _, r := range si.DPOrder() {
 		if s.hosted[r] > 0 {
 			out[r] = s.info.Node
 		}
@@ -351,9 +352,9 @@ func (s *Server) noteHost(g *groupState, rank int, node string) {
 
 // localShared warns about the group's members registered on this node,
 // for when the full map is not known.
-func (s *Server) localShared(si *sgInfo, hosts map[int]string) []sg.Warning {
+func (s *Server) localShared(si *shard.Geometry, hosts map[int]string) []sg.Warning {
 	var here []int
-	for _, r := range si.dpOrder() {
+	for _, r := range si.DPOrder() {
 		if hosts[r] == s.info.Node {
 			here = append(here, r)
 		}
@@ -361,10 +362,10 @@ func (s *Server) localShared(si *sgInfo, hosts map[int]string) []sg.Warning {
 	if len(here) < 2 {
 		return nil
 	}
-	name := si.groupName()
+	name := si.GroupName()
 	return []sg.Warning{{Kind: sg.WarnSharedNode, Group: name, Node: s.info.Node, Ranks: here,
 		Msg: fmt.Sprintf("SG %s: ranks %s share node %s, so losing %s loses %d of the group's %d members at once; place a sharding group's DP ranks on different nodes",
-			name, joinAnd(intStrings(here)), s.info.Node, s.info.Node, len(here), si.m)}}
+			name, joinAnd(intStrings(here)), s.info.Node, s.info.Node, len(here), si.M)}}
 }
 
 // joinAnd writes 1 and 2, or 1, 2 and 3, as agent/sg's warnings do.

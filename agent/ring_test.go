@@ -12,6 +12,7 @@ import (
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/sg"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -299,7 +300,7 @@ func TestRingWatermarksOGroup(t *testing.T) {
 	j.saveSteps(3, false)
 	check := func(j *shJobRun) {
 		for r, n := range j.nodes {
-			si, err := newSGInfo(n.srv.spec(), proto.Register{Rank: r, World: 4, Layout: "dp=2,pp=2",
+			si, err := shard.NewGeometry(n.srv.spec(), proto.Register{Rank: r, World: 4, Layout: "dp=2,pp=2",
 				Buffers: []proto.BufferSpec{{Name: "x", Size: 100, Replicated: true}}})
 			if err != nil {
 				t.Fatal(err)

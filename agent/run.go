@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/logging"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
@@ -143,7 +144,7 @@ func Run(ctx context.Context, o Options) error {
 			srv.AttachPersist(per)
 		}
 	}
-	logger.Info().Str("event", "agent_started").Str("spec", s.String()).Str("socket", sock).
+	logger.Info().Str("event", event.AgentStarted).Str("spec", s.String()).Str("socket", sock).
 		Uint64("memory_budget", budget).Str("store_dir", storeDir).Str("started_by", o.StartedBy).
 		Int("pid", os.Getpid()).Msg("agent started")
 

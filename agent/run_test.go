@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/proto"
 )
 
@@ -117,6 +118,9 @@ func TestAgentProcessLifecycle(t *testing.T) {
 	if err != nil || !strings.Contains(string(logData), `"job":"7"`) || !strings.Contains(string(logData), `"restart":3`) ||
 		!strings.Contains(string(logData), `"spec":"arc+aec,dp=2"`) {
 		t.Fatalf("agent log: %v\n%s", err, logData)
+	}
+	for _, err := range logtest.CheckLines(string(logData)) {
+		t.Error(err)
 	}
 	// SIGTERM: clean exit, socket gone.
 	cmd.Process.Signal(syscall.SIGTERM)

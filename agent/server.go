@@ -18,12 +18,14 @@ import (
 
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/detect"
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/localsrv"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/restore"
 	"github.com/reft-hpc/reft/agent/runpath"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -280,15 +282,15 @@ func (s *Server) storeCounters() *proto.StoreCounters {
 }
 
 // noteRegistered records a rank's registration for the status reply.
-func (s *Server) noteRegistered(rc *rankConn, rank, world int, si *sgInfo) {
+func (s *Server) noteRegistered(rc *rankConn, rank, world int, si *shard.Geometry) {
 	p := &proto.RankProtection{Connected: true, World: world, Mode: proto.ProtectLocal}
 	if si != nil {
-		c := si.layout.Coord(rank)
-		p.Layout = fmt.Sprintf("dp=%d pp=%d tp=%d", si.layout.DP, si.layout.PP, si.layout.TP)
-		p.Group, p.Position, p.Members = fmt.Sprintf("(pp=%d,tp=%d)", c.PP, c.TP), si.pos, slices.Clone(si.members)
-		p.ARC, p.AEC, p.AOR = si.arc && !si.whole, si.k, si.aor != nil
+		c := si.Layout.Coord(rank)
+		p.Layout = fmt.Sprintf("dp=%d pp=%d tp=%d", si.Layout.DP, si.Layout.PP, si.Layout.TP)
+		p.Group, p.Position, p.Members = fmt.Sprintf("(pp=%d,tp=%d)", c.PP, c.TP), si.Pos, slices.Clone(si.Members)
+		p.ARC, p.AEC, p.AOR = si.ARC && !si.Whole, si.K, si.AOR != nil
 		p.Mode = proto.ProtectSharded
-		if si.whole {
+		if si.Whole {
 			p.Mode = proto.ProtectWhole
 		}
 	}
@@ -297,7 +299,7 @@ func (s *Server) noteRegistered(rc *rankConn, rank, world int, si *sgInfo) {
 		s.regs, s.regOwner = map[int]*proto.RankProtection{}, map[int]*rankConn{}
 	}
 	if old := s.regOwner[rank]; old != nil && old != rc && s.regs[rank].Connected {
-		s.log.Warn().Str("event", "rank_fenced").Int("rank", rank).Int32("pid", rc.pid).Int32("fenced_pid", old.pid).
+		s.log.Warn().Str("event", event.RankFenced).Int("rank", rank).Int32("pid", rc.pid).Int32("fenced_pid", old.pid).
 			Msgf("rank %d registered again by pid %d while pid %d's registration is still connected: pid %d is fenced (its saves, commits, restores and releases are refused)",
 				rank, rc.pid, old.pid, old.pid)
 	}

@@ -37,6 +37,7 @@ func startServer(t *testing.T, uid int, logBuf *logtest.Buffer) (*Server, string
 	path := filepath.Join(dir, "agent.sock")
 	log := zerolog.Nop()
 	if logBuf != nil {
+		logBuf.CheckEvents(t)
 		log = zerolog.New(logBuf)
 	}
 	s, err := Listen(path, Info{Job: "42", Node: "n1", Spec: "arc", Version: "test", UID: uid, Restart: 1}, log)

@@ -12,7 +12,6 @@ import (
 	"github.com/reft-hpc/reft/agent/aor"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/persist"
-	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/restore"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -40,18 +39,6 @@ import (
 // replica if its generation survived, else succ's own state buffers), or
 // is zero at step 1 of a fresh start (the optimizer's state starts at 0).
 
-// aorGroup is one gradient's optimizer: its state buffers of this rank.
-type aorGroup struct {
-	grad   string
-	opt    aor.Optimizer
-	shards [][2]int64 // every DP rank's cut, in float32 elements
-	states []aorState
-}
-
-type aorState struct {
-	buf, state string
-}
-
 // aorSeed is the replica of succ's state at a restored step: where the
 // next commit starts.
 type aorSeed struct {
@@ -59,74 +46,12 @@ type aorSeed struct {
 	bufs map[string][]byte // state buffer name -> replica bytes
 }
 
-// hasAOR reports whether a registration has aor buffers.
-func hasAOR(bufs []proto.BufferSpec) bool {
-	return slices.ContainsFunc(bufs, func(b proto.BufferSpec) bool { return b.AOR != nil })
-}
-
-// newAORGroups collects a registration's aor buffers (already checked by
-// proto.CheckAOR) by gradient, and checks them against the layout: one
-// shard per DP rank and this rank's DP index as the index.
-func newAORGroups(bufs []proto.BufferSpec, pos, m int) ([]aorGroup, error) {
-	var out []aorGroup
-	for _, b := range bufs {
-		a := b.AOR
-		if a == nil {
-			continue
-		}
-		if len(a.Shards) != m {
-			return nil, fmt.Errorf("buffer %q: aor.shards has %d entries, the job has dp=%d: give one ZeRO-1 shard per DP rank", b.Name, len(a.Shards), m)
-		}
-		if a.Index != pos {
-			return nil, fmt.Errorf("buffer %q: aor.index = %d, but this rank is DP index %d in the job's layout: send the rank's own DP index", b.Name, a.Index, pos)
-		}
-		i := slices.IndexFunc(out, func(g aorGroup) bool { return g.grad == a.Grad })
-		if i < 0 {
-			out = append(out, aorGroup{grad: a.Grad, opt: a.Opt(), shards: slices.Clone(a.Shards)})
-			i = len(out) - 1
-		}
-		out[i].states = append(out[i].states, aorState{buf: b.Name, state: a.State})
-	}
-	return out, nil
-}
-
-func (si *sgInfo) isAORGrad(name string) bool {
-	return slices.ContainsFunc(si.aor, func(g aorGroup) bool { return g.grad == name })
-}
-
-// aorState reports whether buffer name is an AOR state buffer, and its
-// group.
-func (si *sgInfo) aorStateOf(name string) (*aorGroup, bool) {
-	for i := range si.aor {
-		for _, st := range si.aor[i].states {
-			if st.buf == name {
-				return &si.aor[i], true
-			}
-		}
-	}
-	return nil, false
-}
-
-// aorStateNames lists the AOR state buffers.
-func (si *sgInfo) aorStateNames() []string {
-	var out []string
-	for _, g := range si.aor {
-		for _, st := range g.states {
-			out = append(out, st.buf)
-		}
-	}
-	return out
-}
-
-// succBytes is the size of succ's shard of a state buffer of g.
-func (si *sgInfo) succBytes(g *aorGroup) int64 { return 4 * g.shards[si.succDP()][1] }
-
 // aorCommit writes the replicas and their base into the open save of
 // step, then checksums them. A replica that cannot be brought forward is
 // marked invalid (base -1), which is logged once until it is valid again.
 func (s *Server) aorCommit(rc *rankConn, o *tmpfs.Ongoing, log zerolog.Logger) error {
 	si := rc.sg
-	if si == nil || si.aor == nil {
+	if si == nil || si.AOR == nil {
 		return nil
 	}
 	step := o.Step()
@@ -135,7 +60,7 @@ func (s *Server) aorCommit(rc *rankConn, o *tmpfs.Ongoing, log zerolog.Logger) e
 		return err
 	}
 	reps := map[string][]byte{}
-	for _, name := range si.aorStateNames() {
+	for _, name := range si.AORStateNames() {
 		if reps[name], err = o.Buffer(secAOR + name); err != nil {
 			return err
 		}
@@ -143,22 +68,22 @@ func (s *Server) aorCommit(rc *rankConn, o *tmpfs.Ongoing, log zerolog.Logger) e
 	why := s.aorPrevious(rc, step, reps)
 	valid := why == ""
 	if valid {
-		for _, g := range si.aor {
-			gb, err := o.Buffer(secAORGrad + g.grad)
+		for _, g := range si.AOR {
+			gb, err := o.Buffer(secAORGrad + g.Grad)
 			if err != nil {
 				return err
 			}
 			grad, err := aor.Float32s(gb)
 			if err != nil {
-				return fmt.Errorf("gradient %q: %w", g.grad, err)
+				return fmt.Errorf("gradient %q: %w", g.Grad, err)
 			}
-			for _, st := range g.states {
-				rep, err := aor.Float32s(reps[st.buf])
+			for _, st := range g.States {
+				rep, err := aor.Float32s(reps[st.Buf])
 				if err != nil {
-					return fmt.Errorf("replica of %q: %w", st.buf, err)
+					return fmt.Errorf("replica of %q: %w", st.Buf, err)
 				}
-				if err := g.opt.Update(st.state, rep, grad); err != nil {
-					return fmt.Errorf("replica of %q: %w", st.buf, err)
+				if err := g.Opt.Update(st.State, rep, grad); err != nil {
+					return fmt.Errorf("replica of %q: %w", st.Buf, err)
 				}
 			}
 		}
@@ -168,7 +93,7 @@ func (s *Server) aorCommit(rc *rankConn, o *tmpfs.Ongoing, log zerolog.Logger) e
 		b = -1
 	}
 	binary.LittleEndian.PutUint64(base, uint64(b))
-	for _, name := range si.aorStateNames() {
+	for _, name := range si.AORStateNames() {
 		if err := o.ComputeChecksums(secAOR + name); err != nil {
 			return err
 		}
@@ -178,10 +103,10 @@ func (s *Server) aorCommit(rc *rankConn, o *tmpfs.Ongoing, log zerolog.Logger) e
 	}
 	switch {
 	case !valid && !rc.aorInvalid:
-		log.Warn().Str("event", "aor_invalid").Int("rank", si.rank).Int64("step", step).Int("of_rank", si.members[si.succ(si.pos)]).Str("reason", why).
+		log.Warn().Str("event", "aor_invalid").Int("rank", si.Rank).Int64("step", step).Int("of_rank", si.Members[si.Succ(si.Pos)]).Str("reason", why).
 			Msg("the AOR replica cannot be brought forward: until a restore seeds it again, a loss of the successor's node needs the persistent tier for its optimizer state")
 	case valid && rc.aorInvalid:
-		log.Info().Str("event", "aor_valid").Int("rank", si.rank).Int64("step", step).Msg("the AOR replica is valid again")
+		log.Info().Str("event", "aor_valid").Int("rank", si.Rank).Int64("step", step).Msg("the AOR replica is valid again")
 	}
 	rc.aorInvalid = !valid
 	return nil
@@ -210,14 +135,14 @@ func (s *Server) aorPrevious(rc *rankConn, step int64, reps map[string][]byte) s
 	if prev != nil {
 		loc := restore.Loc{Key: peer.GenKey{Rank: rc.key.Rank, Shard: rc.key.Shard, Step: prev.Step, Seq: prev.Seq}}
 		var b [8]byte
-		if err := s.copyLocal(b[:], restore.Cand{Loc: loc, Sec: secAORBase}); err != nil {
+		if err := (restore.StoreLocal{Store: s.store}).Read(b[:], restore.Cand{Loc: loc, Sec: secAORBase}); err != nil {
 			return fmt.Sprintf("the replica of step %d cannot be read: %v", prev.Step, err)
 		}
 		if got := int64(binary.LittleEndian.Uint64(b[:])); got != prev.Step {
 			return fmt.Sprintf("the replica in the generation of step %d is invalid too", prev.Step)
 		}
 		for name, dst := range reps {
-			if err := s.copyLocal(dst, restore.Cand{Loc: loc, Sec: secAOR + name}); err != nil {
+			if err := (restore.StoreLocal{Store: s.store}).Read(dst, restore.Cand{Loc: loc, Sec: secAOR + name}); err != nil {
 				return fmt.Sprintf("the replica of %q of step %d cannot be read: %v", name, prev.Step, err)
 			}
 		}
@@ -243,7 +168,7 @@ func (s *Server) readBase(ctx context.Context, locs []restore.Loc) (int64, error
 		cs = append(cs, restore.Cand{Loc: l, Sec: secAORBase})
 	}
 	var b [8]byte
-	if err := s.fetchInto(ctx, b[:], cs, &restoreStats{}); err != nil {
+	if err := s.fetchInto(ctx, b[:], cs); err != nil {
 		return 0, err
 	}
 	return int64(binary.LittleEndian.Uint64(b[:])), nil
@@ -258,24 +183,24 @@ func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs fun
 	rc.aorRestored, rc.aorSeed, rc.aorSeedWhy = true, nil, ""
 	sd := &aorSeed{step: step, bufs: map[string][]byte{}}
 	fill := func(ls []restore.Loc, sec func(string) string) error {
-		for _, g := range si.aor {
-			for _, st := range g.states {
-				buf := make([]byte, si.succBytes(&g))
+		for _, g := range si.AOR {
+			for _, st := range g.States {
+				buf := make([]byte, si.SuccBytes(&g))
 				var cs []restore.Cand
 				for _, l := range ls {
-					cs = append(cs, restore.Cand{Loc: l, Sec: sec(st.buf)})
+					cs = append(cs, restore.Cand{Loc: l, Sec: sec(st.Buf)})
 				}
-				if err := s.fetchInto(ctx, buf, cs, &restoreStats{}); err != nil {
-					return fmt.Errorf("%s: %w", sec(st.buf), err)
+				if err := s.fetchInto(ctx, buf, cs); err != nil {
+					return fmt.Errorf("%s: %w", sec(st.Buf), err)
 				}
-				sd.bufs[st.buf] = buf
+				sd.bufs[st.Buf] = buf
 			}
 		}
 		return nil
 	}
 	var whys []string
 	from := ""
-	if own := locs(si.rank); len(own) > 0 {
+	if own := locs(si.Rank); len(own) > 0 {
 		b, err := s.readBase(ctx, own)
 		switch {
 		case err != nil:
@@ -292,7 +217,7 @@ func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs fun
 	} else {
 		whys = append(whys, "its own generation is gone")
 	}
-	succ := si.members[si.succ(si.pos)]
+	succ := si.Members[si.Succ(si.Pos)]
 	if from == "" {
 		if sl := locs(succ); len(sl) > 0 {
 			if err := fill(sl, func(n string) string { return n }); err == nil {
@@ -305,7 +230,7 @@ func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs fun
 		}
 	}
 	if from == "" && s.persist != nil { // succ's state came back from the persistent tier
-		if err := s.persistedState(succ, si.rank, step, func(l restore.Loc) error { return fill([]restore.Loc{l}, func(n string) string { return n }) }); err == nil {
+		if err := s.persistedState(succ, si.Rank, step, func(l restore.Loc) error { return fill([]restore.Loc{l}, func(n string) string { return n }) }); err == nil {
 			from = fmt.Sprintf("rank %d's persisted state", succ)
 		} else {
 			whys = append(whys, fmt.Sprintf("rank %d's persisted state: %v", succ, err))
@@ -313,12 +238,12 @@ func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs fun
 	}
 	if from == "" {
 		rc.aorSeedWhy = strings.Join(whys, "; ")
-		log.Warn().Str("event", "aor_seed").Int("rank", si.rank).Int64("step", step).Str("reason", rc.aorSeedWhy).
+		log.Warn().Str("event", "aor_seed").Int("rank", si.Rank).Int64("step", step).Str("reason", rc.aorSeedWhy).
 			Msg("no AOR replica to continue from after the restore")
 		return
 	}
 	rc.aorSeed = sd
-	log.Info().Str("event", "aor_seed").Int("rank", si.rank).Int64("step", step).Int("of_rank", succ).Str("from", from).
+	log.Info().Str("event", "aor_seed").Int("rank", si.Rank).Int64("step", step).Int("of_rank", succ).Str("from", from).
 		Msg("AOR replica seeded from the restored step")
 }
 

@@ -10,17 +10,18 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/restore"
 	"github.com/reft-hpc/reft/agent/sg"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -41,14 +42,14 @@ func (s *Server) AttachMesh(f func() *mesh.Mesh) { s.mesh = f }
 // their generations (ring.go), for the members' ranks only, so that a
 // view is O(group) whatever the job's size; until a search of the job
 // has found every member (a fresh agent), it searches first.
-func (s *Server) view(ctx context.Context, si *sgInfo) *restore.View {
+func (s *Server) view(ctx context.Context, si *shard.Geometry) *restore.View {
 	s.viewMu.Lock()
 	defer s.viewMu.Unlock()
-	name := si.groupName()
+	name := si.GroupName()
 	if v := s.viewCache[name]; v != nil && time.Since(v.At) < viewTTL {
 		return v
 	}
-	members := si.dpOrder()
+	members := si.DPOrder()
 	v := restore.NewView(time.Now())
 	for _, w := range (peer.StoreSource{Store: s.store}).Watermarks(members) {
 		v.Add("", w)
@@ -157,16 +158,16 @@ func (s *Server) waitMesh(ctx context.Context) *mesh.Mesh {
 }
 
 // restoreGroup is what the restore planner needs of si's geometry.
-func (si *sgInfo) restoreGroup() restore.Group {
-	return restore.Group{Spec: si.spec, Layout: si.layout, World: si.world, Rank: si.rank, Members: si.members,
-		ARC: si.arc, Parity: si.el != nil, Whole: si.whole, AOR: si.aorStateNames(),
-		Unreplicated: len(si.other) > 0, Placed: si.placed()}
+func restoreGroup(si *shard.Geometry) restore.Group {
+	return restore.Group{Spec: si.Spec, Layout: si.Layout, World: si.World, Rank: si.Rank, Members: si.Members,
+		ARC: si.ARC, Parity: si.EL != nil, Whole: si.Whole, AOR: si.AORStateNames(),
+		Unreplicated: len(si.Other) > 0, Placed: si.Placed()}
 }
 
 // candidateSteps are the steps any member of the SG (or the rank itself)
 // has, newest first.
-func (si *sgInfo) candidateSteps(v *restore.View) []int64 {
-	return v.Steps(append(slices.Clone(si.members), si.rank))
+func candidateSteps(si *shard.Geometry, v *restore.View) []int64 {
+	return v.Steps(append(slices.Clone(si.Members), si.Rank))
 }
 
 // planner is the restore planner of this node: it reads AOR replicas'
@@ -186,8 +187,8 @@ func (s *Server) shardedGenerations(ctx context.Context, rc *rankConn, log zerol
 	si := rc.sg
 	v := s.view(ctx, si)
 	out := []proto.GenInfo{}
-	pl, g := s.planner(ctx), si.restoreGroup()
-	for _, st := range si.candidateSteps(v) {
+	pl, g := s.planner(ctx), restoreGroup(si)
+	for _, st := range candidateSteps(si, v) {
 		if p := pl.Plan(g, v, st); p.OK {
 			out = append(out, proto.GenInfo{Step: st, Bytes: rc.registeredBytes(), Source: proto.SourceMemory})
 		}
@@ -211,12 +212,12 @@ func (rc *rankConn) registeredBytes() int64 {
 
 // persistedSteps are the steps every SG member (and the rank, for its
 // unreplicated buffers) has in the persistent directory, newest first.
-func (s *Server) persistedSteps(si *sgInfo, log zerolog.Logger) []int64 {
+func (s *Server) persistedSteps(si *shard.Geometry, log zerolog.Logger) []int64 {
 	if s.persist == nil {
 		return nil
 	}
 	var common map[int64]bool
-	for _, r := range si.members {
+	for _, r := range si.Members {
 		gens, err := s.persist.Generations(r)
 		if err != nil {
 			log.Warn().Err(err).Int("rank", r).Msg("the persistent directory cannot be listed")
@@ -235,17 +236,6 @@ func (s *Server) persistedSteps(si *sgInfo, log zerolog.Logger) []int64 {
 	return out
 }
 
-// restoreStats is what an assembled restore did.
-type restoreStats struct {
-	local, peer, decoded atomic.Int64
-	// failovers counts the chunks (and local sections) that a copy
-	// failed, a checksum mismatch or a lost peer, and another gave.
-	failovers atomic.Int64
-	peers     sync.Map         // node -> struct{}
-	prog      *restoreProgress // nil: not reported
-	log       *zerolog.Logger  // the restore's; nil: the server's
-}
-
 // restoreSharded assembles the rank's state at step (< 0: the newest the
 // job can restore) from the node's store, the SG's agents and parity, or,
 // only when memory cannot, from the persistent directory; then serves it
@@ -254,107 +244,153 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 	si := rc.sg
 	s.repl.hosts.forget() // a restore follows a relaunch: ranks may have moved
 	v := s.view(ctx, si)
-	steps := si.candidateSteps(v)
+	steps := candidateSteps(si, v)
 	if step >= 0 {
 		steps = []int64{step}
 	}
-	pl, rg := s.planner(ctx), si.restoreGroup()
+	pl, rg := s.planner(ctx), restoreGroup(si)
 	chosen, first := pl.FirstRestorable(rg, v, steps)
 	if err := ctx.Err(); err != nil {
 		// The agent is stopping: what the view missed says nothing of
 		// what survives, so no fallback on its account.
-		return tmpfs.Generation{}, "", fmt.Errorf("the restore of rank %d stopped (the agent is stopping): %w", si.rank, err)
+		return tmpfs.Generation{}, "", fmt.Errorf("the restore of rank %d stopped (the agent is stopping): %w", si.Rank, err)
 	}
-	event := "restore_local"
-	var reason string
-	var lost []restore.LostShard // what memory lost, when the persistent tier restores
+	ev := event.RestoreLocal
+	var fb fallback
 	if chosen == nil {
 		if step >= 0 {
 			// The ranks agreed on a step memory cannot give (a persisted
 			// one, typically long released from memory): the reason that
 			// matters is why no newer step came back from memory.
-			_, first = pl.FirstRestorable(rg, v, si.candidateSteps(v))
+			_, first = pl.FirstRestorable(rg, v, candidateSteps(si, v))
 		}
-		// Memory cannot: the persistent tier.
-		switch {
-		case first == nil:
-			reason = fmt.Sprintf("no agent of the job holds a generation of SG %s", strings.Join(intStrings(si.members), ","))
-		default:
-			reason = strings.Join(first.Reasons, "; ")
+		var err error
+		if fb, err = s.fallBack(si, step, v, first, log); err != nil {
+			return tmpfs.Generation{}, "", err
 		}
-		if len(v.Missing) > 0 {
-			reason += " (agents that did not answer: " + strings.Join(v.Missing, "; ") + ")"
-		}
-		p, err := s.loadPersisted(si, step, log)
-		if err != nil {
-			return tmpfs.Generation{}, "", lostError{fmt.Sprintf("%s; %v", reason, err)}
-		}
-		chosen, event = p, "restore_persistent"
-		if first != nil {
-			lost = first.Lost
-		}
-		log.Warn().Str("event", "restore_fallback").Int("rank", si.rank).Int64("generation", p.Step).Str("reason", reason).
-			Interface("lost_shards", lost).Msg("in-memory restore is impossible; restoring from the persistent directory")
+		chosen, ev = fb.plan, event.RestorePersistent
 	}
 	t0 := time.Now()
 	// The step's own ring, from here on: the assembly reads its shards by
 	// the positions they were saved at, the AOR seed takes the successor
 	// on it, and the group keeps it for the saves that follow.
-	si, err := si.withRing(chosen.Ring)
+	si, err := si.WithRing(chosen.Ring)
 	if err != nil {
 		return tmpfs.Generation{}, "", err
 	}
 	rc.sg, rc.ringFixed = si, false
-	st := restoreStats{prog: newRestoreProgress(log, si.rank, chosen.Step, rc.registeredBytes()+si.parityBytes(chosen), s.progressEvery), log: &log}
-	g, err := s.assemble(ctx, rc, si, chosen, &st, log)
-	st.prog.close()
+	var st restore.Stats
+	prog := newRestoreProgress(log, si.Rank, chosen.Step, rc.registeredBytes()+parityBytes(si, chosen), s.progressEvery)
+	g, err := s.assemble(ctx, rc, si, chosen, s.assembler(&st, prog, log))
+	prog.close()
 	if err == nil {
 		s.adoptRing(si, chosen.Step, log)
+		s.seedRestored(ctx, rc, chosen, v, log) // before the loaded persisted generations go
 	}
-	if err == nil && si.aor != nil { // before the loaded persisted generations go
-		locs := func(r int) []restore.Loc { return v.Gens[r][chosen.Step] }
-		if chosen.Loaded != nil {
-			locs = func(r int) []restore.Loc {
-				if l, ok := chosen.Loaded[r]; ok {
-					return []restore.Loc{l}
-				}
-				return nil
-			}
-		}
-		s.seedAOR(ctx, rc, chosen.Step, locs, log)
-	}
-	if event == "restore_persistent" {
-		for _, r := range append(slices.Clone(si.members), si.rank) {
-			if err := s.store.Drop(tmpfs.Key{Rank: r, Shard: persistedKey(si.rank)}); err != nil {
-				log.Warn().Err(err).Msg("restore: freeing the loaded persisted generations")
-			}
-		}
+	if ev == event.RestorePersistent {
+		dropLoaded(s.store, si, log)
 	}
 	if err != nil {
 		return g, "", err
 	}
-	if event != "restore_persistent" {
-		switch {
-		case st.decoded.Load() > 0:
-			event = "decode"
-		case st.peer.Load() > 0:
-			event = "restore_peer"
+	ev = restoredEvent(ev, &st)
+	logRestored(log, ev, si.Rank, chosen, &st, time.Since(t0), fb)
+	return g, ev, nil
+}
+
+// fallback is a restore from the persistent tier: its plan, why memory
+// could not, and what memory lost.
+type fallback struct {
+	plan   *restore.Plan
+	reason string
+	lost   []restore.LostShard
+}
+
+// fallBack loads the persisted step (step < 0: the newest every member
+// has) when memory cannot restore, first being the plan to blame (nil:
+// no agent holds a generation of the group), and says so
+// (restore_fallback). A step the tier cannot give either is lost
+// (lostError).
+func (s *Server) fallBack(si *shard.Geometry, step int64, v *restore.View, first *restore.Plan, log zerolog.Logger) (fallback, error) {
+	var fb fallback
+	switch {
+	case first == nil:
+		fb.reason = fmt.Sprintf("no agent of the job holds a generation of SG %s", strings.Join(intStrings(si.Members), ","))
+	default:
+		fb.reason = strings.Join(first.Reasons, "; ")
+	}
+	if len(v.Missing) > 0 {
+		fb.reason += " (agents that did not answer: " + strings.Join(v.Missing, "; ") + ")"
+	}
+	p, err := s.loadPersisted(si, step, log)
+	if err != nil {
+		return fb, lostError{fmt.Sprintf("%s; %v", fb.reason, err)}
+	}
+	fb.plan = p
+	if first != nil {
+		fb.lost = first.Lost
+	}
+	log.Warn().Str("event", event.RestoreFallback).Int("rank", si.Rank).Int64("generation", p.Step).Str("reason", fb.reason).
+		Interface("lost_shards", fb.lost).Msg("in-memory restore is impossible; restoring from the persistent directory")
+	return fb, nil
+}
+
+// seedRestored sets the AOR replica the rank's next commit starts from
+// (seedAOR), from the copies of the restored step: the view's, or the
+// loaded persisted generations of a persistent-tier plan.
+func (s *Server) seedRestored(ctx context.Context, rc *rankConn, p *restore.Plan, v *restore.View, log zerolog.Logger) {
+	if rc.sg.AOR == nil {
+		return
+	}
+	locs := func(r int) []restore.Loc { return v.Gens[r][p.Step] }
+	if p.Loaded != nil {
+		locs = func(r int) []restore.Loc {
+			if l, ok := p.Loaded[r]; ok {
+				return []restore.Loc{l}
+			}
+			return nil
 		}
 	}
-	var peers []string
-	st.peers.Range(func(k, _ any) bool { peers = append(peers, k.(string)); return true })
-	sort.Strings(peers)
-	d := time.Since(t0)
-	total := st.local.Load() + st.peer.Load() + st.decoded.Load()
-	ev := log.Info().Str("event", event).Int("rank", si.rank).Int64("generation", chosen.Step).Int64("bytes", total).
-		Int64("local_bytes", st.local.Load()).Int64("peer_bytes", st.peer.Load()).Int64("decoded_bytes", st.decoded.Load()).
-		Strs("peers", peers).Str("sources", chosen.Sources()).Int64("failovers", st.failovers.Load()).Dur("duration", d).
-		Float64("rate_mb_s", float64(total)/1e6/max(d.Seconds(), 1e-9))
-	if reason != "" {
-		ev = ev.Str("reason", reason).Interface("lost_shards", lost)
+	s.seedAOR(ctx, rc, p.Step, locs, log)
+}
+
+// dropLoaded frees the persisted generations a persistent-tier restore
+// loaded into the store.
+func dropLoaded(store *tmpfs.Store, si *shard.Geometry, log zerolog.Logger) {
+	for _, r := range append(slices.Clone(si.Members), si.Rank) {
+		if err := store.Drop(tmpfs.Key{Rank: r, Shard: persistedKey(si.Rank)}); err != nil {
+			log.Warn().Err(err).Msg("restore: freeing the loaded persisted generations")
+		}
 	}
-	ev.Msg("restore assembled from the sharding group")
-	return g, event, nil
+}
+
+// restoredEvent names an assembled restore by what it took: decode when
+// it decoded, restore_peer when it fetched, else ev (restore_local, or
+// restore_persistent whatever it took).
+func restoredEvent(ev string, st *restore.Stats) string {
+	if ev == event.RestorePersistent {
+		return ev
+	}
+	switch {
+	case st.Decoded.Load() > 0:
+		return event.Decode
+	case st.Peer.Load() > 0:
+		return event.RestorePeer
+	}
+	return ev
+}
+
+// logRestored writes the restore event of an assembled restore.
+func logRestored(log zerolog.Logger, ev string, rank int, p *restore.Plan, st *restore.Stats, d time.Duration, fb fallback) {
+	total := st.Local.Load() + st.Peer.Load() + st.Decoded.Load()
+	line := log.Info().Str("event", ev).Int("rank", rank).Int64("generation", p.Step).Int64("bytes", total).
+		Int64("local_bytes", st.Local.Load()).Int64("peer_bytes", st.Peer.Load()).Int64("decoded_bytes", st.Decoded.Load()).
+		Strs("peers", st.Peers()).Str("sources", p.Sources()).Int64("failovers", st.Failovers.Load()).Dur("duration", d).
+		Float64("rate_mb_s", float64(total)/1e6/max(d.Seconds(), 1e-9))
+	if fb.reason != "" {
+		line = line.Str("reason", fb.reason).Interface("lost_shards", fb.lost)
+	}
+	line.Msg("restore assembled from the sharding group")
 }
 
 func intStrings(v []int) []string {
@@ -367,7 +403,7 @@ func intStrings(v []int) []string {
 
 // loadPersisted loads the newest persisted step (or step) that every SG
 // member has into this node's store and plans the restore from it.
-func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*restore.Plan, error) {
+func (s *Server) loadPersisted(si *shard.Geometry, step int64, log zerolog.Logger) (*restore.Plan, error) {
 	if s.persist == nil {
 		return nil, errors.New("persistent checkpoints are off for this job (persist= in --reft), so the state is lost: train again from the start or from your own checkpoint")
 	}
@@ -376,12 +412,12 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 		steps = slices.DeleteFunc(steps, func(x int64) bool { return x != step })
 	}
 	if len(steps) == 0 {
-		return nil, fmt.Errorf("and the persistent directory %s has no step that every member (ranks %s) wrote", s.persist.Dir(), strings.Join(intStrings(si.members), ","))
+		return nil, fmt.Errorf("and the persistent directory %s has no step that every member (ranks %s) wrote", s.persist.Dir(), strings.Join(intStrings(si.Members), ","))
 	}
 	st := steps[0]
 	loaded := map[int]restore.Loc{}
 	var ring []int
-	for _, r := range append(slices.Clone(si.members), si.rank) {
+	for _, r := range append(slices.Clone(si.Members), si.Rank) {
 		if _, ok := loaded[r]; ok {
 			continue
 		}
@@ -393,7 +429,7 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 		if i < 0 {
 			return nil, fmt.Errorf("rank %d has no persisted step %d", r, st)
 		}
-		key := tmpfs.Key{Rank: r, Shard: persistedKey(si.rank)}
+		key := tmpfs.Key{Rank: r, Shard: persistedKey(si.Rank)}
 		g, err := s.persist.Load(gens[i], key, manifestSpec(&gens[i].Manifest))
 		if err != nil {
 			return nil, err
@@ -406,42 +442,43 @@ func (s *Server) loadPersisted(si *sgInfo, step int64, log zerolog.Logger) (*res
 		}
 	}
 	if ring == nil {
-		ring = si.dpOrder()
+		ring = si.DPOrder()
 	}
-	si, err := si.withRing(ring)
+	si, err := si.WithRing(ring)
 	if err != nil {
 		return nil, err
 	}
-	p := &restore.Plan{Step: st, OK: true, Ring: si.members, Parity: make([][]restore.Cand, si.m)}
-	for q, r := range si.members {
+	p := &restore.Plan{Step: st, OK: true, Ring: si.Members, Parity: make([][]restore.Cand, si.M)}
+	for q, r := range si.Members {
 		src := restore.ShardSource{Pos: q, Rank: r, Source: sg.SourcePersistent, Cands: []restore.Cand{{Loc: loaded[r], Sec: secShard}}}
 		p.Shards = append(p.Shards, src)
 	}
 	p.Loaded = loaded
-	if si.whole {
-		p.Whole = []restore.Cand{{Loc: loaded[si.rank]}}
+	if si.Whole {
+		p.Whole = []restore.Cand{{Loc: loaded[si.Rank]}}
 	}
-	if si.aor != nil {
+	if si.AOR != nil {
 		p.Opt, p.OptSource = map[string][]restore.Cand{}, sg.SourcePersistent
-		for _, name := range si.aorStateNames() {
-			p.Opt[name] = []restore.Cand{{Loc: loaded[si.rank], Sec: name}}
+		for _, name := range si.AORStateNames() {
+			p.Opt[name] = []restore.Cand{{Loc: loaded[si.Rank], Sec: name}}
 		}
 	}
-	if len(si.other) > 0 {
-		p.Others = []restore.Cand{{Loc: loaded[si.rank]}}
+	if len(si.Other) > 0 {
+		p.Others = []restore.Cand{{Loc: loaded[si.Rank]}}
 	}
 	return p, nil
 }
 
 // assemble writes the plan's state into a fresh generation of the rank's
-// restore key, every chunk verified on the way.
-func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *restore.Plan, st *restoreStats, log zerolog.Logger) (tmpfs.Generation, error) {
-	spec, err := si.restoreSpec(rc.spec.Sources, s.store.ChunkSize())
+// restore key: the arena's sections are handed to the Assembler, and every
+// chunk verified on the way.
+func (s *Server) assemble(ctx context.Context, rc *rankConn, si *shard.Geometry, p *restore.Plan, asm *restore.Assembler) (tmpfs.Generation, error) {
+	spec, err := si.RestoreSpec(rc.spec.Sources, s.store.ChunkSize())
 	if err != nil {
 		return tmpfs.Generation{}, err
 	}
 	spec.Step = p.Step
-	o, err := s.store.Begin(tmpfs.Key{Rank: si.rank, Shard: restoreShard}, spec)
+	o, err := s.store.Begin(tmpfs.Key{Rank: si.Rank, Shard: restoreShard}, spec)
 	if err != nil {
 		return tmpfs.Generation{}, fmt.Errorf("an arena for the assembled state: %w", err)
 	}
@@ -451,77 +488,12 @@ func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *rest
 			o.Abort()
 		}
 	}()
-	rep, err := o.Buffer(secRep)
+	t, err := restoreTarget(si, o)
 	if err != nil {
 		return tmpfs.Generation{}, err
 	}
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-	)
-	fail := func(err error) {
-		mu.Lock()
-		errs = append(errs, err)
-		mu.Unlock()
-	}
-	for _, b := range si.slice {
-		if !si.whole || b.size == 0 {
-			continue
-		}
-		var cs []restore.Cand
-		for _, c := range p.Whole {
-			cs = append(cs, restore.Cand{Loc: c.Loc, Sec: b.name})
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.fetchInto(ctx, rep[b.off:b.off+b.size], cs, st); err != nil {
-				fail(fmt.Errorf("buffer %q: %w", b.name, err))
-			}
-		}()
-	}
-	for _, sh := range p.Shards {
-		if len(sh.Cands) == 0 || si.whole {
-			continue // decoded below, or fetched whole above
-		}
-		r := si.shard(sh.Pos)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.fetchInto(ctx, rep[r.Off:r.End()], sh.Cands, st); err != nil {
-				fail(fmt.Errorf("shard %d (rank %d, %s): %w", sh.Pos, sh.Rank, sh.Source, err))
-			}
-		}()
-	}
-	for _, b := range si.other {
-		dst, err := o.Buffer(b.Name)
-		if err != nil {
-			return tmpfs.Generation{}, err
-		}
-		var cs []restore.Cand
-		for _, c := range p.Others {
-			cs = append(cs, restore.Cand{Loc: c.Loc, Sec: b.Name})
-		}
-		if _, ok := si.aorStateOf(b.Name); ok {
-			cs = p.Opt[b.Name]
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.fetchInto(ctx, dst, cs, st); err != nil {
-				fail(fmt.Errorf("buffer %q: %w", b.Name, err))
-			}
-		}()
-	}
-	wg.Wait()
-	if len(errs) > 0 {
-		return tmpfs.Generation{}, errors.Join(errs...)
-	}
-	if len(p.Decode) > 0 {
-		if err := s.decode(ctx, si, p, rep, st); err != nil {
-			return tmpfs.Generation{}, err
-		}
+	if err := asm.Assemble(ctx, p, t); err != nil {
+		return tmpfs.Generation{}, err
 	}
 	for _, b := range spec.Buffers {
 		if err := o.ComputeChecksums(b.Name); err != nil {
@@ -536,200 +508,71 @@ func (s *Server) assemble(ctx context.Context, rc *rankConn, si *sgInfo, p *rest
 	return g, nil
 }
 
+// restoreTarget is the assembly's view of o, an arena laid out by
+// RestoreSpec: the slice, its shards and buffers, the unreplicated
+// buffers, and the decoder.
+func restoreTarget(si *shard.Geometry, o *tmpfs.Ongoing) (restore.Target, error) {
+	rep, err := o.Buffer(secRep)
+	if err != nil {
+		return restore.Target{}, err
+	}
+	t := restore.Target{Rep: rep, Whole: si.Whole, Decoder: si.Decoder}
+	for q := range si.M {
+		t.Shards = append(t.Shards, si.Shard(q))
+	}
+	for _, b := range si.Slice {
+		t.Replicated = append(t.Replicated, restore.Section{Name: b.Name, Off: b.Off, Size: b.Size})
+	}
+	for _, b := range si.Other {
+		dst, err := o.Buffer(b.Name)
+		if err != nil {
+			return restore.Target{}, err
+		}
+		_, isAOR := si.AORStateOf(b.Name)
+		t.Others = append(t.Others, restore.Other{Name: b.Name, Dst: dst, AOR: isAOR})
+	}
+	if si.EL != nil {
+		t.ParitySize = si.EL.ParitySize()
+	}
+	return t, nil
+}
+
 // parityBytes is what a plan fetches besides the state itself: the
 // parity units its decode reads.
-func (si *sgInfo) parityBytes(p *restore.Plan) int64 {
+func parityBytes(si *shard.Geometry, p *restore.Plan) int64 {
 	if len(p.Decode) == 0 {
 		return 0
 	}
 	var n int64
-	for q := range si.m {
+	for q := range si.M {
 		if !slices.Contains(p.Decode, q) && len(p.Parity[q]) > 0 {
-			n += int64(si.el.ParitySize())
+			n += int64(si.EL.ParitySize())
 		}
 	}
 	return n
 }
 
-// decode rebuilds the plan's lost shards in rep from the other shards
-// (already in rep) and the surviving members' parity.
-func (s *Server) decode(ctx context.Context, si *sgInfo, p *restore.Plan, rep []byte, st *restoreStats) error {
-	shards := make([][]byte, si.m)
-	for q := range si.m {
-		r := si.shard(q)
-		shards[q] = rep[r.Off:r.End()]
-	}
-	parities := make([][]byte, si.m)
-	var wg sync.WaitGroup
-	for q := range si.m {
-		if slices.Contains(p.Decode, q) || len(p.Parity[q]) == 0 {
-			continue
+// assembler is this node's restore.Assembler: its store, its mesh (waited
+// for up to gatherWait; nil while peering is off), each peer's lookups
+// bounded by gatherWait. st and prog may be nil (a read nobody reports).
+func (s *Server) assembler(st *restore.Stats, prog *restoreProgress, log zerolog.Logger) *restore.Assembler {
+	a := &restore.Assembler{Local: restore.StoreLocal{Store: s.store}, AskTimeout: gatherWait, Log: log, Stats: st}
+	a.Peers = func(ctx context.Context) restore.Peers {
+		if m := s.waitMesh(ctx); m != nil {
+			return m // not a nil *mesh.Mesh in a non-nil interface
 		}
-		buf := make([]byte, si.el.ParitySize())
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.fetchInto(ctx, buf, p.Parity[q], st); err == nil {
-				parities[q] = buf
-			}
-		}()
-	}
-	wg.Wait()
-	if err := si.decoder.Reconstruct(p.Decode, shards, parities); err != nil {
-		return fmt.Errorf("decoding shards %v from parity: %w", p.Decode, err)
-	}
-	for _, q := range p.Decode {
-		st.decoded.Add(si.shard(q).Len)
-		st.prog.add(si.shard(q).Len)
-	}
-	return nil
-}
-
-// fetchInto fills dst with a section that each candidate holds whole:
-// from this node's store if a local copy verifies, else from the peers, a
-// chunk that fails its checksum taken from the next copy. Every copy that
-// failed while another delivered is logged (chunk_failover) and counted.
-func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []restore.Cand, st *restoreStats) error {
-	var lastErr error
-	var remote []restore.Cand
-	var localBad []string // local copies that failed, with why
-	for _, c := range cands {
-		if c.Loc.Node != "" {
-			remote = append(remote, c)
-			continue
-		}
-		if err := s.copyLocal(dst, c); err != nil {
-			lastErr = err
-			localBad = append(localBad, err.Error())
-			continue
-		}
-		st.local.Add(int64(len(dst)))
-		st.prog.add(int64(len(dst)))
-		s.logFailover(st, c, localBad, nil, nil, "this node")
 		return nil
 	}
-	if len(remote) == 0 {
-		if lastErr == nil {
-			lastErr = errors.New("no copy of it survives")
-		}
-		return lastErr
+	if prog != nil {
+		a.Progress = prog.add
 	}
-	m := s.waitMesh(ctx)
-	if m == nil {
-		return errors.Join(lastErr, errors.New("peering is off: the copies on other nodes cannot be read"))
-	}
-	var spec peer.FetchSpec
-	nodeOf := map[string]string{} // source address -> node
-	for _, c := range remote {
-		cctx, cancel := context.WithTimeout(ctx, gatherWait)
-		info, err := m.Manifest(cctx, c.Loc.Node, c.Loc.Key)
-		var src peer.Source
-		if err == nil {
-			src, err = m.Source(cctx, c.Loc.Node, peer.ChunkKey{GenKey: c.Loc.Key, Buffer: c.Sec})
-		}
-		cancel()
-		if err != nil {
-			lastErr = err
-			localBad = append(localBad, fmt.Sprintf("%s on %s: %v", c.Sec, c.Loc.Node, err))
-			continue
-		}
-		b := info.Buffer(c.Sec)
-		if b == nil || b.Size != int64(len(dst)) {
-			lastErr = fmt.Errorf("%s on %s has no section %s of %d bytes", c.Loc.Key, c.Loc.Node, c.Sec, len(dst))
-			localBad = append(localBad, lastErr.Error())
-			continue
-		}
-		if spec.Sources == nil {
-			spec = peer.FetchSpec{ChunkSize: info.ChunkSize, Size: int64(len(dst)), CRC: b.CRC32C, Dst: dst, Progress: st.prog.add}
-		} else if info.ChunkSize != spec.ChunkSize {
-			continue // another chunking: its checksums do not compare
-		}
-		spec.Sources = append(spec.Sources, src)
-		nodeOf[src.Addr] = c.Loc.Node
-		st.peers.Store(c.Loc.Node, struct{}{})
-	}
-	if len(spec.Sources) == 0 {
-		return lastErr
-	}
-	if len(dst) == 0 {
-		return nil
-	}
-	fs, err := m.Fetch(ctx, spec)
-	if err != nil {
-		return err
-	}
-	st.peer.Add(int64(len(dst)))
-	s.logFailover(st, cands[0], localBad, fs.Recovered, nodeOf, "peers")
-	return nil
+	return a
 }
 
-// chunkFailover is one chunk that a copy failed and another delivered.
-type chunkFailover struct {
-	Chunk  int      `json:"chunk"`
-	Failed []string `json:"failed"` // "node: why", in the order tried
-	From   string   `json:"from"`   // the node that delivered it
-}
-
-// logFailover says, once per section, which copies failed (whole:
-// local copies and peers that could not serve the section; chunks: the
-// chunks a peer failed and another delivered) and counts them.
-func (s *Server) logFailover(st *restoreStats, c restore.Cand, whole []string, chunks []peer.ChunkRecovery, nodeOf map[string]string, by string) {
-	if len(whole) == 0 && len(chunks) == 0 {
-		return
-	}
-	n := len(whole)
-	fo := make([]chunkFailover, len(chunks))
-	for i, rc := range chunks {
-		fo[i] = chunkFailover{Chunk: rc.Chunk, From: nodeOf[rc.From.Addr]}
-		for _, a := range rc.Attempts {
-			fo[i].Failed = append(fo[i].Failed, fmt.Sprintf("%s: %v", nodeOf[a.Source.Addr], a.Err))
-		}
-		n += len(rc.Attempts)
-	}
-	st.failovers.Add(int64(n))
-	log := s.log
-	if st.log != nil {
-		log = *st.log
-	}
-	log.Warn().Str("event", "chunk_failover").Int("owner_rank", c.Loc.Key.Rank).Int64("generation", c.Loc.Key.Step).Str("section", c.Sec).
-		Strs("copies_failed", whole).Interface("chunks", fo).Int("failovers", n).
-		Msgf("restore: %d read(s) of section %s failed (a checksum mismatch or a copy that could not be read); another copy served them (%s)", n, c.Sec, by)
-}
-
-// copyLocal copies a section of a generation in this node's store,
-// verifying every chunk.
-func (s *Server) copyLocal(dst []byte, c restore.Cand) error {
-	k := tmpfs.Key{Rank: c.Loc.Key.Rank, Shard: c.Loc.Key.Shard}
-	i := slices.IndexFunc(s.store.Generations(k), func(g tmpfs.Generation) bool {
-		return g.Step == c.Loc.Key.Step && g.Seq == c.Loc.Key.Seq && !g.Bad
-	})
-	if i < 0 {
-		return fmt.Errorf("%s is no longer in this node's store", c.Loc.Key)
-	}
-	r, err := s.store.Open(s.store.Generations(k)[i])
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	if b := slices.IndexFunc(r.Manifest().Buffers, func(b tmpfs.Buffer) bool { return b.Name == c.Sec }); b < 0 || r.Manifest().Buffers[b].Size != int64(len(dst)) {
-		return fmt.Errorf("%s has no section %s of %d bytes: the sharding group's members registered different replicated buffers (is the layout, dp= pp= tp=, the trainer's?)", c.Loc.Key, c.Sec, len(dst))
-	}
-	var off int64
-	for n := 0; off < int64(len(dst)); n++ {
-		b, crc, err := r.Chunk(c.Sec, n)
-		if err != nil {
-			return err
-		}
-		if tmpfs.CRC(b) != crc {
-			return fmt.Errorf("%s section %s chunk %d: %w", c.Loc.Key, c.Sec, n, tmpfs.ErrCorrupt)
-		}
-		if off+int64(len(b)) > int64(len(dst)) {
-			return fmt.Errorf("%s section %s is larger than %d bytes", c.Loc.Key, c.Sec, len(dst))
-		}
-		copy(dst[off:], b)
-		off += int64(len(b))
-	}
-	return nil
+// fetchInto fills dst with a section that each candidate holds whole
+// (restore.Assembler.Fetch), uncounted and logged to the server's log.
+func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []restore.Cand) error {
+	return s.assembler(nil, nil, s.log).Fetch(ctx, dst, cands)
 }
 
 // lostError is a state that neither memory nor the persistent tier can

@@ -81,6 +81,7 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 	chunk := o.chunk
 	t.Helper()
 	n := &shNode{name: name, root: root, log: &syncBuf{}}
+	n.log.CheckEvents(t)
 	log := zerolog.New(n.log).With().Str("node", name).Logger()
 	alloc, err := hostmem.NewAllocator(hostmem.Config{NoPin: true})
 	if err != nil {

@@ -14,7 +14,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -35,8 +37,8 @@ type rankConn struct {
 	arenaSize  int64
 	open       *tmpfs.Ongoing
 	restored   map[int64]*tmpfs.Reader
-	sg         *sgInfo        // the sharded layout's geometry; nil: identity
-	req        proto.Register // the registration, to lay saves out again on another ring
+	sg         *shard.Geometry // the sharded layout's geometry; nil: identity
+	req        proto.Register  // the registration, to lay saves out again on another ring
 	// ringFixed: the saves are laid out on the group's fixed ring (ring.go).
 	ringFixed bool
 	// AOR (sharded_aor.go): the replica a restore seeded, whether this
@@ -270,7 +272,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	if err := checkRegister(s.spec(), req); err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
-	si, err := newSGInfo(s.spec(), req)
+	si, err := shard.NewGeometry(s.spec(), req)
 	if err != nil {
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
@@ -282,7 +284,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 		// A ring fixed already (another local rank's save, a restore)
 		// lays this rank out on it at once.
 		if ring := s.fixedRing(s.group(si)); ring != nil {
-			if rs, err := si.withRing(ring); err == nil {
+			if rs, err := si.WithRing(ring); err == nil {
 				si, rc.ringFixed = rs, true
 			}
 		}
@@ -318,8 +320,8 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	if cs == 0 {
 		cs = s.store.ChunkSize()
 	}
-	log.Info().Str("event", "rank_registered").Int("rank", req.Rank).Int("world", req.World).Int("local_rank", req.LocalRank).
-		Str("layout", req.Layout).Str("arena_layout", si.describe()).Int("buffers", len(req.Buffers)).Int("regions", len(spec.Regions)).Int("sections", len(secs)).
+	log.Info().Str("event", event.RankRegistered).Int("rank", req.Rank).Int("world", req.World).Int("local_rank", req.LocalRank).
+		Str("layout", req.Layout).Str("arena_layout", si.Describe()).Int("buffers", len(req.Buffers)).Int("regions", len(spec.Regions)).Int("sections", len(secs)).
 		Int64("bytes", payloadBytes(secs)).Int64("arena_size", size).Msg("rank registered")
 	return proto.WriteMsg(c, proto.TRegister|proto.ReplyBit, id, proto.RegisterReply{
 		Rank: req.Rank, ChunkSize: cs, ArenaSize: size, Buffers: layout.places})
@@ -362,13 +364,13 @@ func (e internalError) Error() string { return e.err.Error() }
 
 // applyLayout lays the registration out (sharded on si's ring, or
 // identity), preallocates its arenas and makes it rc's layout.
-func (s *Server) applyLayout(rc *rankConn, req proto.Register, si *sgInfo) error {
+func (s *Server) applyLayout(rc *rankConn, req proto.Register, si *shard.Geometry) error {
 	spec, secs, size, agentSecs, err := s.planLayout(req, si)
 	if err != nil {
 		return err
 	}
 	if si != nil {
-		spec.Ring = slices.Clone(si.members)
+		spec.Ring = slices.Clone(si.Members)
 	}
 	layout := newReplyLayout(spec.Sources, secs, spec.Regions)
 	layout.sections = slices.DeleteFunc(layout.sections, func(sec proto.Section) bool { return slices.Contains(agentSecs, sec.Name) })
@@ -443,7 +445,7 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 	}
 	crcTime := time.Since(t0)
 	if rc.sg != nil {
-		err := rc.sg.encode(o)
+		err := rc.sg.Encode(o)
 		if err == nil {
 			err = s.aorCommit(rc, o, log)
 		}
@@ -519,7 +521,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 		return replyErr(c, id, proto.CodeNotFound, "restore of step %d: rank %d has no committed generation of that step on %s (it has steps %v)",
 			step, rc.key.Rank, s.info.Node, have)
 	}
-	return s.serveRestore(c, rc, id, g, "restore_local", verifyClient, log)
+	return s.serveRestore(c, rc, id, g, event.RestoreLocal, verifyClient, log)
 }
 
 // serveRestore pins generation g of the rank and replies with its arena
@@ -529,7 +531,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 // memory bus once; otherwise (the Python client, or checksums that would
 // not fit in a frame) the store verifies the arena first and the client
 // copies.
-func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Generation, event string, verifyClient bool, log zerolog.Logger) error {
+func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Generation, name string, verifyClient bool, log zerolog.Logger) error {
 	// The generation's own layout: it may predate this registration's.
 	m := &g.Manifest
 	if err := sameSources(m.SourceList(), rc.bufs); err != nil {
@@ -592,7 +594,7 @@ func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Gener
 		s.persist.Restored(rc.key.Rank, g.Step)
 	}
 	if rc.sg == nil {
-		log.Info().Str("event", event).Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
+		log.Info().Str("event", name).Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
 			Int64("bytes", payloadBytes(g.Manifest.Buffers)).Str("verified_by", verifier).Dur("verify", time.Since(t0)).Msg("serving a local restore")
 	}
 	return proto.WriteMsg(c, proto.TRestore|proto.ReplyBit, id, reply)

@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -53,7 +54,9 @@ func storeServer(t *testing.T, root string, budget int64) string {
 	t.Helper()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "agent.sock")
-	s, err := Listen(sock, Info{Job: "42", Node: "n1", Spec: "arc", Version: "test", UID: os.Getuid()}, zerolog.Nop())
+	logs := &logtest.Buffer{}
+	logs.CheckEvents(t) // the declared events it logs (rank_fenced, rank_registered, restore_local) carry their fields
+	s, err := Listen(sock, Info{Job: "42", Node: "n1", Spec: "arc", Version: "test", UID: os.Getuid()}, zerolog.New(logs))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,13 +9,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/peer"
 )
 
 // EventFailure is the coordinator's log event for a published failure, the
 // one `reft run` acts on; its fields are those of Failure, the failed node
 // as failed_node (node is the logging agent's own) and latency_s.
-const EventFailure = "failure_detected"
+const EventFailure = event.FailureDetected
 
 // failureReply answers a failure frame.
 type failureReply struct {

@@ -121,6 +121,7 @@ func newJobSpares(t testing.TB, n, spares int, hang map[string]time.Duration, in
 	}
 	for _, name := range j.names {
 		a := &testAgent{name: name, log: &syncBuf{}}
+		a.log.CheckEvents(t)
 		log := zerolog.New(a.log).With().Timestamp().Str("node", name).Logger()
 		pc := peer.Config{Job: "77", UID: 1000, Node: name, Auth: auth, Bind: "127.0.0.1", Log: log,
 			Heartbeat: 100 * time.Millisecond, Timeout: time.Second}

@@ -33,7 +33,7 @@ import (
 var benchSlices = []int{64 << 20, 256 << 20}
 
 // encodeWorkers are the goroutine counts of the encode benchmarks: 1, what
-// the agent's commit encodes with (agent/sharded.go, encodeWorkers), and
+// the agent's commit encodes with (agent/shard's EncodeWorkers), and
 // GOMAXPROCS. Reconstruct runs on GOMAXPROCS, as the agent's restore does.
 func encodeWorkers() []int {
 	if n := runtime.GOMAXPROCS(0); n > 1 {

@@ -97,6 +97,7 @@ func openStore(t *testing.T, job string) *tmpfs.Store {
 func startAgent(t *testing.T, topo TopologySource, node string, lo int, tweak ...func(*Config)) *agent {
 	t.Helper()
 	a := &agent{store: openStore(t, testJob), log: &logBuf{}}
+	a.log.CheckEvents(t)
 	log := zerolog.New(zerolog.MultiLevelWriter(a.log, zerolog.NewTestWriter(t))).With().Str("node", node).Logger()
 	cfg := Config{Peer: peerConfig(t, testJob, node, lo, log)}
 	for _, f := range tweak {

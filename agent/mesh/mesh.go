@@ -18,6 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -185,7 +186,7 @@ func start(ctx context.Context, cfg Config, topo TopologySource, src peer.ChunkS
 		srv: srv, cl: cl, start: time.Now(), peers: map[string]*peerState{}, cancel: cancel}
 	port := srv.Addr().Port
 	k := indexOf(cands, port)
-	m.log.Info().Str("event", "peer_listening").Int("port", port).Str("addr", net.JoinHostPort(self.Addr, strconv.Itoa(port))).
+	m.log.Info().Str("event", event.PeerListening).Int("port", port).Str("addr", net.JoinHostPort(self.Addr, strconv.Itoa(port))).
 		Int("index", self.Index).Int("nodes", n).Int("candidate", k).
 		Msgf("peer listener on port %d (candidate %d of node %d of %d)", port, k, self.Index, n)
 	for _, nd := range t.Nodes {
@@ -387,7 +388,7 @@ func (m *Mesh) watch(ctx context.Context, p *peerState) {
 				continue
 			}
 			backoff, lastCause, warned = minRetry, "", false
-			log.Info().Str("event", "peer_connected").Str("addr", addr).Int("peer_index", p.node.Index).Int("candidate", k).
+			log.Info().Str("event", event.PeerConnected).Str("addr", addr).Int("peer_index", p.node.Index).Int("candidate", k).
 				Msgf("peer connected: node %s at %s", p.node.Name, addr)
 			if m.cfg.PeerFound != nil { // before the update, as the log
 				m.cfg.PeerFound(p.node.Name)

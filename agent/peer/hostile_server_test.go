@@ -151,6 +151,7 @@ func authed(t *testing.T, addr string) *rawConn {
 func TestHostileDialer(t *testing.T) {
 	st, k := hostileStore(t)
 	var logs logtest.Buffer
+	logs.CheckEvents(t)
 	cfg := baseConfig(t, "n1")
 	cfg.Log = zerolog.New(&logs)
 	srv := startServer(t, cfg, StoreSource{st})
@@ -362,6 +363,7 @@ func TestHostileDialerStreams(t *testing.T) {
 // goroutines stay bounded; the slots come back as replies go out.
 func TestHostileDialerFlood(t *testing.T) {
 	var logs logtest.Buffer
+	logs.CheckEvents(t)
 	cfg := baseConfig(t, "n1")
 	cfg.Log = zerolog.New(&logs)
 	srv := startServer(t, cfg, newMemSource())
@@ -413,6 +415,7 @@ func TestHostileDialerFlood(t *testing.T) {
 // refusals, then says once that it stops; every one is still answered.
 func TestRefusalLogCap(t *testing.T) {
 	var logs logtest.Buffer
+	logs.CheckEvents(t)
 	cfg := baseConfig(t, "n1")
 	cfg.Log = zerolog.New(&logs)
 	srv := startServer(t, cfg, newMemSource())

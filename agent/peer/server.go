@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	logevent "github.com/reft-hpc/reft/agent/event"
 )
 
 // ChunkSource is what a Server serves: the agent's snapshot store
@@ -397,7 +399,7 @@ func (s *Server) serveCounted(c *conn, shaken func()) {
 		// refusals are logged one by one, then one a second at most.
 		n := s.stats.Refused.Add(1)
 		if n <= maxRefusalLogs || s.refusedLog.allow(time.Second) {
-			s.log.Warn().Str("event", "peer_refused").Str("remote", remote).Uint64("refused", n).Err(err).Msg("refused a peer connection")
+			s.log.Warn().Str("event", logevent.PeerRefused).Str("remote", remote).Uint64("refused", n).Err(err).Msg("refused a peer connection")
 		}
 		c.close(err)
 		return

@@ -159,17 +159,17 @@ func checkPlan(t *testing.T, g Group, p Plan, lost []int) {
 	}
 }
 
-// copy is a section on a node, as a test names it.
-type copy struct{ node, sec string }
+// secCopy is a section on a node, as a test names it.
+type secCopy struct{ node, sec string }
 
-func copiesOf(cs []Cand, self string) []copy {
-	var out []copy
+func copiesOf(cs []Cand, self string) []secCopy {
+	var out []secCopy
 	for _, c := range cs {
 		n := c.Loc.Node
 		if n == "" {
 			n = self
 		}
-		out = append(out, copy{n, c.Sec})
+		out = append(out, secCopy{n, c.Sec})
 	}
 	return out
 }
@@ -177,11 +177,11 @@ func copiesOf(cs []Cand, self string) []copy {
 // wantCopies are the surviving copies of member q's shard, this node's
 // first: its own section, its predecessor's ARC copy, and with whole
 // buffers every other member's generation, in ring order after q.
-func wantCopies(g Group, q int, lost []int) []copy {
-	var out []copy
+func wantCopies(g Group, q int, lost []int) []secCopy {
+	var out []secCopy
 	add := func(r int, sec string) {
 		if !slices.Contains(lost, r) {
-			out = append(out, copy{node(r), sec})
+			out = append(out, secCopy{node(r), sec})
 		}
 	}
 	add(q, shard.Own)
@@ -193,7 +193,7 @@ func wantCopies(g Group, q int, lost []int) []copy {
 			add((q+k)%m, "")
 		}
 	}
-	slices.SortStableFunc(out, func(a, b copy) int { return boolInt(a.node != node(g.Rank)) - boolInt(b.node != node(g.Rank)) })
+	slices.SortStableFunc(out, func(a, b secCopy) int { return boolInt(a.node != node(g.Rank)) - boolInt(b.node != node(g.Rank)) })
 	return out
 }
 

@@ -3,8 +3,17 @@
 // the store-key shards under which the agent keeps assembled restores,
 // loaded persisted copies and peers' replicas. The save path (agent) and
 // the restore planner (agent/restore) both read these names, so they live
-// below both. The group's geometry (the agent's sgInfo) is still in
-// package agent; it belongs here next.
+// below both.
+//
+// A rank's sharding group and the geometry of its slice (Geometry,
+// geometry.go) live here too: which members, which ring, which byte ranges
+// are whose shard, which sections a save holds, the erasure code, the AOR
+// optimizer groups. It is computed once per registration from the SPEC
+// and the client's layout (NewGeometry) and not changed afterwards: a
+// new ring gives a new Geometry (WithRing copies), so a reader holding one
+// sees a consistent group. How a save's pieces map onto client buffers
+// (agent/layout.go) and what the planner and assembler need of it
+// (agent/sharded_restore.go) stay in the agent.
 package shard
 
 // Sections of a member's sharded generation. Section names carry '@',

@@ -21,6 +21,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/logging"
 )
 
@@ -30,24 +31,24 @@ const FileName = "recovery.jsonl"
 // Event names. The restore events summarize what the agents served (their
 // own logs have one line per rank); the others are reft run's decisions.
 const (
-	StepLaunched      = "step_launched"      // the first launch of the step
-	FailureDetected   = "failure_detected"   // the step failed; Kind says what failed
-	NodeExcluded      = "node_excluded"      // a lost node leaves the step for the rest of the allocation
-	StepRelaunched    = "step_relaunched"    // the step was launched again
-	RestoreLocal      = "restore_local"      // ranks of a node restored from its tmpfs
-	RestorePeer       = "restore_peer"       // ... fetched from a peer's copy
-	Decode            = "decode"             // ... rebuilt from parity
-	RestorePersistent = "restore_persistent" // ... loaded from the persistent directory
-	Resumed           = "resumed"            // every rank of the relaunched step has restored (or started over)
-	JobRequeued       = "job_requeued"       // a node was lost and no spare is left
-	GaveUp            = "gave_up"            // relaunch limit, or no progress
-	Stopped           = "stopped"            // a signal (Ctrl-C, scancel) ended reft run
-	Completed         = "completed"          // the step exited 0
+	StepLaunched      = "step_launched"         // the first launch of the step
+	FailureDetected   = "failure_detected"      // the step failed; Kind says what failed
+	NodeExcluded      = "node_excluded"         // a lost node leaves the step for the rest of the allocation
+	StepRelaunched    = "step_relaunched"       // the step was launched again
+	RestoreLocal      = event.RestoreLocal      // ranks of a node restored from its tmpfs
+	RestorePeer       = event.RestorePeer       // ... fetched from a peer's copy
+	Decode            = event.Decode            // ... rebuilt from parity
+	RestorePersistent = event.RestorePersistent // ... loaded from the persistent directory
+	Resumed           = "resumed"               // every rank of the relaunched step has restored (or started over)
+	JobRequeued       = "job_requeued"          // a node was lost and no spare is left
+	GaveUp            = "gave_up"               // relaunch limit, or no progress
+	Stopped           = "stopped"               // a signal (Ctrl-C, scancel) ended reft run
+	Completed         = "completed"             // the step exited 0
 )
 
-// RestoreEvents are the agents' restore event names that reft run
-// summarizes per node.
-var RestoreEvents = []string{RestoreLocal, RestorePeer, Decode, RestorePersistent}
+// RestoreEvents are the agents' restore event names (agent/event) that
+// reft run summarizes per node.
+var RestoreEvents = event.Restores
 
 // Failure kinds (Event.Kind of failure_detected).
 const (

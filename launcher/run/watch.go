@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/logging"
 	"github.com/reft-hpc/reft/launcher/recoverylog"
 )
@@ -58,7 +59,7 @@ type pidKey struct {
 
 // agentRecord is a registration or a restore that an agent logged.
 type agentRecord struct {
-	Event      string // "rank_registered" or one of recoverylog.RestoreEvents
+	Event      string // event.RankRegistered or one of event.Restores
 	Node       string
 	Step       string // the client's step id ("" if its hello was not seen)
 	Rank       int
@@ -70,36 +71,6 @@ type agentRecord struct {
 	// restore_persistent reason); "" otherwise.
 	Reason string
 }
-
-// agentLine is the part of an agent's log line that the watcher reads.
-type agentLine struct {
-	Time       time.Time `json:"time"`
-	Node       string    `json:"node"`
-	Event      string    `json:"event"`
-	Message    string    `json:"message"`
-	PeerPID    int       `json:"peer_pid"`
-	ClientStep *string   `json:"client_step"`
-	Rank       *int      `json:"rank"`
-	Generation *int64    `json:"generation"`
-	Bytes      int64     `json:"bytes"`
-	VerifyMS   float64   `json:"verify"`   // zerolog durations are milliseconds
-	DurationMS float64   `json:"duration"` // (restore_persistent)
-	Reason     string    `json:"reason"`
-	// failure_detected (agent/detect)
-	FailedNode  string    `json:"failed_node"`
-	Class       string    `json:"class"`
-	Ranks       []int     `json:"ranks"`
-	LatencyS    float64   `json:"latency_s"`
-	Reporter    string    `json:"reporter"`
-	Coordinator string    `json:"coordinator"`
-	ConfirmedBy []string  `json:"confirmed_by"`
-	LastHeard   time.Time `json:"last_heard"`
-	DetectedAt  time.Time `json:"detected_at"`
-}
-
-// agentFailureEvent is the coordinator's event for a published failure
-// (detect.EventFailure; not imported, so reft run does not link the agent).
-const agentFailureEvent = "failure_detected"
 
 // NewWatcher follows the agent logs in dir (<log dir>/<job>) of nodes,
 // the allocation's. The log directory is shared by every user of the
@@ -210,11 +181,11 @@ func (w *Watcher) readFile(d *os.File, name string) error {
 // line takes one line of node's log. An agent writes only its own
 // node's name: a line naming another is not an agent's.
 func (w *Watcher) line(node string, b []byte) {
-	var l agentLine
+	var l event.Line
 	if json.Unmarshal(b, &l) != nil || l.Node != node {
 		return // not ours to judge: the agent's log, not reft run's
 	}
-	if l.Event == agentFailureEvent && l.FailedNode != "" {
+	if l.Event == event.FailureDetected && l.FailedNode != "" {
 		at := l.DetectedAt
 		if at.IsZero() {
 			at = l.Time
@@ -228,8 +199,8 @@ func (w *Watcher) line(node string, b []byte) {
 	if l.ClientStep != nil && l.PeerPID != 0 {
 		w.step[key] = *l.ClientStep
 	}
-	isRestore := slices.Contains(recoverylog.RestoreEvents, l.Event)
-	if (l.Event != "rank_registered" && !isRestore) || l.Rank == nil {
+	isRestore := slices.Contains(event.Restores, l.Event)
+	if (l.Event != event.RankRegistered && !isRestore) || l.Rank == nil {
 		return
 	}
 	r := agentRecord{Event: l.Event, Node: l.Node, Step: w.step[key], Rank: *l.Rank, Bytes: l.Bytes, Time: l.Time,
@@ -254,7 +225,7 @@ func matches(r agentRecord, step string) bool {
 func (w *Watcher) Registered(step string) int {
 	seen := map[int]bool{}
 	for _, r := range w.recs {
-		if r.Event == "rank_registered" && matches(r, step) {
+		if r.Event == event.RankRegistered && matches(r, step) {
 			seen[r.Rank] = true
 		}
 	}
@@ -265,7 +236,7 @@ func (w *Watcher) Registered(step string) int {
 func (w *Watcher) Restores(step string) map[int]agentRecord {
 	out := map[int]agentRecord{}
 	for _, r := range w.recs {
-		if r.Event != "rank_registered" && matches(r, step) {
+		if r.Event != event.RankRegistered && matches(r, step) {
 			out[r.Rank] = r
 		}
 	}
