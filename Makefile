@@ -13,10 +13,12 @@ CLUSTER     := tests/cluster/cluster
 # whatever python3 comes first on PATH.
 PYTHON      ?= /usr/bin/python3
 
-# Debian 12 packages the project builds, tests and runs with.
+# Debian 12 packages the project builds, tests and runs with
+# (prometheus-node-exporter and prometheus' promtool: the metrics tests, agent/metrics).
 DEB_PKGS := slurm-wlm slurmctld slurmd slurmdbd slurm-client munge mariadb-server \
 	libslurm-dev libpmix-dev openmpi-bin libopenmpi-dev pkg-config gcc make \
-	python3-torch python3-numpy iproute2 util-linux procps debootstrap
+	python3-torch python3-numpy iproute2 util-linux procps debootstrap \
+	prometheus-node-exporter prometheus
 
 BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/reft-pmix-probe $(BUILD)/reft-train
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.

@@ -136,6 +136,11 @@ func (s *Server) lostNodes() []string {
 }
 
 func (s *Server) peerFailed(f detect.Failure) {
+	lat := -1.0 // unknown: not observed
+	if !f.LastHeard.IsZero() && !f.DetectedAt.IsZero() {
+		lat = max(f.Latency().Seconds(), 0)
+	}
+	s.met.Failure(f.Class, lat)
 	for _, fn := range s.failureHooks {
 		fn(f)
 	}

@@ -534,6 +534,7 @@ func (r *replicator) copyLoop(pi *pendingIn) {
 		switch {
 		case err == nil:
 			r.committed.Add(1)
+			r.s.met.Replicated(payloadBytes(g.Manifest.Buffers), time.Since(t0).Seconds())
 			r.s.invalidateView()
 			log.Debug().Str("event", "replica_committed").Int("rank", g.Key.Rank).Int64("step", g.Step).Str("owner", rq.from).
 				Int64("bytes", payloadBytes(g.Manifest.Buffers)).Dur("duration", time.Since(t0)).Msg("replica of a rank's unreplicated buffers committed")

@@ -18,6 +18,7 @@ import (
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/logging"
 	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/agent/metrics"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/runpath"
@@ -153,6 +154,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.GPU != nil {
 		srv.AttachGPU(o.GPU(ctx, cfg.Agent.GPUHealth, logger)) // in the background: start-up does not wait
 	}
+	metricsDone := startMetrics(ctx, cfg.Metrics.TextfileDir, o.Job, o.Node, srv, logger)
 	go watchSocket(ctx, cancel, sock, logger)
 	go watchJob(ctx, cancel, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, jobWatchInterval, logger)
 	// In the background: the steps wait for this agent's hello. Its own
@@ -165,7 +167,8 @@ func Run(ctx context.Context, o Options) error {
 	err = srv.Serve(ctx)
 	srv.Close()
 	cancel()
-	<-gcDone // it logs; the log closes when Run returns
+	<-gcDone      // it logs; the log closes when Run returns
+	<-metricsDone // its file removed
 	logger.Info().Str("event", "agent_stopped").Msg("agent stopped")
 	return err
 }
@@ -386,4 +389,27 @@ func watchSocket(ctx context.Context, stop context.CancelFunc, path string, log 
 			return
 		}
 	}
+}
+
+// startMetrics writes the job's metrics textfile into dir (metrics.
+// textfile_dir) every metrics.Every until ctx ends, then removes it; the
+// returned channel closes once it has. Without a dir it does nothing; a
+// dir it cannot use is logged, and the agent runs without metrics.
+func startMetrics(ctx context.Context, dir, job, node string, srv *Server, log zerolog.Logger) <-chan struct{} {
+	done := make(chan struct{})
+	if dir == "" {
+		close(done)
+		return done
+	}
+	tf, err := metrics.OpenTextfile(dir, job, node)
+	if err != nil {
+		log.Error().Err(err).Msg("metrics off: the textfile directory is not usable")
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		metrics.Run(ctx, tf, srv.Status, metrics.Every, log)
+	}()
+	return done
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/localsrv"
 	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/agent/metrics"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/restore"
@@ -50,8 +51,11 @@ type Server struct {
 	gpu     func() *proto.GPU     // nil: no GPU section
 	// persist is the persistent tier (agent/persist); nil: off.
 	persist *persist.Persister
-	log     zerolog.Logger
-	start   time.Time
+	// met records the timings and counts of the status reply's metrics
+	// section (agent/metrics).
+	met   *metrics.Recorder
+	log   zerolog.Logger
+	start time.Time
 	// ls is the local socket (agent/localsrv); the server is its Handler.
 	ls *localsrv.Server
 
@@ -120,7 +124,7 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{info: info, log: log, ls: ls, start: time.Now(), progressEvery: restoreProgressEvery,
+	s := &Server{info: info, log: log, ls: ls, start: time.Now(), progressEvery: restoreProgressEvery, met: metrics.NewRecorder(),
 		watchers: map[*watcher]struct{}{}, failedPeers: map[string]time.Time{}}
 	s.repl = newReplicator(s)
 	return s, nil
@@ -238,7 +242,7 @@ func (s *Server) Status() proto.Status {
 		Clients: int(s.ls.Clients()), Connections: s.ls.Accepted(), BadFrames: s.ls.BadFrames(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
 		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.placementWarnings(), Memory: s.memoryStatus(),
-		Store: s.storeCounters(), LostNodes: s.lostNodes(),
+		Store: s.storeCounters(), LostNodes: s.lostNodes(), Metrics: s.met.Status(),
 	}
 }
 

@@ -36,6 +36,7 @@ type rankConn struct {
 	layout     replyLayout        // of every save, in its replies
 	arenaSize  int64
 	open       *tmpfs.Ongoing
+	openedAt   time.Time // the open save's request, for its duration
 	restored   map[int64]*tmpfs.Reader
 	sg         *shard.Geometry // the sharded layout's geometry; nil: identity
 	req        proto.Register  // the registration, to lay saves out again on another ring
@@ -402,7 +403,7 @@ func (s *Server) save(c net.Conn, rc *rankConn, id uint32, step int64, log zerol
 		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("save failed")
 		return replyErr(c, id, storeErr(err), "save of rank %d step %d: %v", rc.key.Rank, step, err)
 	}
-	rc.open = o
+	rc.open, rc.openedAt = o, time.Now()
 	s.progress.note(rc, rc.key.Rank, step) // a save is progress too
 	return proto.WriteMsg(c, proto.TSave|proto.ReplyBit, id, proto.ArenaReply{
 		Step: step, Arena: o.ArenaPath(), ArenaSize: o.Arena().Size(),
@@ -445,7 +446,9 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 	}
 	crcTime := time.Since(t0)
 	if rc.sg != nil {
+		te := time.Now()
 		err := rc.sg.Encode(o)
+		s.met.Encode(time.Since(te).Seconds())
 		if err == nil {
 			err = s.aorCommit(rc, o, log)
 		}
@@ -471,6 +474,7 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 		s.invalidateView()
 		s.announce(rc, g, log) // background copies of the unreplicated buffers
 	}
+	s.met.Snapshot(time.Since(rc.openedAt).Seconds())
 	n := payloadBytes(g.Manifest.Buffers)
 	log.Debug().Str("event", "committed").Int("rank", rc.key.Rank).Int64("step", step).Uint64("seq", g.Seq).
 		Int64("bytes", n).Dur("checksum", crcTime).Msg("generation committed")
@@ -481,6 +485,7 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 // restore serves a restore request; verifyClient: the client checks the
 // checksums while it copies (proto.Restore.Verify).
 func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint32, step int64, verifyClient bool, log zerolog.Logger) error {
+	t0 := time.Now()
 	if rc.sg != nil {
 		g, event, err := s.restoreSharded(ctx, rc, step, log)
 		if err != nil {
@@ -491,7 +496,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 			}
 			return replyErr(c, id, storeErr(err), "restore of rank %d, %s: %v", rc.key.Rank, what, err)
 		}
-		return s.serveRestore(c, rc, id, g, event, verifyClient, log)
+		return s.serveRestore(c, rc, id, g, event, verifyClient, restoreTiming{t0, event}, log)
 	}
 	var (
 		g     tmpfs.Generation
@@ -507,12 +512,14 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 			g, found = h, true
 		}
 	}
+	source := event.RestoreLocal
 	if !found {
 		var replied bool
 		var err error
 		if g, found, replied, err = s.restorePersistent(c, rc, id, step, have, log); replied {
 			return err
 		}
+		source = event.RestorePersistent
 	}
 	if !found {
 		if step < 0 {
@@ -521,7 +528,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 		return replyErr(c, id, proto.CodeNotFound, "restore of step %d: rank %d has no committed generation of that step on %s (it has steps %v)",
 			step, rc.key.Rank, s.info.Node, have)
 	}
-	return s.serveRestore(c, rc, id, g, event.RestoreLocal, verifyClient, log)
+	return s.serveRestore(c, rc, id, g, event.RestoreLocal, verifyClient, restoreTiming{t0, source}, log)
 }
 
 // serveRestore pins generation g of the rank and replies with its arena
@@ -531,7 +538,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 // memory bus once; otherwise (the Python client, or checksums that would
 // not fit in a frame) the store verifies the arena first and the client
 // copies.
-func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Generation, name string, verifyClient bool, log zerolog.Logger) error {
+func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Generation, name string, verifyClient bool, rt restoreTiming, log zerolog.Logger) error {
 	// The generation's own layout: it may predate this registration's.
 	m := &g.Manifest
 	if err := sameSources(m.SourceList(), rc.bufs); err != nil {
@@ -597,7 +604,20 @@ func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Gener
 		log.Info().Str("event", name).Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
 			Int64("bytes", payloadBytes(g.Manifest.Buffers)).Str("verified_by", verifier).Dur("verify", time.Since(t0)).Msg("serving a local restore")
 	}
+	s.met.Restore(restoreSource[rt.event], time.Since(rt.start).Seconds())
 	return proto.WriteMsg(c, proto.TRestore|proto.ReplyBit, id, reply)
+}
+
+// restoreTiming is when a restore request came and the event naming
+// where its bytes came from, for agent/metrics.
+type restoreTiming struct {
+	start time.Time
+	event string
+}
+
+// restoreSource is the metrics' source of each restore event.
+var restoreSource = map[string]string{
+	event.RestoreLocal: "local", event.RestorePeer: "peer", event.Decode: "decode", event.RestorePersistent: "persistent",
 }
 
 // restoreReplyLimit is the largest restore reply with checksums; a

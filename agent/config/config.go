@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"math"
 	"os"
+	"path"
 	"reflect"
 	"regexp"
 	"sort"
@@ -40,6 +41,7 @@ type Config struct {
 	Protect   Protect   `toml:"protect"`
 	Detect    Detect    `toml:"detect"`
 	Log       Log       `toml:"log"`
+	Metrics   Metrics   `toml:"metrics"`
 	Run       Run       `toml:"run"`
 	Topology  Topology  `toml:"topology"`
 }
@@ -144,6 +146,14 @@ type Log struct {
 	Dir string `toml:"dir"`
 	// Level is one of trace, debug, info, warn, error.
 	Level string `toml:"level"`
+}
+
+// Metrics is the agent's Prometheus export (agent/metrics, docs/METRICS.md).
+type Metrics struct {
+	// TextfileDir receives reft_<job>_<node>.prom for node_exporter's
+	// textfile collector; empty: off. A root-made sticky world-writable
+	// directory (mode 1777): the agent runs as the job's user.
+	TextfileDir string `toml:"textfile_dir"`
 }
 
 // Run is `reft run`'s relaunch policy (flags of the same names override it).
@@ -358,6 +368,10 @@ func (c Config) Validate() error {
 		if e != nil {
 			return e
 		}
+	}
+	if d := c.Metrics.TextfileDir; d != "" && (!strings.HasPrefix(d, "/") || path.Clean(d) != d) {
+		return fmt.Errorf("metrics.textfile_dir = %q: want an absolute, clean path (node_exporter's --collector.textfile.directory, "+
+			"e.g. \"/var/lib/prometheus/node-exporter/reft\"), or \"\" to turn the metrics off", d)
 	}
 	if c.Store.MaxAge < 0 {
 		return fmt.Errorf("store.max_age = %s: want a duration >= 0 (0 disables the age limit)", time.Duration(c.Store.MaxAge))

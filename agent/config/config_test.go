@@ -52,6 +52,10 @@ func TestParseValid(t *testing.T) {
 		{"hugetlbfs", "[store]\nhugetlbfs = \"/dev/hugepages\"", func(c Config) bool { return c.Store.HugeTLBFS == "/dev/hugepages" }},
 		{"hugetlbfs default off", "[store]\nkeep = 0", func(c Config) bool { return c.Store.HugeTLBFS == "" }},
 		{"keep", "[store]\nkeep = 2", func(c Config) bool { return c.Store.Keep == 2 }},
+		{"metrics textfile dir", "[metrics]\ntextfile_dir = \"/var/lib/prometheus/node-exporter/reft\"", func(c Config) bool {
+			return c.Metrics.TextfileDir == "/var/lib/prometheus/node-exporter/reft"
+		}},
+		{"metrics off by default", "[store]\nkeep = 0", func(c Config) bool { return c.Metrics.TextfileDir == "" }},
 		{"durations", "[heartbeat]\ninterval = \"100ms\"\ntimeout = \"1s\"", func(c Config) bool {
 			return c.Heartbeat.Interval.D() == 100*time.Millisecond && c.Heartbeat.Timeout.D() == time.Second
 		}},
@@ -128,6 +132,10 @@ func TestParseInvalid(t *testing.T) {
 		{"infinite failure rate", "[persist]\nfailures_per_node_day = inf", "persist.failures_per_node_day = +Inf"},
 		{"failure rate string", "[persist]\nfailures_per_node_day = \"often\"", "failures_per_node_day"},
 		{"failure rate miscased", "[persist]\nFailures_Per_Node_Day = 1.0", `unknown key "persist.Failures_Per_Node_Day"`},
+		{"relative metrics dir", "[metrics]\ntextfile_dir = \"prom\"", `metrics.textfile_dir = "prom": want an absolute, clean path`},
+		{"unclean metrics dir", "[metrics]\ntextfile_dir = \"/var/lib/../prom/\"", `metrics.textfile_dir = "/var/lib/../prom/": want an absolute, clean path`},
+		{"metrics dir not a string", "[metrics]\ntextfile_dir = 1", "textfile_dir"},
+		{"metrics key miscased", "[metrics]\nTextfile_Dir = \"/x\"", `unknown key "metrics.Textfile_Dir"`},
 		{"relative hugetlbfs", "[store]\nhugetlbfs = \"hugepages\"", "store.hugetlbfs = \"hugepages\": must be an absolute path"},
 		{"negative keep", "[store]\nkeep = -1", "store.keep = -1: want the number of older completed generations to keep, >= 0"},
 		{"keep string", "[store]\nkeep = \"all\"", "keep"},

@@ -269,6 +269,44 @@ type Status struct {
 	// LostNodes are the job's nodes whose loss the agents' failure
 	// detector published, in the order this agent learned of them.
 	LostNodes []string `json:"lost_nodes,omitempty"`
+	// Metrics is what the agent timed and counted since it started that
+	// the sections above do not carry (agent/metrics exports both).
+	Metrics *Metrics `json:"metrics,omitempty"`
+}
+
+// Metrics is the status reply's timings and event counts.
+type Metrics struct {
+	// SnapshotSeconds: a save request to its commit reply (the client's
+	// copy into the arena, checksums, parity encode, the commit).
+	SnapshotSeconds *Histogram `json:"snapshot_seconds,omitempty"`
+	// EncodeSeconds: a commit's redundancy encode (ARC copy, AEC parity).
+	EncodeSeconds *Histogram `json:"encode_seconds,omitempty"`
+	// RestoreSeconds by source (local, peer, decode, persistent): a
+	// restore request to its reply.
+	RestoreSeconds map[string]*Histogram `json:"restore_seconds,omitempty"`
+	// FailuresDetected by class (node, agent, hang): the detector's
+	// verdicts this agent learned of; DetectionSeconds their latency
+	// (last sign of life to confirmation).
+	FailuresDetected map[string]uint64 `json:"failures_detected,omitempty"`
+	DetectionSeconds *Histogram        `json:"detection_seconds,omitempty"`
+	// ReplicationBytes: payload of the background replicas of other
+	// nodes' ranks committed here; ReplicationSeconds the time each took.
+	ReplicationBytes   uint64     `json:"replication_bytes"`
+	ReplicationSeconds *Histogram `json:"replication_seconds,omitempty"`
+}
+
+// Histogram is a distribution of observations: Count and Sum of them, and
+// cumulative counts at each upper bound (+Inf is Count).
+type Histogram struct {
+	Count   uint64   `json:"count"`
+	Sum     float64  `json:"sum"`
+	Buckets []Bucket `json:"buckets,omitempty"`
+}
+
+// Bucket is a Histogram's count of observations <= LE.
+type Bucket struct {
+	LE    float64 `json:"le"`
+	Count uint64  `json:"count"`
 }
 
 // Memory is the status reply's snapshot memory section.

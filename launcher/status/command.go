@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/metrics"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/hostmem"
@@ -30,9 +31,10 @@ func Command(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	confPath := fs.String("config", config.DefaultPath, "reft configuration `file` (agent.port_range, peer_auth, peer_secret: as the job's agents use them)")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
+	asProm := fs.Bool("prom", false, "print the agents' Prometheus metrics (the families of docs/METRICS.md, text format)")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for Slurm and the agents")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: reft status [--json] [--config FILE] [JOBID]\n\n"+
+		fmt.Fprintf(stderr, "usage: reft status [--json|--prom] [--config FILE] [JOBID]\n\n"+
 			"Asks every node's agent of a running job (default $SLURM_JOB_ID) for its state:\n"+
 			"agent up or not and why, each rank's newest committed step, protection (SPEC,\n"+
 			"sharding group, peers connected, degraded states), bytes held and memory\n"+
@@ -80,6 +82,17 @@ func Command(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "reft status:", err)
 		return 1
 	}
+	if *asJSON && *asProm {
+		fmt.Fprintln(stderr, "reft status: --json or --prom, not both")
+		return 2
+	}
+	if *asProm {
+		if err := WriteProm(stdout, stderr, rep); err != nil {
+			fmt.Fprintln(stderr, "reft status:", err)
+			return 1
+		}
+		return 0
+	}
 	if *asJSON {
 		b, err := json.MarshalIndent(rep, "", "  ")
 		if err != nil {
@@ -91,6 +104,21 @@ func Command(args []string, stdout, stderr io.Writer) int {
 	}
 	Print(stdout, rep)
 	return 0
+}
+
+// WriteProm writes the metrics of every node whose agent answered (agent/
+// metrics, the families its textfile has), and to stderr which did not.
+func WriteProm(w, stderr io.Writer, r *Report) error {
+	var sts []proto.Status
+	for _, n := range r.Nodes {
+		switch {
+		case n.Status != nil:
+			sts = append(sts, *n.Status)
+		case n.Agent != AgentNone:
+			fmt.Fprintf(stderr, "reft status: %s: agent %s%s; no metrics from it\n", n.Node, n.Agent, strings.TrimSuffix(": "+n.Error, ": "))
+		}
+	}
+	return metrics.Write(w, sts...)
 }
 
 // Print writes the report as a table, one row per node, then the

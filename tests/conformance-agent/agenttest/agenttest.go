@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/reft-hpc/reft/agent"
+	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -112,6 +113,9 @@ func Start(opt Options) (a *Agent, err error) {
 // NotifyPeerFailure makes the agent tell its watching clients that node
 // failed, as its mesh does when a peer's agent is lost (JIT flush tests).
 func (a *Agent) NotifyPeerFailure(node, cause string) { a.srv.NotifyPeerFailure(node, cause) }
+
+// Status is the agent's status reply (what the status request returns).
+func (a *Agent) Status() proto.Status { return a.srv.Status() }
 
 // Close stops the server, closes the store and removes the directory.
 func (a *Agent) Close() error {
