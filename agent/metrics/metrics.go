@@ -310,16 +310,12 @@ func collect(ch chan<- prometheus.Metric, st *proto.Status) {
 		}
 		g(fDegradedWhy, v, r)
 	}
-	if p := st.Peering; p != nil {
-		n := 0
-		for _, ps := range p.Peers {
-			if ps.Connected {
-				n++
-			}
-		}
-		g(fPeers, float64(len(p.Peers)))
-		g(fPeersConn, float64(n))
+	var peers []proto.PeerStatus // none without peering
+	if st.Peering != nil {
+		peers = st.Peering.Peers
 	}
+	g(fPeers, float64(len(peers)))
+	g(fPeersConn, float64(len(slices.DeleteFunc(slices.Clone(peers), func(p proto.PeerStatus) bool { return !p.Connected }))))
 	g(fLost, float64(len(st.LostNodes)))
 	if m := st.Memory; m != nil {
 		g(fMemBudget, float64(m.Budget))

@@ -82,14 +82,18 @@ func (t *Textfile) Write(st proto.Status) error {
 	var rnd [8]byte
 	rand.Read(rnd[:])
 	// A dot name: node_exporter reads *.prom only.
-	tmp := "." + t.name + "." + hex.EncodeToString(rnd[:])
+	return t.writeAs(buf.Bytes(), "."+t.name+"."+hex.EncodeToString(rnd[:]))
+}
+
+// writeAs writes b to the temp file tmp, then renames it onto the file.
+func (t *Textfile) writeAs(b []byte, tmp string) error {
 	dfd := int(t.dir.Fd())
 	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("metrics: creating %s in %s: %w", tmp, t.dir.Name(), err)
 	}
 	f := os.NewFile(uintptr(fd), tmp)
-	_, err = f.Write(buf.Bytes())
+	_, err = f.Write(b)
 	if err == nil {
 		err = unix.Fchmod(fd, 0o644) // whatever the umask: node_exporter runs as another user
 	}
