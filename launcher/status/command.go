@@ -48,6 +48,10 @@ func Command(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
+	if *asJSON && *asProm {
+		fmt.Fprintln(stderr, "reft status: --json or --prom, not both")
+		return 2
+	}
 	job := os.Getenv("SLURM_JOB_ID")
 	switch fs.NArg() {
 	case 0:
@@ -81,10 +85,6 @@ func Command(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "reft status:", err)
 		return 1
-	}
-	if *asJSON && *asProm {
-		fmt.Fprintln(stderr, "reft status: --json or --prom, not both")
-		return 2
 	}
 	if *asProm {
 		if err := WriteProm(stdout, stderr, rep); err != nil {

@@ -117,6 +117,7 @@ func TestCommandArgs(t *testing.T) {
 		{"no job", nil, "", 2, "no job: give a job id"},
 		{"not a number", []string{"12a"}, "", 2, `"12a" is not a job id`},
 		{"two jobs", []string{"1", "2"}, "", 2, "at most one job id"},
+		{"json and prom", []string{"--json", "--prom", "1"}, "", 2, "--json or --prom, not both"},
 		{"bad config", []string{"--config", badConf, "1"}, "", 1, "no_such_key"},
 		{"env job, bad config", []string{"--config", badConf}, "7", 1, "no_such_key"},
 	} {
