@@ -407,6 +407,7 @@ func startMetrics(ctx context.Context, dir, job, node string, srv *Server, log z
 		close(done)
 		return done
 	}
+	log.Info().Str("file", tf.Path()).Dur("every", metrics.Every).Msg("metrics textfile on")
 	go func() {
 		defer close(done)
 		metrics.Run(ctx, tf, srv.Status, metrics.Every, log)
