@@ -94,7 +94,8 @@ unit-trixie: build-trixie
 TRIXIE_E2E := TestMPIAllReduce TestShmPrivatePerNode TestKillNodeWipesShm TestSacctListsJob \
 	TestReftSrunEnvAndHello TestReftBatchDirective TestReftOneAgentPerNodeAcrossSteps \
 	TestReftBadInputRejected TestReftNoFlagUnchanged TestReftExternStepStartsAgent \
-	TestReftRunNodeLossSpare TestReftRunNodeLossSpareTorch TestReftRunNodeLossRequeue
+	TestReftRunNodeLossSpare TestReftRunNodeLossSpareTorch TestReftRunNodeLossRequeue \
+	TestHostileRoot TestCleanupJobEnd TestCleanupHostileStore
 empty :=
 space := $(empty) $(empty)
 e2e-trixie: build-trixie
