@@ -7,8 +7,10 @@
 # uninterrupted run. Exits non-zero if the job fails or the hashes differ.
 #
 # It brings the cluster up when it is down and takes it down at the end only
-# then (REFT_DEMO_KEEP=1 leaves it up). It needs the cluster to itself: the
-# e2e tests take /var/tmp/reft-e2e.lock around the same work.
+# then (REFT_DEMO_KEEP=1 leaves it up). It needs the cluster to itself: run
+# it when no e2e run is using the cluster (either lane's: they share ports).
+# On the trixie lane (REFT_LANE=trixie make demo) it runs inside the lane's
+# root, where build/ is build/trixie.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
