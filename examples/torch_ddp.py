@@ -327,6 +327,12 @@ def main(argv):
         print("%s: rank %d: %s" % (PROG, rank, e), file=sys.stderr, flush=True)
         return 1
     if world > 1:
+        # Every rank past its last collective before any tears gloo down: a
+        # rank whose peers closed their connections mid-teardown was seen to
+        # abort at exit on PyTorch 2.6 ("terminate called without an active
+        # exception" after its final hash), which reft run counts as a rank
+        # failure and relaunches.
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 

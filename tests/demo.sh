@@ -7,8 +7,10 @@
 # uninterrupted run. Exits non-zero if the job fails or the hashes differ.
 #
 # It brings the cluster up when it is down and takes it down at the end only
-# then (REFT_DEMO_KEEP=1 leaves it up). It needs the cluster to itself: the
-# e2e tests take /var/tmp/reft-e2e.lock around the same work.
+# then (REFT_DEMO_KEEP=1 leaves it up). It needs the cluster to itself: run
+# it when no e2e run is using the cluster (either lane's: they share ports).
+# On the trixie lane (REFT_LANE=trixie make demo) it runs inside the lane's
+# root, where build/ is build/trixie.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -135,9 +137,11 @@ job=
 bold "reft log $finished"
 as_user "$REPO/build/reft" log --config "$CONF" "$finished" || true
 
-bold "sacct -j $finished -o JobID,State,Restarts,Comment%80"
+full=JobID,State,Restarts,Comment%100
+bold "sacct -j $finished -o $full"
 # Slurm 22.05's sacct has no Restarts field: then scontrol's, beside.
-fields=JobID,State,Restarts,Comment%80
+# 24.11's also lists the allocation before n2 was lost, as a RESIZING row.
+fields=$full
 sacct -j "$finished" -X -o JobID >/dev/null 2>&1 && ! sacct -j "$finished" -X -o "$fields" >/dev/null 2>&1 && fields=JobID,State,Comment%100
 for _ in $(seq 50); do
 	acct=$(sacct -j "$finished" -X -o "$fields" 2>&1 || true)
@@ -145,7 +149,7 @@ for _ in $(seq 50); do
 	sleep 0.2
 done
 echo "$acct"
-if [ "$fields" != JobID,State,Restarts,Comment%80 ]; then
+if [ "$fields" != "$full" ]; then
 	restarts=$(scontrol -o show job "$finished" 2>/dev/null | sed -n 's/.* Restarts=\([0-9]*\).*/\1/p' || true)
 	echo "Restarts=${restarts:-?} (from scontrol: this sacct has no Restarts field)"
 fi

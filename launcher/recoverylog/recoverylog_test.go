@@ -445,3 +445,80 @@ func TestCommandErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestTimelineResize: Slurm 24.11's sacct splits a job that lost a node
+// under --no-kill into a RESIZING record and the next one (same start, the
+// nodes left); the timeline shows one start and a resize, not two starts and
+// an end.
+func TestTimelineResize(t *testing.T) {
+	const job1 = `127|demo.sbatch|RESIZING|0:0|2026-11-27T02:18:39|2026-11-27T02:18:51|00:00:12|5|n[1-5]|
+127.batch|batch|RESIZING|0:0|2026-11-27T02:18:39|2026-11-27T02:18:51|00:00:12|1|n1|
+127.0|reft-train|RESIZING|0:0|2026-11-27T02:18:39|2026-11-27T02:18:51|00:00:12|4|n[1-4]|
+`
+	const rest = `127|demo.sbatch|COMPLETED|0:0|2026-11-27T02:18:39|2026-11-27T02:19:05|00:00:26|4|n[1,3-5]|reft: 1 failure
+127.2|reft-train|COMPLETED|0:0|2026-11-27T02:18:56|2026-11-27T02:19:05|00:00:09|4|n[1,3-5]|
+`
+	cases := []struct {
+		name, sacct string
+		want        []string // event: text
+	}{
+		{
+			name:  "one resize",
+			sacct: job1 + rest,
+			want: []string{
+				"job_start: job 127 (demo.sbatch) started on n[1-5] (5 nodes)",
+				"step_start: step 127.batch (batch) started on n1 (1 node)",
+				"step_start: step 127.0 (reft-train) started on n[1-4] (4 nodes)",
+				"step_end: step 127.batch: its record ends with the job's resize, after 00:00:12",
+				"step_end: step 127.0: its record ends with the job's resize, after 00:00:12",
+				"job_resized: job 127 resized after 00:00:12: it goes on on n[1,3-5] (4 nodes)",
+				"step_start: step 127.2 (reft-train) started on n[1,3-5] (4 nodes)",
+				"step_end: step 127.2 ended COMPLETED, exit 0:0, after 00:00:09",
+				"job_end: job 127 ended COMPLETED, exit 0:0, after 00:00:26",
+			},
+		},
+		{
+			name: "two resizes",
+			sacct: job1 + `127|demo.sbatch|RESIZING|0:0|2026-11-27T02:18:39|2026-11-27T02:19:00|00:00:21|4|n[1,3-5]|
+127|demo.sbatch|COMPLETED|0:0|2026-11-27T02:18:39|2026-11-27T02:19:05|00:00:26|3|n[1,4-5]|
+`,
+			want: []string{
+				"job_start: job 127 (demo.sbatch) started on n[1-5] (5 nodes)",
+				"step_start: step 127.batch (batch) started on n1 (1 node)",
+				"step_start: step 127.0 (reft-train) started on n[1-4] (4 nodes)",
+				"step_end: step 127.batch: its record ends with the job's resize, after 00:00:12",
+				"step_end: step 127.0: its record ends with the job's resize, after 00:00:12",
+				"job_resized: job 127 resized after 00:00:12: it goes on on n[1,3-5] (4 nodes)",
+				"job_resized: job 127 resized after 00:00:21: it goes on on n[1,4-5] (3 nodes)",
+				"job_end: job 127 ended COMPLETED, exit 0:0, after 00:00:26",
+			},
+		},
+		{
+			name:  "resize not yet in accounting",
+			sacct: job1,
+			want: []string{
+				"job_start: job 127 (demo.sbatch) started on n[1-5] (5 nodes)",
+				"step_start: step 127.batch (batch) started on n1 (1 node)",
+				"step_start: step 127.0 (reft-train) started on n[1-4] (4 nodes)",
+				"step_end: step 127.batch: its record ends with the job's resize, after 00:00:12",
+				"step_end: step 127.0: its record ends with the job's resize, after 00:00:12",
+				"job_resized: job 127 resized after 00:00:12: its allocation on n[1-5] (5 nodes) ends",
+			},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			recs, err := ParseSacct(c.sacct, time.UTC)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range Timeline(recs, nil) {
+				got = append(got, e.Event+": "+e.Text)
+			}
+			if strings.Join(got, "\n") != strings.Join(c.want, "\n") {
+				t.Errorf("timeline\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(c.want, "\n"))
+			}
+		})
+	}
+}

@@ -12,11 +12,23 @@ import (
 // node's agent for its state; the timeline leaves them out.
 const ProbeStepName = "reft-probe"
 
+// stateResizing is sacct's state for a record that ends because its job
+// changed size.
+const stateResizing = "RESIZING"
+
+// nodeText is a record's node list with its count: "n[1-4] (4 nodes)".
+func nodeText(r Record) string {
+	if r.NNodes <= 0 {
+		return r.NodeList
+	}
+	return fmt.Sprintf("%s (%d node%s)", r.NodeList, r.NNodes, map[bool]string{true: "", false: "s"}[r.NNodes == 1])
+}
+
 // Entry is one line of a job's timeline.
 type Entry struct {
 	Time     time.Time `json:"time"`
 	Source   string    `json:"source"` // "slurm" (sacct) or "reft" (recovery log)
-	Event    string    `json:"event"`  // job_start, job_end, step_start, step_end, or a recovery event
+	Event    string    `json:"event"`  // job_start, job_resized, job_end, step_start, step_end, or a recovery event
 	Step     string    `json:"step,omitempty"`
 	Text     string    `json:"text"`
 	Sacct    *Record   `json:"sacct,omitempty"`
@@ -28,23 +40,44 @@ type Entry struct {
 // not know (yet) gives no entry.
 func Timeline(recs []Record, events []Event) []Entry {
 	var out []Entry
+	// next: a RESIZING job record's following record of the same job;
+	// continues: the records that follow one (sacct lists them in order).
+	next, continues := map[int]int{}, map[int]bool{}
+	last := map[string]int{}
+	for i, r := range recs {
+		if !r.IsJob() {
+			continue
+		}
+		if p, ok := last[r.JobID]; ok && recs[p].State == stateResizing {
+			next[p], continues[i] = i, true
+		}
+		last[r.JobID] = i
+	}
 	for i := range recs {
 		r := &recs[i]
 		if r.StepID() == "extern" || r.Name == ProbeStepName {
 			continue
 		}
-		nodes := r.NodeList
-		if r.NNodes > 0 {
-			nodes = fmt.Sprintf("%s (%d node%s)", r.NodeList, r.NNodes, map[bool]string{true: "", false: "s"}[r.NNodes == 1])
-		}
+		nodes := nodeText(*r)
 		if r.IsJob() {
-			if !r.Start.IsZero() {
+			// A job that loses a node under --no-kill shrinks: Slurm 24.11's
+			// sacct ends its record there, RESIZING, and goes on in the job's
+			// next record (same start) on the nodes left. The resize is
+			// one entry; the next record's start is not a second start.
+			if !r.Start.IsZero() && !continues[i] {
 				out = append(out, Entry{Time: r.Start, Source: "slurm", Event: "job_start", Sacct: r,
 					Text: fmt.Sprintf("job %s (%s) started on %s", r.JobID, r.Name, nodes)})
 			}
 			if !r.End.IsZero() {
-				out = append(out, Entry{Time: r.End, Source: "slurm", Event: "job_end", Sacct: r,
-					Text: fmt.Sprintf("job %s ended %s, exit %s, after %s", r.JobID, r.State, r.ExitCode, r.Elapsed)})
+				e := Entry{Time: r.End, Source: "slurm", Event: "job_end", Sacct: r,
+					Text: fmt.Sprintf("job %s ended %s, exit %s, after %s", r.JobID, r.State, r.ExitCode, r.Elapsed)}
+				if r.State == stateResizing {
+					e.Event, e.Text = "job_resized", fmt.Sprintf("job %s resized after %s: its allocation on %s ends", r.JobID, r.Elapsed, nodes)
+					if n, ok := next[i]; ok {
+						e.Text = fmt.Sprintf("job %s resized after %s: it goes on on %s", r.JobID, r.Elapsed, nodeText(recs[n]))
+					}
+				}
+				out = append(out, e)
 			}
 			continue
 		}
@@ -53,8 +86,12 @@ func Timeline(recs []Record, events []Event) []Entry {
 				Text: fmt.Sprintf("step %s (%s) started on %s", r.JobID, r.Name, nodes)})
 		}
 		if !r.End.IsZero() {
-			out = append(out, Entry{Time: r.End, Source: "slurm", Event: "step_end", Step: r.JobID, Sacct: r,
-				Text: fmt.Sprintf("step %s ended %s, exit %s, after %s", r.JobID, r.State, r.ExitCode, r.Elapsed)})
+			text := fmt.Sprintf("step %s ended %s, exit %s, after %s", r.JobID, r.State, r.ExitCode, r.Elapsed)
+			if r.State == stateResizing {
+				// The step did not end: its record did, with the job's resize.
+				text = fmt.Sprintf("step %s: its record ends with the job's resize, after %s", r.JobID, r.Elapsed)
+			}
+			out = append(out, Entry{Time: r.End, Source: "slurm", Event: "step_end", Step: r.JobID, Sacct: r, Text: text})
 		}
 	}
 	for i := range events {
@@ -71,7 +108,7 @@ func Timeline(recs []Record, events []Event) []Entry {
 			return 1
 		case "step_end":
 			return 3
-		case "job_end":
+		case "job_end", "job_resized":
 			return 4
 		}
 		return 2
