@@ -241,7 +241,8 @@ func (d *Detector) suspect(ctx context.Context, node string, cause error) {
 }
 
 // population lists the agents a verdict is weighed against: the live
-// nodes (index order) whose agent was ever heard from, self included. A
+// nodes (index order) whose agent was ever heard from (a beat, a request,
+// the mesh's connection: Seen, or a discovery beat), self included. A
 // node whose agent never answered (a spare reft run keeps idle) is no
 // voter. d.mu is held.
 func (d *Detector) population() []string {

@@ -180,6 +180,7 @@ type Detector struct {
 	mu         sync.Mutex
 	heard      map[string]time.Time // last sign of life of each node's agent
 	inflight   map[string]bool      // a beat to the node is under way
+	discovered map[string]time.Time // last discovery beat to a node not heard from yet
 	suspecting map[string]bool
 	failed     map[string]time.Time // confirmed or published failures, by node
 	gone       map[string]time.Time // agents that said goodbye (Leave)
@@ -207,7 +208,7 @@ func New(cfg Config) (*Detector, error) {
 		return nil, fmt.Errorf("detect: window %s must not be negative (detect.window in reft.toml)", cfg.Window)
 	}
 	d := &Detector{cfg: cfg, log: cfg.Log.With().Str("component", "detect").Logger(), nodes: map[string]Node{},
-		heard: map[string]time.Time{}, inflight: map[string]bool{}, suspecting: map[string]bool{},
+		heard: map[string]time.Time{}, inflight: map[string]bool{}, discovered: map[string]time.Time{}, suspecting: map[string]bool{},
 		failed: map[string]time.Time{}, gone: map[string]time.Time{}, hung: map[int]time.Time{}}
 	for i, n := range cfg.Nodes {
 		if n.Index != i {
@@ -361,6 +362,19 @@ func (d *Detector) tick(ctx context.Context) {
 	var start []string
 	for _, n := range watch {
 		if !d.inflight[n] && !d.suspecting[n] {
+			d.inflight[n] = true
+			start = append(start, n)
+		}
+	}
+	// Discovery: a node not heard from yet is beaten once per Timeout, so
+	// that every agent that runs counts in the population a verdict is
+	// weighed against (an agent not counted would let a minority pass for
+	// a quorum). A node without an agent (a spare) never answers and
+	// never counts.
+	now := time.Now()
+	for _, n := range live {
+		if n != d.cfg.Self && d.heard[n].IsZero() && !d.inflight[n] && now.Sub(d.discovered[n]) >= d.cfg.Timeout {
+			d.discovered[n] = now
 			d.inflight[n] = true
 			start = append(start, n)
 		}

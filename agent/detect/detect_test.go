@@ -63,6 +63,7 @@ type testJob struct {
 	handlers map[string]handlerSet    // the agents that run
 	slurmd   map[string]Reach         // what a connection to the node's slurmd gets
 	blocked  map[[2]string]bool       // links that drop everything (agents and slurmd), one way each
+	stalled  map[string]bool          // agents frozen (a long GC pause, a swapping node): silent, their slurmd's kernel still accepts
 	hang     map[string]time.Duration // detect.hang per node (0: off)
 }
 
@@ -77,7 +78,7 @@ type transport struct {
 
 func (tr transport) Call(ctx context.Context, node string, t peer.Type, req, resp any) error {
 	tr.j.mu.Lock()
-	hs, cut := tr.j.handlers[node], tr.j.blocked[[2]string{tr.self, node}]
+	hs, cut := tr.j.handlers[node], tr.j.blocked[[2]string{tr.self, node}] || tr.j.stalled[node] || tr.j.stalled[tr.self]
 	tr.j.mu.Unlock()
 	if cut {
 		<-ctx.Done()
@@ -166,7 +167,7 @@ func newJobTimed(t testing.TB, n int, hang map[string]time.Duration, interval, t
 func newJobWithout(t testing.TB, n int, without []string, hang map[string]time.Duration, interval, timeout, confirm time.Duration) *testJob {
 	t.Helper()
 	j := &testJob{t: t, agents: map[string]*testAgent{}, handlers: map[string]handlerSet{}, slurmd: map[string]Reach{},
-		blocked: map[[2]string]bool{}, hang: hang}
+		blocked: map[[2]string]bool{}, stalled: map[string]bool{}, hang: hang}
 	var nodes []Node
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("n%d", i+1)
@@ -215,24 +216,25 @@ func newJobWithout(t testing.TB, n int, without []string, hang map[string]time.D
 	return j
 }
 
-// waitHeard waits until every agent has heard from every peer it watches,
-// so that a failure after it is one of a node that was up.
+// waitHeard waits until every agent has heard from every other agent (its
+// watched peers and, by discovery beats, the rest), so that a failure
+// after it is one of a node that was up and every agent counts.
 func (j *testJob) waitHeard() {
 	j.t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for _, a := range j.agents {
 		for {
 			a.det.mu.Lock()
-			ok := len(a.det.watching) > 0
-			for _, w := range a.det.watching {
-				ok = ok && (!a.det.heard[w].IsZero() || j.agents[w] == nil)
+			ok := len(a.det.watching) > 0 || len(j.agents) < 2
+			for _, o := range j.names {
+				ok = ok && (o == a.name || !a.det.heard[o].IsZero())
 			}
 			a.det.mu.Unlock()
 			if ok {
 				break
 			}
 			if time.Now().After(deadline) {
-				j.t.Fatalf("%s has not heard from its watched peers %v", a.name, a.det.Watching())
+				j.t.Fatalf("%s has not heard from every other agent (watching %v)", a.name, a.det.Watching())
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -614,4 +616,141 @@ func TestNewChecks(t *testing.T) {
 			t.Errorf("New(%+v): %v, want an error about %s", tc.cfg, err, tc.want)
 		}
 	}
+}
+
+func TestQuorum(t *testing.T) {
+	pop4 := []string{"n1", "n2", "n3", "n4"}
+	for _, tc := range []struct {
+		with, pop []string
+		want      bool
+	}{
+		{[]string{"n1", "n2", "n4"}, pop4, true},                  // a majority
+		{[]string{"n1", "n2"}, pop4, true},                        // half, with the lowest index
+		{[]string{"n3", "n4"}, pop4, false},                       // the other half
+		{[]string{"n2"}, pop4, false},                             // a minority
+		{[]string{"n1"}, []string{"n1", "n2"}, true},              // two agents: the first condemns the second
+		{[]string{"n2"}, []string{"n1", "n2"}, false},             // never the other way round
+		{[]string{"n1", "n9"}, []string{"n1", "n2", "n3"}, false}, // n9 is no voter
+		{nil, nil, false},
+	} {
+		if got := Quorum(tc.with, tc.pop); got != tc.want {
+			t.Errorf("Quorum(%v, %v) = %v, want %v", tc.with, tc.pop, got, tc.want)
+		}
+	}
+}
+
+// TestDetectNetworkFaults injects flaps, stalls and partitions, and checks
+// that only a quorum condemns: the nodes published lost (by every agent
+// that is not fenced) are exactly those expected, and the agents cut off
+// from a quorum fence themselves, say so once, and publish nothing.
+func TestDetectNetworkFaults(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		nodes  int
+		fault  func(j *testJob)
+		lost   []string // published node failures
+		fenced []string // agents fenced at the end
+	}{
+		{name: "3 s flap of n2", nodes: 4, fault: func(j *testJob) {
+			j.block("n2", true)
+			time.AfterFunc(3*time.Second, func() { j.block("n2", false) })
+		}},
+		{name: "3 s stall of n3", nodes: 4, fault: func(j *testJob) {
+			j.mu.Lock()
+			j.stalled["n3"] = true
+			j.mu.Unlock()
+			time.AfterFunc(3*time.Second, func() {
+				j.mu.Lock()
+				delete(j.stalled, "n3")
+				j.mu.Unlock()
+			})
+		}},
+		{name: "n2 cut off from the other agents", nodes: 4, fault: func(j *testJob) { j.block("n2", true) },
+			lost: []string{"n2"}, fenced: []string{"n2"}},
+		{name: "two of five cut off", nodes: 5, fault: func(j *testJob) {
+			j.block("n4", true, "n1", "n2", "n3")
+			j.block("n5", true, "n1", "n2", "n3")
+		}, lost: []string{"n4", "n5"}, fenced: []string{"n4", "n5"}},
+		{name: "even split", nodes: 4, fault: func(j *testJob) {
+			j.block("n1", true, "n3", "n4")
+			j.block("n2", true, "n3", "n4")
+		}, lost: []string{"n3", "n4"}, fenced: []string{"n3", "n4"}},
+		{name: "two nodes cut apart", nodes: 2, fault: func(j *testJob) { j.block("n2", true) },
+			lost: []string{"n2"}, fenced: []string{"n2"}},
+		{name: "lone survivor", nodes: 3, fault: func(j *testJob) {
+			j.kill("n2", "silent")
+			j.kill("n3", "silent")
+		}, fenced: []string{"n1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				j := newJob(t, tc.nodes, nil)
+				tc.fault(j)
+				time.Sleep(20 * time.Second)
+				var events []string
+				for _, a := range j.survivors() {
+					for _, e := range a.log.Events(EventFailure) {
+						events = append(events, e["failed_node"].(string))
+					}
+					var got []string
+					for _, f := range a.failures() {
+						if f.Class != ClassNode || !f.Quorum {
+							t.Errorf("%s learnt %+v: want node failures with a quorum only", a.name, f)
+						}
+						got = append(got, f.Node)
+					}
+					slices.Sort(got)
+					fenced := slices.Contains(tc.fenced, a.name)
+					if a.det.Fenced() != fenced {
+						t.Errorf("%s fenced: %v, want %v", a.name, a.det.Fenced(), fenced)
+					}
+					if n := len(a.log.Events("detect_fenced")); fenced && n != 1 {
+						t.Errorf("%s logged detect_fenced %d times, want once", a.name, n)
+					}
+					if !fenced && !slices.Equal(got, tc.lost) {
+						t.Errorf("%s learnt the loss of %v, want %v", a.name, got, tc.lost)
+					}
+					if fenced && len(a.log.Events(EventFailure)) > 0 {
+						t.Errorf("fenced %s published %v", a.name, a.log.Events(EventFailure))
+					}
+				}
+				slices.Sort(events)
+				if !slices.Equal(events, tc.lost) {
+					t.Errorf("failure_detected events name %v, want %v once each", events, tc.lost)
+				}
+			})
+		})
+	}
+}
+
+// TestDetectRejoin: n2, cut off and fenced, is published lost by the
+// others; once the network heals it reaches a quorum again, says so, and
+// takes part in detection again: a later loss of n4 is published.
+func TestDetectRejoin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j := newJob(t, 4, nil)
+		j.block("n2", true)
+		time.Sleep(20 * time.Second)
+		n2 := j.agents["n2"]
+		if !n2.det.Fenced() {
+			t.Fatalf("n2 cut off for 20 s is not fenced")
+		}
+		j.block("n2", false)
+		time.Sleep(5 * time.Second)
+		if n2.det.Fenced() || len(n2.log.Events("detect_unfenced")) != 1 {
+			t.Fatalf("n2 healed: fenced %v, detect_unfenced %v", n2.det.Fenced(), n2.log.Events("detect_unfenced"))
+		}
+		j.kill("n4", "node")
+		time.Sleep(10 * time.Second)
+		var got []string
+		for _, f := range j.agents["n1"].failures() {
+			got = append(got, f.Node)
+		}
+		if !slices.Equal(got, []string{"n2", "n4"}) {
+			t.Errorf("n1 learnt the loss of %v, want n2 (cut off) then n4", got)
+		}
+		if fs := n2.failures(); len(fs) != 1 || fs[0].Node != "n4" {
+			t.Errorf("n2 back in the job learnt %+v, want the loss of n4", fs)
+		}
+	})
 }
