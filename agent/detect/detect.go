@@ -267,15 +267,28 @@ func (d *Detector) Leave(ctx context.Context) {
 	}
 	d.mu.Unlock()
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var missed []string
 	for _, n := range to {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var rep beatReply
-			d.cfg.Transport.Call(ctx, n, peer.TBeat, beatReq{Node: d.cfg.Self, Leaving: true}, &rep)
+			if err := d.cfg.Transport.Call(ctx, n, peer.TBeat, beatReq{Node: d.cfg.Self, Leaving: true}, &rep); err != nil && !isRemote(err) {
+				mu.Lock()
+				missed = append(missed, n+" ("+err.Error()+")")
+				mu.Unlock()
+			}
 		}()
 	}
 	wg.Wait()
+	if len(missed) > 0 {
+		slices.Sort(missed)
+		// Said, not retried: the agent is stopping. Those agents may
+		// suspect this one, and publish its loss if a quorum agrees.
+		d.log.Info().Str("event", "goodbye_undelivered").Strs("peers", missed).
+			Msgf("could not tell %d agent(s) that this one stops on purpose", len(missed))
+	}
 }
 
 // left records that node's agent stopped on purpose: it is not watched,
