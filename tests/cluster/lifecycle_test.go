@@ -286,7 +286,7 @@ func TestNetFaults(t *testing.T) {
 	}
 	// reach says how a TCP connect from node's namespace to to's slurmd
 	// ends: "open", "silent" (timed out) or "refused".
-	const subnet = "10.201.178."
+	const subnet = "10.201.28." // (27800 / 100) % 250
 	reach := func(from, to string) string {
 		addr := fmt.Sprintf("%s%s/%d", subnet, to[1:], portBase+100+int(to[1]-'0'))
 		err := exec.Command("nsenter", "--net=/proc/"+pid(from)+"/ns/net", "timeout", "3", "bash", "-c", "</dev/tcp/"+addr).Run()
@@ -309,6 +309,10 @@ func TestNetFaults(t *testing.T) {
 		{[]string{"partition", "n2", "--from", "n1"}, map[[2]string]string{{"n1", "n2"}: "silent", {"n3", "n2"}: "open", {"n2", "n3"}: "open"}},
 		{[]string{"heal", "n2"}, map[[2]string]string{{"n1", "n2"}: "open"}},
 		{[]string{"flap", "n3", "1"}, map[[2]string]string{{"n1", "n3"}: "open", {"n3", "n2"}: "open"}},
+		// A partitioned node that is killed and revived comes back connected.
+		{[]string{"partition", "n2"}, map[[2]string]string{{"n1", "n2"}: "silent"}},
+		{[]string{"kill-node", "n2"}, nil},
+		{[]string{"revive", "n2"}, map[[2]string]string{{"n1", "n2"}: "open", {"n2", "n3"}: "open"}},
 	} {
 		if step.args != nil {
 			must(step.args...)
