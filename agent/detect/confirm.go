@@ -295,9 +295,10 @@ func slurmdAsked(self, node string, live []string) []string {
 // whether it reaches node's agent over the watch window, while this one
 // watches it too. One that reaches it clears it (a failing link). The
 // agents that cannot reach it, this one included, must make a Quorum of
-// pop for a verdict. When the agents that answered at all (this one
-// included) make no quorum, this agent is the one cut off: it fences
-// itself (see Detector) and publishes nothing.
+// pop for a verdict. Short of one, when the agents this one reaches at all
+// (their probe answers, a sign of life within Timeout, or a beat sent now)
+// make no quorum either, this agent is the one cut off: it fences itself
+// (see Detector) and publishes nothing.
 func (d *Detector) confirm(ctx context.Context, node string, last time.Time, live, pop []string, cause error) {
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.Window+attemptTimeout+d.cfg.Confirm)
@@ -394,7 +395,25 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 		return
 	}
 	if !Quorum(votes, pop) {
+		// Cut off means reaching no quorum at all: the agents that answered
+		// the probe, and those heard from within Timeout otherwise (a probe
+		// answer can be late for reasons of its own: a slow dial on the
+		// other side).
 		answered := append(slices.Clone(votes), responded...)
+		now := time.Now()
+		d.mu.Lock()
+		for _, c := range pop {
+			if c != node && !slices.Contains(answered, c) && now.Sub(d.heard[c]) < d.cfg.Timeout {
+				answered = append(answered, c)
+			}
+		}
+		d.mu.Unlock()
+		if !Quorum(answered, pop) {
+			answered = append(answered, d.reach(ctx, pop, append(slices.Clone(answered), node))...)
+		}
+		if ctx.Err() != nil {
+			return
+		}
 		if !Quorum(answered, pop) {
 			d.fence(fmt.Sprintf("suspecting %s, this agent reached %d of the job's %d agents (itself included), no quorum; %s may be fine (unanswered: %s)",
 				node, len(answered), len(pop), node, listOr(silent, "none")))
@@ -454,6 +473,36 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 	d.failed[node] = now
 	d.mu.Unlock()
 	d.report(ctx, f)
+}
+
+// reach beats every agent of pop but those in skip at once, within
+// Timeout, and returns those that answered: before this agent concludes
+// that it is cut off, it asks directly (its ring neighbours alone may not
+// be a quorum).
+func (d *Detector) reach(ctx context.Context, pop, skip []string) []string {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var out []string
+	for _, c := range pop {
+		if c == d.cfg.Self || slices.Contains(skip, c) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var rep beatReply
+			if reachOf(d.cfg.Transport.Call(ctx, c, peer.TBeat, beatReq{Node: d.cfg.Self}, &rep)) == Answered {
+				d.alive(c, false)
+				mu.Lock()
+				out = append(out, c)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // probe serves another agent's question about node: it watches node's

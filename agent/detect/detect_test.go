@@ -59,12 +59,13 @@ type testJob struct {
 	names  []string
 	agents map[string]*testAgent
 
-	mu       sync.Mutex
-	handlers map[string]handlerSet    // the agents that run
-	slurmd   map[string]Reach         // what a connection to the node's slurmd gets
-	blocked  map[[2]string]bool       // links that drop everything (agents and slurmd), one way each
-	stalled  map[string]bool          // agents frozen (a long GC pause, a swapping node): silent, their slurmd's kernel still accepts
-	hang     map[string]time.Duration // detect.hang per node (0: off)
+	mu        sync.Mutex
+	handlers  map[string]handlerSet    // the agents that run
+	slurmd    map[string]Reach         // what a connection to the node's slurmd gets
+	blocked   map[[2]string]bool       // links that drop everything (agents and slurmd), one way each
+	stalled   map[string]bool          // agents frozen (a long GC pause, a swapping node): silent, their slurmd's kernel still accepts
+	slowProbe bool                     // probes go unanswered (late past the confirmation); beats pass
+	hang      map[string]time.Duration // detect.hang per node (0: off)
 }
 
 // transport is one agent's view of the in-memory network: a call runs
@@ -79,6 +80,7 @@ type transport struct {
 func (tr transport) Call(ctx context.Context, node string, t peer.Type, req, resp any) error {
 	tr.j.mu.Lock()
 	hs, cut := tr.j.handlers[node], tr.j.blocked[[2]string{tr.self, node}] || tr.j.stalled[node] || tr.j.stalled[tr.self]
+	cut = cut || (t == peer.TProbe && tr.j.slowProbe)
 	tr.j.mu.Unlock()
 	if cut {
 		<-ctx.Done()
@@ -677,6 +679,15 @@ func TestDetectNetworkFaults(t *testing.T) {
 		}, lost: []string{"n3", "n4"}, fenced: []string{"n3", "n4"}},
 		{name: "two nodes cut apart", nodes: 2, fault: func(j *testJob) { j.block("n2", true) },
 			lost: []string{"n2"}, fenced: []string{"n2"}},
+		// Seen on the test cluster's own network: probe answers came late
+		// (held behind a slow dial on the other side) while the agents
+		// beat each other fine. Not knowing is no verdict, and no fence.
+		{name: "probes slower than the confirmation", nodes: 4, fault: func(j *testJob) {
+			j.mu.Lock()
+			j.slowProbe = true
+			j.mu.Unlock()
+			j.kill("n2", "silent")
+		}},
 		{name: "lone survivor", nodes: 3, fault: func(j *testJob) {
 			j.kill("n2", "silent")
 			j.kill("n3", "silent")
@@ -704,8 +715,8 @@ func TestDetectNetworkFaults(t *testing.T) {
 					if a.det.Fenced() != fenced {
 						t.Errorf("%s fenced: %v, want %v", a.name, a.det.Fenced(), fenced)
 					}
-					if n := len(a.log.Events("detect_fenced")); fenced && n != 1 {
-						t.Errorf("%s logged detect_fenced %d times, want once", a.name, n)
+					if n := len(a.log.Events("detect_fenced")); fenced && n != 1 || !fenced && n != 0 {
+						t.Errorf("%s (fenced at the end: %v) logged detect_fenced %d times", a.name, fenced, n)
 					}
 					if !fenced && !slices.Equal(got, tc.lost) {
 						t.Errorf("%s learnt the loss of %v, want %v", a.name, got, tc.lost)
