@@ -271,6 +271,9 @@ func TestNetFaults(t *testing.T) {
 		if err := exec.Command("ip", "link", "show", bridge).Run(); err == nil {
 			t.Errorf("the bridge %s is left after down", bridge)
 		}
+		if out, _ := exec.Command("ip", "-o", "link", "show").Output(); strings.Contains(string(out), "rftv27800-") {
+			t.Errorf("a node's veth is left after down:\n%s", out)
+		}
 		os.RemoveAll(dir)
 	})
 	must("up", "--nodes", "3", "--net", "--shm", "256m")
