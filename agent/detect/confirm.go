@@ -131,7 +131,12 @@ type watchResult struct {
 // times spread over Config.Window, each attempt for up to
 // attemptTimeout, so that a flap or a stall shorter than the window ends
 // in an answer. It stops early on a settled answer: the agent answered, or
-// the agent refused and the slurmd question is settled too.
+// the agent refused and its node's slurmd refuses too (the node is gone).
+// A refusal alone is not settled: an agent that restarts (every agent of
+// a job restarts after a shrink, and the old one keeps its listener for
+// its goodbye) refuses for a moment and then answers; seen on the test
+// cluster, a new spare agent that had met the old agent condemned the new
+// one 30 ms before it listened.
 func (d *Detector) watch(ctx context.Context, node string, slurmd bool) watchResult {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -191,8 +196,7 @@ func (d *Detector) watch(ctx context.Context, node string, slurmd bool) watchRes
 		case r.slurmd && r.state == slurmdUnknown:
 			unknown++
 		}
-		slurmdSettled := !slurmd || res.Slurmd == slurmdUp || res.Slurmd == slurmdDown
-		if res.Agent == Answered || (res.Agent == Refused && slurmdSettled) {
+		if res.Agent == Answered || (res.Agent == Refused && res.Slurmd == slurmdDown) {
 			break
 		}
 	}

@@ -469,6 +469,40 @@ func testDetectFlakyLink(t *testing.T) {
 	}
 }
 
+// TestDetectAgentRestart: n2's agent refuses connections for a moment and
+// then answers again, as when every agent of a job restarts after a shrink
+// (the old one keeps its listener for its goodbye, the new one listens
+// some milliseconds later). Its slurmd answers throughout. No agent may
+// publish a failure: a refusal alone is not a verdict (seen on the test
+// cluster before the watch waited: a spare's new agent condemned n1's).
+func TestDetectAgentRestart(t *testing.T) { synctest.Test(t, testDetectAgentRestart) }
+
+func testDetectAgentRestart(t *testing.T) {
+	j := newJob(t, 4, nil)
+	j.mu.Lock()
+	hs := j.handlers["n2"]
+	delete(j.handlers, "n2")
+	j.mu.Unlock()
+	time.Sleep(tTimeout + tInterval) // past the silence that raises a suspicion
+	j.mu.Lock()
+	j.handlers["n2"] = hs
+	j.mu.Unlock()
+	time.Sleep(4 * tTimeout)
+	suspected := 0
+	for _, a := range j.survivors() {
+		suspected += len(a.log.Events("peer_suspected"))
+		if fs := a.failures(); len(fs) > 0 {
+			t.Errorf("%s learnt failures %+v of an agent that restarted", a.name, fs)
+		}
+		if ev := a.log.Events(EventFailure); len(ev) > 0 {
+			t.Errorf("%s logged %v", a.name, ev)
+		}
+	}
+	if suspected == 0 {
+		t.Fatalf("nobody suspected n2 while it refused: the test did not test the watch")
+	}
+}
+
 // TestDetectLeave: agents that stop cleanly (the job ends on their nodes)
 // say goodbye; nobody reports them, and the others go on watching each
 // other: a later kill is still published, by the new lowest agent.
