@@ -378,7 +378,7 @@ func (m *Mesh) watch(ctx context.Context, p *peerState) {
 		addr := p.addr
 		p.mu.Unlock()
 		if addr == "" {
-			addr, k, err := m.find(ctx, p)
+			addr, k, skipped, err := m.find(ctx, p)
 			if ctx.Err() != nil {
 				return
 			}
@@ -404,6 +404,14 @@ func (m *Mesh) watch(ctx context.Context, p *peerState) {
 				continue
 			}
 			backoff, lastCause, warned = minRetry, "", false
+			if len(skipped) > 0 {
+				// Something else answered on an earlier candidate: another
+				// job's agent (a port collision), or a program squatting
+				// the port. The search went on; an operator should know.
+				log.Warn().Str("event", "peer_candidates_skipped").Str("peer_host", p.node.Addr).Int("candidate", k).
+					Str("error", skippedText(skipped)).
+					Msgf("found the agent of node %s on candidate %d after earlier candidates answered as something else", p.node.Name, k)
+			}
 			log.Info().Str("event", event.PeerConnected).Str("addr", addr).Int("peer_index", p.node.Index).Int("candidate", k).
 				Msgf("peer connected: node %s at %s", p.node.Name, addr)
 			if m.cfg.PeerFound != nil { // before the update, as the log
@@ -451,8 +459,9 @@ func (m *Mesh) pause(ctx context.Context, p *peerState, d time.Duration) (kicked
 
 // find tries node p's candidates in order: a refused connection or a
 // refusal by another job's agent moves on to the next; the first agent of
-// this job that authenticates as node p wins.
-func (m *Mesh) find(ctx context.Context, p *peerState) (string, int, error) {
+// this job that authenticates as node p wins. On success, skipped are the
+// earlier candidates where something other than nothing answered.
+func (m *Mesh) find(ctx context.Context, p *peerState) (addr string, k int, skipped []Try, err error) {
 	ue := &UnreachableError{Node: p.node.Name, Host: p.node.Addr, Job: m.cfg.Peer.Job}
 	now := time.Now()
 	for k, port := range p.cands {
@@ -466,10 +475,15 @@ func (m *Mesh) find(ctx context.Context, p *peerState) (string, int, error) {
 		addr := net.JoinHostPort(p.node.Addr, strconv.Itoa(port))
 		node, err := m.cl.Connect(ctx, addr)
 		if err == nil && node == p.node.Name {
-			return addr, k, nil
+			for _, t := range ue.Tries {
+				if t.Kind != TryRefused {
+					skipped = append(skipped, t)
+				}
+			}
+			return addr, k, skipped, nil
 		}
 		if ctx.Err() != nil {
-			return "", 0, ctx.Err()
+			return "", 0, nil, ctx.Err()
 		}
 		kind := TryOther
 		switch {
@@ -484,7 +498,16 @@ func (m *Mesh) find(ctx context.Context, p *peerState) (string, int, error) {
 		}
 		ue.Tries = append(ue.Tries, Try{Port: port, Kind: kind, Err: err})
 	}
-	return "", 0, ue
+	return "", 0, nil, ue
+}
+
+// skippedText names what each skipped candidate was.
+func skippedText(ts []Try) string {
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = fmt.Sprintf("%d %s (%v)", t.Port, t.Kind, t.Err)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // What a candidate port turned out to be.

@@ -162,6 +162,25 @@ func TestMeshSkipsForeignAndStrangers(t *testing.T) {
 				t.Errorf("%s connected to %s on candidate %v, want %v", a.m.Self().Name, e["peer_node"], e["candidate"], want)
 			}
 		}
+		// Whoever found n2 or n3 says what sat on their earlier
+		// candidates, though the search succeeded.
+		skipped := map[string]string{}
+		for _, e := range a.log.Events("peer_candidates_skipped") {
+			skipped[e["peer_node"].(string)], _ = e["error"].(string)
+		}
+		for node, ports := range map[string][]int{"n2": {c2[0]}, "n3": {c3[0], c3[1]}} {
+			if node == a.m.Self().Name {
+				continue
+			}
+			for _, port := range ports {
+				if !strings.Contains(skipped[node], strconv.Itoa(port)+" ") {
+					t.Errorf("%s: peer_candidates_skipped for %s is %q; want it to name port %d", a.m.Self().Name, node, skipped[node], port)
+				}
+			}
+		}
+		if s, ok := skipped["n1"]; ok {
+			t.Errorf("%s: peer_candidates_skipped for n1 (%q), whose first candidate is its agent's", a.m.Self().Name, s)
+		}
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -286,11 +287,13 @@ func TestHostileAgentSquattedPorts(t *testing.T) {
 	// At least one dialer reached bob's listener and refused it on its
 	// header, without waiting for the megabyte.
 	// The mesh logs a search that found no agent on some candidates as
-	// peer_unreachable, naming what each candidate did.
+	// peer_unreachable, and one that found it after other candidates
+	// answered as something else as peer_candidates_skipped, each naming
+	// what each candidate did.
 	var refused []any
 	for _, node := range []string{"n1", "n2"} {
 		evs := agentEvents(t, ja, node)
-		for _, e := range append(evs["peer_unreachable"], evs["peer_handshake_failed"]...) {
+		for _, e := range slices.Concat(evs["peer_unreachable"], evs["peer_handshake_failed"], evs["peer_candidates_skipped"]) {
 			if s, _ := e["error"].(string); strings.Contains(s, "before authentication") {
 				refused = append(refused, e["error"])
 			}
