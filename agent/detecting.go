@@ -85,9 +85,10 @@ func (s *Server) OnPeerFailure(fn func(detect.Failure)) {
 	s.failureHooks = append(s.failureHooks, fn)
 }
 
-// noticeFailures hands the detector's verdicts to the ranks' JIT flush
-// (notices.go); a lost connection already did, sooner, and each node is
-// notified once.
+// noticeFailures hands the detector's published verdicts to the ranks'
+// JIT flush (notices.go), each node once: the flush never acts on a lost
+// connection alone (a flap, or this node cut off) while a detector runs,
+// and a fenced agent (agent/detect.Detector) publishes nothing of its own.
 func (s *Server) noticeFailures() {
 	s.OnPeerFailure(func(f detect.Failure) {
 		if f.Class == detect.ClassNode {
@@ -99,6 +100,14 @@ func (s *Server) noticeFailures() {
 		}
 		s.NotifyPeerFailure(f.Node, "failure_detected ("+f.Class+"): "+f.Cause)
 	})
+}
+
+// peerLost is the mesh's lost connection to node's agent: a failure
+// signal for the JIT flush only when no detector runs (flushOnLost).
+func (s *Server) peerLost(node string, err error) {
+	if s.flushOnLost.Load() {
+		s.NotifyPeerFailure(node, "peer_lost: "+err.Error())
+	}
 }
 
 // peerFound records that the mesh connected to node's agent, and tells the
@@ -150,7 +159,9 @@ func (s *Server) peerFailed(f detect.Failure) {
 // on the mesh's listener; nil when detect.enabled is false.
 func startDetector(ctx context.Context, cfg config.Config, m *mesh.Mesh, srv *Server, log zerolog.Logger) (*detect.Detector, error) {
 	if !cfg.Detect.Enabled {
-		log.Info().Str("event", "detect_off").Msg("failure detection between agents is off (detect.enabled = false): reft run sees failures only through srun")
+		srv.flushOnLost.Store(true)
+		log.Info().Str("event", "detect_off").
+			Msg("failure detection between agents is off (detect.enabled = false): reft run sees failures only through srun, and the ranks' JIT flush follows lost peer connections (a flap triggers it too)")
 		return nil, nil
 	}
 	var nodes []detect.Node
@@ -162,7 +173,7 @@ func startDetector(ctx context.Context, cfg config.Config, m *mesh.Mesh, srv *Se
 		nodes = append(nodes, dn)
 	}
 	d, err := detect.New(detect.Config{Self: m.Self().Name, Nodes: nodes, Transport: m,
-		Interval: cfg.Detect.Interval.D(), Timeout: cfg.Detect.Timeout.D(), Confirm: cfg.Detect.Confirm.D(),
+		Interval: cfg.Detect.Interval.D(), Timeout: cfg.Detect.Timeout.D(), Confirm: cfg.Detect.Confirm.D(), Window: cfg.Detect.Window.D(),
 		Hang: cfg.Detect.Hang.D(), Progress: srv.progress.list, OnFailure: srv.peerFailed, Log: log})
 	if err != nil {
 		return nil, err

@@ -2,14 +2,17 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/reft-hpc/reft/agent/detect"
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/proto"
 )
 
@@ -81,5 +84,49 @@ func TestPeerFailureHooks(t *testing.T) {
 	s.peerFailed(detect.Failure{Node: "n3", Class: detect.ClassNode})
 	if len(got) != 2 || got[0] != "a:n3" || got[1] != "b:node" {
 		t.Errorf("hooks saw %v, want both, in order", got)
+	}
+}
+
+// TestJITFlushFollowsVerdicts: with a detector running, a lost peer
+// connection (a flap, or this node cut off) notifies no rank; the
+// detector's published verdict does, once. Without a detector the lost
+// connection is the signal.
+func TestJITFlushFollowsVerdicts(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		detector bool
+		lost     []string         // lost connections, in order
+		verdicts []detect.Failure // published verdicts, after them
+		want     []string         // notified nodes, in order
+	}{
+		{name: "lost connection, detector on", detector: true, lost: []string{"n2"}},
+		{name: "verdict, detector on", detector: true, lost: []string{"n2"},
+			verdicts: []detect.Failure{{Node: "n2", Class: detect.ClassNode, Cause: "x"}}, want: []string{"n2"}},
+		{name: "hang verdict", detector: true,
+			verdicts: []detect.Failure{{Node: "n3", Class: detect.ClassHang, Cause: "x"}}, want: []string{"n3"}},
+		{name: "lost connection, detector off", lost: []string{"n2", "n2"}, want: []string{"n2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logBuf logtest.Buffer
+			s := &Server{log: zerolog.New(&logBuf), watchers: map[*watcher]struct{}{}, failedPeers: map[string]time.Time{}}
+			w := &watcher{out: make(chan proto.Notice, 8)}
+			s.watchers[w] = struct{}{}
+			s.flushOnLost.Store(!tc.detector)
+			s.noticeFailures()
+			for _, n := range tc.lost {
+				s.peerLost(n, errors.New("connection reset"))
+			}
+			for _, f := range tc.verdicts {
+				s.peerFailed(f)
+			}
+			close(w.out)
+			var got []string
+			for n := range w.out {
+				got = append(got, n.Node)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("notified %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

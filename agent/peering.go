@@ -54,7 +54,9 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 		if err == nil {
 			var derr error
 			if det, derr = startDetector(ctx, cfg, m, srv, log); derr != nil {
-				log.Warn().Str("event", "detect_off").Err(derr).Msg("failure detection between agents is off: reft run sees failures only through srun")
+				srv.flushOnLost.Store(true)
+				log.Warn().Str("event", "detect_off").Err(derr).
+					Msg("failure detection between agents is off: reft run sees failures only through srun, and the ranks' JIT flush follows lost peer connections (a flap triggers it too)")
 			}
 		}
 		p.mu.Lock()
@@ -80,10 +82,13 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	if err := checkAuth(ctx, pc.Auth, o.UID); err != nil {
 		return nil, err
 	}
-	// A lost peer connection is the failure signal for the ranks' JIT
-	// flush until a dedicated detector calls NotifyPeerFailure itself.
+	// The ranks' JIT flush follows the detector's published verdicts
+	// (noticeFailures), which need a quorum of the agents: a lost
+	// connection is only a flap, or this node's own isolation, until then.
+	// Without a detector a lost connection is all there is
+	// (Server.flushOnLost, said in detect_off).
 	mc := mesh.Config{Peer: pc, Hosted: srv.Hosted,
-		PeerLost:  func(node string, err error) { srv.NotifyPeerFailure(node, "peer_lost: "+err.Error()) },
+		PeerLost:  srv.peerLost,
 		PeerFound: func(node string) { srv.PeerRecovered(node); srv.peerFound(node) }}
 	return mesh.Start(ctx, mc, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -115,6 +116,10 @@ type Server struct {
 	foundMu sync.Mutex
 	found   map[string]time.Time
 	det     *detect.Detector
+	// flushOnLost: no detector runs (detect.enabled = false, or it could
+	// not start), so a lost peer connection is the JIT flush's failure
+	// signal after all; said once, in the detect_off event.
+	flushOnLost atomic.Bool
 }
 
 // Listen creates the socket at path with mode 0600 (localsrv.Listen),

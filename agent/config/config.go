@@ -131,10 +131,14 @@ type Detect struct {
 	// Timeout is the silence after which a watched peer is suspected (a
 	// broken connection is suspected at once).
 	Timeout Duration `toml:"timeout"`
-	// Confirm bounds the confirmation of a suspicion: other agents' probes
-	// of the suspect and the check of its slurmd. A dead node is published
-	// within Timeout + Confirm of its last beat.
+	// Confirm is the slack other agents' answers about a suspect get past
+	// the watch window (the round trip of their probe).
 	Confirm Duration `toml:"confirm"`
+	// Window is how long a suspect is watched (its agent and slurmd tried
+	// four times, each attempt outlasting one lost SYN) before silence
+	// condemns it: a flap or a stall shorter than this is no failure. A
+	// refused connection (the process is gone) needs no window.
+	Window Duration `toml:"window"`
 	// Hang is how long a rank may go without progress (a save or a
 	// progress message) before it counts as hung; 0: off.
 	Hang Duration `toml:"hang"`
@@ -286,7 +290,7 @@ func Default() Config {
 		},
 		Protect: Protect{BackgroundRate: 2 << 30, BackgroundBurst: 64 << 20},
 		Detect: Detect{Enabled: true, Interval: Duration(250 * time.Millisecond), Timeout: Duration(time.Second),
-			Confirm: Duration(500 * time.Millisecond), Hang: Duration(30 * time.Minute)},
+			Confirm: Duration(500 * time.Millisecond), Window: Duration(3 * time.Second), Hang: Duration(30 * time.Minute)},
 		Log: Log{Dir: "/var/log/reft", Level: "info"},
 		Run: Run{MaxRestarts: 10, MaxStalled: 3, Backoff: Duration(time.Second),
 			BackoffMax: Duration(time.Minute), ProbeTimeout: Duration(30 * time.Second)},
@@ -576,6 +580,8 @@ func (d Detect) Validate() error {
 		return fmt.Errorf("detect: want 0 < interval (%s) < timeout (%s)", d.Interval, d.Timeout)
 	case d.Confirm <= 0:
 		return fmt.Errorf("detect.confirm = %s: want a positive duration (how long other agents may take to confirm a suspicion)", d.Confirm)
+	case d.Window <= 0:
+		return fmt.Errorf("detect.window = %s: want a positive duration (how long a silent suspect is watched before it counts as down)", d.Window)
 	case d.Hang < 0:
 		return fmt.Errorf("detect.hang = %s: want 0 (off) or a positive duration", d.Hang)
 	case d.Hang > 0 && d.Hang <= d.Timeout:

@@ -14,20 +14,49 @@ import (
 	"github.com/reft-hpc/reft/agent/peer"
 )
 
-// What a probe found of a suspect's slurmd.
+// Reach is what one attempt to reach a node's agent or slurmd found.
+type Reach int
+
 const (
-	slurmdUp      = "up"
-	slurmdDown    = "down"
-	slurmdUnknown = "unknown"
+	// Silent: no answer before the attempt's deadline. The node may be
+	// down, cut off, stalled or behind a flapping link: only silence over
+	// a whole window (Config.Window) counts as down.
+	Silent Reach = iota
+	// Answered: the process answered.
+	Answered
+	// Refused: the node's kernel answered that nothing listens there (a
+	// reset): the process is gone. A dropped packet never looks like this,
+	// so it needs no window.
+	Refused
 )
 
-// probeReq asks an agent whether it reaches node's agent.
+// What a watch found of a suspect's slurmd (probeReply.Slurmd).
+const (
+	slurmdUp      = "up"      // it answered once
+	slurmdDown    = "down"    // its host refused the connection
+	slurmdSilent  = "silent"  // silent for the whole window
+	slurmdUnknown = "unknown" // not checked, or no address
+)
+
+// Watch window: a suspect is tried watchAttempts times, spread over
+// Config.Window, and each attempt may take attemptTimeout. One lost SYN
+// costs the 1 s initial retransmission timeout (RFC 6298); an attempt
+// shorter than that would call a single dropped packet silence.
+const (
+	watchAttempts  = 4
+	attemptTimeout = 1500 * time.Millisecond
+)
+
+// probeReq asks an agent whether it reaches node's agent, and with
+// Slurmd whether node's slurmd answers.
 type probeReq struct {
-	Node string `json:"node"`
+	Node   string `json:"node"`
+	Slurmd bool   `json:"slurmd,omitempty"`
 }
 
-// probeReply is its answer: whether node's agent answered a beat, and
-// what the node's slurmd port said.
+// probeReply is its answer: whether node's agent answered within the
+// window, and what the node's slurmd port said (slurmdUnknown when not
+// asked).
 type probeReply struct {
 	Node      string `json:"node"`
 	Reachable bool   `json:"reachable"`
@@ -35,24 +64,30 @@ type probeReply struct {
 	Error     string `json:"error,omitempty"`
 }
 
-// SlurmdUp is the default NodeCheck: a TCP connection to the node's
-// slurmd. Accepted: the node is up; refused or silent: it is not. Without
-// an address there is no verdict.
-func SlurmdUp(ctx context.Context, n Node) (bool, error) {
+// SlurmdUp is the default NodeCheck: one TCP connection to the node's
+// slurmd. Accepted: Answered; reset: Refused; anything else before ctx
+// ends (timeout, unreachable host or network): Silent. Without an address
+// there is no verdict (an error).
+func SlurmdUp(ctx context.Context, n Node) (Reach, error) {
 	if n.Slurmd == "" {
-		return false, fmt.Errorf("no slurmd address for node %s (scontrol show node gave no Port)", n.Name)
+		return Silent, fmt.Errorf("no slurmd address for node %s (scontrol show node gave no Port)", n.Name)
 	}
 	var dl net.Dialer
 	c, err := dl.DialContext(ctx, "tcp", n.Slurmd)
 	if err == nil {
 		c.Close()
-		return true, nil
+		return Answered, nil
 	}
-	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) ||
-		errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
-		return false, nil
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return Refused, nil
+	// An unreachable host or network is what a flap or a lost route
+	// looks like for a moment, too: silence, tried again.
+	case errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || isTimeout(err):
+		return Silent, nil
 	}
-	return false, fmt.Errorf("connecting to slurmd of %s at %s: %w", n.Name, n.Slurmd, err)
+	return Silent, fmt.Errorf("connecting to slurmd of %s at %s: %w", n.Name, n.Slurmd, err)
 }
 
 func isTimeout(err error) bool {
@@ -60,33 +95,143 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// checkSlurmd runs the node check within ctx and names its verdict.
+// reachOf names what a call to another agent found.
+func reachOf(err error) Reach {
+	switch {
+	case err == nil || isRemote(err): // an error frame is an answer too
+		return Answered
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return Refused
+	}
+	return Silent
+}
+
+// checkSlurmd runs the node check once within ctx and names its result.
 func (d *Detector) checkSlurmd(ctx context.Context, node string) string {
-	up, err := d.cfg.NodeUp(ctx, d.nodes[node])
+	r, err := d.cfg.NodeUp(ctx, d.nodes[node])
 	switch {
 	case err != nil:
 		d.log.Debug().Str("peer_node", node).Err(err).Msg("no verdict on the node's slurmd")
 		return slurmdUnknown
-	case up:
+	case r == Answered:
 		return slurmdUp
+	case r == Refused:
+		return slurmdDown
 	}
-	return slurmdDown
+	return slurmdSilent
 }
 
-// suspect confirms a suspicion of node in the background: other agents
-// probe it, and its slurmd is checked, all within Confirm.
+// watchResult is what a watch of a suspect found.
+type watchResult struct {
+	Agent  Reach  // Answered if any beat was answered, else Refused if any was refused
+	Slurmd string // slurmd*; slurmdUnknown when not asked
+}
+
+// watch tries node's agent (and with slurmd its slurmd) watchAttempts
+// times spread over Config.Window, each attempt for up to
+// attemptTimeout, so that a flap or a stall shorter than the window ends
+// in an answer. It stops early on a settled answer: the agent answered, or
+// the agent refused and its node's slurmd refuses too (the node is gone).
+// A refusal alone is not settled: an agent that restarts (every agent of
+// a job restarts after a shrink, and the old one keeps its listener for
+// its goodbye) refuses for a moment and then answers; seen on the test
+// cluster, a new spare agent that had met the old agent condemned the new
+// one 30 ms before it listened.
+func (d *Detector) watch(ctx context.Context, node string, slurmd bool) watchResult {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		slurmd bool
+		agent  Reach
+		state  string
+	}
+	n := watchAttempts
+	if slurmd {
+		n *= 2
+	}
+	out := make(chan result, n)
+	var wg sync.WaitGroup
+	every := d.cfg.Window / watchAttempts
+	for i := range watchAttempts {
+		for _, s := range []bool{false, true} {
+			if s && !slurmd {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t := time.NewTimer(time.Duration(i) * every)
+				defer t.Stop()
+				select {
+				case <-ctx.Done():
+					out <- result{slurmd: s, agent: Silent, state: slurmdSilent}
+					return
+				case <-t.C:
+				}
+				actx, acancel := context.WithTimeout(ctx, attemptTimeout)
+				defer acancel()
+				if s {
+					out <- result{slurmd: true, state: d.checkSlurmd(actx, node)}
+					return
+				}
+				var rep beatReply
+				out <- result{agent: reachOf(d.cfg.Transport.Call(actx, node, peer.TBeat, beatReq{Node: d.cfg.Self}, &rep))}
+			}()
+		}
+	}
+	res := watchResult{Agent: Silent, Slurmd: slurmdUnknown}
+	if slurmd {
+		res.Slurmd = ""
+	}
+	unknown := 0
+	for got := 0; got < n; got++ {
+		r := <-out
+		switch {
+		case !r.slurmd:
+			if r.agent == Answered || (r.agent == Refused && res.Agent == Silent) {
+				res.Agent = r.agent
+			}
+		case r.slurmd && (r.state == slurmdUp || r.state == slurmdDown) && res.Slurmd != slurmdUp:
+			res.Slurmd = r.state // an answer outweighs a refusal: slurmd restarted meanwhile
+		case r.slurmd && r.state == slurmdUnknown:
+			unknown++
+		}
+		if res.Agent == Answered || (res.Agent == Refused && res.Slurmd == slurmdDown) {
+			break
+		}
+	}
+	cancel()
+	go func() { wg.Wait(); close(out) }()
+	for range out { // the attempts not waited for end with ctx
+	}
+	if res.Slurmd == "" {
+		res.Slurmd = slurmdSilent
+		if unknown == watchAttempts {
+			res.Slurmd = slurmdUnknown
+		}
+	}
+	if res.Agent == Answered {
+		d.alive(node, false)
+	}
+	return res
+}
+
+// suspect confirms a suspicion of node in the background: every other
+// agent is asked whether it reaches node's agent (a few also probe its
+// slurmd) while this one watches it too, all over the watch window.
 func (d *Detector) suspect(ctx context.Context, node string, cause error) {
 	d.mu.Lock()
-	if d.suspecting[node] {
+	if d.suspecting[node] || d.fenced {
 		d.mu.Unlock()
 		return
 	}
 	d.suspecting[node] = true
 	last := d.heard[node]
 	live := d.live()
+	pop := d.population()
 	d.mu.Unlock()
 	d.log.Info().Str("event", "peer_suspected").Str("peer_node", node).Time("last_heard", last).Err(cause).
-		Msgf("suspecting the agent of %s (last heard %s ago); asking other agents", node, time.Since(last).Round(time.Millisecond))
+		Msgf("suspecting the agent of %s (last heard %s ago); asking the other agents", node, time.Since(last).Round(time.Millisecond))
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -95,14 +240,47 @@ func (d *Detector) suspect(ctx context.Context, node string, cause error) {
 			delete(d.suspecting, node)
 			d.mu.Unlock()
 		}()
-		d.confirm(ctx, node, last, live, cause)
+		d.confirm(ctx, node, last, live, pop, cause)
 	}()
 }
 
-// confirmers picks the agents asked about node: the live nodes other than
-// self and node, nearest node in live's ring order first (they are its
-// other watchers), at most maxConfirmers.
-func confirmers(self, node string, live []string) []string {
+// population lists the agents a verdict is weighed against: the live
+// nodes (index order) whose agent was ever heard from (a beat, a request,
+// the mesh's connection: Seen, or a discovery beat), self included. A
+// node whose agent never answered (a spare reft run keeps idle) is no
+// voter. d.mu is held.
+func (d *Detector) population() []string {
+	var out []string
+	for _, n := range d.live() {
+		if n == d.cfg.Self || !d.heard[n].IsZero() {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Quorum says whether the agents in with (self among them) weigh enough
+// in pop, the population in index order: more than half of it, or
+// exactly half when with holds pop's first (lowest-index) agent. The
+// tie-break makes the two halves of an even split disagree: at most one
+// side of any partition has a quorum, so at most one side publishes.
+// In a job of two agents only the first can condemn the second.
+func Quorum(with, pop []string) bool {
+	n := 0
+	for _, p := range pop {
+		if slices.Contains(with, p) {
+			n++
+		}
+	}
+	return 2*n > len(pop) || (2*n == len(pop) && n > 0 && slices.Contains(with, pop[0]))
+}
+
+// slurmdAsked picks the agents asked to probe node's slurmd as well: the
+// live nodes other than self and node, nearest node in live's ring order
+// first (they are its other watchers), at most maxConfirmers. The others
+// only say whether they reach its agent: a slurmd is not hammered by the
+// whole job.
+func slurmdAsked(self, node string, live []string) []string {
 	i := slices.Index(live, node)
 	n := len(live)
 	var out []string
@@ -117,53 +295,75 @@ func confirmers(self, node string, live []string) []string {
 	return out
 }
 
-func (d *Detector) confirm(ctx context.Context, node string, last time.Time, live []string, cause error) {
+// confirm decides a suspicion of node. Every other agent of pop is asked
+// whether it reaches node's agent over the watch window, while this one
+// watches it too. One that reaches it clears it (a failing link). The
+// agents that cannot reach it, this one included, must make a Quorum of
+// pop for a verdict. Short of one, when the agents this one reaches at all
+// (their probe answers, a sign of life within Timeout, or a beat sent now)
+// make no quorum either, this agent is the one cut off: it fences itself
+// (see Detector) and publishes nothing.
+func (d *Detector) confirm(ctx context.Context, node string, last time.Time, live, pop []string, cause error) {
 	start := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, d.cfg.Confirm)
+	cctx, cancel := context.WithTimeout(ctx, d.cfg.Window+attemptTimeout+d.cfg.Confirm)
 	defer cancel()
-	asked := confirmers(d.cfg.Self, node, live)
-	replies := make([]*probeReply, len(asked))
-	errs := make([]error, len(asked))
+	withSlurmd := slurmdAsked(d.cfg.Self, node, live)
+	var asked []string
+	for _, c := range pop {
+		if c != d.cfg.Self && c != node {
+			asked = append(asked, c)
+		}
+	}
 	type answer struct {
-		i   int
+		c   string
 		r   *probeReply
 		err error
 	}
 	answers := make(chan answer, len(asked))
-	for i, c := range asked {
+	for _, c := range asked {
 		go func() {
 			r := &probeReply{}
-			err := d.cfg.Transport.Call(cctx, c, peer.TProbe, probeReq{Node: node}, r)
-			answers <- answer{i, r, err}
+			err := d.cfg.Transport.Call(cctx, c, peer.TProbe, probeReq{Node: node, Slurmd: slices.Contains(withSlurmd, c)}, r)
+			answers <- answer{c, r, err}
 		}()
 	}
-	ownc := make(chan string, 1)
-	go func() { ownc <- d.checkSlurmd(cctx, node) }()
+	ownc := make(chan watchResult, 1)
+	go func() { ownc <- d.watch(cctx, node, true) }()
+
+	unreachable := []string{}
+	// responded: the agents that answered, vote or not (a fenced agent
+	// answers without a vote); silent: those that did not.
+	var reached, silent, responded []string
+	slurmd := []string{}
+	votes := []string{d.cfg.Self}
+	var own watchResult
+	ownDone, got := false, 0
 	// Decide as soon as the answers settle it: one agent that reaches the
-	// suspect clears it; two that cannot (or every one asked) confirm it.
-	// A node without an agent (a spare) then costs nothing.
-	need := min(2, len(asked))
-	var own string
-	for got, no, ownDone := 0, 0, false; ; {
-		if ownDone && (got == len(asked) || no >= need) {
-			break
-		}
+	// suspect clears it; a quorum that cannot (with this agent's own
+	// watch done) condemns it.
+	for !(ownDone && (got == len(asked) || Quorum(votes, pop))) && len(reached) == 0 {
 		select {
 		case a := <-answers:
 			got++
-			if a.err != nil {
-				errs[a.i] = a.err
-				continue
-			}
-			replies[a.i] = a.r
-			if a.r.Reachable {
-				got, ownDone = len(asked), true // settled: cleared below
-				own = slurmdUnknown
-			} else {
-				no++
+			switch {
+			case a.err != nil:
+				silent = append(silent, a.c+" ("+a.err.Error()+")")
+			case a.r.Error != "":
+				responded = append(responded, a.c)
+				silent = append(silent, a.c+" ("+a.r.Error+")")
+			case a.r.Reachable:
+				reached = append(reached, a.c)
+			default:
+				unreachable = append(unreachable, a.c)
+				votes = append(votes, a.c)
+				slurmd = append(slurmd, a.r.Slurmd)
 			}
 		case own = <-ownc:
 			ownDone = true
+			slurmd = append(slurmd, own.Slurmd)
+			if own.Agent == Answered {
+				reached = append(reached, d.cfg.Self)
+			}
 		}
 	}
 	cancel() // the rest are not needed
@@ -176,51 +376,67 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 	_, known := d.failed[node]
 	_, gone := d.gone[node]
 	d.mu.Unlock()
-	if gone { // it said goodbye meanwhile: no failure
+	switch {
+	case gone: // it said goodbye meanwhile: no failure
 		return
-	}
-	if heard.After(last) { // it answered meanwhile (a beat, or a request of its own)
+	case len(reached) > 0:
+		other := slices.DeleteFunc(slices.Clone(reached), func(c string) bool { return c == d.cfg.Self })
+		if len(other) == 0 {
+			d.log.Info().Str("event", "peer_suspect_cleared").Str("peer_node", node).
+				Msgf("the agent of %s answered again within the watch window (%s); no failure", node, d.cfg.Window)
+			return
+		}
+		d.log.Warn().Str("event", "peer_suspect_cleared").Str("peer_node", node).Strs("reached_by", other).Err(cause).
+			Msgf("%s reach the agent of %s, which this agent cannot: a failing link from %s to %s, not a failed node (check the network between them)",
+				strings.Join(other, ","), node, d.cfg.Self, node)
+		return
+	case heard.After(last):
+		// It answered meanwhile (a request of its own).
 		d.log.Info().Str("event", "peer_suspect_cleared").Str("peer_node", node).
 			Msgf("the agent of %s answered again; no failure", node)
 		return
-	}
-	if known { // published meanwhile by the coordinator, from another watcher's report
+	case known: // published meanwhile by the coordinator, from another watcher's report
 		return
 	}
-	var unreachable, reached, silent []string
-	slurmd := []string{own}
-	for i, c := range asked {
-		switch r := replies[i]; {
-		case r == nil && errs[i] == nil: // not waited for
-		case r == nil:
-			silent = append(silent, c+" ("+errs[i].Error()+")")
-		case r.Reachable:
-			reached = append(reached, c)
-		default:
-			unreachable = append(unreachable, c)
-			slurmd = append(slurmd, r.Slurmd)
+	if !Quorum(votes, pop) {
+		// Cut off means reaching no quorum at all: the agents that answered
+		// the probe, and those heard from within Timeout otherwise (a probe
+		// answer can be late for reasons of its own: a slow dial on the
+		// other side).
+		answered := append(slices.Clone(votes), responded...)
+		now := time.Now()
+		d.mu.Lock()
+		for _, c := range pop {
+			if c != node && !slices.Contains(answered, c) && now.Sub(d.heard[c]) < d.cfg.Timeout {
+				answered = append(answered, c)
+			}
 		}
-	}
-	if len(reached) > 0 {
-		d.log.Warn().Str("event", "peer_suspect_cleared").Str("peer_node", node).Strs("reached_by", reached).Err(cause).
-			Msgf("%s reach the agent of %s, which this agent cannot: a failing link from %s to %s, not a failed node (check the network between them)",
-				strings.Join(reached, ","), node, d.cfg.Self, node)
-		return
-	}
-	if len(asked) > 0 && len(unreachable) == 0 {
-		// Nobody confirms: the other agents are gone as well, or this
-		// agent is cut off. Only the node's own slurmd can settle it.
-		if own != slurmdDown {
-			d.log.Warn().Str("event", "peer_suspect_unconfirmed").Str("peer_node", node).Strs("unanswered", silent).
-				Msgf("no other agent answered about %s and its slurmd is %s: not declaring a failure (this node may be cut off)", node, own)
+		d.mu.Unlock()
+		if !Quorum(answered, pop) {
+			answered = append(answered, d.reach(ctx, pop, append(slices.Clone(answered), node))...)
+		}
+		if ctx.Err() != nil {
 			return
 		}
+		if !Quorum(answered, pop) {
+			d.fence(fmt.Sprintf("suspecting %s, this agent reached %d of the job's %d agents (itself included), no quorum; %s may be fine (unanswered: %s)",
+				node, len(answered), len(pop), node, listOr(silent, "none")))
+			return
+		}
+		d.log.Warn().Str("event", "peer_suspect_unconfirmed").Str("peer_node", node).Strs("confirmed_by", unreachable).
+			Strs("unanswered", silent).Int("agents", len(pop)).
+			Msgf("%d of %d agents cannot reach %s, no quorum: not declaring a failure", len(votes), len(pop), node)
+		return
 	}
 	class, why := ClassNode, "its slurmd does not answer either"
 	switch {
 	case slices.Contains(slurmd, slurmdUp):
 		class, why = ClassAgent, "its node's slurmd answers"
-	case !slices.Contains(slurmd, slurmdDown):
+	case slices.Contains(slurmd, slurmdDown):
+		why = "its slurmd refuses connections"
+	case slices.Contains(slurmd, slurmdSilent):
+		why = fmt.Sprintf("its slurmd stayed silent over %s", d.cfg.Window)
+	default:
 		why = "its slurmd could not be checked (no address)"
 	}
 	if class == ClassAgent {
@@ -247,17 +463,14 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 			return
 		}
 		if !heard.After(last) && d.checkSlurmd(ctx, node) == slurmdDown {
-			class, why = ClassNode, fmt.Sprintf("its slurmd answered at first but not %s later (the whole node went down)", grace)
+			class, why = ClassNode, fmt.Sprintf("its slurmd answered at first but refused %s later (the whole node went down)", grace)
 		}
 	}
 	now := time.Now()
-	f := Failure{Node: node, Class: class, Reporter: d.cfg.Self, ConfirmedBy: unreachable, LastHeard: last, DetectedAt: now}
-	f.Cause = fmt.Sprintf("the agent of %s is unreachable (%v); %s", node, cause, why)
-	if len(unreachable) > 0 {
-		f.Cause += "; " + strings.Join(unreachable, ",") + " cannot reach it either"
-	} else if len(asked) == 0 {
-		f.Cause += "; no other agent to ask"
-	}
+	f := Failure{Node: node, Class: class, Reporter: d.cfg.Self, ConfirmedBy: unreachable, LastHeard: last, DetectedAt: now,
+		Quorum: true, Votes: len(votes), Agents: len(pop)}
+	f.Cause = fmt.Sprintf("the agent of %s is unreachable (%v); %s; %d of the job's %d agents cannot reach it (a quorum)",
+		node, cause, why, len(votes), len(pop))
 	d.log.Info().Str("event", "peer_confirmed").Str("peer_node", node).Str("class", class).
 		Dur("confirm", now.Sub(start)).Msg(f.Cause)
 	d.mu.Lock()
@@ -266,8 +479,39 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 	d.report(ctx, f)
 }
 
-// probe serves another agent's question about node: a beat to it and a
-// check of its slurmd, both answered before the asker's confirmation ends.
+// reach beats every agent of pop but those in skip at once, within
+// Timeout, and returns those that answered: before this agent concludes
+// that it is cut off, it asks directly (its ring neighbours alone may not
+// be a quorum).
+func (d *Detector) reach(ctx context.Context, pop, skip []string) []string {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var out []string
+	for _, c := range pop {
+		if c == d.cfg.Self || slices.Contains(skip, c) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var rep beatReply
+			if reachOf(d.cfg.Transport.Call(ctx, c, peer.TBeat, beatReq{Node: d.cfg.Self}, &rep)) == Answered {
+				d.alive(c, false)
+				mu.Lock()
+				out = append(out, c)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// probe serves another agent's question about node: it watches node's
+// agent (and with req.Slurmd its slurmd) over the watch window, answering
+// before the asker's confirmation ends.
 func (d *Detector) probe(ctx context.Context, req probeReq) probeReply {
 	rep := probeReply{Node: req.Node, Slurmd: slurmdUnknown}
 	if req.Node == d.cfg.Self {
@@ -278,22 +522,16 @@ func (d *Detector) probe(ctx context.Context, req probeReq) probeReply {
 		rep.Error = fmt.Sprintf("%s is not a node of this job", req.Node)
 		return rep
 	}
-	ctx, cancel := context.WithTimeout(ctx, d.cfg.Confirm*3/4)
-	defer cancel()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		rep.Slurmd = d.checkSlurmd(ctx, req.Node)
-	}()
-	var br beatReply
-	err := d.cfg.Transport.Call(ctx, req.Node, peer.TBeat, beatReq{Node: d.cfg.Self}, &br)
-	wg.Wait()
-	if err == nil || isRemote(err) {
-		rep.Reachable = true
-		d.alive(req.Node, false)
-	} else {
-		rep.Error = err.Error()
+	if d.Fenced() {
+		// This agent's view is that of a node cut off from the job: it
+		// casts no vote (the asker counts it as unanswered).
+		rep.Error = "this agent is fenced (cut off from a quorum of the job's agents)"
+		return rep
 	}
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.Window+attemptTimeout)
+	defer cancel()
+	w := d.watch(ctx, req.Node, req.Slurmd)
+	rep.Reachable = w.Agent == Answered
+	rep.Slurmd = w.Slurmd
 	return rep
 }

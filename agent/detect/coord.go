@@ -59,7 +59,7 @@ func (d *Detector) Register(s Handlers) error {
 				return nil, err
 			}
 			d.alive(from, false)
-			return d.received(f), nil
+			return d.received(f)
 		},
 	}
 	for t, h := range hs {
@@ -163,6 +163,9 @@ func (d *Detector) coordinate(f Failure) (duplicate bool) {
 	if len(f.ConfirmedBy) > 0 {
 		ev = ev.Strs("confirmed_by", f.ConfirmedBy)
 	}
+	if f.Class != ClassHang {
+		ev = ev.Bool("quorum", f.Quorum).Int("votes", f.Votes).Int("agents", f.Agents)
+	}
 	ev.Msg(f.Cause)
 	d.cfg.OnFailure(f)
 
@@ -184,9 +187,12 @@ func (d *Detector) coordinate(f Failure) (duplicate bool) {
 
 // received handles a failure frame: a report (this agent coordinates) or
 // the coordinator's publication.
-func (d *Detector) received(f Failure) failureReply {
+func (d *Detector) received(f Failure) (failureReply, error) {
 	if !f.Published {
-		return failureReply{Coordinator: d.cfg.Self, Duplicate: d.coordinate(f)}
+		if d.Fenced() { // the reporter moves on to the next coordinator
+			return failureReply{}, &peer.Error{Code: peer.CodeBusy, Message: "this agent is fenced (cut off from a quorum of the job's agents) and coordinates nothing"}
+		}
+		return failureReply{Coordinator: d.cfg.Self, Duplicate: d.coordinate(f)}, nil
 	}
 	d.mu.Lock()
 	dup := false
@@ -208,7 +214,7 @@ func (d *Detector) received(f Failure) failureReply {
 			Str("coordinator", f.Coordinator).Msgf("coordinator %s published the %s failure of %s", f.Coordinator, f.Class, f.Node)
 		d.cfg.OnFailure(f)
 	}
-	return failureReply{Coordinator: f.Coordinator, Duplicate: dup}
+	return failureReply{Coordinator: f.Coordinator, Duplicate: dup}, nil
 }
 
 // checkHangs reports local ranks whose progress stopped longer than Hang

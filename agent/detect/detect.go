@@ -1,12 +1,19 @@
 // Package detect is the agents' failure detector (issue 7, "Failure
 // detection"). Every agent beats a few watched peers (ring neighbours
 // among the job's nodes by default; the set is an input), suspects one that
-// stays silent or whose connection breaks, asks other agents to confirm
-// (so that one flaky link does not condemn a node), classifies the failure
-// (node: its slurmd is unreachable too; agent: the node answers but its
-// agent does not; hang: a local rank stopped reporting progress), and
-// reports it to the coordinator: the lowest-index agent that answers, so
-// the role moves on when its holder dies. The coordinator drops duplicate
+// stays silent or whose connection breaks, and asks every other agent
+// whether it reaches the suspect (so that one flaky link does not condemn
+// a node). The suspect is watched over a window of several seconds with
+// several attempts, each long enough for one lost SYN's retransmission
+// (Config.Window), so a flap or a stall shorter than the window clears it;
+// a refused connection (the process is gone) needs no window. A verdict
+// needs a Quorum of the job's agents that cannot reach the suspect; an
+// agent that cannot reach a quorum at all is the one cut off and fences
+// itself (see Detector). The failure is classified (node: its slurmd is
+// unreachable too; agent: the node answers but its agent does not; hang:
+// a local rank stopped reporting progress), and reported to the
+// coordinator: the lowest-index agent that answers, so the role moves on
+// when its holder dies. The coordinator drops duplicate
 // reports, logs one failure_detected event (which `reft run` reads in the
 // job's log directory) and publishes the failure to every other agent.
 // Every agent hands the failures it learns to Config.OnFailure.
@@ -75,8 +82,9 @@ func Ring(self string, live []string) []string {
 	return out
 }
 
-// NodeCheck tells whether a node itself (not its agent) is up.
-type NodeCheck func(ctx context.Context, n Node) (up bool, err error)
+// NodeCheck makes one attempt to reach a node itself (its slurmd, not its
+// agent) within ctx; an error means it cannot tell (no address).
+type NodeCheck func(ctx context.Context, n Node) (Reach, error)
 
 // Progress is one local rank's last progress: a save or a progress
 // message of its client.
@@ -103,6 +111,12 @@ type Failure struct {
 	// hang: the ranks' last progress); DetectedAt when it was confirmed.
 	LastHeard  time.Time `json:"last_heard"`
 	DetectedAt time.Time `json:"detected_at"`
+	// Quorum: Votes agents (the reporter included) of the job's Agents
+	// could not reach the node, a Quorum. Hangs carry no vote (a rank's
+	// own agent sees it).
+	Quorum bool `json:"quorum,omitempty"`
+	Votes  int  `json:"votes,omitempty"`
+	Agents int  `json:"agents,omitempty"`
 	// Published marks the coordinator's publication (not a report).
 	Published bool `json:"published,omitempty"`
 }
@@ -121,9 +135,12 @@ type Config struct {
 	// NodeUp checks a suspected node itself; nil: SlurmdUp.
 	NodeUp NodeCheck
 	// Interval is the beat period; Timeout the silence that raises a
-	// suspicion; Confirm bounds the confirmation (detect section of
-	// reft.toml).
+	// suspicion; Confirm is the slack the other agents' answers get past
+	// the watch (detect section of reft.toml).
 	Interval, Timeout, Confirm time.Duration
+	// Window is how long a suspect is watched before silence condemns it
+	// (detect.window); 0: DefaultWindow.
+	Window time.Duration
 	// Hang is how long a local rank may make no progress; 0: no hang
 	// detection. Progress lists the local ranks' progress (nil: none).
 	Hang     time.Duration
@@ -135,10 +152,26 @@ type Config struct {
 	Log       zerolog.Logger
 }
 
-// maxConfirmers is how many other agents are asked to confirm a suspicion.
+// maxConfirmers is how many other agents also probe a suspect's slurmd
+// (every agent is asked whether it reaches the suspect's agent).
 const maxConfirmers = 3
 
+// DefaultWindow is the watch window when Config.Window is 0: a 3 s flap
+// or stall ends within it (watchAttempts attempts, the last one starting
+// 2.25 s in and waiting attemptTimeout).
+const DefaultWindow = 3 * time.Second
+
 // Detector is one agent's failure detector.
+//
+// Fencing: an agent that, confirming a suspicion, reaches no Quorum of the
+// job's agents (itself included) concludes that it is the one cut off. It
+// logs detect_fenced once, and until it reaches a quorum again (logged as
+// detect_unfenced): it suspects and condemns nobody (no report, no
+// publication, so OnFailure sees no verdict of its own), casts no vote in
+// other agents' confirmations, and refuses to coordinate; it beats every
+// agent, not only its watched peers, to find out when it is back. Its
+// local failure reactions (the JIT flush) follow published verdicts only,
+// which need a quorum, so they never act on its isolated view.
 type Detector struct {
 	cfg   Config
 	log   zerolog.Logger
@@ -147,6 +180,7 @@ type Detector struct {
 	mu         sync.Mutex
 	heard      map[string]time.Time // last sign of life of each node's agent
 	inflight   map[string]bool      // a beat to the node is under way
+	discovered map[string]time.Time // last discovery beat to a node not heard from yet
 	suspecting map[string]bool
 	failed     map[string]time.Time // confirmed or published failures, by node
 	gone       map[string]time.Time // agents that said goodbye (Leave)
@@ -154,6 +188,7 @@ type Detector struct {
 	hung       map[int]time.Time    // a rank reported hung, with the progress time it hung at
 	watching   []string
 	coord      string
+	fenced     bool // see Detector
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -169,9 +204,11 @@ func New(cfg Config) (*Detector, error) {
 		return nil, fmt.Errorf("detect: want 0 < interval (%s) < timeout (%s) (detect section of reft.toml)", cfg.Interval, cfg.Timeout)
 	case cfg.Confirm <= 0:
 		return nil, fmt.Errorf("detect: confirm %s must be positive (detect.confirm in reft.toml)", cfg.Confirm)
+	case cfg.Window < 0:
+		return nil, fmt.Errorf("detect: window %s must not be negative (detect.window in reft.toml)", cfg.Window)
 	}
 	d := &Detector{cfg: cfg, log: cfg.Log.With().Str("component", "detect").Logger(), nodes: map[string]Node{},
-		heard: map[string]time.Time{}, inflight: map[string]bool{}, suspecting: map[string]bool{},
+		heard: map[string]time.Time{}, inflight: map[string]bool{}, discovered: map[string]time.Time{}, suspecting: map[string]bool{},
 		failed: map[string]time.Time{}, gone: map[string]time.Time{}, hung: map[int]time.Time{}}
 	for i, n := range cfg.Nodes {
 		if n.Index != i {
@@ -190,6 +227,9 @@ func New(cfg Config) (*Detector, error) {
 	}
 	if d.cfg.OnFailure == nil {
 		d.cfg.OnFailure = func(Failure) {}
+	}
+	if d.cfg.Window == 0 {
+		d.cfg.Window = DefaultWindow
 	}
 	return d, nil
 }
@@ -227,15 +267,28 @@ func (d *Detector) Leave(ctx context.Context) {
 	}
 	d.mu.Unlock()
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var missed []string
 	for _, n := range to {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var rep beatReply
-			d.cfg.Transport.Call(ctx, n, peer.TBeat, beatReq{Node: d.cfg.Self, Leaving: true}, &rep)
+			if err := d.cfg.Transport.Call(ctx, n, peer.TBeat, beatReq{Node: d.cfg.Self, Leaving: true}, &rep); err != nil && !isRemote(err) {
+				mu.Lock()
+				missed = append(missed, n+" ("+err.Error()+")")
+				mu.Unlock()
+			}
 		}()
 	}
 	wg.Wait()
+	if len(missed) > 0 {
+		slices.Sort(missed)
+		// Said, not retried: the agent is stopping. Those agents may
+		// suspect this one, and publish its loss if a quorum agrees.
+		d.log.Info().Str("event", "goodbye_undelivered").Strs("peers", missed).
+			Msgf("could not tell %d agent(s) that this one stops on purpose", len(missed))
+	}
 }
 
 // left records that node's agent stopped on purpose: it is not watched,
@@ -299,6 +352,12 @@ func (d *Detector) tick(ctx context.Context) {
 	d.mu.Lock()
 	live := d.live()
 	watch := d.cfg.Peers(d.cfg.Self, live)
+	if d.fenced {
+		d.rejoin()
+		if d.fenced { // beat them all, to see when a quorum answers again
+			watch = slices.DeleteFunc(d.population(), func(n string) bool { return n == d.cfg.Self })
+		}
+	}
 	if !slices.Equal(watch, d.watching) {
 		d.watching = watch
 		d.log.Info().Str("event", "detect_watching").Strs("peers", watch).
@@ -316,6 +375,19 @@ func (d *Detector) tick(ctx context.Context) {
 	var start []string
 	for _, n := range watch {
 		if !d.inflight[n] && !d.suspecting[n] {
+			d.inflight[n] = true
+			start = append(start, n)
+		}
+	}
+	// Discovery: a node not heard from yet is beaten once per Timeout, so
+	// that every agent that runs counts in the population a verdict is
+	// weighed against (an agent not counted would let a minority pass for
+	// a quorum). A node without an agent (a spare) never answers and
+	// never counts.
+	now := time.Now()
+	for _, n := range live {
+		if n != d.cfg.Self && d.heard[n].IsZero() && !d.inflight[n] && now.Sub(d.discovered[n]) >= d.cfg.Timeout {
+			d.discovered[n] = now
 			d.inflight[n] = true
 			start = append(start, n)
 		}
@@ -375,7 +447,11 @@ func (d *Detector) beat(ctx context.Context, node string) {
 	last = d.heard[node]
 	_, known := d.failed[node]
 	_, gone := d.gone[node]
+	fenced := d.fenced
 	d.mu.Unlock()
+	if fenced { // a fenced agent suspects nobody
+		return
+	}
 	if last.IsZero() || known || gone {
 		d.log.Debug().Str("peer_node", node).Err(err).Msg("beat unanswered by an agent not heard from yet")
 		return
@@ -427,6 +503,43 @@ func (d *Detector) alive(node string, request bool) {
 	if wasFailed {
 		d.log.Info().Str("event", "peer_back").Str("peer_node", node).
 			Msgf("the agent of %s answers again after its failure; watching it again", node)
+	}
+}
+
+// Fenced says whether this agent is fenced (see Detector).
+func (d *Detector) Fenced() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.fenced
+}
+
+// fence fences this agent, said once per isolation.
+func (d *Detector) fence(why string) {
+	d.mu.Lock()
+	was := d.fenced
+	d.fenced = true
+	d.mu.Unlock()
+	if !was {
+		d.log.Warn().Str("event", "detect_fenced").
+			Msgf("this agent is cut off from the job (%s): it fences itself, publishing no verdict and voting on none until it reaches a quorum again", why)
+	}
+}
+
+// rejoin ends the fence once the agents heard from within Timeout make a
+// Quorum again (this one included). d.mu is held.
+func (d *Detector) rejoin() {
+	pop := d.population()
+	with := []string{d.cfg.Self}
+	now := time.Now()
+	for _, n := range pop {
+		if at := d.heard[n]; n != d.cfg.Self && now.Sub(at) < d.cfg.Timeout {
+			with = append(with, n)
+		}
+	}
+	if Quorum(with, pop) {
+		d.fenced = false
+		d.log.Info().Str("event", "detect_unfenced").Strs("reached", with).
+			Msgf("this agent reaches %d of the job's %d agents again (a quorum): no longer fenced", len(with), len(pop))
 	}
 }
 

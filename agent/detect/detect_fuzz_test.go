@@ -50,8 +50,8 @@ func FuzzHandlers(f *testing.F) {
 		var mu sync.Mutex
 		published := 0
 		d, err := New(Config{Self: "n0", Nodes: []Node{{Name: "n0"}, {Name: "n1", Index: 1}, {Name: "n2", Index: 2}},
-			Transport: downTransport{}, NodeUp: func(context.Context, Node) (bool, error) { return false, nil },
-			Interval: time.Millisecond, Timeout: 2 * time.Millisecond, Confirm: 5 * time.Millisecond,
+			Transport: downTransport{}, NodeUp: func(context.Context, Node) (Reach, error) { return Refused, nil },
+			Interval: time.Millisecond, Timeout: 2 * time.Millisecond, Confirm: 5 * time.Millisecond, Window: 4 * time.Millisecond,
 			OnFailure: func(Failure) { mu.Lock(); published++; mu.Unlock() }, Log: zerolog.Nop()})
 		if err != nil {
 			t.Fatal(err)

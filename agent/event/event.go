@@ -76,7 +76,7 @@ var restoreOptional = []string{"seq", "verified_by", "verify", "local_bytes", "p
 var Declared = []Decl{
 	{Name: FailureDetected, By: "agent/detect",
 		Fields:   []string{"failed_node", "class", "latency_s", "last_heard", "detected_at", "reporter", "coordinator"},
-		Optional: []string{"ranks", "confirmed_by"}},
+		Optional: []string{"ranks", "confirmed_by", "quorum", "votes", "agents"}},
 	{Name: RankRegistered, By: "agent", Fields: []string{"rank", "world", "local_rank", "layout", "arena_layout",
 		"buffers", "regions", "sections", "bytes", "arena_size", "peer_pid"}},
 	{Name: RestoreLocal, By: "agent", Fields: []string{"rank", "generation", "bytes"}, Optional: restoreOptional},
@@ -148,6 +148,11 @@ type Line struct {
 	ConfirmedBy []string  `json:"confirmed_by"`
 	LastHeard   time.Time `json:"last_heard"`
 	DetectedAt  time.Time `json:"detected_at"`
+	// A node or agent verdict's quorum evidence (agent/detect): whether a
+	// quorum of the job's agents stood behind it, its votes, of how many.
+	Quorum bool `json:"quorum"`
+	Votes  int  `json:"votes"`
+	Agents int  `json:"agents"`
 }
 
 // Connection are the fields a connection's logger adds to the lines it

@@ -258,6 +258,14 @@ func (m *Mesh) Peers() []PeerStatus {
 // or ctx ends (then the error says why it was not found). This node
 // resolves to its own listener.
 func (m *Mesh) Resolve(ctx context.Context, node string) (string, error) {
+	return m.resolve(ctx, node, false)
+}
+
+// resolve is Resolve; with refusedEnds, a search made during the call
+// that found every candidate port refused (nothing listens: the agent is
+// gone, or not up yet) ends the wait at once with that error, which
+// matches syscall.ECONNREFUSED.
+func (m *Mesh) resolve(ctx context.Context, node string, refusedEnds bool) (string, error) {
 	if node == m.self.Name {
 		return net.JoinHostPort(m.self.Addr, strconv.Itoa(m.srv.Addr().Port)), nil
 	}
@@ -269,6 +277,7 @@ func (m *Mesh) Resolve(ctx context.Context, node string) (string, error) {
 	case p.kick <- struct{}{}:
 	default:
 	}
+	fresh := false // p.err comes from a search made since the call began
 	for {
 		p.mu.Lock()
 		addr, ok, err, ch := p.addr, p.connected, p.err, p.changed
@@ -276,8 +285,12 @@ func (m *Mesh) Resolve(ctx context.Context, node string) (string, error) {
 		if ok {
 			return addr, nil
 		}
+		if refusedEnds && fresh && errors.Is(err, syscall.ECONNREFUSED) {
+			return "", fmt.Errorf("mesh: the agent of node %s is not reachable: %w", node, err)
+		}
 		select {
 		case <-ch:
+			fresh = true
 		case <-ctx.Done():
 			return "", fmt.Errorf("mesh: the agent of node %s is not reachable: %w (%v)", node, err, context.Cause(ctx))
 		}
@@ -324,9 +337,12 @@ func (m *Mesh) Source(ctx context.Context, node string, k peer.ChunkKey) (peer.S
 
 // Call sends a request that a peer.Handler serves on node's agent (failure
 // detection's beat, probe and failure), waiting for the node's agent to be
-// found until ctx ends.
+// found until ctx ends, or until a search finds nothing listening on any of
+// its candidate ports: the error then matches syscall.ECONNREFUSED, which
+// the detector takes for an agent that is gone (no need to wait out its
+// watch window).
 func (m *Mesh) Call(ctx context.Context, node string, t peer.Type, req, resp any) error {
-	addr, err := m.Resolve(ctx, node)
+	addr, err := m.resolve(ctx, node, true)
 	if err != nil {
 		return err
 	}
@@ -531,6 +547,22 @@ func (e *UnreachableError) Error() string {
 	}
 	b.WriteString(" (its agent may not be up yet or failed to start; see its log. agent.port_range and agent.peer_auth must be the same on every node, and the range open between nodes)")
 	return b.String()
+}
+
+// Is makes a search whose every candidate port refused the connection
+// (nothing listens there) match syscall.ECONNREFUSED, as one refused dial
+// would. A candidate that timed out or answered otherwise keeps it from
+// matching: that is no proof the agent is gone.
+func (e *UnreachableError) Is(target error) bool {
+	if target != syscall.ECONNREFUSED || len(e.Tries) == 0 {
+		return false
+	}
+	for _, t := range e.Tries {
+		if t.Kind != TryRefused {
+			return false
+		}
+	}
+	return true
 }
 
 // causeKey sums a search failure up by what each port was, without the

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -358,5 +359,40 @@ func TestMeshLateAndLost(t *testing.T) {
 	cbMu.Unlock()
 	if want := "found n2; lost n2 (cause given: true); found n2"; got != want {
 		t.Errorf("callbacks: %q, want %q", got, want)
+	}
+}
+
+func TestUnreachableErrorIsRefused(t *testing.T) {
+	refused := Try{Port: 1, Kind: TryRefused, Err: syscall.ECONNREFUSED}
+	for _, tc := range []struct {
+		name  string
+		tries []Try
+		want  bool
+	}{
+		{"every port refused", []Try{refused, refused}, true},
+		{"one port timed out", []Try{refused, {Port: 2, Kind: TryOther, Err: errors.New("i/o timeout")}}, false},
+		{"another job's agent", []Try{{Port: 2, Kind: TryForeign, Err: errors.New("forbidden")}}, false},
+		{"no try", nil, false},
+	} {
+		err := fmt.Errorf("wrapped: %w", &UnreachableError{Node: "n2", Tries: tc.tries})
+		if got := errors.Is(err, syscall.ECONNREFUSED); got != tc.want {
+			t.Errorf("%s: errors.Is(ECONNREFUSED) = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestMeshCallRefused: a call to a node where nothing listens on any
+// candidate port ends with an error that matches ECONNREFUSED once a
+// search has found so, without waiting for ctx (the detector takes it
+// for an agent that is gone).
+func TestMeshCallRefused(t *testing.T) {
+	lo := freeRange(t, testJob, 2)
+	a := startAgent(t, topology(2), "n1", lo)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var rep struct{}
+	err := a.m.Call(ctx, "n2", peer.TBeat, struct{}{}, &rep)
+	if !errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
+		t.Fatalf("call to n2 without an agent: %v (ctx %v), want a refusal before ctx ends", err, ctx.Err())
 	}
 }

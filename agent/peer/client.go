@@ -26,10 +26,28 @@ type Client struct {
 	closed bool
 }
 
+// connSlot is one connection to a peer. Its lock is held while dialing,
+// which can take DialTimeout and HandshakeTimeout against a silent host:
+// a caller waits for it only as long as its own ctx allows, so that a
+// short request (the failure detector's beat) is not held by a long dial
+// that another caller (the mesh's search) started.
 type connSlot struct {
-	mu sync.Mutex
-	cc *clientConn
+	lock chan struct{} // a mutex that a waiter may give up on
+	cc   *clientConn
 }
+
+func newSlot() *connSlot { return &connSlot{lock: make(chan struct{}, 1)} }
+
+func (s *connSlot) acquire(ctx context.Context) error {
+	select {
+	case s.lock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for another dial to the peer: %w", context.Cause(ctx))
+	}
+}
+
+func (s *connSlot) release() { <-s.lock }
 
 // NewClient makes a client; it dials lazily, on first use of a peer.
 func NewClient(cfg Config) (*Client, error) {
@@ -49,11 +67,11 @@ func (cl *Client) Close() error {
 	cl.mu.Unlock()
 	for _, slots := range peers {
 		for _, s := range slots {
-			s.mu.Lock()
+			s.acquire(context.Background())
 			if s.cc != nil {
 				s.cc.c.close(errors.New("peer client closed"))
 			}
-			s.mu.Unlock()
+			s.release()
 		}
 	}
 	return nil
@@ -82,11 +100,11 @@ func (cl *Client) Drop(addr string) {
 	delete(cl.peers, addr)
 	cl.mu.Unlock()
 	for _, s := range slots {
-		s.mu.Lock()
+		s.acquire(context.Background())
 		if s.cc != nil {
 			s.cc.c.close(errors.New("connection dropped by the client"))
 		}
-		s.mu.Unlock()
+		s.release()
 	}
 }
 
@@ -112,14 +130,16 @@ func (cl *Client) conn(ctx context.Context, addr string, i int) (*clientConn, er
 	if slots == nil {
 		slots = make([]*connSlot, cl.cfg.ConnsPerPeer)
 		for j := range slots {
-			slots[j] = &connSlot{}
+			slots[j] = newSlot()
 		}
 		cl.peers[addr] = slots
 	}
 	cl.mu.Unlock()
 	s := slots[i%len(slots)]
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	if err := s.acquire(ctx); err != nil {
+		return nil, &ConnError{addr, err}
+	}
+	defer s.release()
 	if s.cc != nil && !s.cc.c.isClosed() {
 		return s.cc, nil
 	}

@@ -236,6 +236,9 @@ func (r *Runner) Run(ctx context.Context) int {
 		fe.Level = "warn"
 		r.emit(ctx, fe)
 		next = &attempt{failedAt: failedAt, newestAtFailure: newest, committedKnown: known, why: relaunchWhy(f)}
+		if af := a.agentFailure; af != nil && af.Suspect {
+			next.why = "suspected node " + af.Node + " kept (the agents' verdict has no quorum and Slurm calls it healthy): same nodes"
+		}
 
 		// Progress: a relaunched attempt must have committed something newer
 		// than what existed when it started. Without an agent's answer there
@@ -384,6 +387,9 @@ func (r *Runner) checkAgents(ctx context.Context, a *attempt, w *Watcher) bool {
 				f.Node, f.Class, f.LastHeard.Format(time.RFC3339Nano))
 			continue
 		}
+		if slices.Contains(r.Plan.Alloc, f.Node) {
+			r.crossCheck(ctx, &f)
+		}
 		if slices.Contains(r.Plan.Slots, f.Node) {
 			if a.agentFailure == nil {
 				a.agentFailure, a.verdictAt = &f, r.now()
@@ -394,12 +400,57 @@ func (r *Runner) checkAgents(ctx context.Context, a *attempt, w *Watcher) bool {
 			}
 			continue
 		}
+		if f.Suspect && slices.Contains(r.Plan.Alloc, f.Node) {
+			r.say("the agents suspect spare node %s (%s); it stays a spare", f.Node, f.Cause)
+			continue
+		}
 		if f.Class == recoverylog.KindNode && slices.Contains(r.Plan.Alloc, f.Node) && !slices.Contains(r.Plan.Excluded, f.Node) {
 			r.Plan.Replace(f.Node) // a spare: never used from now on
 			r.say("the agents report spare node %s lost (%s); it will not replace a node", f.Node, f.Cause)
 		}
 	}
 	return a.agentFailure != nil
+}
+
+// crossCheck weighs the agents' verdict that a node is lost against
+// Slurm's own view before reft run gives the node back or excludes it:
+// the agents may be the ones cut off, or a link may have flapped.
+//
+//   - Slurm calls the node lost (down, not responding, gone): it is lost.
+//   - The verdict carries a quorum of the job's agents: it is lost, even
+//     though Slurm still calls it healthy (Slurm takes SlurmdTimeout, minutes
+//     by default, to notice).
+//   - Neither (an agent without quorum evidence, and Slurm calls the node
+//     healthy or cannot be asked): the node is only suspect. The verdict
+//     becomes an agent failure on a node that is kept: the step is
+//     relaunched on the same nodes, and if the node is really gone the
+//     relaunch fails and srun and Slurm say so. The cause says why.
+func (r *Runner) crossCheck(ctx context.Context, f *AgentFailure) {
+	if f.Class != recoverylog.KindNode {
+		return
+	}
+	states, err := r.Slurm.NodeStates(ctx, r.Job, []string{f.Node})
+	slurm := ""
+	if err != nil {
+		slurm = fmt.Sprintf("Slurm could not be asked about %s (%v)", f.Node, err)
+	} else {
+		st, ok := states[f.Node]
+		if why := NodeLost(st); why != "" || !ok {
+			if !ok {
+				why = NodeLost("")
+			}
+			f.Cause += "; Slurm agrees: " + f.Node + " " + why
+			return
+		}
+		slurm = fmt.Sprintf("Slurm calls %s healthy (State=%s)", f.Node, st)
+	}
+	if f.Quorum {
+		f.Cause += fmt.Sprintf("; %s, but %d of the job's %d agents cannot reach it (a quorum)", slurm, f.Votes, f.Agents)
+		return
+	}
+	f.Class, f.Suspect = recoverylog.KindAgent, true
+	f.Cause += "; suspect, not lost: the verdict carries no quorum of the agents and " + slurm + ", so the node is kept"
+	r.say("the agents' verdict that %s is lost carries no quorum and %s: treating %s as suspect, not lost", f.Node, slurm, f.Node)
 }
 
 // verdictSettle is how long after the agents' first verdict on a step

@@ -720,12 +720,37 @@ const nowMark = "@NOW@"
 // agentFailureLineHeard is agentFailureLine with the failed agent last
 // heard from at heard (RFC 3339, or nowMark).
 func agentFailureLineHeard(coord, failed, class string, ranks string, latency float64, heard string) string {
+	return agentFailureLineQuorum(coord, failed, class, ranks, latency, heard, class != "hang")
+}
+
+// agentFailureLineQuorum is agentFailureLineHeard with or without the
+// quorum evidence (3 of 4 agents) that the detector logs with a node or
+// agent verdict.
+func agentFailureLineQuorum(coord, failed, class string, ranks string, latency float64, heard string, quorum bool) string {
 	r := ""
 	if ranks != "" {
 		r = `"ranks":[` + ranks + `],`
 	}
+	if quorum {
+		r += `"quorum":true,"votes":3,"agents":4,`
+	}
 	return fmt.Sprintf(`{"level":"warn","job":"42","step":"agent","node":%q,"component":"detect","event":"failure_detected","failed_node":%q,"class":%q,%s"latency_s":%g,"last_heard":%q,"detected_at":%q,"reporter":"n3","coordinator":%q,"confirmed_by":["n4"],"time":%q,"message":"the agent of %s is unreachable"}`,
 		coord, failed, class, r, latency, heard, nowMark, coord, nowMark, failed)
+}
+
+// notResponding is Slurm calling node not responding (from the first
+// attempt on), every other node allocated.
+func notResponding(node string) func(int, []string) map[string]string {
+	return func(_ int, nodes []string) map[string]string {
+		out := map[string]string{}
+		for _, n := range nodes {
+			out[n] = "ALLOCATED"
+			if n == node {
+				out[n] = "ALLOCATED*+NOT_RESPONDING"
+			}
+		}
+		return out
+	}
 }
 
 // TestRunAgentsVerdict: a failure the agents publish while the step runs
@@ -747,14 +772,37 @@ func TestRunAgentsVerdict(t *testing.T) {
 		noSpare   bool     // the allocation is the step's four nodes: a lost node requeues the job
 		twoSpares bool     // n1-n6, two spares
 		excluded  []string
-		comment   string // prefix
-		relaunchW string // prefix of the relaunch's cause
+		comment   string                                        // prefix
+		relaunchW string                                        // prefix of the relaunch's cause
+		states    func(n int, nodes []string) map[string]string // Slurm's node states (nil: all allocated)
+		causeHas  string                                        // in the failure's cause
 	}{
 		{name: "node lost",
 			first:    fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
 			relaunch: []string{"n1", "n5", "n3", "n4"}, kind: recoverylog.KindNode, by: "agents",
 			probed: []string{"n1", "n3", "n4", "n5"}, stopped: "yes", excluded: []string{"n2"}, shrunk: []string{"n1", "n3", "n4", "n5"},
-			comment: "reft: 1 failure (node n2 lost, replaced by n5)", relaunchW: "node failure: n5 in n2's place"},
+			comment: "reft: 1 failure (node n2 lost, replaced by n5)", relaunchW: "node failure: n5 in n2's place",
+			causeHas: "Slurm calls n2 healthy (State=ALLOCATED), but 3 of the job's 4 agents cannot reach it (a quorum)"},
+		{name: "node verdict without quorum, Slurm calls it healthy",
+			first: fakeAttempt{block: true, agentLog: map[string][]string{"n1": {
+				agentFailureLineQuorum("n1", "n2", "node", "", 0.8, nowMark, false)}}},
+			relaunch: []string{"n1", "n2", "n3", "n4"}, kind: recoverylog.KindAgent, by: "agents",
+			probed: []string{"n1", "n2", "n3", "n4"}, stopped: "yes",
+			comment: "reft: 1 failure (agent on n2)", relaunchW: "suspected node n2 kept",
+			causeHas: "suspect, not lost: the verdict carries no quorum of the agents and Slurm calls n2 healthy (State=ALLOCATED)"},
+		{name: "node verdict without quorum, Slurm agrees",
+			first: fakeAttempt{block: true, agentLog: map[string][]string{"n1": {
+				agentFailureLineQuorum("n1", "n2", "node", "", 0.8, nowMark, false)}}},
+			relaunch: []string{"n1", "n5", "n3", "n4"}, kind: recoverylog.KindNode, by: "agents", states: notResponding("n2"),
+			probed: []string{"n1", "n3", "n4", "n5"}, stopped: "yes", excluded: []string{"n2"}, shrunk: []string{"n1", "n3", "n4", "n5"},
+			comment: "reft: 1 failure (node n2 lost, replaced by n5)", relaunchW: "node failure: n5 in n2's place",
+			causeHas: "Slurm agrees: n2 not responding"},
+		{name: "spare suspected without quorum, then a rank",
+			first: fakeAttempt{exit: 143, stderr: killed2,
+				agentLog: map[string][]string{"n1": {agentFailureLineQuorum("n1", "n5", "node", "", 0.8, nowMark, false)}}},
+			relaunch: []string{"n1", "n2", "n3", "n4"}, kind: recoverylog.KindRank, by: "srun", ranks: []int{2},
+			probed: []string{"n1", "n2", "n3", "n4"}, stopped: "no", excluded: nil,
+			comment: "reft: 1 failure (rank 2 on n3)", relaunchW: "rank failure: same nodes"},
 		{name: "two nodes lost together", twoSpares: true,
 			first: fakeAttempt{block: true, agentLog: map[string][]string{"n1": {
 				agentFailureLine("n1", "n2", "node", "", 0.8), agentFailureLine("n1", "n3", "node", "", 0.9)}}},
@@ -794,6 +842,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 			}
 			h := newHarness(t, al, spares, fastPolicy(), tc.first,
 				fakeAttempt{exit: 0, agentLog: resumeLogs("2", 5, tc.relaunch...)})
+			h.f.states = tc.states
 			if code := h.r.Run(context.Background()); code != want {
 				t.Fatalf("exit %d, want %d\n%s", code, want, h.out.String())
 			}
@@ -805,6 +854,9 @@ func TestRunAgentsVerdict(t *testing.T) {
 			f := fs[0]
 			if f.Kind != tc.kind || f.DetectedBy != tc.by || !slices.Equal(f.Ranks, tc.ranks) || f.Generation != 6 {
 				t.Errorf("failure_detected %+v; want kind %s by %s, ranks %v", f, tc.kind, tc.by, tc.ranks)
+			}
+			if !strings.Contains(f.Cause, tc.causeHas) {
+				t.Errorf("failure_detected cause %q, want it to say %q", f.Cause, tc.causeHas)
 			}
 			if tc.by == "agents" {
 				if f.DetectionS == nil || *f.DetectionS <= 0 || !strings.Contains(f.Cause, "the agents' failure detector") ||

@@ -50,6 +50,14 @@ type AgentFailure struct {
 	Latency     time.Duration // last sign of life to confirmation
 	LastHeard   time.Time     // the failed agent's (or hung rank's) last sign of life; zero: not logged
 	DetectedAt  time.Time
+	// Quorum: Votes of the job's Agents could not reach the node, a
+	// majority (agent/detect.Quorum); false from agents that predate it.
+	Quorum        bool
+	Votes, Agents int
+	// Suspect: reft run's cross-check with Slurm found no evidence for a
+	// node verdict (no quorum, and Slurm calls the node healthy), and
+	// made it an agent failure on a node that is kept (Runner.crossCheck).
+	Suspect bool
 }
 
 type pidKey struct {
@@ -192,7 +200,8 @@ func (w *Watcher) line(node string, b []byte) {
 		}
 		w.failures = append(w.failures, AgentFailure{Node: l.FailedNode, Class: l.Class, Ranks: l.Ranks, Cause: l.Message,
 			Coordinator: l.Coordinator, Reporter: l.Reporter, ConfirmedBy: l.ConfirmedBy,
-			Latency: time.Duration(l.LatencyS * float64(time.Second)), LastHeard: l.LastHeard, DetectedAt: at})
+			Latency: time.Duration(l.LatencyS * float64(time.Second)), LastHeard: l.LastHeard, DetectedAt: at,
+			Quorum: l.Quorum, Votes: l.Votes, Agents: l.Agents})
 		return
 	}
 	key := pidKey{l.Node, l.PeerPID}

@@ -5,6 +5,7 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func tool(t *testing.T, args ...string) string {
@@ -137,6 +139,9 @@ func TestErrors(t *testing.T) {
 		{[]string{"up", "--bogus"}, "unknown option '--bogus'"},
 		{[]string{"kill-node", "x7"}, "bad node name 'x7'"},
 		{[]string{"frob"}, "unknown command 'frob'"},
+		{[]string{"flap", "n1", "soon"}, "SECONDS must be a number"},
+		{[]string{"stall", "n1", "-1"}, "SECONDS must be a number"},
+		{[]string{"delay", "n1", "1.5"}, "MS must be a whole number"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, "_"), func(t *testing.T) {
@@ -226,5 +231,119 @@ func TestStartFailures(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNetFaults: a throwaway cluster with --net. Each node has its own
+// address on the tool's bridge; partition drops packets silently (a
+// connect times out, it is not refused), from every peer or from some,
+// heal and flap restore them, stall freezes the node's processes and
+// thaws them, and down removes the bridge.
+func TestNetFaults(t *testing.T) {
+	const portBase = 27800
+	dir, err := os.MkdirTemp("/var/tmp", "reft-cluster-net-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "REFT_CLUSTER_DIR="+dir, fmt.Sprintf("REFT_CLUSTER_PORT_BASE=%d", portBase))
+	run := func(args ...string) (string, error) {
+		c := exec.Command("./cluster", args...)
+		c.Env = env
+		out, err := c.CombinedOutput()
+		return string(out), err
+	}
+	must := func(args ...string) string {
+		t.Helper()
+		out, err := run(args...)
+		if err != nil {
+			t.Fatalf("cluster %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return out
+	}
+	const bridge = "rftbr27800"
+	t.Cleanup(func() {
+		if out, err := run("down"); err != nil {
+			t.Errorf("down: %v\n%s", err, out)
+		}
+		if err := exec.Command("ip", "link", "show", bridge).Run(); err == nil {
+			t.Errorf("the bridge %s is left after down", bridge)
+		}
+		if out, _ := exec.Command("ip", "-o", "link", "show").Output(); strings.Contains(string(out), "rftv27800-") {
+			t.Errorf("a node's veth is left after down:\n%s", out)
+		}
+		os.RemoveAll(dir)
+	})
+	must("up", "--nodes", "3", "--net", "--shm", "256m")
+	if out := must("status"); strings.Count(out, "idle") != 3 {
+		t.Fatalf("status after up --net: want three idle nodes\n%s", out)
+	}
+	pid := func(node string) string {
+		b, err := os.ReadFile(filepath.Join(dir, "run", "slurmd-"+node+".pid"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	// reach says how a TCP connect from node's namespace to to's slurmd
+	// ends: "open", "silent" (timed out) or "refused".
+	const subnet = "10.201.28." // (27800 / 100) % 250
+	reach := func(from, to string) string {
+		addr := fmt.Sprintf("%s%s/%d", subnet, to[1:], portBase+100+int(to[1]-'0'))
+		err := exec.Command("nsenter", "--net=/proc/"+pid(from)+"/ns/net", "timeout", "3", "bash", "-c", "</dev/tcp/"+addr).Run()
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+			return "open"
+		case errors.As(err, &ee) && ee.ExitCode() == 124:
+			return "silent"
+		}
+		return "refused"
+	}
+	for _, step := range []struct {
+		args []string
+		want map[[2]string]string
+	}{
+		{nil, map[[2]string]string{{"n1", "n2"}: "open", {"n3", "n2"}: "open", {"n2", "n1"}: "open"}},
+		{[]string{"partition", "n2"}, map[[2]string]string{{"n1", "n2"}: "silent", {"n3", "n2"}: "silent", {"n2", "n1"}: "silent", {"n1", "n3"}: "open"}},
+		{[]string{"heal", "n2"}, map[[2]string]string{{"n1", "n2"}: "open", {"n2", "n3"}: "open"}},
+		{[]string{"partition", "n2", "--from", "n1"}, map[[2]string]string{{"n1", "n2"}: "silent", {"n3", "n2"}: "open", {"n2", "n3"}: "open"}},
+		{[]string{"heal", "n2"}, map[[2]string]string{{"n1", "n2"}: "open"}},
+		{[]string{"flap", "n3", "1"}, map[[2]string]string{{"n1", "n3"}: "open", {"n3", "n2"}: "open"}},
+		// A partitioned node that is killed and revived comes back connected.
+		{[]string{"partition", "n2"}, map[[2]string]string{{"n1", "n2"}: "silent"}},
+		{[]string{"kill-node", "n2"}, nil},
+		{[]string{"revive", "n2"}, map[[2]string]string{{"n1", "n2"}: "open", {"n2", "n3"}: "open"}},
+	} {
+		if step.args != nil {
+			must(step.args...)
+		}
+		for link, want := range step.want {
+			if got := reach(link[0], link[1]); got != want {
+				t.Errorf("after %v: %s -> %s slurmd %s, want %s", step.args, link[0], link[1], got, want)
+			}
+		}
+	}
+	// Stall: the node's slurmd is stopped while it lasts, and runs after.
+	done := make(chan string, 1)
+	go func() { out, _ := run("stall", "n3", "2"); done <- out }()
+	stopped := false
+	for i := 0; i < 100 && !stopped; i++ {
+		b, _ := os.ReadFile("/proc/" + pid("n3") + "/status")
+		stopped = strings.Contains(string(b), "T (stopped)")
+		if !stopped {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	out := <-done
+	b, _ := os.ReadFile("/proc/" + pid("n3") + "/status")
+	if !stopped || strings.Contains(string(b), "T (stopped)") {
+		t.Errorf("stall n3: seen stopped %v, stopped after: %v\n%s", stopped, strings.Contains(string(b), "T (stopped)"), out)
+	}
+	// Delay works where the kernel has netem, and says why not elsewhere.
+	if out, err := run("delay", "n2", "100"); err != nil && !strings.Contains(out, "netem") {
+		t.Errorf("delay failed without naming netem: %v\n%s", err, out)
 	}
 }

@@ -119,7 +119,9 @@ func TestReftRunBeyondTolerance(t *testing.T) {
 			lg := mustRun(t, time.Minute, alice, bin("reft"), "log", "--config", conf, job).Stdout
 			c := jobComment(t, job)
 			t.Logf("job %s: %d step(s) committed at the failure, resumed from step %d, %.1f s after it; Comment: %s", job, committed, from, resumed[0].DurationS, c)
-			if !strings.Contains(c, "nodes n2,n3 lost, replaced by n4,n5") && !strings.Contains(c, "2 failures") {
+			// The two verdicts race: either may come first.
+			if !strings.Contains(c, "nodes n2,n3 lost, replaced by n4,n5") && !strings.Contains(c, "nodes n3,n2 lost, replaced by n4,n5") &&
+				!strings.Contains(c, "2 failures") {
 				t.Errorf("Comment %q does not name the lost nodes", c)
 			}
 			if !strings.Contains(c, "resumed from step "+strconv.FormatInt(from, 10)) {

@@ -400,9 +400,15 @@ func TestReftRunAgentKill(t *testing.T) {
 		t.Errorf("failure_detected %+v: detected_by %q", f, f.DetectedBy)
 	}
 	af := agentsFailures(t, job, "n1", "n2", "n3", "n4")
-	if len(af) != 1 || af[0]["failed_node"] != "n2" || af[0]["class"] != "agent" {
-		t.Errorf("the agents logged %v, want one agent failure of n2", af)
-	} else {
+	switch {
+	case len(af) == 0 && f.DetectedBy == "srun":
+		// The detector watches a refusing agent over its window (it may be
+		// restarting); here srun reported the rank first, and the
+		// relaunch's new agent answered inside the window.
+		t.Logf("the agents published no verdict: srun reported n2's rank first and n2's new agent answered within the detector's window")
+	case len(af) != 1 || af[0]["failed_node"] != "n2" || af[0]["class"] != "agent":
+		t.Errorf("the agents logged %v, want at most one verdict, an agent failure of n2", af)
+	default:
 		t.Logf("the agents' verdict: agent failure of n2 published by %v, %.0f ms after its last beat; reft run's event came from %s",
 			af[0]["coordinator"], af[0]["latency_s"].(float64)*1000, f.DetectedBy)
 	}

@@ -1,0 +1,94 @@
+//go:build e2e && e2enet
+
+// Issue 18's network faults, on a test cluster brought up with its own
+// networks (tests/cluster/cluster up --net):
+//
+//	tests/cluster/cluster up --net && go test -tags 'e2e e2enet' -run Net ./tests/e2e/
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// needNet fails the test unless the cluster runs with --net.
+func needNet(t *testing.T) {
+	t.Helper()
+	if b, err := os.ReadFile(filepath.Join(clusterDir, "etc", "net")); err != nil || strings.TrimSpace(string(b)) != "netns" {
+		t.Fatalf("this test needs the test cluster's own networks: bring it up with 'tests/cluster/cluster up --net' (%v)", err)
+	}
+}
+
+// TestNetFaultsNoVerdict: a fault shorter than the detector's watch window
+// (a 3 s flap of n2, a 3 s stall of n3's every process) costs no verdict
+// and no relaunch: the job completes with an uninterrupted run's bits, the
+// recovery log shows one launch and the completion, and no agent logged a
+// failure (nor fenced itself for long: at most n2 during its own flap).
+func TestNetFaultsNoVerdict(t *testing.T) {
+	needNet(t)
+	enableReft(t)
+	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
+	flags = append(flags, "--steps", "60")
+	refHash := reference(t, flags)
+	for _, tc := range []struct {
+		name  string
+		fault []string // cluster command
+	}{
+		{"3 s flap of n2", []string{"flap", "n2", "3"}},
+		{"3 s stall of n3", []string{"stall", "n3", "3"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			job, dir := reftRunJobWith(t, "-N4 --reft=arc --requeue", flags...)
+			waitOutput(t, dir, job, "\nstep 20 loss")
+			cluster(t, tc.fault...)
+			waitJobEnd(t, job, 5*time.Minute)
+			completedSame(t, dir, job, refHash)
+			if names := eventNames(recoveryEvents(t, job)); !slices.Equal(names, []string{"step_launched", "completed"}) {
+				t.Errorf("recovery events %v, want a launch and the completion only", names)
+			}
+			if af := agentsFailures(t, job, "n1", "n2", "n3", "n4"); len(af) != 0 {
+				t.Errorf("the agents published %v, want no failure", af)
+			}
+		})
+	}
+}
+
+// TestNetPartitionFromAgents: n2 is cut off from every other node but not
+// from slurmctld, for good. The other agents make a quorum and publish
+// n2's loss, one verdict, never one about n2's neighbours, and n2's own
+// agent publishes nothing; reft run takes the verdict (its quorum outweighs
+// Slurm still calling n2 healthy) and acts on n2 alone: the spare n5 takes
+// its slot, and the job ends with an uninterrupted run's bits.
+func TestNetPartitionFromAgents(t *testing.T) {
+	needNet(t)
+	enableReft(t)
+	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
+	flags = append(flags, "--steps", "150")
+	refHash := reference(t, flags)
+	t.Cleanup(func() { cluster(t, "heal", "n2") })
+	var nl spareLoss
+	untilNoInitCrash(t, func() (string, string) {
+		cluster(t, "heal", "n2")
+		reviveIfDead(t, "n2")
+		job, dir := reftRunCmd(t, "-N5 --no-kill --reft=arc,spares=1 --requeue", bin("reft-train")+" "+strings.Join(append(flags, "--dp", "4"), " "))
+		nl = spareLoss{job: job, dir: dir, killStep: 30}
+		waitOutput(t, dir, job, "\nstep 30 loss")
+		stop := watchFirstStep(dir, job, &nl)
+		cluster(t, "partition", "n2", "--from", "n1,n3,n4,n5")
+		nl.killed = time.Now()
+		waitJobEnd(t, job, 5*time.Minute)
+		stop()
+		return job, dir
+	})
+	ev := checkNodeLossSpare(t, nl, refHash)
+	if af := agentsFailures(t, nl.job, "n2"); len(af) != 0 {
+		t.Errorf("n2, cut off, published %v; want nothing", af)
+	}
+	if !strings.Contains(ev[1].Cause, "a quorum") {
+		t.Errorf("failure_detected cause %q does not name the agents' quorum", ev[1].Cause)
+	}
+}
