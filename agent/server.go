@@ -225,6 +225,7 @@ func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.F
 			return nil
 		}
 		s.commPhase(rc, cm.Active, log)
+		s.progress.comm(rc, cm.Active)
 		return nil
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
 		return s.handleSnapshot(ctx, c, rc, f, log)
