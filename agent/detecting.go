@@ -21,7 +21,7 @@ import (
 // progressTable is every local rank's last progress (a save or a progress
 // message), the input of hang detection. A rank is watched from its first
 // progress until its connection closes. It also keeps each rank's recent
-// step times, whose median scales the rank's hang timeout
+// step times (between its reports), whose median scales the rank's hang timeout
 // (detect.HangTimeout), and whether the rank is in a communication phase,
 // which a hang verdict reports as where the rank was.
 type progressTable struct {
@@ -41,11 +41,12 @@ const stepSamples = 15
 const minStepSamples = 3
 
 type progressEntry struct {
-	rc    *rankConn // the connection that reported it
-	step  int64
-	at    time.Time
-	times []time.Duration // the last stepSamples step times, oldest first
-	comm  bool            // in a communication phase (comm_phase)
+	rc     *rankConn // the connection that reported it
+	step   int64
+	at     time.Time       // the last report
+	stepAt time.Time       // the first report of step
+	times  []time.Duration // the last stepSamples step times, oldest first
+	comm   bool            // in a communication phase (comm_phase)
 }
 
 func (t *progressTable) note(rc *rankConn, rank int, step int64) {
@@ -57,15 +58,19 @@ func (t *progressTable) note(rc *rankConn, rank int, step int64) {
 	}
 	e := t.ranks[rank]
 	if e == nil || e.rc != rc {
-		t.ranks[rank] = &progressEntry{rc: rc, step: step, at: now}
+		t.ranks[rank] = &progressEntry{rc: rc, step: step, at: now, stepAt: now}
 		return
 	}
+	// A step time is the time between the first reports of successive
+	// reported steps: a rank that saves every fifth step and calls
+	// progress() never has a "step time" of five steps, which is the
+	// silence hang detection must expect between its reports.
 	if step > e.step {
-		per := now.Sub(e.at) / time.Duration(step-e.step)
 		if len(e.times) == stepSamples {
 			e.times = append(e.times[:0], e.times[1:]...)
 		}
-		e.times = append(e.times, per)
+		e.times = append(e.times, now.Sub(e.stepAt))
+		e.stepAt = now
 	}
 	e.step, e.at = step, now
 }

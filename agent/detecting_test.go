@@ -139,7 +139,7 @@ func TestJITFlushFollowsVerdicts(t *testing.T) {
 }
 
 // TestProgressStepTime: the median step time over a rank's recent
-// progress, per step when progress skips steps, none before
+// progress, between the reports when they skip steps, none before
 // minStepSamples, forgotten when another connection takes the rank over;
 // and the communication phase shows as where the rank is.
 func TestProgressStepTime(t *testing.T) {
@@ -155,9 +155,9 @@ func TestProgressStepTime(t *testing.T) {
 			{100 * time.Millisecond, 2, 0},
 			{100 * time.Millisecond, 3, 0},
 			{100 * time.Millisecond, 3, 0},                      // the same step again (save and progress): no sample
-			{400 * time.Millisecond, 5, 100 * time.Millisecond}, // two steps in 400 ms: 200 ms each; samples 100 100 200
-			{900 * time.Millisecond, 6, 150 * time.Millisecond}, // 100 100 200 900
-			{200 * time.Millisecond, 7, 200 * time.Millisecond}, // 100 100 200 200 900
+			{400 * time.Millisecond, 5, 100 * time.Millisecond}, // reports skip a step: 500 ms since step 3's first report; samples 100 100 500
+			{900 * time.Millisecond, 6, 300 * time.Millisecond}, // 100 100 500 900
+			{200 * time.Millisecond, 7, 200 * time.Millisecond}, // 100 100 200 500 900
 		}
 		for i, st := range steps {
 			time.Sleep(st.after)

@@ -61,6 +61,11 @@ type Config struct {
 	// its end: a stand-in for a bigger model, so that a demo or a failure
 	// test can hit a chosen step. It changes no result.
 	MinStep time.Duration
+	// SlowStep makes step SlowAt take SlowStep longer on every rank (after
+	// the MinStep padding): a deliberately slow step, which hang
+	// detection must not call a hang. It changes no result.
+	SlowAt   int64
+	SlowStep time.Duration
 }
 
 // Defaults returns the configuration that ParseArgs starts from.
@@ -85,6 +90,7 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	fs.SetOutput(usage)
 	size := fs.String("size", "4MiB", "parameter bytes (e.g. 4MiB, 256MiB, 1GiB); layer width is derived from it")
 	fail := fs.String("fail-at", "", "STEP:RANK: that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
+	slow := fs.String("slow-at", "", "STEP:DURATION: every rank sleeps DURATION more at the end of STEP (a slow step; e.g. 12:2s)")
 	seed := fs.Uint64("seed", c.Seed, "seed for data, teacher and initial weights")
 	fs.Int64Var(&c.Steps, "steps", c.Steps, "optimizer steps")
 	fs.IntVar(&c.Layers, "layers", c.Layers, "MLP layers (>= --pp)")
@@ -125,6 +131,15 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 		if c.FailStep, c.FailRank, err = parseFailAt(*fail); err != nil {
 			return c, fmt.Errorf("--fail-at: %w", err)
 		}
+	}
+	if *slow != "" {
+		st, d, _ := strings.Cut(*slow, ":")
+		step, err1 := strconv.ParseInt(st, 10, 64)
+		dur, err2 := time.ParseDuration(d)
+		if err1 != nil || err2 != nil || step < 1 || dur <= 0 {
+			return c, fmt.Errorf("--slow-at %q: want STEP:DURATION with STEP >= 1 and a positive duration (e.g. 12:2s)", *slow)
+		}
+		c.SlowAt, c.SlowStep = step, dur
 	}
 	return c, c.check()
 }

@@ -313,6 +313,9 @@ func (t *trainer) run(o Options) (*Result, error) {
 		if d := cfg.MinStep - time.Since(t0); d > 0 {
 			time.Sleep(d)
 		}
+		if step == cfg.SlowAt {
+			time.Sleep(cfg.SlowStep)
+		}
 		total += time.Since(t0)
 		ran++
 	}
