@@ -47,6 +47,13 @@ type progressEntry struct {
 	stepAt time.Time       // the first report of step
 	times  []time.Duration // the last stepSamples step times, oldest first
 	comm   bool            // in a communication phase (comm_phase)
+	// commEnd is when the last communication phase ended; compute the
+	// last stepSamples spans from one phase's end to the next one's
+	// start: the rank's own work per step, without the waits for other
+	// ranks that synchronous training puts in the collectives (a
+	// straggler's is longer than the others').
+	commEnd time.Time
+	compute []time.Duration
 }
 
 func (t *progressTable) note(rc *rankConn, rank int, step int64) {
@@ -66,10 +73,7 @@ func (t *progressTable) note(rc *rankConn, rank int, step int64) {
 	// progress() never has a "step time" of five steps, which is the
 	// silence hang detection must expect between its reports.
 	if step > e.step {
-		if len(e.times) == stepSamples {
-			e.times = append(e.times[:0], e.times[1:]...)
-		}
-		e.times = append(e.times, now.Sub(e.stepAt))
+		e.times = appendSample(e.times, now.Sub(e.stepAt))
 		e.stepAt = now
 	}
 	e.step, e.at = step, now
@@ -77,13 +81,41 @@ func (t *progressTable) note(rc *rankConn, rank int, step int64) {
 
 // comm records that rc's rank entered or left a communication phase.
 func (t *progressTable) comm(rc *rankConn, active bool) {
+	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, e := range t.ranks {
-		if e.rc == rc {
-			e.comm = active
+		if e.rc != rc || e.comm == active {
+			continue
+		}
+		e.comm = active
+		switch {
+		case !active:
+			e.commEnd = now
+		case !e.commEnd.IsZero():
+			e.compute = appendSample(e.compute, now.Sub(e.commEnd))
 		}
 	}
+}
+
+// appendSample adds d to the last stepSamples samples ds.
+func appendSample(ds []time.Duration, d time.Duration) []time.Duration {
+	if len(ds) == stepSamples {
+		ds = append(ds[:0], ds[1:]...)
+	}
+	return append(ds, d)
+}
+
+// status is the ranks' progress for the agent's status reply, by rank.
+func (t *progressTable) status(now time.Time) map[int]*proto.RankProgress {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[int]*proto.RankProgress, len(t.ranks))
+	for r, e := range t.ranks {
+		out[r] = &proto.RankProgress{Step: e.step, SilentS: now.Sub(e.at).Seconds(),
+			StepTimeS: median(e.times).Seconds(), ComputeS: median(e.compute).Seconds(), InComm: e.comm}
+	}
+	return out
 }
 
 // drop forgets the ranks whose progress came from rc, which closed: a

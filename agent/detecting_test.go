@@ -259,3 +259,40 @@ func TestProcStateOfAProcess(t *testing.T) {
 	cmd.Wait()
 	until("")
 }
+
+// TestProgressCompute: a rank's own work per step is the span from the end
+// of one communication phase to the start of the next (the wait for other
+// ranks inside the phase left out); its median shows in the status reply
+// with the step, the silence and whether the rank is in a phase now.
+func TestProgressCompute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tab := &progressTable{}
+		a := &rankConn{pid: 10}
+		tab.note(a, 2, 1)
+		phases := []struct {
+			work, wait time.Duration // before the phase, in it
+		}{
+			{50 * time.Millisecond, 10 * time.Millisecond}, // no phase ended before: no sample
+			{100 * time.Millisecond, 5 * time.Millisecond},
+			{300 * time.Millisecond, 5 * time.Millisecond},
+			{120 * time.Millisecond, 400 * time.Millisecond}, // a long wait is no work
+		}
+		for _, p := range phases {
+			time.Sleep(p.work)
+			tab.comm(a, true)
+			tab.comm(a, true) // repeated: no new phase
+			time.Sleep(p.wait)
+			tab.comm(a, false)
+		}
+		tab.note(a, 2, 2)
+		time.Sleep(time.Second)
+		tab.comm(a, true)
+		st := tab.status(time.Now())[2]
+		if st == nil || st.ComputeS != 0.21 || st.Step != 2 || st.SilentS != 1 || !st.InComm {
+			t.Errorf("status %+v, want step 2, compute median 0.21 s (of 100 120 300 1000 ms: 120 and 300), silent 1 s, in a phase", st)
+		}
+		if len(tab.status(time.Now())) != 1 {
+			t.Errorf("status of %d ranks, want 1", len(tab.status(time.Now())))
+		}
+	})
+}

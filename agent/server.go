@@ -373,11 +373,12 @@ func (s *Server) rankStatus() []proto.RankStatus {
 		return nil
 	}
 	var out []proto.RankStatus
+	progress := s.progress.status(time.Now())
 	for _, k := range s.store.Keys() {
 		if k.Shard != tmpfs.DefaultShard {
 			continue
 		}
-		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}, Protection: s.protection(k.Rank)}
+		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}, Protection: s.protection(k.Rank), Progress: progress[k.Rank]}
 		for _, g := range s.store.Generations(k) {
 			if g.Bad {
 				continue

@@ -10,7 +10,10 @@ package e2e
 // no hang.
 
 import (
+	"encoding/json"
 	"os"
+	"os/user"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -223,5 +226,62 @@ func TestReftRunSlowStepNoHang(t *testing.T) {
 		if w, h := evs["rank_waiting"], evs["rank_hung"]; len(w)+len(h) != 0 {
 			t.Errorf("%s's agent logged rank_waiting %v, rank_hung %v; want neither for a step twice the median", n, w, h)
 		}
+	}
+}
+
+// TestReftStatusStraggler: rank 2 of reft-train computes 100 ms longer in
+// every step (--slow-rank), and the other ranks wait for it in the
+// gradient all-reduce. The agents measure each rank's work between its
+// communication phases; `reft status` names rank 2 on n3 as the one
+// straggler, in JSON and in the table, and reft run does nothing about it.
+func TestReftStatusStraggler(t *testing.T) {
+	enableReft(t)
+	conf := filepath.Join(clusterDir, "etc", "reft-e2e.toml")
+	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
+	job, dir := untilNoInitCrash(t, func() (string, string) {
+		job, dir := reftRunJob(t, append(flags, "--dp", "4", "--steps", "100000", "--slow-rank", "2:100ms")...)
+		waitOutput(t, dir, job, "\nstep 5 loss")
+		return job, dir
+	})
+	defer func() {
+		mustRun(t, time.Minute, alice, "scancel", job)
+		waitJob(t, job, 2*time.Minute)
+		u, _ := user.Lookup(alice)
+		run(t, time.Minute, alice, "srun", "-N4", "--ntasks-per-node=1", "-w", "n[1-4]", "rm", "-rf", filepath.Join(reftStoreRoot, u.Uid, job))
+	}()
+	var rep struct {
+		Stragglers []struct {
+			Rank     int     `json:"rank"`
+			Node     string  `json:"node"`
+			ComputeS float64 `json:"compute_s"`
+			MedianS  float64 `json:"median_s"`
+		} `json:"stragglers"`
+	}
+	var raw string
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
+		r := run(t, time.Minute, alice, bin("reft"), "status", "--json", "--config", conf, job)
+		if r.Code != 0 {
+			t.Fatalf("reft status --json:\n%s", r)
+		}
+		raw = r.Stdout
+		if err := json.Unmarshal([]byte(raw), &rep); err != nil {
+			t.Fatalf("reft status --json: %v\n%s", err, raw)
+		}
+		if len(rep.Stragglers) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reft status never named a straggler:\n%s", raw)
+		}
+	}
+	if s := rep.Stragglers; len(s) != 1 || s[0].Rank != 2 || s[0].Node != "n3" || s[0].ComputeS-s[0].MedianS < 0.08 {
+		t.Fatalf("stragglers %+v; want rank 2 on n3 alone, about 100 ms above the median\n%s", s, raw)
+	}
+	t.Logf("rank 2 works %.0f ms per step outside its collectives, the job's median %.0f ms", rep.Stragglers[0].ComputeS*1000, rep.Stragglers[0].MedianS*1000)
+	if r := run(t, time.Minute, alice, bin("reft"), "status", "--config", conf, job); !strings.Contains(r.Stdout, "straggler: rank 2 on n3 works ") {
+		t.Errorf("reft status's table does not name the straggler:\n%s", r)
+	}
+	if names := eventNames(recoveryEvents(t, job)); !slices.Equal(names, []string{"step_launched"}) {
+		t.Errorf("recovery events %v while the straggler runs; want only the launch\n%s", names, jobOutput(t, dir, job))
 	}
 }
