@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -18,25 +20,102 @@ import (
 
 // progressTable is every local rank's last progress (a save or a progress
 // message), the input of hang detection. A rank is watched from its first
-// progress until its connection closes.
+// progress until its connection closes. It also keeps each rank's recent
+// step times (between its reports), whose median scales the rank's hang timeout
+// (detect.HangTimeout), and whether the rank is in a communication phase,
+// which a hang verdict reports as where the rank was.
 type progressTable struct {
 	mu    sync.Mutex
-	ranks map[int]progressEntry
+	ranks map[int]*progressEntry
+	// proc reads a process's state; nil: procState.
+	proc func(pid int32) string
 }
 
+// stepSamples is how many recent step times a rank's median is taken over:
+// enough that one slow step (an evaluation, a checkpoint to disk) does not
+// move it, few enough that it follows a job whose step time changes.
+const stepSamples = 15
+
+// minStepSamples is how many step times a median needs; before that the
+// hang timeout is the floor (the first steps include warm-up).
+const minStepSamples = 3
+
 type progressEntry struct {
-	rc   *rankConn // the connection that reported it
-	step int64
-	at   time.Time
+	rc     *rankConn // the connection that reported it
+	step   int64
+	at     time.Time       // the last report
+	stepAt time.Time       // the first report of step
+	times  []time.Duration // the last stepSamples step times, oldest first
+	comm   bool            // in a communication phase (comm_phase)
+	// commEnd is when the last communication phase ended; compute the
+	// last stepSamples spans from one phase's end to the next one's
+	// start: the rank's own work per step, without the waits for other
+	// ranks that synchronous training puts in the collectives (a
+	// straggler's is longer than the others').
+	commEnd time.Time
+	compute []time.Duration
 }
 
 func (t *progressTable) note(rc *rankConn, rank int, step int64) {
+	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.ranks == nil {
-		t.ranks = map[int]progressEntry{}
+		t.ranks = map[int]*progressEntry{}
 	}
-	t.ranks[rank] = progressEntry{rc: rc, step: step, at: time.Now()}
+	e := t.ranks[rank]
+	if e == nil || e.rc != rc {
+		t.ranks[rank] = &progressEntry{rc: rc, step: step, at: now, stepAt: now}
+		return
+	}
+	// A step time is the time between the first reports of successive
+	// reported steps: a rank that saves every fifth step and calls
+	// progress() never has a "step time" of five steps, which is the
+	// silence hang detection must expect between its reports.
+	if step > e.step {
+		e.times = appendSample(e.times, now.Sub(e.stepAt))
+		e.stepAt = now
+	}
+	e.step, e.at = step, now
+}
+
+// comm records that rc's rank entered or left a communication phase.
+func (t *progressTable) comm(rc *rankConn, active bool) {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, e := range t.ranks {
+		if e.rc != rc || e.comm == active {
+			continue
+		}
+		e.comm = active
+		switch {
+		case !active:
+			e.commEnd = now
+		case !e.commEnd.IsZero():
+			e.compute = appendSample(e.compute, now.Sub(e.commEnd))
+		}
+	}
+}
+
+// appendSample adds d to the last stepSamples samples ds.
+func appendSample(ds []time.Duration, d time.Duration) []time.Duration {
+	if len(ds) == stepSamples {
+		ds = append(ds[:0], ds[1:]...)
+	}
+	return append(ds, d)
+}
+
+// status is the ranks' progress for the agent's status reply, by rank.
+func (t *progressTable) status(now time.Time) map[int]*proto.RankProgress {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[int]*proto.RankProgress, len(t.ranks))
+	for r, e := range t.ranks {
+		out[r] = &proto.RankProgress{Step: e.step, SilentS: now.Sub(e.at).Seconds(),
+			StepTimeS: median(e.times).Seconds(), ComputeS: median(e.compute).Seconds(), InComm: e.comm}
+	}
+	return out
 }
 
 // drop forgets the ranks whose progress came from rc, which closed: a
@@ -51,14 +130,83 @@ func (t *progressTable) drop(rc *rankConn) {
 	}
 }
 
+// list is the detector's view (detect.Config.Progress). It reads each
+// rank's process state from /proc: the agent runs as the ranks' user on
+// their node, and the pid is the kernel's (SO_PEERCRED) for a connection
+// still open, so it names the rank's process.
 func (t *progressTable) list() []detect.Progress {
+	proc := t.proc
+	if proc == nil {
+		proc = procState
+	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	out := make([]detect.Progress, 0, len(t.ranks))
+	pids := make([]int32, 0, len(t.ranks))
 	for r, e := range t.ranks {
-		out = append(out, detect.Progress{Rank: r, Step: e.step, At: e.at})
+		p := detect.Progress{Rank: r, Step: e.step, At: e.at, StepTime: median(e.times)}
+		if e.comm {
+			p.Where = "in a communication phase"
+		}
+		out = append(out, p)
+		pids = append(pids, e.rc.pid)
+	}
+	t.mu.Unlock()
+	for i := range out {
+		if pids[i] > 0 {
+			out[i].Process = proc(pids[i])
+		}
 	}
 	return out
+}
+
+// median is the middle of ds (the mean of the two middle ones for an even
+// count); 0 for fewer than minStepSamples.
+func median(ds []time.Duration) time.Duration {
+	if len(ds) < minStepSamples {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+// procState is the state of process pid (detect.Proc*), from field 3 of
+// /proc/PID/stat; "" when it cannot be read (the process is gone). It is
+// the main thread's: the one that runs a Python trainer's loop; a stop
+// signal stops every thread. A helper thread in I/O (a data loader) does
+// not make the rank look frozen.
+func procState(pid int32) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/stat")
+	if err != nil {
+		return ""
+	}
+	return parseProcState(b)
+}
+
+// parseProcState reads the state letter of a /proc/PID/stat line. The
+// command name (field 2) is in parentheses and may hold spaces and
+// parentheses itself, so the state follows the last ')'.
+func parseProcState(b []byte) string {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) || b[i+1] != ' ' {
+		return ""
+	}
+	switch b[i+2] {
+	case 'R':
+		return detect.ProcRunning
+	case 'S', 'I':
+		return detect.ProcSleeping
+	case 'D':
+		return detect.ProcDiskSleep
+	case 'T', 't':
+		return detect.ProcStopped
+	case 'Z', 'X':
+		return detect.ProcZombie
+	}
+	return ""
 }
 
 // handleProgress serves the client's progress heartbeat.
@@ -174,7 +322,7 @@ func startDetector(ctx context.Context, cfg config.Config, m *mesh.Mesh, srv *Se
 	}
 	d, err := detect.New(detect.Config{Self: m.Self().Name, Nodes: nodes, Transport: m,
 		Interval: cfg.Detect.Interval.D(), Timeout: cfg.Detect.Timeout.D(), Confirm: cfg.Detect.Confirm.D(), Window: cfg.Detect.Window.D(),
-		Hang: cfg.Detect.Hang.D(), Progress: srv.progress.list, OnFailure: srv.peerFailed, Log: log})
+		Hang: cfg.Detect.Hang.D(), HangFactor: cfg.Detect.HangFactor, Progress: srv.progress.list, OnFailure: srv.peerFailed, Log: log})
 	if err != nil {
 		return nil, err
 	}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -59,8 +62,12 @@ func TestProgress(t *testing.T) {
 			t.Errorf("%s: reply step %d, want %d", tc.name, rep.Step, tc.step)
 		}
 	}
-	if got := s.progress.list(); len(got) != 1 || got[0].Rank != 2 || got[0].Step != 4 {
-		t.Fatalf("progress %+v, want rank 2 at step 4", got)
+	// The process state is this test's own (it is the client): its main
+	// thread's, running or asleep while another runs the test; two step
+	// times are too few for a median.
+	if got := s.progress.list(); len(got) != 1 || got[0].Rank != 2 || got[0].Step != 4 ||
+		(got[0].Process != detect.ProcRunning && got[0].Process != detect.ProcSleeping) || got[0].StepTime != 0 {
+		t.Fatalf("progress %+v, want rank 2 at step 4, process running or sleeping, no median yet", got)
 	}
 	c.saveFilled(5, 1) // a save is progress
 	if got := s.progress.list(); len(got) != 1 || got[0].Step != 5 {
@@ -129,4 +136,163 @@ func TestJITFlushFollowsVerdicts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestProgressStepTime: the median step time over a rank's recent
+// progress, between the reports when they skip steps, none before
+// minStepSamples, forgotten when another connection takes the rank over;
+// and the communication phase shows as where the rank is.
+func TestProgressStepTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tab := &progressTable{proc: func(int32) string { return detect.ProcSleeping }}
+		a, b := &rankConn{pid: 10}, &rankConn{pid: 11}
+		steps := []struct {
+			after time.Duration
+			step  int64
+			want  time.Duration // the median after it
+		}{
+			{0, 1, 0},
+			{100 * time.Millisecond, 2, 0},
+			{100 * time.Millisecond, 3, 0},
+			{100 * time.Millisecond, 3, 0},                      // the same step again (save and progress): no sample
+			{400 * time.Millisecond, 5, 100 * time.Millisecond}, // reports skip a step: 500 ms since step 3's first report; samples 100 100 500
+			{900 * time.Millisecond, 6, 300 * time.Millisecond}, // 100 100 500 900
+			{200 * time.Millisecond, 7, 200 * time.Millisecond}, // 100 100 200 500 900
+		}
+		for i, st := range steps {
+			time.Sleep(st.after)
+			tab.note(a, 4, st.step)
+			got := tab.list()
+			if len(got) != 1 || got[0].Step != st.step || got[0].StepTime != st.want || got[0].Process != detect.ProcSleeping || !got[0].At.Equal(time.Now()) {
+				t.Fatalf("after note %d (step %d): %+v, want step time %s", i, st.step, got, st.want)
+			}
+		}
+		tab.comm(a, true)
+		if got := tab.list(); got[0].Where != "in a communication phase" {
+			t.Errorf("in a communication phase: where %q", got[0].Where)
+		}
+		tab.comm(a, false)
+		if got := tab.list(); got[0].Where != "" {
+			t.Errorf("after the communication phase: where %q", got[0].Where)
+		}
+		// A relaunched rank on a new connection starts afresh.
+		time.Sleep(time.Second)
+		tab.note(b, 4, 7)
+		if got := tab.list(); len(got) != 1 || got[0].StepTime != 0 {
+			t.Errorf("after another connection took rank 4: %+v, want no median", got)
+		}
+		for range stepSamples + 5 {
+			time.Sleep(50 * time.Millisecond)
+			tab.note(b, 4, tab.list()[0].Step+1)
+		}
+		if e := tab.ranks[4]; len(e.times) != stepSamples {
+			t.Errorf("%d step times kept, want the last %d", len(e.times), stepSamples)
+		}
+	})
+}
+
+func TestParseProcState(t *testing.T) {
+	for _, tc := range []struct{ stat, want string }{
+		{"1234 (python3) S 1 1234 1234 0 -1", detect.ProcSleeping},
+		{"1234 (python3) R 1 1234", detect.ProcRunning},
+		{"1234 (reft-train) T 1 1234", detect.ProcStopped},
+		{"1234 (gdb-traced) t 1", detect.ProcStopped},
+		{"1234 (io) D 1", detect.ProcDiskSleep},
+		{"1234 (dead) Z 1", detect.ProcZombie},
+		{"1234 (kworker) I 2", detect.ProcSleeping},
+		{"1234 (a) b (c)) T 1", detect.ProcStopped}, // a name with ") b (" in it
+		{"1234 (x) W 1", ""},
+		{"1234 (x)", ""},
+		{"1234 (x)T", ""},
+		{"garbage", ""},
+		{"", ""},
+	} {
+		if got := parseProcState([]byte(tc.stat)); got != tc.want {
+			t.Errorf("parseProcState(%q) = %q, want %q", tc.stat, got, tc.want)
+		}
+	}
+}
+
+func FuzzParseProcState(f *testing.F) {
+	f.Add([]byte("1234 (python3) S 1 1234"))
+	f.Add([]byte("1 ((a) T) T"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		switch s := parseProcState(b); s {
+		case "", detect.ProcRunning, detect.ProcSleeping, detect.ProcDiskSleep, detect.ProcStopped, detect.ProcZombie:
+		default:
+			t.Fatalf("parseProcState(%q) = %q", b, s)
+		}
+	})
+}
+
+// TestProcStateOfAProcess: a real process's state as a hang verdict sees
+// it: asleep, stopped by SIGSTOP, asleep again after SIGCONT, and nothing
+// once it is gone.
+func TestProcStateOfAProcess(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := int32(cmd.Process.Pid)
+	defer cmd.Process.Kill()
+	until := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for procState(pid) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("process state %q, want %q", procState(pid), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	until(detect.ProcSleeping)
+	for _, step := range []struct {
+		sig  syscall.Signal
+		want string
+	}{{syscall.SIGSTOP, detect.ProcStopped}, {syscall.SIGCONT, detect.ProcSleeping}} {
+		if err := cmd.Process.Signal(step.sig); err != nil {
+			t.Fatal(err)
+		}
+		until(step.want)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	until("")
+}
+
+// TestProgressCompute: a rank's own work per step is the span from the end
+// of one communication phase to the start of the next (the wait for other
+// ranks inside the phase left out); its median shows in the status reply
+// with the step, the silence and whether the rank is in a phase now.
+func TestProgressCompute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tab := &progressTable{}
+		a := &rankConn{pid: 10}
+		tab.note(a, 2, 1)
+		phases := []struct {
+			work, wait time.Duration // before the phase, in it
+		}{
+			{50 * time.Millisecond, 10 * time.Millisecond}, // no phase ended before: no sample
+			{100 * time.Millisecond, 5 * time.Millisecond},
+			{300 * time.Millisecond, 5 * time.Millisecond},
+			{120 * time.Millisecond, 400 * time.Millisecond}, // a long wait is no work
+		}
+		for _, p := range phases {
+			time.Sleep(p.work)
+			tab.comm(a, true)
+			tab.comm(a, true) // repeated: no new phase
+			time.Sleep(p.wait)
+			tab.comm(a, false)
+		}
+		tab.note(a, 2, 2)
+		time.Sleep(time.Second)
+		tab.comm(a, true)
+		st := tab.status(time.Now())[2]
+		if st == nil || st.ComputeS != 0.21 || st.Step != 2 || st.SilentS != 1 || !st.InComm {
+			t.Errorf("status %+v, want step 2, compute median 0.21 s (of 100 120 300 1000 ms: 120 and 300), silent 1 s, in a phase", st)
+		}
+		if len(tab.status(time.Now())) != 1 {
+			t.Errorf("status of %d ranks, want 1", len(tab.status(time.Now())))
+		}
+	})
 }

@@ -225,6 +225,7 @@ func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.F
 			return nil
 		}
 		s.commPhase(rc, cm.Active, log)
+		s.progress.comm(rc, cm.Active)
 		return nil
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
 		return s.handleSnapshot(ctx, c, rc, f, log)
@@ -372,11 +373,12 @@ func (s *Server) rankStatus() []proto.RankStatus {
 		return nil
 	}
 	var out []proto.RankStatus
+	progress := s.progress.status(time.Now())
 	for _, k := range s.store.Keys() {
 		if k.Shard != tmpfs.DefaultShard {
 			continue
 		}
-		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}, Protection: s.protection(k.Rank)}
+		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}, Protection: s.protection(k.Rank), Progress: progress[k.Rank]}
 		for _, g := range s.store.Generations(k) {
 			if g.Bad {
 				continue

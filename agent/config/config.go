@@ -139,9 +139,11 @@ type Detect struct {
 	// condemns it: a flap or a stall shorter than this is no failure. A
 	// refused connection (the process is gone) needs no window.
 	Window Duration `toml:"window"`
-	// Hang is how long a rank may go without progress (a save or a
-	// progress message) before it counts as hung; 0: off.
-	Hang Duration `toml:"hang"`
+	// Hang is the least a rank may go without progress (a save or a
+	// progress message) before it counts as hung; 0: off. HangFactor
+	// times the rank's median step time raises it (detect.HangTimeout).
+	Hang       Duration `toml:"hang"`
+	HangFactor float64  `toml:"hang_factor"`
 }
 
 // Log is the agent's logging.
@@ -290,7 +292,7 @@ func Default() Config {
 		},
 		Protect: Protect{BackgroundRate: 2 << 30, BackgroundBurst: 64 << 20},
 		Detect: Detect{Enabled: true, Interval: Duration(250 * time.Millisecond), Timeout: Duration(time.Second),
-			Confirm: Duration(500 * time.Millisecond), Window: Duration(3 * time.Second), Hang: Duration(30 * time.Minute)},
+			Confirm: Duration(500 * time.Millisecond), Window: Duration(3 * time.Second), Hang: Duration(10 * time.Minute), HangFactor: 10},
 		Log: Log{Dir: "/var/log/reft", Level: "info"},
 		Run: Run{MaxRestarts: 10, MaxStalled: 3, Backoff: Duration(time.Second),
 			BackoffMax: Duration(time.Minute), ProbeTimeout: Duration(30 * time.Second)},
@@ -584,6 +586,10 @@ func (d Detect) Validate() error {
 		return fmt.Errorf("detect.window = %s: want a positive duration (how long a silent suspect is watched before it counts as down)", d.Window)
 	case d.Hang < 0:
 		return fmt.Errorf("detect.hang = %s: want 0 (off) or a positive duration", d.Hang)
+	case d.HangFactor < 0 || d.HangFactor > 1000:
+		return fmt.Errorf("detect.hang_factor = %g: want 0 (the floor detect.hang alone) up to 1000; a rank is hung after hang_factor times its median step time, never before detect.hang", d.HangFactor)
+	case d.HangFactor > 0 && d.HangFactor <= 2:
+		return fmt.Errorf("detect.hang_factor = %g: want more than 2, so a step twice the median is no hang (10 is the default)", d.HangFactor)
 	case d.Hang > 0 && d.Hang <= d.Timeout:
 		return fmt.Errorf("detect.hang = %s: want it above detect.timeout (%s); a rank's progress comes once per training step", d.Hang, d.Timeout)
 	}

@@ -3,11 +3,7 @@ package detect
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"slices"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/peer"
@@ -215,43 +211,4 @@ func (d *Detector) received(f Failure) (failureReply, error) {
 		d.cfg.OnFailure(f)
 	}
 	return failureReply{Coordinator: f.Coordinator, Duplicate: dup}, nil
-}
-
-// checkHangs reports local ranks whose progress stopped longer than Hang
-// ago, once per stop.
-func (d *Detector) checkHangs(ctx context.Context) {
-	if d.cfg.Hang <= 0 || d.cfg.Progress == nil {
-		return
-	}
-	ps := d.cfg.Progress()
-	now := time.Now()
-	var hung []Progress
-	d.mu.Lock()
-	for _, p := range ps {
-		if now.Sub(p.At) >= d.cfg.Hang && !d.hung[p.Rank].Equal(p.At) {
-			d.hung[p.Rank] = p.At
-			hung = append(hung, p)
-		}
-	}
-	d.mu.Unlock()
-	if len(hung) == 0 {
-		return
-	}
-	slices.SortFunc(hung, func(a, b Progress) int { return a.Rank - b.Rank })
-	f := Failure{Node: d.cfg.Self, Class: ClassHang, Reporter: d.cfg.Self, LastHeard: hung[0].At, DetectedAt: now}
-	var what []string
-	for _, p := range hung {
-		f.Ranks = append(f.Ranks, p.Rank)
-		if p.At.Before(f.LastHeard) {
-			f.LastHeard = p.At
-		}
-		what = append(what, "rank "+strconv.Itoa(p.Rank)+" at step "+strconv.FormatInt(p.Step, 10))
-	}
-	f.Cause = fmt.Sprintf("no progress on %s for %s or more (detect.hang): %s", d.cfg.Self, d.cfg.Hang, strings.Join(what, ", "))
-	d.log.Warn().Str("event", "rank_hung").Ints("ranks", f.Ranks).Msg(f.Cause)
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		d.report(ctx, f)
-	}()
 }

@@ -92,7 +92,25 @@ type Progress struct {
 	Rank int
 	Step int64
 	At   time.Time
+	// StepTime is the median time per step of the rank's recent progress;
+	// 0 until enough steps were seen (the hang timeout is then the floor).
+	StepTime time.Duration
+	// Process is the state of the rank's process as the kernel shows it
+	// (ProcStopped, ProcDiskSleep, ...); "" when it cannot be read.
+	Process string
+	// Where is what the rank was doing at its last sign, in words ("in a
+	// communication phase", "saving"); "" when unknown.
+	Where string
 }
+
+// Process states of Progress.Process (proc(5), /proc/PID/stat field 3).
+const (
+	ProcRunning   = "running"
+	ProcSleeping  = "sleeping"   // waiting on an event: a collective's receive, a lock
+	ProcDiskSleep = "disk sleep" // uninterruptible: I/O or a driver call
+	ProcStopped   = "stopped"    // SIGSTOP, SIGTSTP or a debugger
+	ProcZombie    = "zombie"     // exited, not reaped
+)
 
 // Failure is a confirmed failure, as reported and published.
 type Failure struct {
@@ -141,10 +159,14 @@ type Config struct {
 	// Window is how long a suspect is watched before silence condemns it
 	// (detect.window); 0: DefaultWindow.
 	Window time.Duration
-	// Hang is how long a local rank may make no progress; 0: no hang
-	// detection. Progress lists the local ranks' progress (nil: none).
-	Hang     time.Duration
-	Progress func() []Progress
+	// Hang is the floor of how long a local rank may make no progress
+	// (detect.hang); 0: no hang detection. HangFactor times the rank's
+	// median step time raises it (detect.hang_factor; 0: the floor
+	// alone), so a slow step is no hang. Progress lists the local ranks'
+	// progress (nil: none). See HangTimeout and checkHangs.
+	Hang       time.Duration
+	HangFactor float64
+	Progress   func() []Progress
 	// OnFailure is called once per failure this agent learns of, as its
 	// coordinator or from the coordinator's publication (the jit flush
 	// hangs on it). It must not block.
@@ -186,6 +208,7 @@ type Detector struct {
 	gone       map[string]time.Time // agents that said goodbye (Leave)
 	published  []Failure            // what this agent published or learnt, for duplicates
 	hung       map[int]time.Time    // a rank reported hung, with the progress time it hung at
+	waiting    map[int]time.Time    // a rank said to be waiting (rank_waiting), same
 	watching   []string
 	coord      string
 	fenced     bool // see Detector
@@ -206,10 +229,12 @@ func New(cfg Config) (*Detector, error) {
 		return nil, fmt.Errorf("detect: confirm %s must be positive (detect.confirm in reft.toml)", cfg.Confirm)
 	case cfg.Window < 0:
 		return nil, fmt.Errorf("detect: window %s must not be negative (detect.window in reft.toml)", cfg.Window)
+	case cfg.HangFactor < 0:
+		return nil, fmt.Errorf("detect: hang factor %g must not be negative (detect.hang_factor in reft.toml)", cfg.HangFactor)
 	}
 	d := &Detector{cfg: cfg, log: cfg.Log.With().Str("component", "detect").Logger(), nodes: map[string]Node{},
 		heard: map[string]time.Time{}, inflight: map[string]bool{}, discovered: map[string]time.Time{}, suspecting: map[string]bool{},
-		failed: map[string]time.Time{}, gone: map[string]time.Time{}, hung: map[int]time.Time{}}
+		failed: map[string]time.Time{}, gone: map[string]time.Time{}, hung: map[int]time.Time{}, waiting: map[int]time.Time{}}
 	for i, n := range cfg.Nodes {
 		if n.Index != i {
 			return nil, fmt.Errorf("detect: node %s has index %d at position %d", n.Name, n.Index, i)

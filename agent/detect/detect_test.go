@@ -168,6 +168,12 @@ func newJobTimed(t testing.TB, n int, hang map[string]time.Duration, interval, t
 // running no agent (reft run's spares): their agent refuses connections.
 func newJobWithout(t testing.TB, n int, without []string, hang map[string]time.Duration, interval, timeout, confirm time.Duration) *testJob {
 	t.Helper()
+	return newJobFactor(t, n, without, hang, 0, interval, timeout, confirm)
+}
+
+// newJobFactor is newJobWithout with detect.hang_factor.
+func newJobFactor(t testing.TB, n int, without []string, hang map[string]time.Duration, factor float64, interval, timeout, confirm time.Duration) *testJob {
+	t.Helper()
 	j := &testJob{t: t, agents: map[string]*testAgent{}, handlers: map[string]handlerSet{}, slurmd: map[string]Reach{},
 		blocked: map[[2]string]bool{}, stalled: map[string]bool{}, hang: hang}
 	var nodes []Node
@@ -184,7 +190,7 @@ func newJobWithout(t testing.TB, n int, without []string, hang map[string]time.D
 		a.log.CheckEvents(t)
 		log := zerolog.New(a.log).With().Timestamp().Str("node", name).Logger()
 		cfg := Config{Self: name, Nodes: nodes, Transport: transport{j, name}, NodeUp: j.nodeUp(name),
-			Interval: interval, Timeout: timeout, Confirm: confirm, Hang: hang[name],
+			Interval: interval, Timeout: timeout, Confirm: confirm, Hang: hang[name], HangFactor: factor,
 			Progress: func() []Progress {
 				a.mu.Lock()
 				defer a.mu.Unlock()

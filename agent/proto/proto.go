@@ -384,6 +384,26 @@ type RankStatus struct {
 	// Protection is how the rank's last registration on this node is
 	// protected; absent when no rank registered since the agent started.
 	Protection *RankProtection `json:"protection,omitempty"`
+	// Progress is what hang detection sees of the rank: absent when it
+	// made no progress (a save or a progress message) on its open
+	// connection.
+	Progress *RankProgress `json:"progress,omitempty"`
+}
+
+// RankProgress is a rank's progress as the agent measures it. Medians are
+// over the rank's last 15 steps, 0 until three were seen.
+type RankProgress struct {
+	Step    int64   `json:"step"`     // the newest step it reported
+	SilentS float64 `json:"silent_s"` // seconds since its last report
+	// StepTimeS is the median time between its reports of successive
+	// steps (seconds).
+	StepTimeS float64 `json:"step_time_s"`
+	// ComputeS is the median time from the end of one of its
+	// communication phases to the start of the next (seconds): its own
+	// work per step, without the waits for other ranks; 0 when the
+	// trainer reports no communication phases (comm).
+	ComputeS float64 `json:"compute_s"`
+	InComm   bool    `json:"in_comm"` // in a communication phase now
 }
 
 // RankProtection is a rank's snapshot layout, from its registration.

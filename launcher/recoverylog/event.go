@@ -44,6 +44,10 @@ const (
 	GaveUp            = "gave_up"               // relaunch limit, or no progress
 	Stopped           = "stopped"               // a signal (Ctrl-C, scancel) ended reft run
 	Completed         = "completed"             // the step exited 0
+	// Straggler: a rank's own work per step is well above the job's
+	// (launcher/status.Straggler); reported once per rank and launch,
+	// never acted on. DurationS is the rank's median work per step.
+	Straggler = "straggler"
 )
 
 // RestoreEvents are the agents' restore event names (agent/event) that

@@ -170,6 +170,8 @@ func Format(e Event) string {
 		s = "requeued the job: " + e.Cause
 	case GaveUp:
 		s = "gave up: " + e.Cause
+	case Straggler:
+		s = e.Cause // it begins "straggler: rank N on NODE"
 	case Stopped:
 		s = "stopped: " + e.Cause
 	case Completed:

@@ -139,10 +139,19 @@ func Prepare(ctx context.Context, a Args, getenv func(string) string, environ []
 			earlier = append(earlier, e)
 		}
 	}
+	// Stragglers are asked of the agents as reft status asks them; a
+	// configuration that cannot reach them was refused by the agents too.
+	var stragglers StragglerSource
+	var stragglersOff error
+	if s.String() != "off" {
+		stragglers, stragglersOff = AgentStragglers(cfg, job)
+	}
 	return &Runner{
-		SlurmRelease: rel,
-		Prior:        earlier,
-		Slurm:        slurm, Log: w, Env: environ, Job: job, Restart: restart, Spec: s.String(), Plan: plan,
+		Stragglers:    stragglers,
+		stragglersOff: stragglersOff,
+		SlurmRelease:  rel,
+		Prior:         earlier,
+		Slurm:         slurm, Log: w, Env: environ, Job: job, Restart: restart, Spec: s.String(), Plan: plan,
 		Policy: policy, Srun: a.Srun, SrunOpts: a.SrunOpts, Command: a.Command,
 		JobLogDir: filepath.Dir(recoverylog.Path(cfg.Log.Dir, job)),
 	}, ExitOK, nil

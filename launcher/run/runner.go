@@ -45,6 +45,12 @@ type Runner struct {
 	// before reft run cancels the step and kills srun.
 	StopGrace time.Duration
 	Now       func() time.Time
+	// Stragglers, when set, is asked every StragglerEvery (0:
+	// DefaultStragglerEvery) while a step runs; each straggler goes to
+	// the recovery log once per launch.
+	Stragglers     StragglerSource
+	StragglerEvery time.Duration
+	stragglersOff  error // why Stragglers is nil, said once at the start
 	// Prior are the recovery events of the job's earlier runs (before a
 	// requeue): the Comment keeps counting them, and a run after a
 	// requeue is a recovery like a relaunch.
@@ -157,6 +163,9 @@ func (r *Runner) Run(ctx context.Context) int {
 	watcher := NewWatcher(r.JobLogDir, r.Plan.Alloc)
 	if r.Spec == "off" {
 		r.say("warning: --reft=off: the step takes no snapshots, so every relaunch starts over")
+	}
+	if r.stragglersOff != nil {
+		r.say("warning: stragglers will not be in the recovery log: %v", r.stragglersOff)
 	}
 	var (
 		relaunch          int
@@ -324,8 +333,15 @@ func (r *Runner) runAttempt(ctx context.Context, a *attempt, w *Watcher) (code i
 	tick := time.NewTicker(r.Tick)
 	defer tick.Stop()
 	var killAt time.Time // srun is killed then, after the agents' verdict stopped the step
+	var sw *stragglerWatch
+	if r.Stragglers != nil {
+		sw = newStragglerWatch(r.Stragglers, r.StragglerEvery)
+		sw.last = r.now() // the first ask one period in: the ranks need steps to be measured
+	}
 	for {
 		select {
+		case res := <-sw.results():
+			r.recordStragglers(ctx, a, sw, res)
 		case s := <-r.Signals:
 			r.stopStep(ctx, a, proc, done, s)
 			return 0, s, nil
@@ -335,6 +351,7 @@ func (r *Runner) runAttempt(ctx context.Context, a *attempt, w *Watcher) (code i
 			return c, nil, nil
 		case <-tick.C:
 			r.follow(ctx, a, w, before, serr == nil, false)
+			sw.tick(ctx, r.now())
 			switch {
 			case a.agentFailure == nil:
 				if r.checkAgents(ctx, a, w) {

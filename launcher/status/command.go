@@ -170,6 +170,9 @@ func Print(w io.Writer, r *Report) {
 			notes = append(notes, n.Node+": "+x)
 		}
 	}
+	for _, x := range r.Stragglers {
+		notes = append(notes, x.String())
+	}
 	if len(notes) > 0 {
 		fmt.Fprintln(w, "notes:")
 		for _, x := range notes {

@@ -60,6 +60,9 @@ type Report struct {
 	User  string       `json:"user"`
 	Spec  string       `json:"spec,omitempty"` // as the agents run it
 	Nodes []NodeReport `json:"nodes"`
+	// Stragglers are the ranks whose own work per step is well above the
+	// job's (FindStragglers); reported, never acted on.
+	Stragglers []Straggler `json:"stragglers,omitempty"`
 }
 
 // Agent states of a NodeReport.
@@ -204,6 +207,7 @@ func Query(ctx context.Context, o Options) (*Report, error) {
 		}
 		nr.Warnings = warnings(nr, rep.Nodes)
 	}
+	rep.Stragglers = FindStragglers(rep.Nodes)
 	return rep, nil
 }
 

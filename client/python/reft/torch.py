@@ -144,6 +144,13 @@ that all-reduces each parameter's gradient separately
 with gloo, 3 ranks: default and static_graph differ after a resume,
 find_unused_parameters=True and the hook are bit-identical.
 
+Communication phases: under DDP the Checkpointer tells the agent that the
+backward pass (DDP's gradient all-reduce) is a communication phase, from
+the end of a training forward pass to optimizer.step(): the agent pauses
+its background replication of unreplicated state meanwhile, and measures
+each rank's own work between the phases, from which `reft status` and the
+recovery log name stragglers. A forward hook, no change to the gradients.
+
 JIT flush: with jit=True (the default) the Checkpointer's session watches
 the agent's failure notices (reft.Session.watch_failures): when another node
 of the job fails, the state of the last step declared consistent is saved at
@@ -593,6 +600,7 @@ class Checkpointer:
         if rng:
             self._extra.append(_Extra("reft.torch/rng", _RNG()))
         self._unhook = None
+        self._unhook_comm = None
         self._own_session = session is None
         if session is None:
             d = _dist()
@@ -602,6 +610,7 @@ class Checkpointer:
         try:
             self._register()
             self._install_hook()
+            self._install_comm_hook()
             if jit:
                 try:
                     session.watch_failures()
@@ -718,6 +727,7 @@ class Checkpointer:
             ck = ref()
             if ck is not None and not ck._closed:
                 ck._fence()
+                ck._comm(False)  # the backward pass, and DDP's all-reduce, are over
                 ck.session.updating()  # waits while a JIT flush copies the state
 
         if hasattr(opt, "register_step_pre_hook"):  # torch >= 2.0
@@ -748,6 +758,38 @@ class Checkpointer:
             # else: wrapped again since (a scheduler); ours passes through once closed
 
         self._unhook = unhook
+
+    def _install_comm_hook(self):
+        """Under DDP the backward pass, in which DDP all-reduces the
+        gradients, is the step's communication phase: from the end of a
+        training forward pass to the optimizer step. The Checkpointer says
+        so to the agent (Session.comm_phase), which pauses its background
+        replication meanwhile (GEMINI's interleaving) and measures each
+        rank's own work between the phases, from which reft status names
+        stragglers. A forward hook and the optimizer hook only: DDP's
+        gradients and their numerics are untouched. Under gradient
+        accumulation with no_sync() the phase also covers the
+        non-synchronizing backward passes."""
+        ddp = getattr(getattr(torch.nn, "parallel", None), "DistributedDataParallel", None)
+        if ddp is None or not isinstance(self.model, ddp) or self.optimizer is None:
+            return
+        ref = weakref.ref(self)
+
+        def after_forward(module, inputs, output):
+            ck = ref()
+            if ck is not None and module.training and torch.is_grad_enabled():
+                ck._comm(True)
+
+        self._unhook_comm = self.model.register_forward_hook(after_forward).remove
+
+    def _comm(self, active):
+        """comm_phase, never raising into the trainer's forward or step."""
+        if self._closed:
+            return
+        try:
+            self.session.comm_phase(active)
+        except Error:
+            pass  # a closed session; the next save or restore says why
 
     # --- checks --------------------------------------------------------------
 
@@ -985,6 +1027,9 @@ class Checkpointer:
             if self._unhook is not None:
                 self._unhook()
                 self._unhook = None
+            if self._unhook_comm is not None:
+                self._unhook_comm()
+                self._unhook_comm = None
             if self._own_session:
                 self.session.close()
 

@@ -580,5 +580,52 @@ class TestDistributedAgreement(TorchCase):
             self.assertRegex(out[0], r"^error .*step 2 could not be restored on every rank", "rank %d" % rank)
 
 
+@needs_torch
+class TestDDPCommPhase(TorchCase):
+    """Under DDP the Checkpointer reports the backward pass (DDP's gradient
+    all-reduce) as a communication phase: on from the end of a training
+    forward pass to the optimizer step, never for an evaluation forward;
+    the agent measures the rank's work between the phases."""
+
+    def test_backward_is_a_communication_phase(self):
+        import torch.distributed as dist
+        self.assertFalse(dist.is_initialized(), "a process group is left from another test")
+        for k, v in (("GLOO_SOCKET_IFNAME", "lo"), ("USE_LIBUV", "0")):
+            old = os.environ.get(k)
+            os.environ[k] = v
+            self.addCleanup(lambda k=k, old=old: os.environ.pop(k) if old is None else os.environ.__setitem__(k, old))
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
+        self.addCleanup(dist.destroy_process_group)
+        torch.manual_seed(1)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ck = self.checkpointer(model, opt, self.agent())
+
+        def progress():
+            ranks = [r for r in ck.session.status().get("ranks") or [] if r["rank"] == 0]
+            return ranks[0].get("progress") if ranks else None
+
+        for step in range(1, 6):
+            loss = model(torch.ones(2, 4) * step).sum()
+            if step > 1:  # the agent watches a rank from its first save
+                self.assertTrue(progress()["in_comm"], "step %d: no communication phase after forward" % step)
+            loss.backward()
+            opt.step()
+            ck.save(step).wait()
+            self.assertFalse(progress()["in_comm"], "step %d: the phase outlived the optimizer step" % step)
+        p = progress()
+        self.assertEqual(p["step"], 5)
+        self.assertGreater(p["compute_s"], 0, p)  # four spans between phases measured
+        model.eval()
+        with torch.no_grad():
+            model(torch.ones(2, 4))
+        self.assertFalse(progress()["in_comm"], "an evaluation forward opened a communication phase")
+        model.train()
+        ck.close()  # removes the forward hook: a forward after it sends nothing
+        model(torch.ones(2, 4)).sum().backward()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -61,6 +61,16 @@ type Config struct {
 	// its end: a stand-in for a bigger model, so that a demo or a failure
 	// test can hit a chosen step. It changes no result.
 	MinStep time.Duration
+	// SlowStep makes step SlowAt take SlowStep longer on every rank (after
+	// the MinStep padding): a deliberately slow step, which hang
+	// detection must not call a hang. It changes no result.
+	SlowAt   int64
+	SlowStep time.Duration
+	// SlowRankBy makes rank SlowRank's every step compute SlowRankBy
+	// longer before its gradient all-reduce: a straggler, which the
+	// other ranks wait for in the all-reduce. It changes no result.
+	SlowRank   int
+	SlowRankBy time.Duration
 }
 
 // Defaults returns the configuration that ParseArgs starts from.
@@ -85,6 +95,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	fs.SetOutput(usage)
 	size := fs.String("size", "4MiB", "parameter bytes (e.g. 4MiB, 256MiB, 1GiB); layer width is derived from it")
 	fail := fs.String("fail-at", "", "STEP:RANK: that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
+	slow := fs.String("slow-at", "", "STEP:DURATION: every rank sleeps DURATION more at the end of STEP (a slow step; e.g. 12:2s)")
+	straggle := fs.String("slow-rank", "", "RANK:DURATION: that rank computes DURATION longer in every step, before the all-reduce (a straggler; e.g. 2:100ms)")
 	seed := fs.Uint64("seed", c.Seed, "seed for data, teacher and initial weights")
 	fs.Int64Var(&c.Steps, "steps", c.Steps, "optimizer steps")
 	fs.IntVar(&c.Layers, "layers", c.Layers, "MLP layers (>= --pp)")
@@ -125,6 +137,24 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 		if c.FailStep, c.FailRank, err = parseFailAt(*fail); err != nil {
 			return c, fmt.Errorf("--fail-at: %w", err)
 		}
+	}
+	if *slow != "" {
+		st, d, _ := strings.Cut(*slow, ":")
+		step, err1 := strconv.ParseInt(st, 10, 64)
+		dur, err2 := time.ParseDuration(d)
+		if err1 != nil || err2 != nil || step < 1 || dur <= 0 {
+			return c, fmt.Errorf("--slow-at %q: want STEP:DURATION with STEP >= 1 and a positive duration (e.g. 12:2s)", *slow)
+		}
+		c.SlowAt, c.SlowStep = step, dur
+	}
+	if *straggle != "" {
+		rk, d, _ := strings.Cut(*straggle, ":")
+		rank, err1 := strconv.Atoi(rk)
+		dur, err2 := time.ParseDuration(d)
+		if err1 != nil || err2 != nil || rank < 0 || dur <= 0 {
+			return c, fmt.Errorf("--slow-rank %q: want RANK:DURATION with RANK >= 0 and a positive duration (e.g. 2:100ms)", *straggle)
+		}
+		c.SlowRank, c.SlowRankBy = rank, dur
 	}
 	return c, c.check()
 }
@@ -240,6 +270,9 @@ func (c *Config) Validate(world int) error {
 	}
 	if m > maxMicrobatches {
 		return fmt.Errorf("%d microbatches per step exceed %d (fixed-point gradient range): raise --micro", m, maxMicrobatches)
+	}
+	if c.SlowRankBy > 0 && c.SlowRank >= world {
+		return fmt.Errorf("--slow-rank %d:%s: rank %d does not exist in a world of %d", c.SlowRank, c.SlowRankBy, c.SlowRank, world)
 	}
 	if c.FailStep > 0 && c.FailRank >= world {
 		return fmt.Errorf("--fail-at %d:%d: rank %d does not exist in a world of %d", c.FailStep, c.FailRank, c.FailRank, world)

@@ -268,6 +268,9 @@ func (t *trainer) run(o Options) (*Result, error) {
 		if err := t.computeGradients(step); err != nil {
 			return nil, fmt.Errorf("step %d: %w", step, err)
 		}
+		if cfg.SlowRankBy > 0 && t.rank == cfg.SlowRank {
+			time.Sleep(cfg.SlowRankBy)
+		}
 		if t.comm != nil {
 			t.comm.CommPhase(true)
 		}
@@ -312,6 +315,9 @@ func (t *trainer) run(o Options) (*Result, error) {
 		}
 		if d := cfg.MinStep - time.Since(t0); d > 0 {
 			time.Sleep(d)
+		}
+		if step == cfg.SlowAt {
+			time.Sleep(cfg.SlowStep)
 		}
 		total += time.Since(t0)
 		ran++
