@@ -213,18 +213,6 @@ func TestParseProcState(t *testing.T) {
 	}
 }
 
-func FuzzParseProcState(f *testing.F) {
-	f.Add([]byte("1234 (python3) S 1 1234"))
-	f.Add([]byte("1 ((a) T) T"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		switch s := parseProcState(b); s {
-		case "", detect.ProcRunning, detect.ProcSleeping, detect.ProcDiskSleep, detect.ProcStopped, detect.ProcZombie:
-		default:
-			t.Fatalf("parseProcState(%q) = %q", b, s)
-		}
-	})
-}
-
 // TestProcStateOfAProcess: a real process's state as a hang verdict sees
 // it: asleep, stopped by SIGSTOP, asleep again after SIGCONT, and nothing
 // once it is gone.
