@@ -33,7 +33,7 @@ var jobIDRe = regexp.MustCompile(`^[0-9]+$`)
 func Command(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("reft log", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	confPath := fs.String("config", config.DefaultPath, "reft configuration `file` (for [log] dir)")
+	confPath := fs.String("config", config.UserPath(), "reft configuration `file`, default $REFT_CONFIG or "+config.DefaultPath+" (for [log] dir)")
 	logDir := fs.String("log-dir", "", "log `dir` holding <jobid>/recovery.jsonl; default: log.dir from the configuration")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	plotFile := fs.String("plot", "", "also draw the timeline into `FILE` (.png or .svg): one lane per node, steps, failure, detection, exclusion, restores, resume")
@@ -61,7 +61,7 @@ func Command(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if *logDir == "" {
-		c, err := config.Load(*confPath, true)
+		c, err := config.Load(*confPath, config.MissingOK(*confPath))
 		if err != nil {
 			fmt.Fprintln(stderr, "reft log:", err)
 			return 1

@@ -31,7 +31,7 @@ var jobArgRe = regexp.MustCompile(`^[0-9]+$`)
 func Command(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("reft status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	confPath := fs.String("config", config.DefaultPath, "reft configuration `file` (agent.port_range, peer_auth, peer_secret: as the job's agents use them)")
+	confPath := fs.String("config", config.UserPath(), "reft configuration `file`, default $REFT_CONFIG or "+config.DefaultPath+" (agent.port_range, peer_auth, peer_secret: as the job's agents use them)")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	asProm := fs.Bool("prom", false, "print the agents' Prometheus metrics (the families of docs/METRICS.md, text format)")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for Slurm and the agents")
@@ -81,7 +81,7 @@ func Command(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "reft status: %q is not a job id (want a number, e.g. reft status 4242)\n", job)
 		return 2
 	}
-	c, err := config.Load(*confPath, true)
+	c, err := config.Load(*confPath, config.MissingOK(*confPath))
 	if err != nil {
 		fmt.Fprintln(stderr, "reft status:", err)
 		return 1
