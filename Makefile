@@ -138,7 +138,7 @@ fuzz:
 # is left running; the line exits with its first failure's status.
 WITH_CLUSTER = trap 'rc=$$?; trap - EXIT; $(CLUSTER) down || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc' EXIT; \
 	trap 'exit 130' INT TERM HUP; \
-	$(CLUSTER) up || exit $$?
+	$(CLUSTER) up --no-reft || exit $$?
 
 # End-to-end tests on the local cluster. The cluster tool's own lifecycle
 # test runs last: it calls `up` a second time, then `down`, and checks that
