@@ -130,7 +130,7 @@ func TestReadmeTryIt(t *testing.T) {
 			t.Errorf("the README's commands printed nothing matching %s", want)
 		}
 	}
-	if strings.Contains(out, "without snapshots") {
+	if strings.Contains(out, "snapshots off") {
 		t.Error("reft-train ran without snapshots: reft is not on after cluster up")
 	}
 	state := "/var/tmp/reft-cluster"
