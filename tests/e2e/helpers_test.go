@@ -4,7 +4,7 @@
 // cluster (tests/cluster/cluster). `make e2e` brings the cluster up first; run
 // by hand:
 //
-//	tests/cluster/cluster up && go test -tags e2e ./tests/e2e/
+//	tests/cluster/cluster up --no-reft && go test -tags e2e ./tests/e2e/
 //
 // The tests fail, never skip, when the cluster is not up.
 package e2e
