@@ -124,7 +124,7 @@ func TestReadmeTryIt(t *testing.T) {
 		regexp.MustCompile(`(?m)resumed from step \d+`),
 		regexp.MustCompile(`(?m)drew the timeline into timeline\.svg`),
 		// sacct: the job completed, reft's summary in its Comment
-		regexp.MustCompile(`(?m)^` + job[1] + ` +COMPLETED +reft: `),
+		regexp.MustCompile(`(?m)^\s*` + job[1] + `\s+COMPLETED\s+reft: `),
 	} {
 		if !want.MatchString(out) {
 			t.Errorf("the README's commands printed nothing matching %s", want)
