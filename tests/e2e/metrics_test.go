@@ -22,6 +22,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -349,6 +350,19 @@ func TestMetricsNodeExporter(t *testing.T) {
 		return nil
 	})
 
+	// reft status --watch follows the job through the loss (plain lines:
+	// its stdout is no terminal), until SIGTERM.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	watch := command(watchCtx, alice, bin("reft"), "status", "--watch", "--interval", "500ms", "--config", conf, job)
+	var watchOut, watchErr bytes.Buffer
+	watch.Stdout, watch.Stderr = &watchOut, &watchErr
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	watchDone := make(chan error, 1)
+	go func() { watchDone <- watch.Wait() }()
+
 	// n2 lost: a survivor's file counts the failure (written at once on
 	// the verdict: the job shrinks and its agents restart soon after).
 	killNode(t, "n2")
@@ -397,6 +411,38 @@ func TestMetricsNodeExporter(t *testing.T) {
 	t.Logf("n5's restores by source: %v", sources)
 	if !strings.Contains(strings.Join(sources, ","), "peer") && !strings.Contains(strings.Join(sources, ","), "decode") {
 		t.Errorf("n5 restored rank 1 from %v; under arc a spare's rank comes from its peers", sources)
+	}
+
+	// reft status --watch saw the committed step, n2's agent go away, and
+	// the spare's agent; SIGTERM ends it cleanly.
+	watch.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-watchDone:
+		if err != nil {
+			t.Errorf("reft status --watch after SIGTERM: %v\nstderr: %s", err, watchErr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("reft status --watch did not end within 30 s of SIGTERM")
+		stopWatch()
+	}
+	wo := watchOut.String()
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d n1 agent up committed \d+ peers 3/3$`),
+		regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d n2: its agent went away \(agent (down|refused); it had committed step \d+\): `),
+		regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d n5 agent up committed \d+ `),
+	} {
+		if !want.MatchString(wo) {
+			t.Errorf("reft status --watch printed no line matching %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("reft status --watch:\n%s\nstderr:\n%s", wo, watchErr.String())
+	} else {
+		for _, l := range lines(wo) {
+			if !strings.Contains(l, " agent up committed") { // the changes, not every refresh
+				t.Logf("reft status --watch: %s", l)
+			}
+		}
 	}
 
 	// The job ends: its agents remove their files.
