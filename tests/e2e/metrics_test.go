@@ -307,7 +307,13 @@ func TestMetricsNodeExporter(t *testing.T) {
 			t.Errorf("reft_agent_info%v = %v (present %v)", of(n), v, ok)
 		}
 		if v, _ := s.sample("reft_protection_degraded", of(n)); v != 0 {
-			t.Errorf("%s: reft_protection_degraded %v on a healthy job", n, v)
+			var why []string
+			for _, r := range []string{"peering", "peer_lost", "placement", "rank_local", "save_failures"} {
+				if w, _ := s.sample("reft_protection_degraded_reason", map[string]string{"job_id": job, "node": n, "reason": r}); w != 0 {
+					why = append(why, r)
+				}
+			}
+			t.Errorf("%s: reft_protection_degraded %v on a healthy job (the spare without an agent is no lost peer): %v", n, v, why)
 		}
 		if v, _ := s.sample("reft_snapshots_committed_total", of(n)); v < 3 {
 			t.Errorf("%s: reft_snapshots_committed_total %v, want at least the 3 steps committed", n, v)
@@ -351,10 +357,20 @@ func TestMetricsNodeExporter(t *testing.T) {
 	})
 
 	// reft status --watch follows the job through the loss (plain lines:
-	// its stdout is no terminal), until SIGTERM.
+	// its stdout is no terminal), until Ctrl-C. It runs as alice without
+	// runuser between, so that the SIGINT reaches it as a terminal's would.
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	defer stopWatch()
-	watch := command(watchCtx, alice, bin("reft"), "status", "--watch", "--interval", "500ms", "--config", conf, job)
+	au, err := user.Lookup(alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auid, _ := strconv.Atoi(au.Uid)
+	agid, _ := strconv.Atoi(au.Gid)
+	watch := exec.CommandContext(watchCtx, bin("reft"), "status", "--watch", "--interval", "500ms", "--config", conf, job)
+	watch.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(auid), Gid: uint32(agid)}}
+	watch.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + filepath.Join(clusterDir, "home", alice)}, clusterEnv...)
+	watch.Dir = filepath.Join(clusterDir, "home", alice)
 	var watchOut, watchErr bytes.Buffer
 	watch.Stdout, watch.Stderr = &watchOut, &watchErr
 	if err := watch.Start(); err != nil {
@@ -385,6 +401,9 @@ func TestMetricsNodeExporter(t *testing.T) {
 	if v, _ := s.sample("reft_lost_nodes", of(counted)); v != 1 {
 		t.Errorf("%s: reft_lost_nodes %v, want 1", counted, v)
 	}
+	if v, _ := s.sample("reft_protection_degraded_reason", map[string]string{"job_id": job, "node": counted, "reason": "peer_lost"}); v != 1 {
+		t.Errorf("%s: reft_protection_degraded_reason{reason=peer_lost} %v after n2's loss, want 1", counted, v)
+	}
 	t.Logf("%s's agent counted the node failure of n2", counted)
 
 	// The relaunch on the spare: n5's agent restored rank 1.
@@ -414,15 +433,15 @@ func TestMetricsNodeExporter(t *testing.T) {
 	}
 
 	// reft status --watch saw the committed step, n2's agent go away, and
-	// the spare's agent; SIGTERM ends it cleanly.
-	watch.Process.Signal(syscall.SIGTERM)
+	// the spare's agent; Ctrl-C ends it cleanly.
+	watch.Process.Signal(os.Interrupt)
 	select {
 	case err := <-watchDone:
 		if err != nil {
-			t.Errorf("reft status --watch after SIGTERM: %v\nstderr: %s", err, watchErr.String())
+			t.Errorf("reft status --watch after SIGINT: %v\nstderr: %s", err, watchErr.String())
 		}
 	case <-time.After(30 * time.Second):
-		t.Errorf("reft status --watch did not end within 30 s of SIGTERM")
+		t.Errorf("reft status --watch did not end within 30 s of SIGINT")
 		stopWatch()
 	}
 	wo := watchOut.String()
@@ -462,6 +481,5 @@ func TestMetricsNodeExporter(t *testing.T) {
 	if _, ok := s.sample("reft_agent_info", of("n2")); ok {
 		t.Logf("n2's file, written before n2 was killed, is still in %s (the nodes share one directory here)", dir)
 	}
-	u, _ := user.Lookup(alice)
-	run(t, time.Minute, alice, "srun", "-N4", "--ntasks-per-node=1", "-w", "n[1,3-5]", "rm", "-rf", filepath.Join(reftStoreRoot, u.Uid, job))
+	run(t, time.Minute, alice, "srun", "-N4", "--ntasks-per-node=1", "-w", "n[1,3-5]", "rm", "-rf", filepath.Join(reftStoreRoot, au.Uid, job))
 }
