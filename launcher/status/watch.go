@@ -87,6 +87,7 @@ type watcher struct {
 	w       io.Writer
 	o       WatchOptions
 	prev    map[string]nodeSeen // by node, from the last report
+	wasUp   map[string]bool     // nodes whose agent was up in some report
 	last    *Report             // the last report, redrawn while queries fail
 	changes []string            // TTY: the newest changes, oldest first
 	failing string              // the failing query's error, "" when it answers
@@ -140,7 +141,21 @@ func (wt *watcher) compare(rep *Report) {
 			}
 			wt.change(fmt.Sprintf("%s: its agent went away (agent %s; it had committed step %s): %s", n.Node, n.Agent, before.committed, why))
 		case before.agent != AgentUp && n.Agent == AgentUp:
-			wt.change(fmt.Sprintf("%s: its agent is up again (committed step %s)", n.Node, now.committed))
+			again := ""
+			if wt.wasUp[n.Node] {
+				again = " again"
+			}
+			step := "committed step " + now.committed
+			if now.committed == "-" {
+				step = "no rank registered yet" // a relaunch's new agent, before its ranks
+			}
+			wt.change(fmt.Sprintf("%s: its agent is up%s (%s)", n.Node, again, step))
+		}
+		if n.Agent == AgentUp {
+			if wt.wasUp == nil {
+				wt.wasUp = map[string]bool{}
+			}
+			wt.wasUp[n.Node] = true
 		}
 	}
 	for node, before := range wt.prev {

@@ -105,6 +105,16 @@ func TestWatch(t *testing.T) {
 			never:   []string{`agent`},
 		},
 		{
+			name: "a spare's agent comes up after a relaunch",
+			answers: []answer{
+				{rep: report(up("n1", 0, 5), NodeReport{Node: "n5", Agent: AgentNone, InAllocation: true, Error: "no agent: the node runs no step of this job (a spare, or not used yet)"})},
+				{rep: report(up("n1", 0, 6), NodeReport{Node: "n5", Agent: AgentUp, InAllocation: true, Status: &proto.Status{Node: "n5", Spec: "arc"}})},
+				{err: errEnded},
+			},
+			want:  []string{`^` + ts + `n5: its agent is up \(no rank registered yet\)$`},
+			never: []string{`up again`},
+		},
+		{
 			name: "a spare is no fault",
 			answers: []answer{
 				{rep: report(up("n1", 0, 5), NodeReport{Node: "n5", Agent: AgentNone, InAllocation: true, Error: "no agent: the node runs no step of this job (a spare, or not used yet)"})},
