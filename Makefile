@@ -14,11 +14,12 @@ CLUSTER     := tests/cluster/cluster
 PYTHON      ?= /usr/bin/python3
 
 # Debian 12 packages the project builds, tests and runs with
-# (prometheus-node-exporter and prometheus' promtool: the metrics tests, agent/metrics).
+# (prometheus-node-exporter and prometheus' promtool: the metrics tests, agent/metrics;
+# curl: the README's "Try it yourself").
 DEB_PKGS := slurm-wlm slurmctld slurmd slurmdbd slurm-client munge mariadb-server \
 	libslurm-dev libpmix-dev openmpi-bin libopenmpi-dev pkg-config gcc make \
 	python3-torch python3-numpy iproute2 util-linux procps debootstrap \
-	prometheus-node-exporter prometheus
+	prometheus-node-exporter prometheus curl
 
 BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/reft-pmix-probe $(BUILD)/reft-train
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
@@ -138,17 +139,20 @@ fuzz:
 # is left running; the line exits with its first failure's status.
 WITH_CLUSTER = trap 'rc=$$?; trap - EXIT; $(CLUSTER) down || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc' EXIT; \
 	trap 'exit 130' INT TERM HUP; \
-	$(CLUSTER) up || exit $$?
+	$(CLUSTER) up --no-reft || exit $$?
 
-# End-to-end tests on the local cluster. The cluster tool's own lifecycle
-# test runs last: it calls `up` a second time, then `down`, and checks that
-# nothing of the cluster is left.
+# End-to-end tests on the local cluster, which comes up without reft
+# (--no-reft: the tests install the plugin themselves). The cluster tool's
+# own lifecycle test runs after them: it takes the cluster down, brings it
+# up with reft twice, and checks that `down` leaves nothing. The README's
+# "Try it yourself" commands run last, from their own `cluster up`.
 e2e: all
 	@$(WITH_CLUSTER); \
 	rc=0; \
 	$(GO) test -count=1 -tags e2e -timeout 45m -v ./tests/e2e/ || rc=$$?; \
 	$(GO) test -count=1 -tags e2e -timeout 5m -run Munge -v ./agent/peer/ || rc=$$?; \
 	( cd tests/cluster && $(GO) test -count=1 -tags e2e -timeout 10m -v . ) || rc=$$?; \
+	$(GO) test -count=1 -tags e2e -timeout 15m -v ./tests/readme/ || rc=$$?; \
 	exit $$rc
 
 # Both lanes: the Debian 12 lane's unit and e2e tests and the trixie lane's

@@ -153,7 +153,7 @@ func (p *peering) status() *proto.Peering {
 	self := m.Self()
 	st := &proto.Peering{State: proto.PeeringOn, Listen: net.JoinHostPort(self.Addr, strconv.Itoa(m.Addr().Port)), Peers: []proto.PeerStatus{}}
 	for _, ps := range m.Peers() {
-		e := proto.PeerStatus{Node: ps.Node.Name, Index: ps.Node.Index, Addr: ps.Addr, Connected: ps.Connected}
+		e := proto.PeerStatus{Node: ps.Node.Name, Index: ps.Node.Index, Addr: ps.Addr, Connected: ps.Connected, Met: ps.Met}
 		if ps.Err != nil && !errors.Is(ps.Err, context.Canceled) {
 			e.Error = ps.Err.Error()
 		}

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/logging"
 	"github.com/reft-hpc/reft/agent/mesh"
@@ -118,6 +119,17 @@ func Run(ctx context.Context, o Options) error {
 		logger.Error().Err(err).Msg("agent cannot start")
 		return o.startFailed(jobDir, err)
 	}
+	// A failure verdict goes into the metrics textfile at once, not at
+	// the next tick: the agents of a job that shrinks after a node loss
+	// are stopped seconds later, and their files, with the failure
+	// counted, go with them. Registered before peering starts its detector.
+	metricsKick := make(chan struct{}, 1)
+	srv.OnPeerFailure(func(detect.Failure) {
+		select {
+		case metricsKick <- struct{}{}:
+		default: // a write is already due
+		}
+	})
 	var store *tmpfs.Store
 	if s.Enabled() {
 		pdir, why := persistDir(cfg, s)
@@ -154,7 +166,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.GPU != nil {
 		srv.AttachGPU(o.GPU(ctx, cfg.Agent.GPUHealth, logger)) // in the background: start-up does not wait
 	}
-	metricsDone := startMetrics(ctx, cfg.Metrics.TextfileDir, o.Job, o.Node, srv, logger)
+	metricsDone := startMetrics(ctx, cfg.Metrics.TextfileDir, o.Job, o.Node, srv, metricsKick, logger)
 	go watchSocket(ctx, cancel, sock, logger)
 	go watchJob(ctx, cancel, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, jobWatchInterval, logger)
 	// In the background: the steps wait for this agent's hello. Its own
@@ -392,10 +404,10 @@ func watchSocket(ctx context.Context, stop context.CancelFunc, path string, log 
 }
 
 // startMetrics writes the job's metrics textfile into dir (metrics.
-// textfile_dir) every metrics.Every until ctx ends, then removes it; the
-// returned channel closes once it has. Without a dir it does nothing; a
+// textfile_dir) every metrics.Every and at every receive from kick until
+// ctx ends, then removes it; the returned channel closes once it has. Without a dir it does nothing; a
 // dir it cannot use is logged, and the agent runs without metrics.
-func startMetrics(ctx context.Context, dir, job, node string, srv *Server, log zerolog.Logger) <-chan struct{} {
+func startMetrics(ctx context.Context, dir, job, node string, srv *Server, kick <-chan struct{}, log zerolog.Logger) <-chan struct{} {
 	done := make(chan struct{})
 	if dir == "" {
 		close(done)
@@ -410,7 +422,7 @@ func startMetrics(ctx context.Context, dir, job, node string, srv *Server, log z
 	log.Info().Str("file", tf.Path()).Dur("every", metrics.Every).Msg("metrics textfile on")
 	go func() {
 		defer close(done)
-		metrics.Run(ctx, tf, srv.Status, metrics.Every, log)
+		metrics.RunKicked(ctx, tf, srv.Status, metrics.Every, kick, log)
 	}()
 	return done
 }

@@ -33,7 +33,7 @@ done
 started=0
 if ! $CLUSTER status >/dev/null 2>&1; then
 	bold "bringing the local Slurm cluster up (5 nodes: 4 for training, 1 spare)"
-	$CLUSTER up
+	$CLUSTER up --no-reft # the demo installs reft with a configuration of its own
 	started=1
 fi
 eval "$($CLUSTER env)"

@@ -32,6 +32,27 @@ import (
 // DefaultPath is where the plugin and the agent look when nothing else is given.
 const DefaultPath = "/etc/reft/reft.toml"
 
+// EnvPath names the environment variable with which a user points reft's
+// own commands (reft run, status, log, explain) at a configuration other
+// than DefaultPath, as `tests/cluster/cluster env` does for the test
+// cluster's. The plugin, the agent and root's `reft gc` never read it:
+// their configuration comes from plugstack.conf or root's command line.
+const EnvPath = "REFT_CONFIG"
+
+// UserPath is the configuration a user's command reads when --config is
+// not given: $REFT_CONFIG when set, else DefaultPath. Only DefaultPath
+// may be missing (MissingOK): a file someone named must exist.
+func UserPath() string {
+	if p := os.Getenv(EnvPath); p != "" {
+		return p
+	}
+	return DefaultPath
+}
+
+// MissingOK tells Load whether path may be missing: only DefaultPath
+// (reft's commands work without an installed configuration).
+func MissingOK(path string) bool { return path == DefaultPath }
+
 // Config is the whole file. Sections and keys are documented in etc/reft.toml.
 type Config struct {
 	Store     Store     `toml:"store"`

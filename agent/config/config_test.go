@@ -221,3 +221,26 @@ func TestDetectValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestUserPath: a user's commands read $REFT_CONFIG when set; only the
+// default path may be missing.
+func TestUserPath(t *testing.T) {
+	dir := t.TempDir()
+	named := filepath.Join(dir, "cluster.toml")
+	for _, tc := range []struct {
+		env, want string
+		missingOK bool
+	}{
+		{"", DefaultPath, true},
+		{named, named, false},
+	} {
+		t.Setenv(EnvPath, tc.env)
+		got := UserPath()
+		if got != tc.want || MissingOK(got) != tc.missingOK {
+			t.Errorf("REFT_CONFIG=%q: UserPath %q MissingOK %v; want %q %v", tc.env, got, MissingOK(got), tc.want, tc.missingOK)
+		}
+		if _, err := Load(got, MissingOK(got)); tc.env != "" && (err == nil || !strings.Contains(err.Error(), named)) {
+			t.Errorf("REFT_CONFIG naming a missing file: Load gave %v, want an error naming it", err)
+		}
+	}
+}

@@ -89,6 +89,7 @@ type peerState struct {
 	mu        sync.Mutex
 	addr      string // its listener, once found
 	connected bool
+	met       bool          // connected at least once since this agent started
 	err       error         // why it is not connected
 	changed   chan struct{} // closed and replaced at every update
 
@@ -98,6 +99,7 @@ type peerState struct {
 func (p *peerState) update(addr string, connected bool, err error) {
 	p.mu.Lock()
 	p.addr, p.connected, p.err = addr, connected, err
+	p.met = p.met || connected
 	close(p.changed)
 	p.changed = make(chan struct{})
 	p.mu.Unlock()
@@ -232,7 +234,11 @@ type PeerStatus struct {
 	Node      Node
 	Addr      string // host:port of its listener; "" until found
 	Connected bool
-	Err       error // why it is not connected
+	// Met: connected at least once since this agent started. A node with
+	// no agent yet (a spare that runs no step) was never met; a lost
+	// one was.
+	Met bool
+	Err error // why it is not connected
 }
 
 // Peers lists every other node's agent, in the allocation's order.
@@ -244,7 +250,7 @@ func (m *Mesh) Peers() []PeerStatus {
 			continue
 		}
 		p.mu.Lock()
-		s := PeerStatus{Node: p.node, Addr: p.addr, Connected: p.connected}
+		s := PeerStatus{Node: p.node, Addr: p.addr, Connected: p.connected, Met: p.met}
 		if !p.connected {
 			s.Err = p.err
 		}

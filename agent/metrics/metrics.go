@@ -221,8 +221,11 @@ var reasons = []string{ReasonPeering, ReasonPeerLost, ReasonPlacement, ReasonRan
 
 // Degraded lists why st's protection falls short of its SPEC: with a SPEC
 // that protects across nodes (arc, aec, aor) peering must be on, every
-// peer connected, no sharding group placed twice on the node and no rank
-// local only; with any SPEC, saves must not fail.
+// peer this agent has met still connected and none published lost, no
+// sharding group placed twice on the node and no rank local only; with any
+// SPEC, saves must not fail. A peer never met is a node without an agent,
+// a spare that runs no step, whose protection nothing depends on (a peer
+// whose agent never came up is the detector's to publish lost).
 func Degraded(st *proto.Status) []string {
 	var why []string
 	sp, err := spec.Parse(st.Spec)
@@ -230,7 +233,9 @@ func Degraded(st *proto.Status) []string {
 	if across {
 		if p := st.Peering; p == nil || p.State != proto.PeeringOn {
 			why = append(why, ReasonPeering)
-		} else if slices.ContainsFunc(p.Peers, func(ps proto.PeerStatus) bool { return !ps.Connected }) {
+		} else if slices.ContainsFunc(p.Peers, func(ps proto.PeerStatus) bool {
+			return !ps.Connected && (ps.Met || slices.Contains(st.LostNodes, ps.Node))
+		}) {
 			why = append(why, ReasonPeerLost)
 		}
 		if len(st.PlacementWarnings) > 0 {

@@ -126,6 +126,14 @@ func (t *Textfile) Close() error { return t.dir.Close() }
 // (and once when writes work again); the agent goes on without metrics
 // meanwhile. status is called from Run's goroutine only.
 func Run(ctx context.Context, t *Textfile, status func() proto.Status, every time.Duration, log zerolog.Logger) {
+	RunKicked(ctx, t, status, every, nil, log)
+}
+
+// RunKicked is Run that also writes at once at every receive from kick
+// (the agent kicks it when its detector publishes a failure, which must
+// reach the file before a shrinking job stops the agent); the next write
+// after a kick is again `every` later. A nil kick never fires.
+func RunKicked(ctx context.Context, t *Textfile, status func() proto.Status, every time.Duration, kick <-chan struct{}, log zerolog.Logger) {
 	defer t.Close()
 	failing := false
 	tk := time.NewTicker(every)
@@ -146,6 +154,8 @@ func Run(ctx context.Context, t *Textfile, status func() proto.Status, every tim
 			}
 			return
 		case <-tk.C:
+		case <-kick:
+			tk.Reset(every)
 		}
 	}
 }

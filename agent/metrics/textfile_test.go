@@ -225,3 +225,58 @@ func TestRunLogsFailureOnce(t *testing.T) {
 		}
 	})
 }
+
+// A kick writes at once, between ticks, and the next tick comes a full
+// period after it: a failure verdict reaches the file before the agent
+// may be stopped.
+func TestRunKickedWritesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := stickyDir(t)
+		tf, err := OpenTextfile(d, "42", "n1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var calls atomic.Int64
+		st := func() proto.Status {
+			s := status("42", "n1")
+			s.Ranks[0].Newest = calls.Add(1)
+			return s
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		kick := make(chan struct{})
+		done := make(chan struct{})
+		go func() { defer close(done); RunKicked(ctx, tf, st, Every, kick, zerolog.Nop()) }()
+		step := func() float64 {
+			t.Helper()
+			synctest.Wait()
+			b, err := os.ReadFile(tf.Path())
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, _ := sample(parse(t, b), "reft_committed_step", map[string]string{"rank": "0"})
+			return v
+		}
+		for _, tc := range []struct {
+			after time.Duration
+			kick  bool
+			want  float64
+		}{
+			{0, false, 1},         // the first write, at once
+			{Every / 5, true, 2},  // kicked between ticks
+			{Every / 2, false, 2}, // no tick yet
+			{Every / 2, false, 3}, // a period after the kick
+			{Every - 1, false, 3}, // nothing before the next period
+			{1, false, 4},         // the next period
+		} {
+			time.Sleep(tc.after)
+			if tc.kick {
+				kick <- struct{}{}
+			}
+			if v := step(); v != tc.want {
+				t.Fatalf("after %v more (kick %v): %v writes, want %v", tc.after, tc.kick, v, tc.want)
+			}
+		}
+		cancel()
+		<-done
+	})
+}

@@ -25,5 +25,8 @@ type PeerStatus struct {
 	Index     int    `json:"index"`          // position in the allocation's node list
 	Addr      string `json:"addr,omitempty"` // its listener, host:port, once found
 	Connected bool   `json:"connected"`
-	Error     string `json:"error,omitempty"` // why it is not connected
+	// Met: connected at least once since this agent started (a spare
+	// that runs no step has no agent to meet); absent from older agents.
+	Met   bool   `json:"met,omitempty"`
+	Error string `json:"error,omitempty"` // why it is not connected
 }

@@ -7,7 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/reft-hpc/reft/agent/config"
@@ -31,13 +33,14 @@ var jobIDRe = regexp.MustCompile(`^[0-9]+$`)
 func Command(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("reft log", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	confPath := fs.String("config", config.DefaultPath, "reft configuration `file` (for [log] dir)")
+	confPath := fs.String("config", config.UserPath(), "reft configuration `file`, default $REFT_CONFIG or "+config.DefaultPath+" (for [log] dir)")
 	logDir := fs.String("log-dir", "", "log `dir` holding <jobid>/recovery.jsonl; default: log.dir from the configuration")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
+	plotFile := fs.String("plot", "", "also draw the timeline into `FILE` (.png or .svg): one lane per node, steps, failure, detection, exclusion, restores, resume")
 	sacct := fs.String("sacct", "sacct", "sacct `program`")
 	scontrol := fs.String("scontrol", "scontrol", "scontrol `program`")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: reft log [--json] [--config FILE] JOBID\n\n"+
+		fmt.Fprintf(stderr, "usage: reft log [--json] [--plot FILE.png|FILE.svg] [--config FILE] JOBID\n\n"+
 			"Prints a job's recovery timeline: its Slurm steps (sacct) joined with the events\n"+
 			"that reft run wrote to <log dir>/<jobid>/%s.\n\n", FileName)
 		fs.PrintDefaults()
@@ -53,8 +56,12 @@ func Command(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	job := fs.Arg(0)
+	if ext := strings.ToLower(filepath.Ext(*plotFile)); *plotFile != "" && ext != ".png" && ext != ".svg" {
+		fmt.Fprintf(stderr, "reft log: --plot %q: the file must end in .png or .svg\n", *plotFile)
+		return 2
+	}
 	if *logDir == "" {
-		c, err := config.Load(*confPath, true)
+		c, err := config.Load(*confPath, config.MissingOK(*confPath))
 		if err != nil {
 			fmt.Fprintln(stderr, "reft log:", err)
 			return 1
@@ -67,6 +74,13 @@ func Command(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "reft log:", err)
 		return 1
+	}
+	if *plotFile != "" {
+		if err := SavePlot(rep, *plotFile); err != nil {
+			fmt.Fprintln(stderr, "reft log:", err)
+			return 1
+		}
+		fmt.Fprintf(stderr, "reft log: drew the timeline into %s\n", *plotFile)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

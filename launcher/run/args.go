@@ -107,7 +107,7 @@ var valued = map[string]string{
 
 // ParseArgs splits reft run's command line.
 func ParseArgs(args []string) (Args, error) {
-	a := Args{ConfigPath: config.DefaultPath, Spares: -1, Srun: "srun", Scontrol: "scontrol", Squeue: "squeue"}
+	a := Args{ConfigPath: config.UserPath(), Spares: -1, Srun: "srun", Scontrol: "scontrol", Squeue: "squeue"}
 	sep := -1
 	for i, s := range args {
 		if s == "--" {

@@ -66,7 +66,7 @@ func Prepare(ctx context.Context, a Args, getenv func(string) string, environ []
 	if err != nil {
 		return nil, ExitUsage, err
 	}
-	cfg, err := config.Load(a.ConfigPath, !a.ConfigGiven)
+	cfg, err := config.Load(a.ConfigPath, !a.ConfigGiven && config.MissingOK(a.ConfigPath))
 	if err != nil {
 		return nil, ExitUsage, err
 	}

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -29,12 +31,14 @@ var jobArgRe = regexp.MustCompile(`^[0-9]+$`)
 func Command(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("reft status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	confPath := fs.String("config", config.DefaultPath, "reft configuration `file` (agent.port_range, peer_auth, peer_secret: as the job's agents use them)")
+	confPath := fs.String("config", config.UserPath(), "reft configuration `file`, default $REFT_CONFIG or "+config.DefaultPath+" (agent.port_range, peer_auth, peer_secret: as the job's agents use them)")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	asProm := fs.Bool("prom", false, "print the agents' Prometheus metrics (the families of docs/METRICS.md, text format)")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for Slurm and the agents")
+	watch := fs.Bool("watch", false, "refresh the table every --interval until Ctrl-C or the job ends (plain timestamped lines when stdout is not a terminal)")
+	interval := fs.Duration("interval", 2*time.Second, "--watch's refresh `interval`")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: reft status [--json|--prom] [--config FILE] [JOBID]\n\n"+
+		fmt.Fprintf(stderr, "usage: reft status [--json|--prom|--watch [--interval D]] [--config FILE] [JOBID]\n\n"+
 			"Asks every node's agent of a running job (default $SLURM_JOB_ID) for its state:\n"+
 			"agent up or not and why, each rank's newest committed step, protection (SPEC,\n"+
 			"sharding group, peers connected, degraded states), bytes held and memory\n"+
@@ -50,6 +54,14 @@ func Command(args []string, stdout, stderr io.Writer) int {
 	}
 	if *asJSON && *asProm {
 		fmt.Fprintln(stderr, "reft status: --json or --prom, not both")
+		return 2
+	}
+	if *watch && (*asJSON || *asProm) {
+		fmt.Fprintln(stderr, "reft status: --watch shows the table; for --json or --prom, call reft status at your own interval")
+		return 2
+	}
+	if *interval < 100*time.Millisecond {
+		fmt.Fprintf(stderr, "reft status: --interval %s is too short (every refresh asks slurmctld and every agent); use 100ms or more\n", *interval)
 		return 2
 	}
 	job := os.Getenv("SLURM_JOB_ID")
@@ -69,7 +81,7 @@ func Command(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "reft status: %q is not a job id (want a number, e.g. reft status 4242)\n", job)
 		return 2
 	}
-	c, err := config.Load(*confPath, true)
+	c, err := config.Load(*confPath, config.MissingOK(*confPath))
 	if err != nil {
 		fmt.Fprintln(stderr, "reft status:", err)
 		return 1
@@ -81,7 +93,22 @@ func Command(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "reft status: %v\n", err)
 		return 1
 	}
-	rep, err := Query(context.Background(), Options{Peer: pc, Jobs: Slurm{Conf: c.Agent.SlurmConf}, Timeout: *timeout})
+	opts := Options{Peer: pc, Jobs: Slurm{Conf: c.Agent.SlurmConf}, Timeout: *timeout}
+	if *watch {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		err := Watch(ctx, stdout, WatchOptions{
+			Query:    func(ctx context.Context) (*Report, error) { return Query(ctx, opts) },
+			Interval: *interval,
+			TTY:      isTerminal(stdout),
+		})
+		if err != nil {
+			fmt.Fprintln(stderr, "reft status:", err)
+			return 1
+		}
+		return 0
+	}
+	rep, err := Query(context.Background(), opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "reft status:", err)
 		return 1
@@ -104,6 +131,16 @@ func Command(args []string, stdout, stderr io.Writer) int {
 	}
 	Print(stdout, rep)
 	return 0
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // WriteProm writes the metrics of every node whose agent answered (agent/

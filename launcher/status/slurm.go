@@ -39,7 +39,7 @@ func (s Slurm) Job(ctx context.Context, id string) (Job, error) {
 	out, err := s.run(ctx, "show", "job", "-o", id)
 	if err != nil {
 		if strings.Contains(err.Error(), "Invalid job id") {
-			return j, fmt.Errorf("job %s is unknown to Slurm (finished long ago, or never existed; reft log %s may still tell its story)", id, id)
+			return j, notRunning{fmt.Sprintf("job %s is unknown to Slurm (finished long ago, or never existed; reft log %s may still tell its story)", id, id)}
 		}
 		return j, err
 	}

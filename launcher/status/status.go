@@ -109,6 +109,16 @@ type Options struct {
 // us, and Slurm's view of it is not ours to print either.
 var ErrForeign = errors.New("not your job")
 
+// ErrNotRunning is what errors.Is finds in the error for a job that no
+// longer runs (or never ran): it has no agents to ask.
+var ErrNotRunning = errors.New("job not running")
+
+// notRunning is an ErrNotRunning with its own message.
+type notRunning struct{ msg string }
+
+func (e notRunning) Error() string        { return e.msg }
+func (e notRunning) Is(target error) bool { return target == ErrNotRunning }
+
 // Query asks every node's agent of the job for its status.
 func Query(ctx context.Context, o Options) (*Report, error) {
 	if o.Timeout <= 0 {
@@ -128,7 +138,7 @@ func Query(ctx context.Context, o Options) (*Report, error) {
 			ErrForeign, job, j.User, j.UID, o.Peer.UID, j.User)
 	}
 	if j.State != "RUNNING" && j.State != "COMPLETING" {
-		return nil, fmt.Errorf("job %s is %s, not running: its agents live only while it runs (reft log %s tells what happened)", job, j.State, job)
+		return nil, notRunning{fmt.Sprintf("job %s is %s, not running: its agents live only while it runs (reft log %s tells what happened)", job, j.State, job)}
 	}
 	o.Peer.Role = peer.RoleStatus
 	if o.Peer.DialTimeout <= 0 {

@@ -68,7 +68,7 @@ func recorded(t *testing.T) (pids map[string]int, namespaces []string) {
 // per-node processes; none of this cluster's may outlive `down`.
 var clusterPrograms = map[string]bool{
 	"slurmctld": true, "slurmd": true, "slurmstepd": true, "slurmdbd": true,
-	"mariadbd": true, "munged": true, "reft-agent": true,
+	"mariadbd": true, "munged": true, "reft-agent": true, "prometheus-node-exporter": true,
 }
 
 // ofThisCluster tells whether a process names this cluster's state directory
@@ -83,14 +83,38 @@ func ofThisCluster(proc string) bool {
 	return false
 }
 
-// TestUpTwiceThenDown: a second `up` changes nothing, and `down` leaves no
-// process of the cluster behind: no recorded pid, nothing in a node's
-// namespace, and no cluster program at all.
+// TestUpTwiceThenDown: `up` installs reft (the plugstack line naming the
+// checkout's plugin and the cluster's reft.toml, node_exporter serving
+// the metrics directory, env's lines for a user's shell), asking for it
+// without reft while it is up is refused, a second `up` changes nothing,
+// and `down` leaves no process of the cluster behind: no recorded pid,
+// nothing in a node's namespace, and no cluster program at all. It starts
+// from a cluster that is down: `make e2e` runs the suite on `up --no-reft`.
 func TestUpTwiceThenDown(t *testing.T) {
+	tool(t, "down")
 	tool(t, "up")
 	before, nss := recorded(t)
-	if len(before) < 5 || len(nss) == 0 {
-		t.Fatalf("after up: recorded pids %v, node namespaces %v", before, nss)
+	if len(before) < 6 || len(nss) == 0 || before["node_exporter"] == 0 {
+		t.Fatalf("after up: recorded pids %v (want node_exporter's among them), node namespaces %v", before, nss)
+	}
+	etc := filepath.Join(stateDir(), "etc")
+	repo, _ := filepath.Abs("../..")
+	plug, err := os.ReadFile(filepath.Join(etc, "plugstack.conf.d", "reft.conf"))
+	if want := fmt.Sprintf("optional %s/build/spank_reft.so config=%s/reft.toml\n", repo, etc); err != nil || string(plug) != want {
+		t.Errorf("plugstack line %q (%v), want %q", plug, err, want)
+	}
+	env := tool(t, "env")
+	for _, want := range []string{"export REFT_CONFIG=" + etc + "/reft.toml\n", "export PATH=" + repo + "/build:$PATH\n",
+		"export REFT_METRICS_URL=http://127.0.0.1:", "as_alice() {"} {
+		if !strings.Contains(env, want) {
+			t.Errorf("env lacks %q:\n%s", want, env)
+		}
+	}
+	if st := tool(t, "status"); !strings.Contains(st, "node_exporter up") {
+		t.Errorf("status shows no node_exporter:\n%s", st)
+	}
+	if out, err := exec.Command("./cluster", "up", "--no-reft").CombinedOutput(); err == nil || !strings.Contains(string(out), "up with reft installed; run 'cluster down'") {
+		t.Errorf("up --no-reft on a cluster up with reft: %v\n%s", err, out)
 	}
 	tool(t, "up")
 	after, _ := recorded(t)

@@ -4,7 +4,7 @@
 // cluster (tests/cluster/cluster). `make e2e` brings the cluster up first; run
 // by hand:
 //
-//	tests/cluster/cluster up && go test -tags e2e ./tests/e2e/
+//	tests/cluster/cluster up --no-reft && go test -tags e2e ./tests/e2e/
 //
 // The tests fail, never skip, when the cluster is not up.
 package e2e
@@ -64,8 +64,8 @@ func setup() error {
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		kv, ok := strings.CutPrefix(strings.TrimSpace(line), "export ")
-		if !ok {
-			continue
+		if !ok || strings.HasPrefix(kv, "PATH=") {
+			continue // the tests run build/'s programs by path
 		}
 		clusterEnv = append(clusterEnv, kv)
 		if v, ok := strings.CutPrefix(kv, "REFT_CLUSTER_DIR="); ok {
@@ -73,7 +73,13 @@ func setup() error {
 		}
 	}
 	if st, err := exec.Command(tool, "status").CombinedOutput(); err != nil {
-		return fmt.Errorf("the test cluster is not up (run '%s up' or 'make e2e'):\n%s", tool, st)
+		return fmt.Errorf("the test cluster is not up (run '%s up --no-reft' or 'make e2e'):\n%s", tool, st)
+	}
+	// The tests install the plugin themselves, each with its own
+	// configuration, and some need nodes whose slurmd has not loaded it
+	// (slurmd reads plugstack.conf only at its start).
+	if _, err := os.Stat(filepath.Join(clusterDir, "etc", "reft-installed")); err == nil {
+		return fmt.Errorf("the test cluster came up with reft installed; the e2e tests install their own: run '%s down && %s up --no-reft'", tool, tool)
 	}
 	for _, b := range []string{"reft", "reft-agent", "reft-mpi-smoke"} {
 		if _, err := os.Stat(filepath.Join(repo, "build", b)); err != nil {

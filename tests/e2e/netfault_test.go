@@ -3,7 +3,7 @@
 // Issue 18's network faults, on a test cluster brought up with its own
 // networks (tests/cluster/cluster up --net):
 //
-//	tests/cluster/cluster up --net && go test -tags 'e2e e2enet' -run Net ./tests/e2e/
+//	tests/cluster/cluster up --net --no-reft && go test -tags 'e2e e2enet' -run Net ./tests/e2e/
 package e2e
 
 import (
@@ -19,7 +19,7 @@ import (
 func needNet(t *testing.T) {
 	t.Helper()
 	if b, err := os.ReadFile(filepath.Join(clusterDir, "etc", "net")); err != nil || strings.TrimSpace(string(b)) != "netns" {
-		t.Fatalf("this test needs the test cluster's own networks: bring it up with 'tests/cluster/cluster up --net' (%v)", err)
+		t.Fatalf("this test needs the test cluster's own networks: bring it up with 'tests/cluster/cluster up --net --no-reft' (%v)", err)
 	}
 }
 

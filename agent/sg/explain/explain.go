@@ -83,7 +83,7 @@ func Command(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.rpn, "ranks-per-node", 0, "ranks per node `N`, placed in rank order (Slurm's block distribution; default: ranks / nodes)")
 	fs.StringVar(&o.mapFile, "map", "", "rank-to-node map `FILE` instead of --ranks-per-node")
 	fs.StringVar(&o.domains, "domains", "", "failure domains `LIST`, as in n[1-4]=rackA,n[5-8]=rackB")
-	fs.StringVar(&o.config, "config", config.DefaultPath, "reft configuration `file`, for its [topology] failure domains when --domains is not given")
+	fs.StringVar(&o.config, "config", config.UserPath(), "reft configuration `file` (default $REFT_CONFIG or "+config.DefaultPath+"), for its [topology] failure domains when --domains is not given")
 	fs.StringVar(&o.buffers, "buffers", "", "buffer kinds the job registers, `LIST` of "+sg.ValidKinds+" (default: replicated,sharded, plus optimizer with aor)")
 	fs.IntVar(&o.failures, "failures", -1, "check every set of up to `K` failed nodes (default: the guaranteed tolerance + 1)")
 	fs.IntVar(&o.maxSets, "max-sets", defaultMaxSets, "check at most `N` sets per size; larger sizes are sampled")
@@ -201,7 +201,7 @@ func explain(o options) (*report, error) {
 	if domains == nil && o.config != "" {
 		// The site's labels, as the agents see them (a missing default
 		// file is no error: then there are none).
-		cfg, err := config.Load(o.config, !o.configGiven)
+		cfg, err := config.Load(o.config, !o.configGiven && config.MissingOK(o.config))
 		if err != nil {
 			return nil, fmt.Errorf("--config: %w", err)
 		}
