@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/BurntSushi/toml"
 
@@ -340,7 +341,9 @@ func Parse(path string, data []byte) (Config, error) {
 	if err != nil {
 		var pe toml.ParseError
 		if errors.As(err, &pe) {
-			return Config{}, fmt.Errorf("reft config %s:%d: %s", path, pe.Position.Line, pe.Message)
+			// The parser quotes the offending input raw: a newline in it
+			// would split the error, which reaches the job's stderr.
+			return Config{}, fmt.Errorf("reft config %s:%d: %s", path, pe.Position.Line, oneLine(pe.Message))
 		}
 		return Config{}, fmt.Errorf("reft config %s: %w", path, err)
 	}
@@ -751,4 +754,23 @@ func MemTotal() (uint64, error) {
 		}
 	}
 	return 0, errors.New("no MemTotal line in /proc/meminfo")
+}
+
+// oneLine escapes the line breaks and other control characters of s
+// (tabs kept), so that a message quoting input stays on one line.
+func oneLine(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r != '\t' && unicode.IsControl(r):
+			fmt.Fprintf(&b, `\x%02x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
