@@ -15,9 +15,12 @@ import (
 
 // Options configures a Persister.
 type Options struct {
-	Dir                string // persist_dir from --reft, else [persist] dir
-	Job, Node          string
-	UID                int // the job's user, who must own every directory
+	Dir       string // persist_dir from --reft, else [persist] dir
+	Job, Node string
+	UID       int // the job's user, who must own every directory
+	// Epoch is the job run this agent writes for: what a newer one wrote
+	// is never removed or replaced (see Epoch).
+	Epoch              Epoch
 	Policy             spec.Persist
 	FailuresPerNodeDay float64
 	Store              *tmpfs.Store // the node-local store the generations come from
@@ -46,6 +49,7 @@ type Persister struct {
 	roundOK   bool          // a write of the round succeeded
 	roundErr  bool          // a write of the round failed
 	abandoned map[int]int64 // rank -> lowest step restored since its last write
+	fenced    bool          // a write was refused as stale (said once)
 	idle      *sync.Cond
 }
 
@@ -57,7 +61,7 @@ func New(opt Options) (*Persister, error) {
 	if opt.Store == nil {
 		return nil, errors.New("persist: no node-local store to persist from")
 	}
-	disk, err := OpenStore(opt.Dir, opt.Job, opt.Node, opt.UID)
+	disk, err := OpenStore(opt.Dir, opt.Job, opt.Node, opt.UID, opt.Epoch)
 	if err != nil {
 		return nil, err
 	}
@@ -163,6 +167,15 @@ func (p *Persister) run() {
 		case err != nil && p.ctx.Err() != nil:
 			p.log.Info().Str("event", "persist_stopped").Int("rank", m.Rank).Int64("step", m.Step).
 				Msg("persistent write stopped: the agent is stopping; the temporary copy was removed")
+		case errors.As(err, new(*FencedError)):
+			// Not a failure to retry: this writer is stale. Said once.
+			ev := p.log.Debug()
+			if !p.fenced {
+				p.fenced = true
+				ev = p.log.Error()
+			}
+			ev.Str("event", "persist_fenced").Int("rank", m.Rank).Int64("step", m.Step).Err(err).
+				Msg("persistent write refused: a newer run of the job has written this rank's checkpoints; this agent persists nothing more for it")
 		case err != nil:
 			p.roundErr = true
 			p.log.Error().Str("event", "persist_failed").Int("rank", m.Rank).Int64("step", m.Step).Err(err).
