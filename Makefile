@@ -24,7 +24,7 @@ BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/r
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
 BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
-.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e demo demo-trixie bench install clean
+.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e e2e-net demo demo-trixie bench install clean
 all: $(BINARIES)
 
 $(BUILD):
@@ -136,13 +136,17 @@ fuzz:
 # brings the cluster up and always takes it down again when the line ends
 # (pass, fail, a failed or half-done `up`, SIGINT or SIGTERM), so no daemon
 # is left running; the line exits with its first failure's status.
-WITH_CLUSTER = trap 'rc=$$?; trap - EXIT; $(CLUSTER) down || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc' EXIT; \
+# WITH_NET_CLUSTER is the same with `up --net` (each node in its own network
+# namespace: the network-fault scenarios).
+cluster_with = trap 'rc=$$?; trap - EXIT; $(CLUSTER) down || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc' EXIT; \
 	trap 'exit 130' INT TERM HUP; \
-	$(CLUSTER) up || exit $$?
+	$(CLUSTER) up $(1) || exit $$?
+WITH_CLUSTER = $(call cluster_with,)
+WITH_NET_CLUSTER = $(call cluster_with,--net)
 
 # End-to-end tests on the local cluster. The cluster tool's own lifecycle
 # test runs last: it calls `up` a second time, then `down`, and checks that
-# nothing of the cluster is left.
+# nothing of the cluster is left. Then the network-fault phase (e2e-net).
 e2e: all
 	@$(WITH_CLUSTER); \
 	rc=0; \
@@ -150,6 +154,19 @@ e2e: all
 	$(GO) test -count=1 -tags e2e -timeout 5m -run Munge -v ./agent/peer/ || rc=$$?; \
 	( cd tests/cluster && $(GO) test -count=1 -tags e2e -timeout 10m -v . ) || rc=$$?; \
 	exit $$rc
+	@$(E2E_NET)
+
+# Issue 18's network faults on a cluster brought up with --net: a 3 s flap,
+# a 3 s stall, 200 ms of added latency (no verdict for any), n2 cut off from
+# the other agents (one verdict, about n2), and a real node loss on that
+# network (a silent host: verdict, relaunch on the spare). Only these: the
+# rest of the suite ran on the plain cluster above (docs/BENCHMARKS.md has
+# the phase's wall time).
+E2E_NET_TESTS := ^(TestNetFaultsNoVerdict|TestNetPartitionFromAgents|TestReftRunNodeLossSpare)$$
+E2E_NET = $(WITH_NET_CLUSTER); \
+	$(GO) test -count=1 -tags 'e2e e2enet' -timeout 20m -run '$(E2E_NET_TESTS)' -v ./tests/e2e/
+e2e-net: all
+	@$(E2E_NET)
 
 # Both lanes: the Debian 12 lane's unit and e2e tests and the trixie lane's
 # unit tests. The trixie lane's e2e subset (make e2e-trixie) is not in it

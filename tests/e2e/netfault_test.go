@@ -24,10 +24,11 @@ func needNet(t *testing.T) {
 }
 
 // TestNetFaultsNoVerdict: a fault shorter than the detector's watch window
-// (a 3 s flap of n2, a 3 s stall of n3's every process) costs no verdict
-// and no relaunch: the job completes with an uninterrupted run's bits, the
-// recovery log shows one launch and the completion, and no agent logged a
-// failure (nor fenced itself for long: at most n2 during its own flap).
+// (a 3 s flap of n2, a 3 s stall of n3's every process), or one that only
+// slows a node (200 ms added to n2's every round trip, held while the job
+// trains ten steps through it), costs no verdict and no relaunch: the job
+// completes with an uninterrupted run's bits, the recovery log shows one
+// launch and the completion, and no agent logged a failure.
 func TestNetFaultsNoVerdict(t *testing.T) {
 	needNet(t)
 	enableReft(t)
@@ -37,14 +38,27 @@ func TestNetFaultsNoVerdict(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		fault []string // cluster command
+		// With until, the fault lasts until the job prints that step, and
+		// undo ends it (else the fault command ends it itself).
+		until string
+		undo  []string
 	}{
-		{"3 s flap of n2", []string{"flap", "n2", "3"}},
-		{"3 s stall of n3", []string{"stall", "n3", "3"}},
+		{name: "3 s flap of n2", fault: []string{"flap", "n2", "3"}},
+		{name: "3 s stall of n3", fault: []string{"stall", "n3", "3"}},
+		{name: "200 ms delay on n2", fault: []string{"delay", "n2", "200"}, until: "\nstep 30 loss", undo: []string{"delay", "n2", "0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			job, dir := reftRunJobWith(t, "-N4 --reft=arc --requeue", flags...)
 			waitOutput(t, dir, job, "\nstep 20 loss")
+			if tc.undo != nil {
+				t.Cleanup(func() { cluster(t, tc.undo...) })
+			}
 			cluster(t, tc.fault...)
+			if tc.until != "" {
+				// Training goes on through the fault: ten steps with it.
+				waitOutput(t, dir, job, tc.until)
+				cluster(t, tc.undo...)
+			}
 			waitJobEnd(t, job, 5*time.Minute)
 			completedSame(t, dir, job, refHash)
 			if names := eventNames(recoveryEvents(t, job)); !slices.Equal(names, []string{"step_launched", "completed"}) {
