@@ -24,7 +24,7 @@ BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/r
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
 BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
-.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e e2e-net demo demo-trixie bench install clean
+.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e e2e-net bench-net demo demo-trixie bench install clean
 all: $(BINARIES)
 
 $(BUILD):
@@ -192,6 +192,21 @@ endif
 
 demo-trixie: build-trixie
 	$(TRIXIE) run --lane-build tests/demo.sh
+
+# The network-fault table of docs/BENCHMARKS.md: e2e-net's scenarios
+# NETREPS times each on a --net cluster (about NETREPS x e2e-net's time),
+# then tests/netbench prints verdicts expected and seen, false positives
+# and negatives, and detection times; the run's log is kept in
+# $(BUILD)/bench-net.log. Needs root, like make test.
+NETREPS ?= 3
+bench-net: all
+	@echo "make bench-net on: $$(lscpu | sed -n 's/^Model name: *//p' | head -1), $$(nproc) cores, $$(uname -r), load $$(cut -d' ' -f1-3 /proc/loadavg), NETREPS=$(NETREPS)"
+	@$(WITH_NET_CLUSTER); \
+	rc=0; \
+	$(GO) test -count=$(NETREPS) -tags 'e2e e2enet' -timeout 120m -run '$(E2E_NET_TESTS)' -v ./tests/e2e/ >$(BUILD)/bench-net.log 2>&1 || rc=$$?; \
+	grep -E '^(--- |FAIL|ok)' $(BUILD)/bench-net.log; \
+	$(GO) run ./tests/netbench/cmd/netbench <$(BUILD)/bench-net.log || rc=$$?; \
+	exit $$rc
 
 # The trainer overhead benchmark trains for minutes; on a busy machine the
 # default 10-minute test timeout is not enough.

@@ -49,6 +49,7 @@ func TestNetFaultsNoVerdict(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			job, dir := reftRunJobWith(t, "-N4 --reft=arc --requeue", flags...)
+			defer func() { netResult(t, tc.name, nil, job, time.Time{}, !t.Failed(), "n1", "n2", "n3", "n4") }()
 			waitOutput(t, dir, job, "\nstep 20 loss")
 			if tc.undo != nil {
 				t.Cleanup(func() { cluster(t, tc.undo...) })
@@ -98,6 +99,9 @@ func TestNetPartitionFromAgents(t *testing.T) {
 		stop()
 		return job, dir
 	})
+	defer func() {
+		netResult(t, "n2 cut off from the other nodes, not from slurmctld", []string{"n2"}, nl.job, nl.killed, !t.Failed(), "n1", "n2", "n3", "n4", "n5")
+	}()
 	ev := checkNodeLossSpare(t, nl, refHash)
 	if af := agentsFailures(t, nl.job, "n2"); len(af) != 0 {
 		t.Errorf("n2, cut off, published %v; want nothing", af)

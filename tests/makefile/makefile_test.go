@@ -152,6 +152,8 @@ func TestClusterAlwaysTakenDown(t *testing.T) {
 		{"e2e-net tests fail", "e2e-net", "false", 0, 0, false, "", []string{"up --net", "down"}},
 		{"bench passes", "bench", "true", 0, 0, true, "", []string{"up", "down"}},
 		{"bench up fails halfway", "bench", "true", 7, 0, false, "Error 7", []string{"up", "down"}},
+		{"bench-net passes", "bench-net", "true", 0, 0, true, "", []string{"up --net", "down"}},
+		{"bench-net tests fail", "bench-net", "false", 0, 0, false, "", []string{"up --net", "down"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
