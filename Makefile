@@ -118,14 +118,17 @@ build-trixie:
 # tests/gpu/run.sh --cpu: the GPU check script's dry run (CPU tensors, toy
 # sizes), so the script a device session runs has run here first.
 # The failure-detection path also runs under the race detector: the
-# detector, the mesh and peer transports, the agent that reacts to
-# verdicts, reft run that acts on them, and the Go client (issue 18;
-# docs/BENCHMARKS.md has the time it adds).
-RACE_PKGS := ./agent/ ./agent/detect/ ./agent/mesh/ ./agent/peer/ ./launcher/run/ ./client/
+# detector, the mesh and peer transports, reft run that acts on verdicts,
+# the Go client, and the agent package's tests of its reactions to them
+# (the whole agent package under -race takes 2-4 minutes on 2 cores;
+# these, seconds). docs/BENCHMARKS.md has the time it adds (issue 18).
+RACE_PKGS := ./agent/detect/ ./agent/mesh/ ./agent/peer/ ./launcher/run/ ./client/
+RACE_AGENT_TESTS := ^(TestProgress|TestPeerFailure.*|TestJITFlushFollowsVerdicts|TestDetectorVerdictNotices|TestAgentPeering.*)$$
 unit:
 	$(GO) vet ./...
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race $(RACE_PKGS)
+	$(GO) test -count=1 -race -run '$(RACE_AGENT_TESTS)' ./agent/
 	cd client/python && $(PYTHON) -m unittest discover -s tests
 	CGO_ENABLED=0 $(GO) build -o $(BUILD)/conformance-agent ./tests/conformance-agent
 	REFT_GPU_AGENT=$(BUILD)/conformance-agent PYTHON=$(PYTHON) bash tests/gpu/run.sh --cpu
