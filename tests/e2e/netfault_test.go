@@ -9,11 +9,14 @@ package e2e
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 )
+
+var relayedRe = regexp.MustCompile(`relayed (\d+) frames from the node`)
 
 // needNet fails the test unless the cluster runs with --net.
 func needNet(t *testing.T) {
@@ -59,6 +62,13 @@ func TestNetFaultsNoVerdict(t *testing.T) {
 				// Training goes on through the fault: ten steps with it.
 				waitOutput(t, dir, job, tc.until)
 				cluster(t, tc.undo...)
+			}
+			if tc.fault[0] == "delay" {
+				// The job's traffic really went through the delay line.
+				b, _ := os.ReadFile(filepath.Join(clusterDir, "log", "delay-"+tc.fault[1]+".log"))
+				if m := relayedRe.FindSubmatch(b); m == nil || string(m[1]) == "0" {
+					t.Errorf("the delay line relayed no frame from %s:\n%s", tc.fault[1], b)
+				}
 			}
 			waitJobEnd(t, job, 5*time.Minute)
 			completedSame(t, dir, job, refHash)

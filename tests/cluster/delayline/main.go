@@ -25,6 +25,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -58,10 +59,16 @@ func run(nodeIf, bridgeIf string, delay time.Duration) error {
 	fmt.Println("ready")
 	errc := make(chan error, 3)
 	// From the node: held for the delay. To the node: at once.
-	go func() { errc <- Relay(nodeSock, bridgeSock, delay) }()
-	go func() { errc <- Relay(bridgeSock, nodeSock, 0) }()
+	var out, in atomic.Int64
+	go func() { errc <- RelayCounting(nodeSock, bridgeSock, delay, &out) }()
+	go func() { errc <- RelayCounting(bridgeSock, nodeSock, 0, &in) }()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	// What passed, said at the end: the tests check that the node's
+	// traffic really went through the relay.
+	defer func() {
+		fmt.Printf("relayed %d frames from the node (each held %v), %d to it\n", out.Load(), delay, in.Load())
+	}()
 	select {
 	case err := <-errc:
 		return err

@@ -35,6 +35,11 @@ const maxFrame = 1 << 17
 // them. A write the kernel refuses for want of buffers (ENOBUFS) drops the
 // frame, said once on stderr; any other error ends the relay.
 func Relay(src FrameReader, dst FrameWriter, delay time.Duration) error {
+	return RelayCounting(src, dst, delay, new(atomic.Int64))
+}
+
+// RelayCounting is Relay that adds each frame it has written to sent.
+func RelayCounting(src FrameReader, dst FrameWriter, delay time.Duration, sent *atomic.Int64) error {
 	if delay <= 0 {
 		buf := make([]byte, maxFrame)
 		for {
@@ -45,6 +50,7 @@ func Relay(src FrameReader, dst FrameWriter, delay time.Duration) error {
 			if err := write(dst, buf[:n]); err != nil {
 				return err
 			}
+			sent.Add(1)
 		}
 	}
 	type held struct {
@@ -78,6 +84,7 @@ func Relay(src FrameReader, dst FrameWriter, delay time.Duration) error {
 		if err := write(dst, h.frame); err != nil {
 			return err
 		}
+		sent.Add(1)
 	}
 	return <-errc
 }
