@@ -135,7 +135,7 @@ func Run(ctx context.Context, o Options) error {
 			logger.Info().Str("event", "persist_off").Msg("persistent checkpoints off: " + why)
 		} else {
 			per, err := persist.New(persist.Options{Dir: pdir, Job: o.Job, Node: o.Node, UID: o.UID, Policy: s.Persist,
-				Epoch:              persist.Epoch{Restart: o.Restart}, // relaunches not told to the agent yet: only requeues fence
+				Restart:            o.Restart,
 				FailuresPerNodeDay: cfg.Persist.FailuresPerNodeDay, Store: store, Log: logger})
 			if err != nil {
 				logger.Error().Err(err).Msg("agent cannot start")

@@ -23,14 +23,15 @@
 // or above a step the job has since restored, belongs to an abandoned
 // timeline and is removed.
 //
-// Fencing: every writer writes for an Epoch (the job's requeue count, then
-// reft run's relaunch), recorded in COMMITTED. A writer whose epoch is
-// older than that of any committed generation of the rank is stale (a
-// node declared lost, a partitioned one, a queued write) and writes and
-// removes nothing (FencedError, checked before the write and again
-// before the rename); retention never removes a newer epoch's generation.
-// The agent passes only the requeue count today: reft run's relaunches
-// are not yet told to it, so two writers of one run are not fenced apart.
+// Fencing: every write is for an Epoch (the job's requeue count, then
+// the Slurm step id of the rank that committed the generation, from its
+// hello: each reft run relaunch is a later step), recorded in COMMITTED.
+// A write whose epoch is older than that of any committed generation of
+// the rank is stale (a node declared lost, a partitioned one, a queued
+// write) and writes and removes nothing (FencedError, checked before the
+// write and again before the rename; a shared filesystem offers no
+// compare-and-swap, so a newer write landing inside that last window is
+// not caught); retention never removes a newer epoch's generation.
 //
 // The Persister decides which generations to write (see Interval) and
 // writes them in the background from a pinned tmpfs.Reader, one at a time.

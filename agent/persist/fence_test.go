@@ -62,16 +62,16 @@ func (w writer) mustWrite(t *testing.T, rank int, step, abandonedAbove int64) {
 	}
 }
 
-// TestStaleWriterFenced: two writers of rank 1, n2 for the job's first run
-// (epoch relaunch 0: since declared lost, partitioned, or with a write
-// queued) and n5 for the relaunch that replaced it (relaunch 1). Whatever
+// TestStaleWriterFenced: two writers of rank 1, n2 for the job's first
+// launch (Slurm step 0: since declared lost, partitioned, or with a write
+// queued) and n5 for reft run's relaunch that replaced it (step 2). Whatever
 // the stale n2 writes, and whenever, n5's newer checkpoints stay, bytes
 // intact: the stale write is refused with a FencedError naming both
 // epochs, and nothing of n5's is removed or replaced. The newer epoch, in
 // turn, does prune what the older one left above its restored step.
 func TestStaleWriterFenced(t *testing.T) {
 	const rank = 1
-	stale, newer := Epoch{Restart: 0, Relaunch: 0}, Epoch{Restart: 0, Relaunch: 1}
+	stale, newer := Epoch{Restart: 0, Step: 0}, Epoch{Restart: 0, Step: 2}
 	for _, tc := range []struct {
 		name string
 		// run does the writes; it returns the stale writer's error.
@@ -147,7 +147,7 @@ func TestStaleWriterFenced(t *testing.T) {
 // the same bytes) keeps 100 and removes 110, the abandoned timeline.
 func TestNewerEpochPrunesOlder(t *testing.T) {
 	dir := t.TempDir()
-	old, cur := newWriter(t, dir, "n2", Epoch{}), newWriter(t, dir, "n5", Epoch{Relaunch: 1})
+	old, cur := newWriter(t, dir, "n2", Epoch{}), newWriter(t, dir, "n5", Epoch{Step: 2})
 	old.mustWrite(t, 1, 100, -1)
 	old.mustWrite(t, 1, 110, -1)
 	w, err := cur.write(t, 1, 100, 100, false)

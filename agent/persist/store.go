@@ -43,21 +43,24 @@ type marker struct {
 }
 
 // Epoch orders the job's runs: a requeue (SLURM_RESTART_COUNT) starts a
-// newer one, and so does each relaunch of reft run within it. A writer
-// from an older epoch is stale (a node wrongly declared lost, a
+// newer one, and within it each relaunch of reft run is a new srun step,
+// with a higher Slurm step id (the committing rank's, from its hello). A
+// writer from an older epoch is stale (a node wrongly declared lost, a
 // partitioned one, a write queued before the job moved on): it must not
 // remove or replace what a newer epoch wrote.
 type Epoch struct {
-	Restart  int `json:"restart"`
-	Relaunch int `json:"relaunch"`
+	Restart int `json:"restart"`
+	// Step is the Slurm step id of the rank that committed the generation
+	// (0 for a batch or extern step, or a client that did not say).
+	Step int `json:"slurm_step"`
 }
 
 // Before reports whether e is an older epoch than o.
 func (e Epoch) Before(o Epoch) bool {
-	return e.Restart < o.Restart || e.Restart == o.Restart && e.Relaunch < o.Relaunch
+	return e.Restart < o.Restart || e.Restart == o.Restart && e.Step < o.Step
 }
 
-func (e Epoch) String() string { return fmt.Sprintf("restart %d relaunch %d", e.Restart, e.Relaunch) }
+func (e Epoch) String() string { return fmt.Sprintf("restart %d step %d", e.Restart, e.Step) }
 
 // FencedError is a write refused because a newer epoch has written the
 // rank's directory: this writer is stale.
@@ -101,14 +104,15 @@ type Store struct {
 	node string
 	dir  string
 	uid  int // the job's user: every directory must be its own
-	// epoch is this writer's: what a newer epoch wrote is never removed,
-	// and a rank directory a newer epoch has written is not written.
+	// epoch is Write's (WriteIn takes one per write): what a newer epoch
+	// wrote is never removed, and a rank directory a newer epoch has
+	// written is not written.
 	epoch Epoch
 
 	hook func(point string) // crash tests stop the process at named points
 }
 
-// OpenStore makes (or checks) <dir>/<job> for the job's user; the Store
+// OpenStore makes (or checks) <dir>/<job> for the job's user; Write
 // writes for epoch.
 func OpenStore(dir, job, node string, uid int, epoch Epoch) (*Store, error) {
 	if !filepath.IsAbs(dir) {
@@ -188,6 +192,11 @@ type Written struct {
 // steps above the new one and above abandonedAbove (>= 0: a step the job
 // has restored since the last write) are removed.
 func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64) (Written, error) {
+	return s.WriteIn(ctx, r, abandonedAbove, s.epoch)
+}
+
+// WriteIn is Write for a writer of epoch e.
+func (s *Store) WriteIn(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64, e Epoch) (Written, error) {
 	m := r.Manifest()
 	rank, step := m.Rank, m.Step
 	rdir := s.rankDir(rank)
@@ -201,13 +210,13 @@ func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64
 			return Written{}, fmt.Errorf("persistent write: fsync %s: %w", s.dir, err)
 		}
 	}
-	if err := s.fence(rank, step); err != nil {
+	if err := s.fence(rank, step, e); err != nil {
 		return Written{}, err
 	}
 	if old, err := s.read(rank, final, step); err == nil && !old.Bad && sameChecksums(&old.Manifest, m) {
 		// The same bytes (a deterministic job redoing the step, or an
 		// agent restart): the copy is this timeline's; only retention.
-		return Written{Dir: final, Already: true, Removed: s.prune(rank, step, abandonedAbove)}, nil
+		return Written{Dir: final, Already: true, Removed: s.prune(rank, step, abandonedAbove, e)}, nil
 	}
 	s.removeStale(rdir)
 	tmp := filepath.Join(rdir, fmt.Sprintf("%s%s-%s-%d", tmpPrefix, genName(step), s.node, os.Getpid()))
@@ -217,7 +226,7 @@ func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64
 	if _, err := s.mkdir(tmp); err != nil {
 		return Written{}, err
 	}
-	n, err := s.fill(ctx, tmp, r)
+	n, err := s.fill(ctx, tmp, r, e)
 	if err != nil {
 		os.RemoveAll(tmp)
 		return Written{}, err
@@ -226,7 +235,7 @@ func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64
 	// Again before anything becomes visible: a newer epoch may have
 	// written while this copy was filled (a shared filesystem offers no
 	// compare-and-swap; this narrows the window to the rename itself).
-	if err := s.fence(rank, step); err != nil {
+	if err := s.fence(rank, step, e); err != nil {
 		os.RemoveAll(tmp)
 		return Written{}, err
 	}
@@ -235,12 +244,12 @@ func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64
 		return Written{}, err
 	}
 	s.at("write:renamed")
-	removed := s.prune(rank, step, abandonedAbove)
+	removed := s.prune(rank, step, abandonedAbove, e)
 	return Written{Dir: final, Bytes: n, Removed: removed}, nil
 }
 
 // fill writes data, MANIFEST and COMMITTED into the temporary directory tmp.
-func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, error) {
+func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader, e Epoch) (int64, error) {
 	m := r.Manifest()
 	fail := func(what string, err error) (int64, error) {
 		return 0, fmt.Errorf("persistent write of rank %d step %d: %s: %w", m.Rank, m.Step, what, err)
@@ -304,7 +313,7 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, e
 		return fail("write manifest", err)
 	}
 	mk, _ := json.Marshal(marker{Step: m.Step, Seq: m.Seq, ManifestBytes: len(raw), ManifestCRC: tmpfs.CRC(raw),
-		DataBytes: off, Node: s.node, Written: time.Now().UTC(), Epoch: s.epoch})
+		DataBytes: off, Node: s.node, Written: time.Now().UTC(), Epoch: e})
 	if err := writeSynced(filepath.Join(tmp, markerFile), mk); err != nil {
 		return fail("write commit marker", err)
 	}
@@ -362,11 +371,11 @@ func (s *Store) removeStale(rdir string) {
 
 // fence refuses a write of rank when a committed generation of the rank
 // is from a newer epoch than this writer's.
-func (s *Store) fence(rank int, step int64) error {
+func (s *Store) fence(rank int, step int64, e Epoch) error {
 	gens, _ := s.List(rank)
 	for _, g := range gens {
-		if s.epoch.Before(g.Epoch) {
-			return &FencedError{Rank: rank, Step: step, Mine: s.epoch, Newest: g.Epoch, By: g.Node, NewerStep: g.Step}
+		if e.Before(g.Epoch) {
+			return &FencedError{Rank: rank, Step: step, Mine: e, Newest: g.Epoch, By: g.Node, NewerStep: g.Step}
 		}
 	}
 	return nil
@@ -375,14 +384,14 @@ func (s *Store) fence(rank int, step int64) error {
 // prune keeps step and the newest good generation below it, and removes
 // everything else: older generations, newer ones (an abandoned timeline:
 // the job is at step now) and those above abandonedAbove.
-func (s *Store) prune(rank int, step, abandonedAbove int64) []int64 {
+func (s *Store) prune(rank int, step, abandonedAbove int64, e Epoch) []int64 {
 	gens, _ := s.List(rank)
 	older := false
 	var removed []int64
 	for _, g := range gens { // newest first
 		keep := false
 		switch {
-		case g.Step == step, s.epoch.Before(g.Epoch):
+		case g.Step == step, e.Before(g.Epoch):
 			// A newer epoch's generation is never this writer's to remove.
 			keep = true
 		case g.Step > step, abandonedAbove >= 0 && g.Step > abandonedAbove, g.Bad:
