@@ -51,7 +51,11 @@ func TestNetFaultsNoVerdict(t *testing.T) {
 		{name: "200 ms delay on n2", fault: []string{"delay", "n2", "200"}, until: "\nstep 30 loss", undo: []string{"delay", "n2", "0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			job, dir := reftRunJobWith(t, "-N4 --reft=arc --requeue", flags...)
+			// On n1-n4, so that the faulted node is the job's (-N4 alone
+			// may leave out a node still completing the last job: the
+			// first delay run did, and its frames never went through the
+			// delay line).
+			job, dir := reftRunJobWith(t, "-N4 -w n[1-4] --reft=arc --requeue", flags...)
 			defer func() { netResult(t, tc.name, nil, job, time.Time{}, !t.Failed(), "n1", "n2", "n3", "n4") }()
 			waitOutput(t, dir, job, "\nstep 20 loss")
 			if tc.undo != nil {
