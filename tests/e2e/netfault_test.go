@@ -7,10 +7,12 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,14 +43,17 @@ func TestNetFaultsNoVerdict(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		fault []string // cluster command
-		// With until, the fault lasts until the job prints that step, and
-		// undo ends it (else the fault command ends it itself).
-		until string
-		undo  []string
+		at    int      // the step after which the fault starts
+		// With through, the fault lasts while the job trains that many
+		// more steps, and undo ends it (else the fault command ends it
+		// itself).
+		through int
+		undo    []string
 	}{
-		{name: "3 s flap of n2", fault: []string{"flap", "n2", "3"}},
-		{name: "3 s stall of n3", fault: []string{"stall", "n3", "3"}},
-		{name: "200 ms delay on n2", fault: []string{"delay", "n2", "200"}, until: "\nstep 30 loss", undo: []string{"delay", "n2", "0"}},
+		{name: "3 s flap of n2", fault: []string{"flap", "n2", "3"}, at: 20},
+		{name: "3 s stall of n3", fault: []string{"stall", "n3", "3"}, at: 20},
+		// Early: the job must still be training once the delay is on.
+		{name: "200 ms delay on n2", fault: []string{"delay", "n2", "200"}, at: 5, through: 10, undo: []string{"delay", "n2", "0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// On n1-n4, so that the faulted node is the job's (-N4 alone
@@ -57,14 +62,19 @@ func TestNetFaultsNoVerdict(t *testing.T) {
 			// delay line).
 			job, dir := reftRunJobWith(t, "-N4 -w n[1-4] --reft=arc --requeue", flags...)
 			defer func() { netResult(t, tc.name, nil, job, time.Time{}, !t.Failed(), "n1", "n2", "n3", "n4") }()
-			waitOutput(t, dir, job, "\nstep 20 loss")
+			waitOutput(t, dir, job, fmt.Sprintf("\nstep %d loss", tc.at))
 			if tc.undo != nil {
 				t.Cleanup(func() { cluster(t, tc.undo...) })
 			}
 			cluster(t, tc.fault...)
-			if tc.until != "" {
-				// Training goes on through the fault: ten steps with it.
-				waitOutput(t, dir, job, tc.until)
+			if tc.through > 0 {
+				// Training goes on through the fault: the next steps with it.
+				m := lossRe.FindAllStringSubmatch(jobOutput(t, dir, job), -1)
+				last, _ := strconv.Atoi(m[len(m)-1][1])
+				if last+tc.through >= 60 {
+					t.Fatalf("the job was at step %d of 60 when %v took effect: too late to train %d steps through it", last, tc.fault, tc.through)
+				}
+				waitOutput(t, dir, job, fmt.Sprintf("\nstep %d loss", last+tc.through))
 				cluster(t, tc.undo...)
 			}
 			if tc.fault[0] == "delay" {
