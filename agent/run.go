@@ -147,6 +147,7 @@ func Run(ctx context.Context, o Options) error {
 			logger.Info().Str("event", "persist_off").Msg("persistent checkpoints off: " + why)
 		} else {
 			per, err := persist.New(persist.Options{Dir: pdir, Job: o.Job, Node: o.Node, UID: o.UID, Policy: s.Persist,
+				Restart:            o.Restart,
 				FailuresPerNodeDay: cfg.Persist.FailuresPerNodeDay, Store: store, Log: logger})
 			if err != nil {
 				logger.Error().Err(err).Msg("agent cannot start")

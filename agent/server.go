@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -211,6 +212,9 @@ func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.F
 			return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeMalformed, Message: err.Error()})
 		}
 		log.Info().Str("client", h.Client).Int("pid", h.PID).Str("client_step", h.Step).Int("rank", h.Rank).Msg("hello")
+		if n, err := strconv.Atoi(h.Step); err == nil && n >= 0 {
+			rc.slurmStep = n
+		}
 		return proto.WriteMsg(c, proto.THelloReply, f.ID, proto.HelloReply{
 			Protocol: proto.Version, Job: s.info.Job, Node: s.info.Node, Spec: s.info.Spec,
 			AgentVersion: s.info.Version, Restart: s.info.Restart})

@@ -28,7 +28,10 @@ const maxChunkSize = 256 << 20
 // rankConn is the snapshot state of one client connection: one rank
 // (docs/PROTOCOL.md, "Snapshots").
 type rankConn struct {
-	pid        int32 // the client process (SO_PEERCRED), for the fence's messages
+	pid int32 // the client process (SO_PEERCRED), for the fence's messages
+	// slurmStep is the client's Slurm step id, from its hello (0: none, or
+	// batch/extern): the epoch of its persistent writes (persist.Epoch).
+	slurmStep  int
 	registered bool
 	key        tmpfs.Key
 	spec       tmpfs.Spec         // sections, sources and regions of every save
@@ -468,7 +471,7 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 		return replyErr(c, id, code, "commit of rank %d step %d: %v", rc.key.Rank, step, err)
 	}
 	if s.persist != nil {
-		s.persist.Committed(g) // queues a background write when due; never blocks
+		s.persist.Committed(g, rc.slurmStep) // queues a background write when due; never blocks
 	}
 	if rc.sg != nil {
 		s.invalidateView()

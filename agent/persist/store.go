@@ -38,6 +38,44 @@ type marker struct {
 	DataBytes     int64     `json:"data_bytes"`
 	Node          string    `json:"node"`
 	Written       time.Time `json:"written"`
+	// Epoch is the writer's (absent before fencing: the zero epoch).
+	Epoch Epoch `json:"epoch"`
+}
+
+// Epoch orders the job's runs: a requeue (SLURM_RESTART_COUNT) starts a
+// newer one, and within it each relaunch of reft run is a new srun step,
+// with a higher Slurm step id (the committing rank's, from its hello). A
+// writer from an older epoch is stale (a node wrongly declared lost, a
+// partitioned one, a write queued before the job moved on): it must not
+// remove or replace what a newer epoch wrote.
+type Epoch struct {
+	Restart int `json:"restart"`
+	// Step is the Slurm step id of the rank that committed the generation
+	// (0 for a batch or extern step, or a client that did not say).
+	Step int `json:"slurm_step"`
+}
+
+// Before reports whether e is an older epoch than o.
+func (e Epoch) Before(o Epoch) bool {
+	return e.Restart < o.Restart || e.Restart == o.Restart && e.Step < o.Step
+}
+
+func (e Epoch) String() string { return fmt.Sprintf("restart %d step %d", e.Restart, e.Step) }
+
+// FencedError is a write refused because a newer epoch has written the
+// rank's directory: this writer is stale.
+type FencedError struct {
+	Rank         int
+	Step         int64
+	Mine, Newest Epoch
+	By           string // the node that wrote the newer generation
+	NewerStep    int64
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("persistent write of rank %d step %d refused: this agent writes for %s, but %s wrote step %d for the newer %s; "+
+		"this writer is stale (its node was declared lost or the job has moved on) and writes and removes nothing, so the newer checkpoints are safe",
+		e.Rank, e.Step, e.Mine, e.By, e.NewerStep, e.Newest)
 }
 
 // Generation is a committed persistent generation of one rank.
@@ -47,6 +85,8 @@ type Generation struct {
 	Dir      string
 	Bad      bool
 	Manifest tmpfs.Manifest
+	Epoch    Epoch  // the writer's
+	Node     string // the writer's node
 }
 
 // Bytes is the payload of the generation (the buffers, without padding).
@@ -64,19 +104,24 @@ type Store struct {
 	node string
 	dir  string
 	uid  int // the job's user: every directory must be its own
+	// epoch is Write's (WriteIn takes one per write): what a newer epoch
+	// wrote is never removed, and a rank directory a newer epoch has
+	// written is not written.
+	epoch Epoch
 
 	hook func(point string) // crash tests stop the process at named points
 }
 
-// OpenStore makes (or checks) <dir>/<job> for the job's user.
-func OpenStore(dir, job, node string, uid int) (*Store, error) {
+// OpenStore makes (or checks) <dir>/<job> for the job's user; Write
+// writes for epoch.
+func OpenStore(dir, job, node string, uid int, epoch Epoch) (*Store, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("persistent directory %q must be an absolute path", dir)
 	}
 	if job == "" || strings.ContainsAny(job, "/.") || node == "" || strings.Contains(node, "/") {
 		return nil, fmt.Errorf("persistent directory: bad job id %q or node %q", job, node)
 	}
-	s := &Store{job: job, node: node, dir: filepath.Join(dir, job), uid: uid}
+	s := &Store{job: job, node: node, dir: filepath.Join(dir, job), uid: uid, epoch: epoch}
 	created, err := s.mkdir(s.dir)
 	if err != nil {
 		return nil, err
@@ -147,6 +192,11 @@ type Written struct {
 // steps above the new one and above abandonedAbove (>= 0: a step the job
 // has restored since the last write) are removed.
 func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64) (Written, error) {
+	return s.WriteIn(ctx, r, abandonedAbove, s.epoch)
+}
+
+// WriteIn is Write for a writer of epoch e.
+func (s *Store) WriteIn(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64, e Epoch) (Written, error) {
 	m := r.Manifest()
 	rank, step := m.Rank, m.Step
 	rdir := s.rankDir(rank)
@@ -160,10 +210,13 @@ func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64
 			return Written{}, fmt.Errorf("persistent write: fsync %s: %w", s.dir, err)
 		}
 	}
+	if err := s.fence(rank, step, e); err != nil {
+		return Written{}, err
+	}
 	if old, err := s.read(rank, final, step); err == nil && !old.Bad && sameChecksums(&old.Manifest, m) {
 		// The same bytes (a deterministic job redoing the step, or an
 		// agent restart): the copy is this timeline's; only retention.
-		return Written{Dir: final, Already: true, Removed: s.prune(rank, step, abandonedAbove)}, nil
+		return Written{Dir: final, Already: true, Removed: s.prune(rank, step, abandonedAbove, e)}, nil
 	}
 	s.removeStale(rdir)
 	tmp := filepath.Join(rdir, fmt.Sprintf("%s%s-%s-%d", tmpPrefix, genName(step), s.node, os.Getpid()))
@@ -173,23 +226,30 @@ func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64
 	if _, err := s.mkdir(tmp); err != nil {
 		return Written{}, err
 	}
-	n, err := s.fill(ctx, tmp, r)
+	n, err := s.fill(ctx, tmp, r, e)
 	if err != nil {
 		os.RemoveAll(tmp)
 		return Written{}, err
 	}
 	s.at("write:synced")
+	// Again before anything becomes visible: a newer epoch may have
+	// written while this copy was filled (a shared filesystem offers no
+	// compare-and-swap; this narrows the window to the rename itself).
+	if err := s.fence(rank, step, e); err != nil {
+		os.RemoveAll(tmp)
+		return Written{}, err
+	}
 	if err := s.replace(tmp, final); err != nil {
 		os.RemoveAll(tmp)
 		return Written{}, err
 	}
 	s.at("write:renamed")
-	removed := s.prune(rank, step, abandonedAbove)
+	removed := s.prune(rank, step, abandonedAbove, e)
 	return Written{Dir: final, Bytes: n, Removed: removed}, nil
 }
 
 // fill writes data, MANIFEST and COMMITTED into the temporary directory tmp.
-func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, error) {
+func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader, e Epoch) (int64, error) {
 	m := r.Manifest()
 	fail := func(what string, err error) (int64, error) {
 		return 0, fmt.Errorf("persistent write of rank %d step %d: %s: %w", m.Rank, m.Step, what, err)
@@ -253,7 +313,7 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, e
 		return fail("write manifest", err)
 	}
 	mk, _ := json.Marshal(marker{Step: m.Step, Seq: m.Seq, ManifestBytes: len(raw), ManifestCRC: tmpfs.CRC(raw),
-		DataBytes: off, Node: s.node, Written: time.Now().UTC()})
+		DataBytes: off, Node: s.node, Written: time.Now().UTC(), Epoch: e})
 	if err := writeSynced(filepath.Join(tmp, markerFile), mk); err != nil {
 		return fail("write commit marker", err)
 	}
@@ -285,27 +345,54 @@ func (s *Store) replace(tmp, final string) error {
 	return nil
 }
 
-// removeStale removes what crashed writers left in a rank directory.
+// staleAfter is how long another node's temporary directory is left
+// alone: its writer may still be filling it (a slow write of a large
+// arena to NFS), or be of a newer epoch. Older, its writer crashed.
+const staleAfter = time.Hour
+
+// removeStale removes what crashed writers left in a rank directory: this
+// node's temporary directories (its one writer is this one), and other
+// nodes' once they are older than staleAfter.
 func (s *Store) removeStale(rdir string) {
 	ents, _ := os.ReadDir(rdir)
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), tmpPrefix) || strings.HasPrefix(e.Name(), trashPrefix) {
-			os.RemoveAll(filepath.Join(rdir, e.Name()))
+		name := e.Name()
+		if !strings.HasPrefix(name, tmpPrefix) && !strings.HasPrefix(name, trashPrefix) {
+			continue
+		}
+		if !strings.Contains(name, "-"+s.node+"-") {
+			if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < staleAfter {
+				continue
+			}
+		}
+		os.RemoveAll(filepath.Join(rdir, name))
+	}
+}
+
+// fence refuses a write of rank when a committed generation of the rank
+// is from a newer epoch than this writer's.
+func (s *Store) fence(rank int, step int64, e Epoch) error {
+	gens, _ := s.List(rank)
+	for _, g := range gens {
+		if e.Before(g.Epoch) {
+			return &FencedError{Rank: rank, Step: step, Mine: e, Newest: g.Epoch, By: g.Node, NewerStep: g.Step}
 		}
 	}
+	return nil
 }
 
 // prune keeps step and the newest good generation below it, and removes
 // everything else: older generations, newer ones (an abandoned timeline:
 // the job is at step now) and those above abandonedAbove.
-func (s *Store) prune(rank int, step, abandonedAbove int64) []int64 {
+func (s *Store) prune(rank int, step, abandonedAbove int64, e Epoch) []int64 {
 	gens, _ := s.List(rank)
 	older := false
 	var removed []int64
 	for _, g := range gens { // newest first
 		keep := false
 		switch {
-		case g.Step == step:
+		case g.Step == step, e.Before(g.Epoch):
+			// A newer epoch's generation is never this writer's to remove.
 			keep = true
 		case g.Step > step, abandonedAbove >= 0 && g.Step > abandonedAbove, g.Bad:
 		case !older:
@@ -379,7 +466,7 @@ func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
 	if len(raw) != mk.ManifestBytes || tmpfs.CRC(raw) != mk.ManifestCRC || mk.Step != step {
 		return Generation{}, errors.New("manifest does not match its commit marker (torn or altered)")
 	}
-	g := Generation{Rank: rank, Step: step, Dir: dir}
+	g := Generation{Rank: rank, Step: step, Dir: dir, Epoch: mk.Epoch, Node: mk.Node}
 	if err := json.Unmarshal(raw, &g.Manifest); err != nil {
 		return Generation{}, fmt.Errorf("unreadable manifest: %w", err)
 	}

@@ -203,7 +203,7 @@ func TestPermissions(t *testing.T) {
 			if tc.want == "absolute" {
 				dir = "rel/dir"
 			}
-			_, err := OpenStore(dir, testJob, "n1", uid)
+			_, err := OpenStore(dir, testJob, "n1", uid, Epoch{})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("OpenStore = %v, want an error with %q", err, tc.want)
 			}

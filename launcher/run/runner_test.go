@@ -152,6 +152,10 @@ type fakeProc struct {
 	exit int
 	wait chan struct{} // closed when srun "exits"
 	once sync.Once
+	// stderrDone is closed once the scripted stderr lines are handed
+	// over: Wait waits for it, as the real Exec's does for srun's stderr
+	// (runAttempt reads the Outcome they write after Wait).
+	stderrDone chan struct{}
 }
 
 // end makes srun "exit" (once: a signal may come first).
@@ -159,6 +163,7 @@ func (p *fakeProc) end() { p.once.Do(func() { close(p.wait) }) }
 
 func (p *fakeProc) Wait() int {
 	<-p.wait
+	<-p.stderrDone
 	p.f.mu.Lock()
 	p.f.running = ""
 	p.f.mu.Unlock()
@@ -196,15 +201,21 @@ func (f *fakeSlurm) Start(l Launch) (Proc, error) {
 		fh.WriteString(strings.ReplaceAll(strings.Join(lines, "\n")+"\n", nowMark, time.Now().Format(time.RFC3339Nano)))
 		fh.Close()
 	}
-	p := &fakeProc{f: f, exit: at.exit, wait: make(chan struct{})}
+	p := &fakeProc{f: f, exit: at.exit, wait: make(chan struct{}), stderrDone: make(chan struct{})}
 	if at.block {
 		p.exit = 143
 	}
 	go func() {
-		<-listed // srun lives until reft run has seen the step
+		select {
+		case <-listed: // srun lives until reft run has seen the step
+		case <-p.wait: // or until a signal ends it first: no stderr
+			close(p.stderrDone)
+			return
+		}
 		for _, line := range at.stderr {
 			l.OnStderr(line, time.Now())
 		}
+		close(p.stderrDone)
 		if !at.block {
 			time.Sleep(at.linger)
 			p.end()

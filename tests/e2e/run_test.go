@@ -747,6 +747,11 @@ func TestReftRunNodeLossSpare(t *testing.T) {
 	flags = append(flags, "--steps", "150")
 	refHash := reference(t, flags)
 	nl := runNodeLossSpare(t, bin("reft-train")+" "+strings.Join(append(flags, "--dp", "4"), " "), 5, 30)
+	if clusterNet() { // a row of make bench-net's table
+		defer func() {
+			netResult(t, "n2 killed: a silent host on --net", []string{"n2"}, nl.job, nl.killed, !t.Failed(), "n1", "n2", "n3", "n4", "n5")
+		}()
+	}
 	ev := checkNodeLossSpare(t, nl, refHash)
 	if b, err := os.ReadFile(filepath.Join(clusterDir, "log", "reft", nl.job, "hostfile.1")); err != nil || string(b) != "n1\nn5\nn3\nn4\n" {
 		t.Errorf("the relaunch's hostfile %q (%v): want rank 1 on n5", b, err)
