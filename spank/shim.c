@@ -1168,6 +1168,8 @@ static void extern_exit_in_child(uint32_t job, uint32_t uid, const char *marker)
 		pid_t w = waitpid(pid, &status, WNOHANG);
 		if (w == pid)
 			done = 1;
+		else if (w < 0 && errno == ECHILD)
+			done = 2; /* reaped by another thread: the pipe alone tells */
 		else if (r <= 0)
 			usleep(50 * 1000);
 	}
@@ -1184,7 +1186,7 @@ static void extern_exit_in_child(uint32_t job, uint32_t uid, const char *marker)
 	}
 	err[got] = '\0';
 	close(fds[0]);
-	if (done && (!WIFEXITED(status) || WEXITSTATUS(status) != 0))
+	if ((done == 1 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) || (done == 2 && err[0]))
 		slurm_error("reft: job %u cleanup: %s", job, err[0] ? err : "the cleanup process failed without a message");
 }
 
