@@ -11,8 +11,9 @@
  * Go never runs in a child forked after this process loaded it:
  * slurm_spank_task_init runs in the task after fork and is plain C here, and
  * the agent is started with fork/exec from C. (The one child that runs Go,
- * extern_exit_in_child, is forked by a process that never loaded it.) Nothing here fails in slurmd context, and nothing depends on
- * dlclose. spank/README.md says which callback does what, where and why.
+ * extern_exit_in_child, is forked by a process that never loaded it.)
+ * Nothing here fails in slurmd context, and nothing depends on dlclose.
+ * spank/README.md says which callback does what, where and why.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -1128,12 +1129,12 @@ static void extern_exit_in_child(uint32_t job, uint32_t uid, const char *marker)
 	/* Non-blocking: the parent's wait is bounded even if the child
 	 * writes nothing; the message (under 2 KiB) fits the pipe. */
 	if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
-		slurm_error("reft: job %u cleanup: pipe: %s; the job's agent on this node is left to its idle exit", job, strerror(errno));
+		slurm_error("reft: job %u cleanup: pipe: %s; the job's agent and files on this node were not cleaned up", job, strerror(errno));
 		return;
 	}
 	pid_t pid = fork();
 	if (pid < 0) {
-		slurm_error("reft: job %u cleanup: fork: %s; the job's agent on this node is left to its idle exit", job, strerror(errno));
+		slurm_error("reft: job %u cleanup: fork: %s; the job's agent and files on this node were not cleaned up", job, strerror(errno));
 		close(fds[0]);
 		close(fds[1]);
 		return;
