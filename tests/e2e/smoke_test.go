@@ -43,15 +43,12 @@ func TestMPIAllReduce(t *testing.T) {
 
 // mpiStartCrash reports whether a failed reft-mpi-smoke launch is Open MPI's
 // start-up crash rather than a wrong result: no rank printed its line, and
-// a rank died of SIGSEGV. Seen on the trixie lane (Open MPI 5, PMIx 5) in
-// about one full lane run in four, with PMIX_MCA_gds=hash in slurmd's and
-// srun's environment too: address 0xe0, in C code (Go's handler forwarded
-// the signal to UCX's, from runtime.sigfwd), within half a second of the
-// start. The Debian 12 lane's MPI_Init crash under load is its cousin
-// (mpiInitCrash).
+// a rank died as mpiCrashed knows. On the trixie lane (Open MPI 5, PMIx 5)
+// it came with PMIX_MCA_gds=hash in slurmd's and srun's environment too:
+// address 0xe0, in C code (Go's handler forwarded the signal to UCX's, from
+// runtime.sigfwd), within half a second of the start.
 func mpiStartCrash(r result) bool {
-	return !strings.Contains(r.Stdout, "allreduce-sum") &&
-		(strings.Contains(r.Stderr, "Segmentation fault") || strings.Contains(r.Stderr, mpiInitCrash))
+	return !strings.Contains(r.Stdout, "allreduce-sum") && mpiCrashed(r.Stderr)
 }
 
 // TestShmPrivatePerNode: a file a task writes to /dev/shm on n1 is invisible
