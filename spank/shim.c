@@ -1141,10 +1141,20 @@ static void extern_exit_in_child(uint32_t job, uint32_t uid, const char *marker)
 	}
 	if (pid == 0) {
 		close(fds[0]);
-		int rc = load_go(err, sizeof(err));
+		/* Root again if the fork caught a Slurm worker's seteuid to the
+		 * job's user (process-wide in glibc): the cleanup is root's. */
+		int rc = 0;
+		if (geteuid() != 0 && seteuid(0) != 0)
+			rc = -1;
+		if (rc == 0 && ((getegid() != 0 && setegid(0) != 0) || setgroups(0, NULL) != 0))
+			rc = -1;
 		if (rc != 0)
-			unlink(marker);
+			snprintf(err, sizeof(err), "the cleanup process cannot act as root: %s", strerror(errno));
 		else
+			rc = load_go(err, sizeof(err));
+		if (rc != 0 && go.handle == NULL && geteuid() == 0)
+			unlink(marker);
+		else if (rc == 0)
 			rc = CALL_GO(go.extern_exit(g_config, REFT_STATE_DIR, job, uid, err, sizeof(err)));
 		if (rc != 0) {
 			size_t n = strnlen(err, sizeof(err)), off = 0;
@@ -1215,6 +1225,17 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 		return 0;
 	if (!go.handle) {
 		extern_exit_in_child(job, uid, marker);
+		return 0;
+	}
+	/* The cleanup is root's, but a Slurm 24.11 worker thread can hold the
+	 * whole process at the job user's euid for a moment (glibc's seteuid
+	 * is process-wide): seen as "permission denied" on the run directory
+	 * and the plugin's state directory. Wait for root, at most 2 s. */
+	for (int i = 0; geteuid() != 0 && i < 40; i++)
+		usleep(50 * 1000);
+	if (geteuid() != 0) {
+		slurm_error("reft: job %u cleanup: this slurmstepd still ran as uid %u, not root, after 2 s: the job's agent and files on this node were not cleaned up",
+			    job, (unsigned) geteuid());
 		return 0;
 	}
 	if (CALL_GO(go.extern_exit(g_config, REFT_STATE_DIR, job, uid, err, sizeof(err))) != 0)
