@@ -151,12 +151,14 @@ e2e: all
 	( cd tests/cluster && $(GO) test -count=1 -tags e2e -timeout 10m -v . ) || rc=$$?; \
 	exit $$rc
 
-# Both lanes: the Debian 12 lane's unit and e2e tests, then the trixie
-# lane's unit tests and its e2e subset. The two clusters share ports, so the
-# trixie lane's e2e runs in the recipe, after every prerequisite (e2e among
-# them) has finished, even under make -j.
+# Both lanes: the Debian 12 lane's unit and e2e tests and the trixie lane's
+# unit tests. The trixie lane's e2e subset (make e2e-trixie) is not in it
+# yet: of the seven full runs so far, two passed (docs/BENCHMARKS.md lists
+# each failure and its cause). When it joins, it must run after e2e, never
+# beside it (the two clusters share ports): in this recipe, as
+# `$(MAKE) e2e-trixie` after the prerequisites, so that make -j keeps them
+# apart.
 test: unit unit-trixie e2e
-	$(MAKE) e2e-trixie
 
 # REFT_LANE=trixie make demo: the same demo on the trixie lane's cluster
 # (Slurm 24.11, build/trixie's binaries; the host's build is not needed).
