@@ -153,7 +153,7 @@ e2e: all
 
 # Both lanes: the Debian 12 lane's unit and e2e tests and the trixie lane's
 # unit tests. The trixie lane's e2e subset (make e2e-trixie) is not in it
-# yet: of the seven full runs so far, two passed (docs/BENCHMARKS.md lists
+# yet: of the eight full runs so far, two passed (docs/BENCHMARKS.md lists
 # each failure and its cause). When it joins, it must run after e2e, never
 # beside it (the two clusters share ports): in this recipe, as
 # `$(MAKE) e2e-trixie` after the prerequisites, so that make -j keeps them
