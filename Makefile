@@ -184,9 +184,11 @@ e2e-net: all
 
 # Both lanes: the Debian 12 lane's unit and e2e tests and the trixie lane's
 # unit tests. The trixie lane's e2e subset (make e2e-trixie) is not in it
-# yet: three of its four full runs failed, each differently (README, "Test
-# lanes"); it joins once it passes reliably. The two clusters share ports,
-# so it must run after e2e, never beside it.
+# yet: of the eight full runs so far, two passed (docs/BENCHMARKS.md lists
+# each failure and its cause). When it joins, it must run after e2e, never
+# beside it (the two clusters share ports): in this recipe, as
+# `$(MAKE) e2e-trixie` after the prerequisites, so that make -j keeps them
+# apart.
 test: unit unit-trixie e2e
 
 # REFT_LANE=trixie make demo: the same demo on the trixie lane's cluster
