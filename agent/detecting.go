@@ -174,7 +174,7 @@ func startDetector(ctx context.Context, cfg config.Config, m *mesh.Mesh, srv *Se
 	}
 	d, err := detect.New(detect.Config{Self: m.Self().Name, Nodes: nodes, Transport: m,
 		Interval: cfg.Detect.Interval.D(), Timeout: cfg.Detect.Timeout.D(), Confirm: cfg.Detect.Confirm.D(), Window: cfg.Detect.Window.D(),
-		Hang: cfg.Detect.Hang.D(), Progress: srv.progress.list, OnFailure: srv.peerFailed, Log: log})
+		Hang: cfg.Detect.Hang.D(), Progress: srv.progress.list, OnFailure: srv.peerFailed, Record: srv.rec, Log: log})
 	if err != nil {
 		return nil, err
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/runpath"
+	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -111,6 +112,13 @@ func Run(ctx context.Context, o Options) error {
 		return o.startFailed(jobDir, err)
 	}
 
+	rec, recFile, err := openRunRecord(cfg.Log.Dir, o.Job, o.Node, o.UID)
+	if err != nil {
+		logger.Error().Err(err).Msg("agent cannot start")
+		return o.startFailed(jobDir, err)
+	}
+	defer recFile.Close()
+
 	sock := filepath.Join(jobDir, SocketName)
 	srv, err := Listen(sock, Info{Job: o.Job, Node: o.Node, Spec: s.String(), Version: o.Version,
 		Restart: o.Restart, UID: o.UID, MemoryBudget: budget, StoreDir: storeDir}, logger)
@@ -118,6 +126,7 @@ func Run(ctx context.Context, o Options) error {
 		logger.Error().Err(err).Msg("agent cannot start")
 		return o.startFailed(jobDir, err)
 	}
+	srv.AttachRecord(rec)
 	var store *tmpfs.Store
 	if s.Enabled() {
 		pdir, why := persistDir(cfg, s)
@@ -171,6 +180,23 @@ func Run(ctx context.Context, o Options) error {
 	<-metricsDone // its file removed
 	logger.Info().Str("event", "agent_stopped").Msg("agent stopped")
 	return err
+}
+
+// openRunRecord opens the job's run record (agent/runrecord), reft run's
+// channel, beside the agent's log in the job's log directory, with the
+// same checks (a private directory of uid, no links followed). The caller
+// closes the file after the server's last write.
+func openRunRecord(logDir, job, node string, uid int) (*runrecord.Writer, *os.File, error) {
+	d, err := logging.JobDir(logDir, job, uid)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the job's run record: %w", err)
+	}
+	defer d.Close()
+	f, err := logging.OpenIn(d, runrecord.FileName(node), os.O_WRONLY|os.O_CREATE|os.O_APPEND, uid)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the job's run record: %w", err)
+	}
+	return runrecord.NewWriter(f, node, nil), f, nil
 }
 
 func (o Options) check() (config.Config, string, error) {

@@ -27,6 +27,7 @@ import (
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/restore"
 	"github.com/reft-hpc/reft/agent/runpath"
+	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -57,6 +58,9 @@ type Server struct {
 	met   *metrics.Recorder
 	log   zerolog.Logger
 	start time.Time
+	// rec is the job's run record, reft run's channel (AttachRecord);
+	// nil: none.
+	rec *runrecord.Writer
 	// ls is the local socket (agent/localsrv); the server is its Handler.
 	ls *localsrv.Server
 
@@ -139,6 +143,19 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 // Serve. Without one, snapshot requests get a `disabled` error.
 func (s *Server) AttachStore(st *tmpfs.Store) { s.store = st }
 
+// AttachRecord sets the run record the server writes registrations,
+// restores and (through its detector) failure verdicts to, for reft run.
+// Call it before Serve.
+func (s *Server) AttachRecord(w *runrecord.Writer) { s.rec = w }
+
+// record appends r to the run record; a failure is logged, not returned:
+// the rank's request does not fail for it, reft run sees less.
+func (s *Server) record(r runrecord.Record, log zerolog.Logger) {
+	if err := s.rec.Write(r); err != nil {
+		log.Warn().Err(err).Str("kind", r.Kind).Int("rank", r.Rank).Msg("reft run will not see this: the run record could not take it")
+	}
+}
+
 // AttachPeering gives the status reply its peering section; call it
 // before Serve.
 func (s *Server) AttachPeering(f func() *proto.Peering) { s.peering = f }
@@ -211,6 +228,7 @@ func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.F
 			return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeMalformed, Message: err.Error()})
 		}
 		log.Info().Str("client", h.Client).Int("pid", h.PID).Str("client_step", h.Step).Int("rank", h.Rank).Msg("hello")
+		rc.step = h.Step
 		return proto.WriteMsg(c, proto.THelloReply, f.ID, proto.HelloReply{
 			Protocol: proto.Version, Job: s.info.Job, Node: s.info.Node, Spec: s.info.Spec,
 			AgentVersion: s.info.Version, Restart: s.info.Restart})

@@ -20,6 +20,7 @@ import (
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/restore"
+	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/agent/sg"
 	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -294,7 +295,10 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 		return g, "", err
 	}
 	ev = restoredEvent(ev, &st)
-	logRestored(log, ev, si.Rank, chosen, &st, time.Since(t0), fb)
+	d := time.Since(t0)
+	logRestored(log, ev, si.Rank, chosen, &st, d, fb)
+	s.record(runrecord.Record{Kind: runrecord.KindRestored, Rank: si.Rank, PID: int(rc.pid), Step: rc.step, Event: ev,
+		Generation: chosen.Step, Bytes: st.Local.Load() + st.Peer.Load() + st.Decoded.Load(), Duration: d, Reason: fb.reason}, log)
 	return g, ev, nil
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -28,7 +29,10 @@ const maxChunkSize = 256 << 20
 // rankConn is the snapshot state of one client connection: one rank
 // (docs/PROTOCOL.md, "Snapshots").
 type rankConn struct {
-	pid        int32 // the client process (SO_PEERCRED), for the fence's messages
+	pid int32 // the client process (SO_PEERCRED), for the fence's messages
+	// step is the Slurm step the client's hello named ("" none), for the
+	// run record.
+	step       string
 	registered bool
 	key        tmpfs.Key
 	spec       tmpfs.Spec         // sections, sources and regions of every save
@@ -324,6 +328,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	log.Info().Str("event", event.RankRegistered).Int("rank", req.Rank).Int("world", req.World).Int("local_rank", req.LocalRank).
 		Str("layout", req.Layout).Str("arena_layout", si.Describe()).Int("buffers", len(req.Buffers)).Int("regions", len(spec.Regions)).Int("sections", len(secs)).
 		Int64("bytes", payloadBytes(secs)).Int64("arena_size", size).Msg("rank registered")
+	s.record(runrecord.Record{Kind: runrecord.KindRegistered, Rank: req.Rank, PID: int(rc.pid), Step: rc.step}, log)
 	return proto.WriteMsg(c, proto.TRegister|proto.ReplyBit, id, proto.RegisterReply{
 		Rank: req.Rank, ChunkSize: cs, ArenaSize: size, Buffers: layout.places})
 }
@@ -496,7 +501,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 			}
 			return replyErr(c, id, storeErr(err), "restore of rank %d, %s: %v", rc.key.Rank, what, err)
 		}
-		return s.serveRestore(c, rc, id, g, event, verifyClient, restoreTiming{t0, event}, log)
+		return s.serveRestore(c, rc, id, g, event, verifyClient, restoreTiming{start: t0, event: event}, log)
 	}
 	var (
 		g     tmpfs.Generation
@@ -512,14 +517,14 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 			g, found = h, true
 		}
 	}
-	source := event.RestoreLocal
+	rt := restoreTiming{start: t0, event: event.RestoreLocal}
 	if !found {
 		var replied bool
 		var err error
-		if g, found, replied, err = s.restorePersistent(c, rc, id, step, have, log); replied {
+		if g, found, rt.reason, replied, err = s.restorePersistent(c, rc, id, step, have, log); replied {
 			return err
 		}
-		source = event.RestorePersistent
+		rt.event = event.RestorePersistent
 	}
 	if !found {
 		if step < 0 {
@@ -528,7 +533,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 		return replyErr(c, id, proto.CodeNotFound, "restore of step %d: rank %d has no committed generation of that step on %s (it has steps %v)",
 			step, rc.key.Rank, s.info.Node, have)
 	}
-	return s.serveRestore(c, rc, id, g, event.RestoreLocal, verifyClient, restoreTiming{t0, source}, log)
+	return s.serveRestore(c, rc, id, g, event.RestoreLocal, verifyClient, rt, log)
 }
 
 // serveRestore pins generation g of the rank and replies with its arena
@@ -601,8 +606,18 @@ func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Gener
 		s.persist.Restored(rc.key.Rank, g.Step)
 	}
 	if rc.sg == nil {
+		verify := time.Since(t0)
 		log.Info().Str("event", name).Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
-			Int64("bytes", payloadBytes(g.Manifest.Buffers)).Str("verified_by", verifier).Dur("verify", time.Since(t0)).Msg("serving a local restore")
+			Int64("bytes", payloadBytes(g.Manifest.Buffers)).Str("verified_by", verifier).Dur("verify", verify).Msg("serving a local restore")
+		// The record says where the bytes came from (the log's
+		// restore_persistent line precedes this one), and how long the
+		// persistent load took besides the verification.
+		rec := runrecord.Record{Kind: runrecord.KindRestored, Rank: rc.key.Rank, PID: int(rc.pid), Step: rc.step,
+			Event: rt.event, Generation: g.Step, Bytes: payloadBytes(g.Manifest.Buffers), Duration: verify, Reason: rt.reason}
+		if rt.event == event.RestorePersistent {
+			rec.Duration = time.Since(rt.start)
+		}
+		s.record(rec, log)
 	}
 	s.met.Restore(restoreSource[rt.event], time.Since(rt.start).Seconds())
 	return proto.WriteMsg(c, proto.TRestore|proto.ReplyBit, id, reply)
@@ -613,6 +628,8 @@ func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Gener
 type restoreTiming struct {
 	start time.Time
 	event string
+	// reason: why memory could not serve it (a persistent restore's).
+	reason string
 }
 
 // restoreSource is the metrics' source of each restore event.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/runrecord"
 )
 
 // EventFailure is the coordinator's log event for a published failure, the
@@ -167,6 +168,9 @@ func (d *Detector) coordinate(f Failure) (duplicate bool) {
 		ev = ev.Bool("quorum", f.Quorum).Int("votes", f.Votes).Int("agents", f.Agents)
 	}
 	ev.Msg(f.Cause)
+	if err := d.cfg.Record.Failed(recordOf(f), time.Now()); err != nil {
+		d.log.Warn().Err(err).Str("failed_node", f.Node).Msg("reft run will not see this verdict: the run record could not take it")
+	}
 	d.cfg.OnFailure(f)
 
 	d.wg.Add(1)
@@ -254,4 +258,12 @@ func (d *Detector) checkHangs(ctx context.Context) {
 		defer d.wg.Done()
 		d.report(ctx, f)
 	}()
+}
+
+// recordOf is f as the run record carries it.
+func recordOf(f Failure) runrecord.Failure {
+	return runrecord.Failure{FailedNode: f.Node, Class: f.Class, Ranks: f.Ranks, Cause: f.Cause,
+		Coordinator: f.Coordinator, Reporter: f.Reporter, ConfirmedBy: f.ConfirmedBy,
+		Latency: max(f.Latency(), 0), LastHeard: f.LastHeard, DetectedAt: f.DetectedAt,
+		Quorum: f.Quorum, Votes: f.Votes, Agents: f.Agents}
 }
