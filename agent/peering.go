@@ -15,6 +15,7 @@ import (
 	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/peerconfig"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -71,7 +72,7 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 }
 
 func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.Store, srv *Server, log zerolog.Logger) (*mesh.Mesh, error) {
-	pc, err := peer.FromAgentConfig(cfg, peer.Config{Job: o.Job, UID: o.UID, Node: o.Node, Log: log})
+	pc, err := peerconfig.FromAgentConfig(cfg, peer.Config{Job: o.Job, UID: o.UID, Node: o.Node, Log: log})
 	if err != nil {
 		return nil, err
 	}

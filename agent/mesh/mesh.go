@@ -25,7 +25,7 @@ import (
 
 // Config configures a Mesh.
 type Config struct {
-	// Peer is the transport's configuration (peer.FromAgentConfig): job,
+	// Peer is the transport's configuration (peerconfig.FromAgentConfig): job,
 	// uid, this node's name (Peer.Node, which must be in the topology),
 	// authentication, bind address, port range and liveness timers. Start
 	// sets Peer.Ports to this node's candidates.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"io"
 	"net"
 	"sync"
@@ -739,14 +740,14 @@ func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []i
 	for left := len(list); left > 0; left-- {
 		ev, err := st.nextEvent(ctx, stall)
 		if err != nil {
-			cc.c.write(TCancel, id, 0, crc32c(nil), nil)
+			cc.c.write(TCancel, id, 0, crc32c.Checksum(nil), nil)
 			res.end = err
 			return res
 		}
 		if ev.end != nil {
 			res.end = ev.end
 			if ev.cancel { // found here (a size mismatch): the listener still streams
-				cc.c.write(TCancel, id, 0, crc32c(nil), nil)
+				cc.c.write(TCancel, id, 0, crc32c.Checksum(nil), nil)
 			}
 			return res
 		}
@@ -755,7 +756,7 @@ func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []i
 		} else {
 			if spec.Deliver != nil {
 				if err := spec.Deliver(ev.chunk, ev.buf); err != nil {
-					cc.c.write(TCancel, id, 0, crc32c(nil), nil)
+					cc.c.write(TCancel, id, 0, crc32c.Checksum(nil), nil)
 					res.fatal = fmt.Errorf("delivering chunk %d: %w", ev.chunk, err)
 					return res
 				}
@@ -771,12 +772,12 @@ func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []i
 		}
 		if spec.Background {
 			if err := cl.cfg.Background.Wait(ctx, n); err != nil {
-				cc.c.write(TCancel, id, 0, crc32c(nil), nil)
+				cc.c.write(TCancel, id, 0, crc32c.Checksum(nil), nil)
 				res.end = err
 				return res
 			}
 		}
-		cc.c.write(TCredit, id, uint64(n), crc32c(nil), nil) // a dead conn shows up as an end event
+		cc.c.write(TCredit, id, uint64(n), crc32c.Checksum(nil), nil) // a dead conn shows up as an end event
 	}
 	return res
 }

@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/reft-hpc/reft/tmpfs"
+	"github.com/reft-hpc/reft/internal/crc32c"
 )
 
 // Wire constants (docs/PEER_PROTOCOL.md).
@@ -130,8 +130,6 @@ func (t Type) Handled() bool { return t == TBeat || t == TProbe || t == TFailure
 // known reports whether t is a type of this version.
 func (t Type) known() bool { return !strings.HasPrefix(t.String(), "type-") }
 
-func crc32c(p []byte) uint32 { return tmpfs.UpdateCRC(0, p) }
-
 // Header is a frame header. Layout (big endian):
 //
 //	0  4 magic        "RFTP"
@@ -201,7 +199,7 @@ func (h Header) Put(b []byte) {
 	binary.BigEndian.PutUint32(b[12:16], h.Length)
 	binary.BigEndian.PutUint64(b[16:24], h.Arg)
 	binary.BigEndian.PutUint32(b[24:28], h.CRC)
-	binary.BigEndian.PutUint32(b[28:32], crc32c(b[:28]))
+	binary.BigEndian.PutUint32(b[28:32], crc32c.Checksum(b[:28]))
 }
 
 // ParseHeader decodes and checks a header. Every field is checked before
@@ -215,7 +213,7 @@ func ParseHeader(b []byte) (Header, error) {
 	if m := binary.BigEndian.Uint32(b[0:4]); m != Magic {
 		return Header{}, fmt.Errorf("%w: got 0x%08x", ErrMagic, m)
 	}
-	if want, got := binary.BigEndian.Uint32(b[28:32]), crc32c(b[:28]); want != got {
+	if want, got := binary.BigEndian.Uint32(b[28:32]), crc32c.Checksum(b[:28]); want != got {
 		return Header{}, fmt.Errorf("%w: recorded 0x%08x, computed 0x%08x", ErrHeaderCRC, want, got)
 	}
 	h := Header{
@@ -262,7 +260,7 @@ func Decode(r io.Reader) (Frame, error) {
 	if _, err := io.ReadFull(r, f.Payload); err != nil {
 		return f, noEOF(err)
 	}
-	if got := crc32c(f.Payload); got != h.CRC {
+	if got := crc32c.Checksum(f.Payload); got != h.CRC {
 		return f, fmt.Errorf("%w: %s frame id %d: recorded 0x%08x, computed 0x%08x", ErrPayload, h.Type, h.ID, h.CRC, got)
 	}
 	return f, nil
@@ -281,7 +279,7 @@ func AppendFrame(b []byte, t Type, id uint32, arg uint64, p []byte) ([]byte, err
 		return b, fmt.Errorf("%w: %s payload of %d bytes > %d", ErrTooLarge, t, len(p), maxLength(t))
 	}
 	var hb [HeaderSize]byte
-	Header{Version: Version, Type: t, ID: id, Length: uint32(len(p)), Arg: arg, CRC: crc32c(p)}.Put(hb[:])
+	Header{Version: Version, Type: t, ID: id, Length: uint32(len(p)), Arg: arg, CRC: crc32c.Checksum(p)}.Put(hb[:])
 	b = append(b, hb[:]...)
 	return append(b, p...), nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -223,7 +224,7 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, e
 			if err != nil {
 				return fail("read arena", err)
 			}
-			if got := tmpfs.CRC(p); got != want {
+			if got := crc32c.Checksum(p); got != want {
 				return fail("arena", fmt.Errorf("%w: buffer %q chunk %d stored %#08x, memory now %#08x; not persisted (host memory corrupted since the commit)",
 					tmpfs.ErrCorrupt, b.Name, i, want, got))
 			}
@@ -252,7 +253,7 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, e
 	if err := writeSynced(filepath.Join(tmp, manifestFile), raw); err != nil {
 		return fail("write manifest", err)
 	}
-	mk, _ := json.Marshal(marker{Step: m.Step, Seq: m.Seq, ManifestBytes: len(raw), ManifestCRC: tmpfs.CRC(raw),
+	mk, _ := json.Marshal(marker{Step: m.Step, Seq: m.Seq, ManifestBytes: len(raw), ManifestCRC: crc32c.Checksum(raw),
 		DataBytes: off, Node: s.node, Written: time.Now().UTC()})
 	if err := writeSynced(filepath.Join(tmp, markerFile), mk); err != nil {
 		return fail("write commit marker", err)
@@ -376,7 +377,7 @@ func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
 	if err != nil {
 		return Generation{}, fmt.Errorf("no manifest: %w", err)
 	}
-	if len(raw) != mk.ManifestBytes || tmpfs.CRC(raw) != mk.ManifestCRC || mk.Step != step {
+	if len(raw) != mk.ManifestBytes || crc32c.Checksum(raw) != mk.ManifestCRC || mk.Step != step {
 		return Generation{}, errors.New("manifest does not match its commit marker (torn or altered)")
 	}
 	g := Generation{Rank: rank, Step: step, Dir: dir}
@@ -476,7 +477,7 @@ func (s *Store) Load(g Generation, dst func(name string) ([]byte, error)) error 
 			if _, err := f.ReadAt(p[lo:hi], b.Offset+lo); err != nil {
 				return fmt.Errorf("persistent restore: read %s at %d: %w", path, b.Offset+lo, err)
 			}
-			if got := tmpfs.CRC(p[lo:hi]); got != want {
+			if got := crc32c.Checksum(p[lo:hi]); got != want {
 				cerr.Chunks = append(cerr.Chunks, tmpfs.BadChunk{Buffer: b.Name, Index: i, Offset: b.Offset + lo, Length: hi - lo, Want: want, Got: got})
 			}
 		}
