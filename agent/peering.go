@@ -88,7 +88,7 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	// connection is only a flap, or this node's own isolation, until then.
 	// Without a detector a lost connection is all there is
 	// (Server.flushOnLost, said in detect_off).
-	mc := mesh.Config{Peer: pc, Hosted: srv.Hosted,
+	mc := mesh.Config{Peer: pc, Hosted: srv.rings.Hosted,
 		PeerLost:  srv.peerLost,
 		PeerFound: func(node string) { srv.PeerRecovered(node); srv.peerFound(node) }}
 	return mesh.Start(ctx, mc, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)

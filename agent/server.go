@@ -17,7 +17,6 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
-	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/localsrv"
@@ -82,18 +81,9 @@ type Server struct {
 	// communication phases and the copies of other nodes' ranks.
 	repl *replicator
 
-	// Sharding-group rings (ring.go): the site's failure domains, the
-	// groups this agent saves or restores for, the ranks registered here
-	// since it started (rank -> registrations) and their groups (a rank
-	// that finished, or whose process is between a crash and its restart,
-	// still ran here), and the bounded wait for a
-	// group's members to register (0: ringWaitDefault).
-	topo        config.Topology
-	groupsMu    sync.Mutex
-	groups      map[string]*groupState
-	hosted      map[int]int
-	hostedGroup map[int]string
-	ringWait    time.Duration
+	// rings are the sharding groups' rings and the rank-to-node map
+	// (ring.go).
+	rings *rings
 
 	// Notices (notices.go): the watching connections, and the failed
 	// nodes already notified.
@@ -136,6 +126,13 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 	s := &Server{info: info, log: log, ls: ls, start: time.Now(), progressEvery: restoreProgressEvery, met: metrics.NewRecorder(),
 		watchers: map[*watcher]struct{}{}, failedPeers: map[string]time.Time{}}
 	s.repl = newReplicator(s)
+	s.rings = &rings{node: info.Node, peering: s.peeringStatus, noted: s.repl.hosts.note,
+		mesh: func() *mesh.Mesh {
+			if s.mesh == nil {
+				return nil
+			}
+			return s.mesh()
+		}}
 	return s, nil
 }
 
@@ -264,7 +261,7 @@ func (s *Server) Status() proto.Status {
 		PID: os.Getpid(), UptimeSeconds: time.Since(s.start).Seconds(),
 		Clients: int(s.ls.Clients()), Connections: s.ls.Accepted(), BadFrames: s.ls.BadFrames(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
-		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.placementWarnings(), Memory: s.memoryStatus(),
+		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.rings.placementWarnings(), Memory: s.memoryStatus(),
 		Store: s.storeCounters(), LostNodes: s.lostNodes(), Metrics: s.met.Status(),
 	}
 }
