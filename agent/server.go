@@ -11,7 +11,6 @@ import (
 	"os"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -85,11 +84,9 @@ type Server struct {
 	// (ring.go).
 	rings *rings
 
-	// Notices (notices.go): the watching connections, and the failed
-	// nodes already notified.
-	noticeMu    sync.Mutex
-	watchers    map[*watcher]struct{}
-	failedPeers map[string]time.Time
+	// notes tells the watching clients of failed peers and runs the
+	// failure hooks (notices.go, detecting.go).
+	notes *notifier
 	// regs is each rank's last registration on this node, for the status
 	// reply's protection (a rank's connection owns its rankConn; this is
 	// the copy others may read).
@@ -99,21 +96,12 @@ type Server struct {
 
 	// Failure detection (detecting.go): the ranks' progress, and what
 	// learns of a failure.
-	progress     progressTable
-	failureHooks []func(detect.Failure)
-	// lost: the nodes whose loss the detector published (the status
-	// reply's lost_nodes), in the order learned.
-	lostMu sync.Mutex
-	lost   []string
+	progress progressTable
 	// found: when the mesh last connected to each peer's agent, and det
 	// the detector once it runs (it learns of those connections).
 	foundMu sync.Mutex
 	found   map[string]time.Time
 	det     *detect.Detector
-	// flushOnLost: no detector runs (detect.enabled = false, or it could
-	// not start), so a lost peer connection is the JIT flush's failure
-	// signal after all; said once, in the detect_off event.
-	flushOnLost atomic.Bool
 }
 
 // Listen creates the socket at path with mode 0600 (localsrv.Listen),
@@ -123,8 +111,8 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{info: info, log: log, ls: ls, start: time.Now(), progressEvery: restoreProgressEvery, met: metrics.NewRecorder(),
-		watchers: map[*watcher]struct{}{}, failedPeers: map[string]time.Time{}}
+	s := &Server{info: info, log: log, ls: ls, start: time.Now(), progressEvery: restoreProgressEvery, met: metrics.NewRecorder()}
+	s.notes = newNotifier(log, s.met)
 	s.repl = newReplicator(s)
 	s.rings = &rings{node: info.Node, peering: s.peeringStatus, noted: s.repl.hosts.note,
 		mesh: func() *mesh.Mesh {
@@ -208,7 +196,7 @@ func (ss *session) Close() {
 	s, rc := ss.s, ss.rc
 	s.progress.drop(rc)
 	s.noteGone(rc)
-	s.unwatch(rc)
+	s.notes.unwatch(rc)
 	s.commPhase(rc, false, ss.log)
 	rc.close()
 }
@@ -244,7 +232,7 @@ func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.F
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
 		return s.handleSnapshot(ctx, c, rc, f, log)
 	case proto.TWatch:
-		return s.handleWatch(c, rc, f, log)
+		return s.notes.watch(c, rc, f, log)
 	case proto.TProgress:
 		return s.handleProgress(c, rc, f)
 	}
@@ -262,7 +250,7 @@ func (s *Server) Status() proto.Status {
 		Clients: int(s.ls.Clients()), Connections: s.ls.Accepted(), BadFrames: s.ls.BadFrames(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
 		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.rings.placementWarnings(), Memory: s.memoryStatus(),
-		Store: s.storeCounters(), LostNodes: s.lostNodes(), Metrics: s.met.Status(),
+		Store: s.storeCounters(), LostNodes: s.notes.lostNodes(), Metrics: s.met.Status(),
 	}
 }
 
