@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/reft-hpc/reft/internal/crc32c"
 )
@@ -69,56 +68,39 @@ const (
 	TError           Type = 0xFF
 )
 
+// typeNames names every type of this version, by its byte; a type
+// without a name is unknown (known). An array: known runs for every
+// frame.
+var typeNames = [256]string{
+	THello:           "hello",
+	TAuth:            "auth",
+	TPing:            "ping",
+	TWatermarks:      "watermarks",
+	TManifest:        "manifest",
+	TFetch:           "fetch",
+	TCredit:          "credit",
+	TCancel:          "cancel",
+	TReplicate:       "replicate",
+	TReplicateReply:  "replicate-reply",
+	TChallenge:       "challenge",
+	TAuthReply:       "auth-reply",
+	TWatermarksReply: "watermarks-reply",
+	TManifestReply:   "manifest-reply",
+	TChunk:           "chunk",
+	TStatus:          "status",
+	TStatusReply:     "status-reply",
+	TBeat:            "beat",
+	TProbe:           "probe",
+	TFailure:         "failure",
+	TBeatReply:       "beat-reply",
+	TProbeReply:      "probe-reply",
+	TFailureReply:    "failure-reply",
+	TError:           "error",
+}
+
 func (t Type) String() string {
-	switch t {
-	case THello:
-		return "hello"
-	case TAuth:
-		return "auth"
-	case TPing:
-		return "ping"
-	case TWatermarks:
-		return "watermarks"
-	case TManifest:
-		return "manifest"
-	case TFetch:
-		return "fetch"
-	case TCredit:
-		return "credit"
-	case TCancel:
-		return "cancel"
-	case TReplicate:
-		return "replicate"
-	case TReplicateReply:
-		return "replicate-reply"
-	case TChallenge:
-		return "challenge"
-	case TAuthReply:
-		return "auth-reply"
-	case TWatermarksReply:
-		return "watermarks-reply"
-	case TManifestReply:
-		return "manifest-reply"
-	case TChunk:
-		return "chunk"
-	case TStatus:
-		return "status"
-	case TStatusReply:
-		return "status-reply"
-	case TBeat:
-		return "beat"
-	case TProbe:
-		return "probe"
-	case TFailure:
-		return "failure"
-	case TBeatReply:
-		return "beat-reply"
-	case TProbeReply:
-		return "probe-reply"
-	case TFailureReply:
-		return "failure-reply"
-	case TError:
-		return "error"
+	if n := typeNames[t]; n != "" {
+		return n
 	}
 	return fmt.Sprintf("type-0x%02x", uint8(t))
 }
@@ -128,7 +110,7 @@ func (t Type) String() string {
 func (t Type) Handled() bool { return t == TBeat || t == TProbe || t == TFailure }
 
 // known reports whether t is a type of this version.
-func (t Type) known() bool { return !strings.HasPrefix(t.String(), "type-") }
+func (t Type) known() bool { return typeNames[t] != "" }
 
 // Header is a frame header. Layout (big endian):
 //
