@@ -714,6 +714,29 @@ func (sc *serverConn) startFetch(id uint32, req FetchRequest) {
 	}()
 }
 
+// fetchRefusal says why req cannot be served from the generation info
+// describes (code "" when it can): no such buffer, another chunk or
+// buffer size than the request expects, or chunks past the buffer's end.
+func fetchRefusal(req FetchRequest, info *GenInfo) (code, msg string) {
+	b := info.Buffer(req.Buffer)
+	switch {
+	case b == nil:
+		return CodeNotFound, fmt.Sprintf("%s has no buffer %q", req.GenKey, req.Buffer)
+	case req.ChunkSize != 0 && req.ChunkSize != info.ChunkSize:
+		return CodeMismatch, fmt.Sprintf("%s: chunk size here is %d, the request expects %d", req.ChunkKey, info.ChunkSize, req.ChunkSize)
+	case req.Size != 0 && req.Size != b.Size:
+		return CodeMismatch, fmt.Sprintf("%s: buffer size here is %d, the request expects %d", req.ChunkKey, b.Size, req.Size)
+	case info.ChunkSize <= 0 || info.ChunkSize > MaxPayload:
+		return CodeInternal, fmt.Sprintf("%s: chunk size %d outside (0, %d]", req.ChunkKey, info.ChunkSize, MaxPayload)
+	}
+	// req.check made First >= 0 and Count >= 1, so n-Count cannot
+	// overflow and First+Count, once inside n, cannot either.
+	if n := len(b.CRC32C); req.First > n-req.Count {
+		return CodeInvalid, fmt.Sprintf("%s: %d chunks from chunk %d run past the buffer's %d chunks", req.ChunkKey, req.Count, req.First, n)
+	}
+	return "", ""
+}
+
 // stream sends the chunks of one fetch. Errors before the first chunk
 // concern the whole request; a chunk that cannot be read ends the stream
 // with an error naming it, so the dialer can take that chunk elsewhere and
@@ -729,27 +752,8 @@ func (sc *serverConn) stream(st *sendStream) {
 		return
 	}
 	defer g.Close()
-	info := g.Info()
-	b := info.Buffer(req.Buffer)
-	switch {
-	case b == nil:
-		fail(CodeNotFound, nil, "%s has no buffer %q", req.GenKey, req.Buffer)
-		return
-	case req.ChunkSize != 0 && req.ChunkSize != info.ChunkSize:
-		fail(CodeMismatch, nil, "%s: chunk size here is %d, the request expects %d", req.ChunkKey, info.ChunkSize, req.ChunkSize)
-		return
-	case req.Size != 0 && req.Size != b.Size:
-		fail(CodeMismatch, nil, "%s: buffer size here is %d, the request expects %d", req.ChunkKey, b.Size, req.Size)
-		return
-	case info.ChunkSize <= 0 || info.ChunkSize > MaxPayload:
-		fail(CodeInternal, nil, "%s: chunk size %d outside (0, %d]", req.ChunkKey, info.ChunkSize, MaxPayload)
-		return
-	}
-	// req.check made First >= 0 and Count >= 1, so n-Count cannot
-	// overflow and First+Count, once inside n, cannot either.
-	n := len(b.CRC32C)
-	if req.First > n-req.Count {
-		fail(CodeInvalid, nil, "%s: %d chunks from chunk %d run past the buffer's %d chunks", req.ChunkKey, req.Count, req.First, n)
+	if code, msg := fetchRefusal(req, g.Info()); code != "" {
+		fail(code, nil, "%s", msg)
 		return
 	}
 	for i := req.First; i < req.First+req.Count; i++ {

@@ -473,20 +473,37 @@ func parseDomains(list string, nodes []string) (map[string]string, error) {
 		if label == "" || strings.ContainsAny(label, "=[], \t") {
 			return nil, fmt.Errorf("--domains item %q: the label after '=' must be a plain name, as in rackA", item)
 		}
-		for _, h := range pending {
-			if !known[h] {
-				return nil, fmt.Errorf("--domains names %s, which is not in --nodes; fix the host list", h)
-			}
-			if prev, dup := out[h]; dup && prev != label {
-				return nil, fmt.Errorf("--domains puts %s in both %s and %s; a node belongs to one domain", h, prev, label)
-			}
-			out[h] = label
+		if err := labelHosts(out, pending, label, known); err != nil {
+			return nil, err
 		}
 		pending = nil
 	}
 	if len(pending) > 0 {
 		return nil, fmt.Errorf("--domains ends with hosts %s without a label; finish with =LABEL, as in %s=rackC", hostlist.Compress(pending), hostlist.Compress(pending))
 	}
+	if err := everyNodeLabelled(out, nodes); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// labelHosts puts hosts, each one of --nodes (known), in domain label,
+// which none of them may already be in under another.
+func labelHosts(out map[string]string, hosts []string, label string, known map[string]bool) error {
+	for _, h := range hosts {
+		if !known[h] {
+			return fmt.Errorf("--domains names %s, which is not in --nodes; fix the host list", h)
+		}
+		if prev, dup := out[h]; dup && prev != label {
+			return fmt.Errorf("--domains puts %s in both %s and %s; a node belongs to one domain", h, prev, label)
+		}
+		out[h] = label
+	}
+	return nil
+}
+
+// everyNodeLabelled: each of nodes has a domain in out.
+func everyNodeLabelled(out map[string]string, nodes []string) error {
 	var missing []string
 	for _, n := range nodes {
 		if _, ok := out[n]; !ok {
@@ -494,9 +511,9 @@ func parseDomains(list string, nodes []string) (map[string]string, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("--domains gives no domain for %s; label every node, as in %s=rackC", hostlist.Compress(missing), hostlist.Compress(missing))
+		return fmt.Errorf("--domains gives no domain for %s; label every node, as in %s=rackC", hostlist.Compress(missing), hostlist.Compress(missing))
 	}
-	return out, nil
+	return nil
 }
 
 // countFailures checks the k-node failure sets among state: all of them
