@@ -151,34 +151,51 @@ func (r Record) check() error {
 		return fmt.Errorf("run record: node %q is not a node name", r.Node)
 	}
 	switch r.Kind {
-	case KindRegistered, KindRestored:
-		if r.Rank < 0 || r.PID < 0 {
-			return fmt.Errorf("run record %s: rank %d, pid %d: neither may be negative", r.Kind, r.Rank, r.PID)
+	case KindRegistered:
+		return r.checkRank()
+	case KindRestored:
+		if err := r.checkRank(); err != nil {
+			return err
 		}
-		if r.Failure != nil {
-			return fmt.Errorf("run record %s carries a failure", r.Kind)
-		}
-		if r.Kind == KindRegistered {
-			return nil
-		}
-		if !slices.Contains(event.Restores, r.Event) {
-			return fmt.Errorf("run record restored: event %q is none of %s", r.Event, strings.Join(event.Restores, ", "))
-		}
-		if r.Generation < 0 || r.Bytes < 0 || r.Duration < 0 {
-			return fmt.Errorf("run record restored: generation %d, bytes %d, duration %v: none may be negative", r.Generation, r.Bytes, r.Duration)
-		}
-		return nil
+		return r.checkRestore()
 	case KindFailure:
-		f := r.Failure
-		if f == nil || f.FailedNode == "" || !slices.Contains(classes, f.Class) {
-			return errors.New("run record failure: needs a failure with a failed_node and a class of node, agent or hang")
-		}
-		if slices.ContainsFunc(f.Ranks, func(n int) bool { return n < 0 }) || f.Latency < 0 || f.Votes < 0 || f.Agents < 0 {
-			return errors.New("run record failure: ranks, latency, votes and agents may not be negative")
-		}
-		return nil
+		return r.Failure.check()
 	}
 	return fmt.Errorf("%w %q", ErrUnknownKind, r.Kind)
+}
+
+// checkRank: a registration's or restore's rank and pid, and no failure.
+func (r Record) checkRank() error {
+	if r.Rank < 0 || r.PID < 0 {
+		return fmt.Errorf("run record %s: rank %d, pid %d: neither may be negative", r.Kind, r.Rank, r.PID)
+	}
+	if r.Failure != nil {
+		return fmt.Errorf("run record %s carries a failure", r.Kind)
+	}
+	return nil
+}
+
+// checkRestore: a restore names a restore event and no negative measure.
+func (r Record) checkRestore() error {
+	if !slices.Contains(event.Restores, r.Event) {
+		return fmt.Errorf("run record restored: event %q is none of %s", r.Event, strings.Join(event.Restores, ", "))
+	}
+	if r.Generation < 0 || r.Bytes < 0 || r.Duration < 0 {
+		return fmt.Errorf("run record restored: generation %d, bytes %d, duration %v: none may be negative", r.Generation, r.Bytes, r.Duration)
+	}
+	return nil
+}
+
+// check: a failure names the failed node and a class, and no negative
+// measure.
+func (f *Failure) check() error {
+	if f == nil || f.FailedNode == "" || !slices.Contains(classes, f.Class) {
+		return errors.New("run record failure: needs a failure with a failed_node and a class of node, agent or hang")
+	}
+	if slices.ContainsFunc(f.Ranks, func(n int) bool { return n < 0 }) || f.Latency < 0 || f.Votes < 0 || f.Agents < 0 {
+		return errors.New("run record failure: ranks, latency, votes and agents may not be negative")
+	}
+	return nil
 }
 
 // Writer appends records to a node's record file. Its methods are safe
