@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"slices"
 	"sync"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/reft-hpc/reft/agent/detect"
-	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/localsrv"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/metrics"
@@ -26,7 +24,6 @@ import (
 	"github.com/reft-hpc/reft/agent/restore"
 	"github.com/reft-hpc/reft/agent/runpath"
 	"github.com/reft-hpc/reft/agent/runrecord"
-	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -87,12 +84,8 @@ type Server struct {
 	// notes tells the watching clients of failed peers and runs the
 	// failure hooks (notices.go, detecting.go).
 	notes *notifier
-	// regs is each rank's last registration on this node, for the status
-	// reply's protection (a rank's connection owns its rankConn; this is
-	// the copy others may read).
-	regMu    sync.Mutex
-	regs     map[int]*proto.RankProtection
-	regOwner map[int]*rankConn // the connection each entry came from
+	// regs are the ranks registered on this node (registry.go).
+	regs *registry
 
 	// Failure detection (detecting.go): the ranks' progress, and what
 	// learns of a failure.
@@ -113,6 +106,7 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 	}
 	s := &Server{info: info, log: log, ls: ls, start: time.Now(), progressEvery: restoreProgressEvery, met: metrics.NewRecorder()}
 	s.notes = newNotifier(log, s.met)
+	s.regs = &registry{log: log}
 	s.repl = newReplicator(s)
 	s.rings = &rings{node: info.Node, peering: s.peeringStatus, noted: s.repl.hosts.note,
 		mesh: func() *mesh.Mesh {
@@ -195,7 +189,7 @@ func (ss *session) Handle(ctx context.Context, f proto.Frame) error {
 func (ss *session) Close() {
 	s, rc := ss.s, ss.rc
 	s.progress.drop(rc)
-	s.noteGone(rc)
+	s.regs.gone(rc)
 	s.notes.unwatch(rc)
 	s.commPhase(rc, false, ss.log)
 	rc.close()
@@ -293,69 +287,6 @@ func (s *Server) storeCounters() *proto.StoreCounters {
 	}
 }
 
-// noteRegistered records a rank's registration for the status reply.
-func (s *Server) noteRegistered(rc *rankConn, rank, world int, si *shard.Geometry) {
-	p := &proto.RankProtection{Connected: true, World: world, Mode: proto.ProtectLocal}
-	if si != nil {
-		c := si.Layout.Coord(rank)
-		p.Layout = fmt.Sprintf("dp=%d pp=%d tp=%d", si.Layout.DP, si.Layout.PP, si.Layout.TP)
-		p.Group, p.Position, p.Members = fmt.Sprintf("(pp=%d,tp=%d)", c.PP, c.TP), si.Pos, slices.Clone(si.Members)
-		p.ARC, p.AEC, p.AOR = si.ARC && !si.Whole, si.K, si.AOR != nil
-		p.Mode = proto.ProtectSharded
-		if si.Whole {
-			p.Mode = proto.ProtectWhole
-		}
-	}
-	s.regMu.Lock()
-	if s.regs == nil {
-		s.regs, s.regOwner = map[int]*proto.RankProtection{}, map[int]*rankConn{}
-	}
-	if old := s.regOwner[rank]; old != nil && old != rc && s.regs[rank].Connected {
-		s.log.Warn().Str("event", event.RankFenced).Int("rank", rank).Int32("pid", rc.pid).Int32("fenced_pid", old.pid).
-			Msgf("rank %d registered again by pid %d while pid %d's registration is still connected: pid %d is fenced (its saves, commits, restores and releases are refused)",
-				rank, rc.pid, old.pid, old.pid)
-	}
-	s.regs[rank], s.regOwner[rank] = p, rc
-	s.regMu.Unlock()
-}
-
-// fencedBy returns the connection that registered rc's rank after rc did,
-// or nil while rc is the rank's registration.
-func (s *Server) fencedBy(rc *rankConn) *rankConn {
-	s.regMu.Lock()
-	defer s.regMu.Unlock()
-	if o := s.regOwner[rc.key.Rank]; o != nil && o != rc {
-		return o
-	}
-	return nil
-}
-
-// noteGone marks a registered rank's connection closed.
-func (s *Server) noteGone(rc *rankConn) {
-	if !rc.registered {
-		return
-	}
-	s.regMu.Lock()
-	// Only the connection that registered last: a rank's old connection
-	// may finish closing after its restarted process registered again.
-	if p := s.regs[rc.key.Rank]; p != nil && s.regOwner[rc.key.Rank] == rc {
-		p.Connected = false
-	}
-	s.regMu.Unlock()
-}
-
-func (s *Server) protection(rank int) *proto.RankProtection {
-	s.regMu.Lock()
-	defer s.regMu.Unlock()
-	p := s.regs[rank]
-	if p == nil {
-		return nil
-	}
-	c := *p
-	c.Members = slices.Clone(p.Members)
-	return &c
-}
-
 func (s *Server) gpuStatus() *proto.GPU {
 	if s.gpu == nil {
 		return nil
@@ -379,7 +310,7 @@ func (s *Server) rankStatus() []proto.RankStatus {
 		if k.Shard != tmpfs.DefaultShard {
 			continue
 		}
-		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}, Protection: s.protection(k.Rank)}
+		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}, Protection: s.regs.protection(k.Rank)}
 		for _, g := range s.store.Generations(k) {
 			if g.Bad {
 				continue

@@ -190,7 +190,7 @@ func (s *Server) snapshotRefusal(rc *rankConn, f proto.Frame) (code, msg string)
 	// the rank last. An older incarnation still connected (a process that
 	// outlived its relaunch) must not commit over, restore into or release
 	// the newer one's state.
-	if by := s.fencedBy(rc); by != nil {
+	if by := s.regs.fencedBy(rc); by != nil {
 		return proto.CodeBadState, fmt.Sprintf("%s refused: rank %d was registered again on this node by pid %d after this connection (pid %d) registered it; "+
 			"a rank has one process, so this older one is fenced (end it: the rank runs in pid %d now)",
 			f.Type, rc.key.Rank, by.pid, rc.pid, by.pid)
@@ -325,7 +325,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	rc.registered, rc.req = true, req
 	rc.bufs = slices.Clone(req.Buffers)
 	s.rings.host(req.Rank, si)
-	s.noteRegistered(rc, req.Rank, req.World, si)
+	s.regs.registered(rc, req.Rank, req.World, si)
 	if s.persist != nil {
 		s.persist.Registered(req.Rank, req.World)
 	}
