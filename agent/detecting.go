@@ -229,15 +229,15 @@ func (s *Server) handleProgress(c net.Conn, rc *rankConn, f proto.Frame) error {
 // detector learns of (a peer's node or agent lost, a rank hung), once
 // each, on every agent of the job. Call it before the agent starts; fn
 // must not block.
-func (s *Server) OnPeerFailure(fn func(detect.Failure)) {
-	s.failureHooks = append(s.failureHooks, fn)
+func (s *notifier) OnPeerFailure(fn func(detect.Failure)) {
+	s.hooks = append(s.hooks, fn)
 }
 
 // noticeFailures hands the detector's published verdicts to the ranks'
 // JIT flush (notices.go), each node once: the flush never acts on a lost
 // connection alone (a flap, or this node cut off) while a detector runs,
 // and a fenced agent (agent/detect.Detector) publishes nothing of its own.
-func (s *Server) noticeFailures() {
+func (s *notifier) noticeFailures() {
 	s.OnPeerFailure(func(f detect.Failure) {
 		if f.Class == detect.ClassNode {
 			s.lostMu.Lock()
@@ -252,7 +252,7 @@ func (s *Server) noticeFailures() {
 
 // peerLost is the mesh's lost connection to node's agent: a failure
 // signal for the JIT flush only when no detector runs (flushOnLost).
-func (s *Server) peerLost(node string, err error) {
+func (s *notifier) peerLost(node string, err error) {
 	if s.flushOnLost.Load() {
 		s.NotifyPeerFailure(node, "peer_lost: "+err.Error())
 	}
@@ -286,19 +286,19 @@ func (s *Server) attachDetector(d *detect.Detector) {
 }
 
 // lostNodes are the nodes whose loss the detector published.
-func (s *Server) lostNodes() []string {
+func (s *notifier) lostNodes() []string {
 	s.lostMu.Lock()
 	defer s.lostMu.Unlock()
 	return slices.Clone(s.lost)
 }
 
-func (s *Server) peerFailed(f detect.Failure) {
+func (s *notifier) peerFailed(f detect.Failure) {
 	lat := -1.0 // unknown: not observed
 	if !f.LastHeard.IsZero() && !f.DetectedAt.IsZero() {
 		lat = max(f.Latency().Seconds(), 0)
 	}
 	s.met.Failure(f.Class, lat)
-	for _, fn := range s.failureHooks {
+	for _, fn := range s.hooks {
 		fn(f)
 	}
 }
@@ -307,7 +307,7 @@ func (s *Server) peerFailed(f detect.Failure) {
 // on the mesh's listener; nil when detect.enabled is false.
 func startDetector(ctx context.Context, cfg config.Config, m *mesh.Mesh, srv *Server, log zerolog.Logger) (*detect.Detector, error) {
 	if !cfg.Detect.Enabled {
-		srv.flushOnLost.Store(true)
+		srv.notes.flushOnLost.Store(true)
 		log.Info().Str("event", "detect_off").
 			Msg("failure detection between agents is off (detect.enabled = false): reft run sees failures only through srun, and the ranks' JIT flush follows lost peer connections (a flap triggers it too)")
 		return nil, nil
@@ -322,7 +322,7 @@ func startDetector(ctx context.Context, cfg config.Config, m *mesh.Mesh, srv *Se
 	}
 	d, err := detect.New(detect.Config{Self: m.Self().Name, Nodes: nodes, Transport: m,
 		Interval: cfg.Detect.Interval.D(), Timeout: cfg.Detect.Timeout.D(), Confirm: cfg.Detect.Confirm.D(), Window: cfg.Detect.Window.D(),
-		Hang: cfg.Detect.Hang.D(), HangFactor: cfg.Detect.HangFactor, Progress: srv.progress.list, OnFailure: srv.peerFailed, Log: log})
+		Hang: cfg.Detect.Hang.D(), HangFactor: cfg.Detect.HangFactor, Progress: srv.progress.list, OnFailure: srv.notes.peerFailed, Record: srv.rec, Log: log})
 	if err != nil {
 		return nil, err
 	}

@@ -84,11 +84,11 @@ func TestProgress(t *testing.T) {
 }
 
 func TestPeerFailureHooks(t *testing.T) {
-	s := &Server{}
+	s := &Server{notes: newNotifier(zerolog.Nop(), nil)}
 	var got []string
-	s.OnPeerFailure(func(f detect.Failure) { got = append(got, "a:"+f.Node) })
-	s.OnPeerFailure(func(f detect.Failure) { got = append(got, "b:"+f.Class) })
-	s.peerFailed(detect.Failure{Node: "n3", Class: detect.ClassNode})
+	s.notes.OnPeerFailure(func(f detect.Failure) { got = append(got, "a:"+f.Node) })
+	s.notes.OnPeerFailure(func(f detect.Failure) { got = append(got, "b:"+f.Class) })
+	s.notes.peerFailed(detect.Failure{Node: "n3", Class: detect.ClassNode})
 	if len(got) != 2 || got[0] != "a:n3" || got[1] != "b:node" {
 		t.Errorf("hooks saw %v, want both, in order", got)
 	}
@@ -115,16 +115,16 @@ func TestJITFlushFollowsVerdicts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logBuf logtest.Buffer
-			s := &Server{log: zerolog.New(&logBuf), watchers: map[*watcher]struct{}{}, failedPeers: map[string]time.Time{}}
+			s := &Server{notes: newNotifier(zerolog.New(&logBuf), nil)}
 			w := &watcher{out: make(chan proto.Notice, 8)}
-			s.watchers[w] = struct{}{}
-			s.flushOnLost.Store(!tc.detector)
-			s.noticeFailures()
+			s.notes.watchers[w] = struct{}{}
+			s.notes.flushOnLost.Store(!tc.detector)
+			s.notes.noticeFailures()
 			for _, n := range tc.lost {
-				s.peerLost(n, errors.New("connection reset"))
+				s.notes.peerLost(n, errors.New("connection reset"))
 			}
 			for _, f := range tc.verdicts {
-				s.peerFailed(f)
+				s.notes.peerFailed(f)
 			}
 			close(w.out)
 			var got []string

@@ -104,7 +104,7 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 	}
 	n.srv.AttachStore(n.st)
 	n.srv.AttachTopology(o.topo)
-	n.srv.ringWait = o.ringWait
+	n.srv.rings.wait = o.ringWait
 	if persistDir != "" {
 		if n.per, err = persist.New(persist.Options{Dir: persistDir, Job: shJob, Node: name, UID: os.Getuid(), Policy: sp.Persist,
 			Store: n.st, Log: log}); err != nil {
@@ -119,7 +119,7 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 	pc := peer.Config{Job: shJob, UID: os.Getuid(), Node: name, Auth: auth, Bind: "127.0.0.1", PortRange: [2]int{lo, lo + 63},
 		Heartbeat: 200 * time.Millisecond, Timeout: 2 * time.Second, Log: log, Status: func() any { return n.srv.Status() }}
 	n.srv.PeerHooks(&pc)
-	if n.m, err = mesh.Start(context.Background(), mesh.Config{Peer: pc, Hosted: n.srv.Hosted}, topo, n.st, log); err != nil {
+	if n.m, err = mesh.Start(context.Background(), mesh.Config{Peer: pc, Hosted: n.srv.rings.Hosted}, topo, n.st, log); err != nil {
 		t.Fatal(err)
 	}
 	n.srv.AttachMesh(func() *mesh.Mesh { return n.m })

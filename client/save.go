@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -12,7 +13,6 @@ import (
 	"time"
 
 	"github.com/reft-hpc/reft/agent/proto"
-	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // Handle is one save in progress. The caller must not modify a registered
@@ -457,9 +457,9 @@ func copyChunks(tasks []task, workers int, before func()) error {
 				var crc uint32
 				for _, p := range t.pieces {
 					if p.dst == nil { // a restore's bytes between regions
-						crc = tmpfs.UpdateCRC(crc, p.src)
+						crc = crc32c.Update(crc, p.src)
 					} else {
-						crc = tmpfs.CopyCRC(crc, p.dst, p.src)
+						crc = crc32c.Copy(crc, p.dst, p.src)
 					}
 				}
 				*t.crc = crc

@@ -60,7 +60,7 @@ func (d *Detector) checkHangs(ctx context.Context) {
 		}
 		switch {
 		case frozen(p.Process):
-		case d.explainedLocked(p.At):
+		case explained(d.published, p.At):
 			continue // another verdict since its last progress: it waits for that
 		case silent < 2*limit:
 			if !d.waiting[p.Rank].Equal(p.At) {
@@ -99,10 +99,10 @@ func (d *Detector) checkHangs(ctx context.Context) {
 	}()
 }
 
-// explainedLocked reports whether a verdict this agent published or learnt
-// was confirmed after t: a rank silent since t waits for that failure.
-func (d *Detector) explainedLocked(t time.Time) bool {
-	for _, f := range d.published {
+// explained reports whether a verdict published (or learnt) was
+// confirmed after t: a rank silent since t waits for that failure.
+func explained(published []Failure, t time.Time) bool {
+	for _, f := range published {
 		if f.DetectedAt.After(t) {
 			return true
 		}

@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/reft-hpc/reft/tmpfs"
+	"github.com/reft-hpc/reft/internal/crc32c"
 )
 
 // readBuf is the read buffer of a connection. Payloads of a chunk frame
@@ -139,7 +139,7 @@ func (c *conn) readPayload(h Header) (Frame, error) {
 	if _, err := io.ReadFull(c.br, f.Payload); err != nil {
 		return f, c.readErr(noEOF(err))
 	}
-	if got := crc32c(f.Payload); got != h.CRC {
+	if got := crc32c.Checksum(f.Payload); got != h.CRC {
 		return f, fmt.Errorf("%w: %s frame id %d: recorded 0x%08x, computed 0x%08x", ErrPayload, h.Type, h.ID, h.CRC, got)
 	}
 	return f, nil
@@ -197,7 +197,7 @@ func (c *conn) readInto(dst []byte) (uint32, error) {
 			return 0, c.readErr(noEOF(err))
 		}
 		c.lastData.Store(time.Now().UnixNano())
-		crc = tmpfs.UpdateCRC(crc, dst[off:end])
+		crc = crc32c.Update(crc, dst[off:end])
 		off = end
 	}
 	return crc, nil
@@ -243,7 +243,7 @@ func (c *conn) writeMsg(t Type, id uint32, v any) error {
 	if len(p) > MaxControl {
 		return fmt.Errorf("%w: %s payload of %d bytes > %d", ErrTooLarge, t, len(p), MaxControl)
 	}
-	return c.write(t, id, 0, crc32c(p), p)
+	return c.write(t, id, 0, crc32c.Checksum(p), p)
 }
 
 // writeChunk sends chunk idx of a fetch. The frame's payload CRC is the
@@ -276,7 +276,7 @@ func (c *conn) heartbeat(interval time.Duration) {
 			continue
 		}
 		c.wmu.Unlock()
-		c.write(TPing, 0, 0, crc32c(nil), nil)
+		c.write(TPing, 0, 0, crc32c.Checksum(nil), nil)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -259,46 +260,24 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader, e Epoch) 
 		return fail("create data file", err)
 	}
 	defer f.Close()
-	var off int64
-	zeros := make([]byte, 64<<10)
-	pad := func(to int64) error {
-		for off < to {
-			k := min(to-off, int64(len(zeros)))
-			if _, err := f.Write(zeros[:k]); err != nil {
-				return err
-			}
-			off += k
+	w := &dataWriter{f: f, zeros: make([]byte, 64<<10)}
+	half := func() {
+		if w.off >= m.ArenaSize/2 {
+			s.at("write:half")
 		}
-		return nil
 	}
 	for _, b := range m.Buffers {
-		if err := pad(b.Offset); err != nil {
+		if err := w.padTo(b.Offset); err != nil {
 			return fail("write data file", err)
 		}
-		for i := range b.CRC32C {
-			if err := ctx.Err(); err != nil {
-				return fail("stopped", err)
-			}
-			p, want, err := r.Chunk(b.Name, i)
-			if err != nil {
-				return fail("read arena", err)
-			}
-			if got := tmpfs.CRC(p); got != want {
-				return fail("arena", fmt.Errorf("%w: buffer %q chunk %d stored %#08x, memory now %#08x; not persisted (host memory corrupted since the commit)",
-					tmpfs.ErrCorrupt, b.Name, i, want, got))
-			}
-			if _, err := f.Write(p); err != nil {
-				return fail("write data file", err)
-			}
-			off += int64(len(p))
-			if off >= m.ArenaSize/2 {
-				s.at("write:half")
-			}
+		if what, err := copyBuffer(ctx, w, r, b, half); err != nil {
+			return fail(what, err)
 		}
 	}
-	if err := pad(m.ArenaSize); err != nil {
+	if err := w.padTo(m.ArenaSize); err != nil {
 		return fail("write data file", err)
 	}
+	off := w.off
 	if err := f.Sync(); err != nil {
 		return fail("fsync data file", err)
 	}
@@ -312,7 +291,7 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader, e Epoch) 
 	if err := writeSynced(filepath.Join(tmp, manifestFile), raw); err != nil {
 		return fail("write manifest", err)
 	}
-	mk, _ := json.Marshal(marker{Step: m.Step, Seq: m.Seq, ManifestBytes: len(raw), ManifestCRC: tmpfs.CRC(raw),
+	mk, _ := json.Marshal(marker{Step: m.Step, Seq: m.Seq, ManifestBytes: len(raw), ManifestCRC: crc32c.Checksum(raw),
 		DataBytes: off, Node: s.node, Written: time.Now().UTC(), Epoch: e})
 	if err := writeSynced(filepath.Join(tmp, markerFile), mk); err != nil {
 		return fail("write commit marker", err)
@@ -321,6 +300,51 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader, e Epoch) 
 		return fail("fsync directory", err)
 	}
 	return off, nil
+}
+
+// dataWriter writes a generation's data file: the buffers at their arena
+// offsets, zeros between them and to the arena's end. off is where the
+// next byte goes.
+type dataWriter struct {
+	f     *os.File
+	off   int64
+	zeros []byte
+}
+
+func (w *dataWriter) padTo(to int64) error {
+	for w.off < to {
+		k := min(to-w.off, int64(len(w.zeros)))
+		if _, err := w.f.Write(w.zeros[:k]); err != nil {
+			return err
+		}
+		w.off += k
+	}
+	return nil
+}
+
+// copyBuffer writes buffer b's chunks from the arena r, each checked
+// against its CRC-32C first (memory corrupted since the commit is not
+// persisted), calling after each; what says which step failed.
+func copyBuffer(ctx context.Context, w *dataWriter, r *tmpfs.Reader, b tmpfs.Buffer, after func()) (what string, err error) {
+	for i := range b.CRC32C {
+		if err := ctx.Err(); err != nil {
+			return "stopped", err
+		}
+		p, want, err := r.Chunk(b.Name, i)
+		if err != nil {
+			return "read arena", err
+		}
+		if got := crc32c.Checksum(p); got != want {
+			return "arena", fmt.Errorf("%w: buffer %q chunk %d stored %#08x, memory now %#08x; not persisted (host memory corrupted since the commit)",
+				tmpfs.ErrCorrupt, b.Name, i, want, got)
+		}
+		if _, err := w.f.Write(p); err != nil {
+			return "write data file", err
+		}
+		w.off += int64(len(p))
+		after()
+	}
+	return "", nil
 }
 
 // replace renames tmp to final. A final of the same step from an abandoned
@@ -463,7 +487,7 @@ func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
 	if err != nil {
 		return Generation{}, fmt.Errorf("no manifest: %w", err)
 	}
-	if len(raw) != mk.ManifestBytes || tmpfs.CRC(raw) != mk.ManifestCRC || mk.Step != step {
+	if len(raw) != mk.ManifestBytes || crc32c.Checksum(raw) != mk.ManifestCRC || mk.Step != step {
 		return Generation{}, errors.New("manifest does not match its commit marker (torn or altered)")
 	}
 	g := Generation{Rank: rank, Step: step, Dir: dir, Epoch: mk.Epoch, Node: mk.Node}
@@ -474,21 +498,29 @@ func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
 		return Generation{}, fmt.Errorf("manifest is for job %s rank %d step %d (%d bytes), found as job %s rank %d step %d (%d bytes)",
 			m.JobID, m.Rank, m.Step, m.ArenaSize, s.job, rank, step, mk.DataBytes)
 	}
-	// Every byte a restore copies must be covered by a checksum.
-	var end int64
-	for _, b := range g.Manifest.Buffers {
-		// Compared without Offset+Size, which a crafted manifest can make
-		// wrap around past the check.
-		if b.Offset < end || b.Size < 0 || b.Offset > g.Manifest.ArenaSize || b.Size > g.Manifest.ArenaSize-b.Offset ||
-			int64(len(b.CRC32C)) != numChunks(b.Size, g.Manifest.ChunkSize) {
-			return Generation{}, fmt.Errorf("manifest: buffer %q at %d+%d with %d checksums does not fit the %d-byte arena in %d-byte chunks",
-				b.Name, b.Offset, b.Size, len(b.CRC32C), g.Manifest.ArenaSize, g.Manifest.ChunkSize)
-		}
-		end = b.Offset + b.Size
+	if err := checkCoverage(&g.Manifest); err != nil {
+		return Generation{}, err
 	}
 	_, err = os.Stat(filepath.Join(dir, badFile))
 	g.Bad = err == nil
 	return g, nil
+}
+
+// checkCoverage: every byte a restore copies is covered by a checksum.
+// The buffers lie in order in the arena, each with one checksum per chunk.
+func checkCoverage(m *tmpfs.Manifest) error {
+	var end int64
+	for _, b := range m.Buffers {
+		// Compared without Offset+Size, which a crafted manifest can make
+		// wrap around past the check.
+		if b.Offset < end || b.Size < 0 || b.Offset > m.ArenaSize || b.Size > m.ArenaSize-b.Offset ||
+			int64(len(b.CRC32C)) != numChunks(b.Size, m.ChunkSize) {
+			return fmt.Errorf("manifest: buffer %q at %d+%d with %d checksums does not fit the %d-byte arena in %d-byte chunks",
+				b.Name, b.Offset, b.Size, len(b.CRC32C), m.ArenaSize, m.ChunkSize)
+		}
+		end = b.Offset + b.Size
+	}
+	return nil
 }
 
 // numChunks is how many chunks of cs bytes hold n bytes, without the
@@ -563,7 +595,7 @@ func (s *Store) Load(g Generation, dst func(name string) ([]byte, error)) error 
 			if _, err := f.ReadAt(p[lo:hi], b.Offset+lo); err != nil {
 				return fmt.Errorf("persistent restore: read %s at %d: %w", path, b.Offset+lo, err)
 			}
-			if got := tmpfs.CRC(p[lo:hi]); got != want {
+			if got := crc32c.Checksum(p[lo:hi]); got != want {
 				cerr.Chunks = append(cerr.Chunks, tmpfs.BadChunk{Buffer: b.Name, Index: i, Offset: b.Offset + lo, Length: hi - lo, Want: want, Got: got})
 			}
 		}

@@ -35,8 +35,8 @@ type Runner struct {
 	// 22.05's command line.
 	SlurmRelease Release
 	Command      []string
-	// JobLogDir is <log dir>/<job>: the agents' logs are read there, and
-	// the hostfiles written.
+	// JobLogDir is <log dir>/<job>: the agents' run records
+	// (agent/runrecord) are read there, and the hostfiles written.
 	JobLogDir string
 	Signals   <-chan os.Signal
 	// Tick is how often a running step is looked at (step id, restores).
@@ -90,7 +90,7 @@ type attempt struct {
 	shrunk []string
 }
 
-// stepSuffix is the step part of "42.3", as the agents' logs have it.
+// stepSuffix is the step part of "42.3", as the agents' records have it.
 func stepSuffix(id string) string {
 	_, s, _ := strings.Cut(id, ".")
 	return s
@@ -383,14 +383,24 @@ func stale(f AgentFailure, start time.Time) bool {
 	return f.Class != recoverylog.KindNode && !f.LastHeard.IsZero() && f.LastHeard.Before(start)
 }
 
+// sayBadLines says once that the agents' run records held lines reft run
+// refused (another reft release's agents, or a damaged file), and the
+// first one's fault: what they said is not acted on.
+func (r *Runner) sayBadLines(w *Watcher) {
+	if err, n, fresh := w.BadLine(); fresh {
+		r.warnOnce("badrecord", "%v; that line and others like it (%d so far) are skipped", err, n)
+	}
+}
+
 // checkAgents looks for a failure the agents published since the attempt
 // began that concerns the step (a node or agent of the step, or its hung
 // ranks) and records it in a; a lost spare leaves the plan at once.
 func (r *Runner) checkAgents(ctx context.Context, a *attempt, w *Watcher) bool {
 	if err := w.Poll(); err != nil {
 		// What could be read is used; what not is said once.
-		r.warnOnce("watch", "%v; failures in those logs are seen only when srun reports them", err)
+		r.warnOnce("watch", "%v; failures in those records are seen only when srun reports them", err)
 	}
+	r.sayBadLines(w)
 	fs := w.Failures()
 	for ; a.seenFailures < len(fs); a.seenFailures++ {
 		f := fs[a.seenFailures]
@@ -551,7 +561,7 @@ func (r *Runner) failStep(ctx context.Context, a *attempt, proc Proc) {
 }
 
 // follow learns the step's id, announces the launch, and for a relaunch
-// watches the agents' logs until every rank has restored.
+// watches the agents' run records until every rank has restored.
 func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[string]string, canList, ended bool) {
 	failedAt, newestAtFailure := a.failedAt, a.newestAtFailure
 	if a.stepID == "" && canList && !ended && r.now().Sub(a.start) < 30*time.Second {
@@ -576,8 +586,9 @@ func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[
 		return
 	}
 	if err := w.Poll(); err != nil {
-		r.warnOnce("watch", "%v; resumption in those logs will not be observed", err)
+		r.warnOnce("watch", "%v; resumption in those records will not be observed", err)
 	}
+	r.sayBadLines(w)
 	step := stepSuffix(a.stepID)
 	world := r.Plan.Ranks()
 	restores := w.Restores(step)
@@ -628,7 +639,7 @@ func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[
 	}
 	if ended && !a.resumed {
 		if miss := w.MissingNodes(r.Plan.Slots); len(miss) > 0 {
-			r.warnOnce("agentlogs", "no agent log of %s in %s: reft run cannot see restores unless log.dir is on a filesystem this node shares",
+			r.warnOnce("agentlogs", "no agent run record of %s in %s: reft run cannot see restores unless log.dir is on a filesystem this node shares",
 				strings.Join(miss, ","), r.JobLogDir)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/launcher/recoverylog"
 	"github.com/reft-hpc/reft/pmix/hostlist"
 )
@@ -194,7 +195,7 @@ func (f *fakeSlurm) Start(l Launch) (Proc, error) {
 	f.listed = listed
 	f.mu.Unlock()
 	for node, lines := range at.agentLog {
-		fh, err := os.OpenFile(filepath.Join(f.logDir, node+".jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		fh, err := os.OpenFile(filepath.Join(f.logDir, runrecord.FileName(node)), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			return nil, err
 		}
@@ -232,11 +233,10 @@ func (f *fakeSlurm) Start(l Launch) (Proc, error) {
 func restoreLog(node string, rank int, step string, gen int64) []string {
 	pid := 1000 + rank
 	lines := []string{
-		fmt.Sprintf(`{"level":"info","job":"42","step":"agent","node":%q,"peer_pid":%d,"client":"reft-go/0.1","client_step":%q,"rank":%d,"time":"2026-05-01T12:00:01Z","message":"hello"}`, node, pid, step, rank),
-		fmt.Sprintf(`{"level":"info","job":"42","node":%q,"peer_pid":%d,"event":"rank_registered","rank":%d,"world":4,"time":"2026-05-01T12:00:02Z","message":"rank registered"}`, node, pid, rank),
+		fmt.Sprintf(`{"v":1,"kind":"registered","node":%q,"pid":%d,"step":%q,"rank":%d,"time":"2026-05-01T12:00:02Z"}`, node, pid, step, rank),
 	}
 	if gen >= 0 {
-		lines = append(lines, fmt.Sprintf(`{"level":"info","job":"42","node":%q,"peer_pid":%d,"event":"restore_local","rank":%d,"generation":%d,"seq":4,"bytes":100,"verify":0.25,"time":"2026-05-01T12:00:03.%dZ","message":"serving a local restore"}`, node, pid, rank, gen, rank))
+		lines = append(lines, fmt.Sprintf(`{"v":1,"kind":"restored","node":%q,"pid":%d,"step":%q,"event":"restore_local","rank":%d,"generation":%d,"bytes":100,"duration_ns":250000,"time":"2026-05-01T12:00:03.%dZ"}`, node, pid, step, rank, gen, rank))
 	}
 	return lines
 }
@@ -745,8 +745,8 @@ func agentFailureLineQuorum(coord, failed, class string, ranks string, latency f
 	if quorum {
 		r += `"quorum":true,"votes":3,"agents":4,`
 	}
-	return fmt.Sprintf(`{"level":"warn","job":"42","step":"agent","node":%q,"component":"detect","event":"failure_detected","failed_node":%q,"class":%q,%s"latency_s":%g,"last_heard":%q,"detected_at":%q,"reporter":"n3","coordinator":%q,"confirmed_by":["n4"],"time":%q,"message":"the agent of %s is unreachable"}`,
-		coord, failed, class, r, latency, heard, nowMark, coord, nowMark, failed)
+	return fmt.Sprintf(`{"v":1,"kind":"failure","node":%q,"time":%q,"failure":{"failed_node":%q,"class":%q,%s"latency_ns":%d,"last_heard":%q,"detected_at":%q,"reporter":"n3","coordinator":%q,"confirmed_by":["n4"],"cause":"the agent of %s is unreachable"}}`,
+		coord, nowMark, failed, class, r, int64(latency*1e9), heard, nowMark, coord, failed)
 }
 
 // notResponding is Slurm calling node not responding (from the first
@@ -909,7 +909,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 // TestRunIgnoresForgedVerdict: the log directory is shared by every
 // user, so another user's failure_detected line in a log not named after
 // a node of the allocation must not stop, shrink or requeue the job
-// (issue 14, finding 4). The forged verdict (n2 lost) is in n0.jsonl,
+// (issue 14, finding 4). The forged verdict (n2 lost) is in n0.record,
 // read before the real one (a hang on n3, from n1's agent): reft run acts
 // on the real one only, relaunching on the same nodes.
 func TestRunIgnoresForgedVerdict(t *testing.T) {
