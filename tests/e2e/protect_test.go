@@ -301,7 +301,11 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 
 	// 1. The step on the first dp nodes, the spares held out; the test
 	// kills c.kill once rank 0 has logged step c.killAt.
-	step := placedStep(job, c.spec, writeHostfile(t, dir, "hostfile.0", nodes), nodes, spares, flags)
+	// Steps padded to 100 ms (no change to the results): on a loaded
+	// machine srun's output reached the test in bursts, and the job had run
+	// all its steps before the kill landed (seen under two parallel runs).
+	padded := append(append([]string{}, flags...), "--min-step", "100ms")
+	step := placedStep(job, c.spec, writeHostfile(t, dir, "hostfile.0", nodes), nodes, spares, padded)
 	want := fmt.Sprintf("\nstep %d loss ", c.killAt)
 	var first *bgRun
 	for attempt := 1; ; attempt++ {
