@@ -91,11 +91,37 @@ func freezeRank(t *testing.T, dir, job string, rank, step int, prog string) int 
 // on n3.
 var hangCommentRe = regexp.MustCompile(`^reft: 1 failure \(hang of rank\(s\) 2 on n3\), resumed from step \d+ in \d+\.\d s, lost ([01] steps?|steps unknown)$`)
 
+// tornCommentRe is hangCommentRe when a torn all-reduce cost a second step.
+var tornCommentRe = regexp.MustCompile(`^reft: 1 failure \(hang of rank\(s\) 2 on n3\), resumed from step \d+ in \d+\.\d s, lost 2 steps$`)
+
+// tornSteps reports whether the ranks' newest committed steps before the
+// relaunch (their agents' committed events) differ.
+func tornSteps(t *testing.T, job string, relaunch time.Time, ranks ...int) bool {
+	t.Helper()
+	newest := map[int]int64{}
+	for _, n := range []string{"n1", "n2", "n3", "n4"} {
+		for _, e := range agentEvents(t, job, n)["committed"] {
+			r, _ := e["rank"].(float64)
+			st, _ := e["step"].(float64)
+			if eventTime(e).Before(relaunch) && slices.Contains(ranks, int(r)) && int64(st) > newest[int(r)] {
+				newest[int(r)] = int64(st)
+			}
+		}
+	}
+	for _, r := range ranks {
+		if newest[r] != newest[ranks[0]] {
+			return true
+		}
+	}
+	return false
+}
+
 // checkHangResume checks a reft run job in which rank 2 on n3 was frozen:
 // it completed with refHash's bits; the agents published one verdict, a
 // hang of rank 2 on n3 that says the process was stopped, and nothing
 // about the waiting ranks; reft run relaunched once on the same nodes and
-// lost at most one step; the ranks on the other nodes flushed
+// lost at most one step (two when the stop tore an all-reduce); the ranks
+// on the other nodes flushed
 // (jitSaveLines counts their JIT save lines in out; nil: not checked).
 func checkHangResume(t *testing.T, job, dir, refHash string, jitSaveLines func(out string) int) {
 	t.Helper()
@@ -141,8 +167,18 @@ func checkHangResume(t *testing.T, job, dir, refHash string, jitSaveLines func(o
 		t.Fatalf("no step logged before the hang:\n%s", out)
 	}
 	last, _ := strconv.ParseInt(before[len(before)-1][1], 10, 64)
-	if lost := last - resumed.Generation; lost > 1 {
-		t.Errorf("the trainer finished step %d before the hang and resumed from step %d: %d steps lost, want at most 1", last, resumed.Generation, lost)
+	// A stop that lands inside an all-reduce can tear it: ranks the frozen
+	// one had already sent its part to finish the step, the others do not
+	// (seen: ranks 0 and 1 committed step 12 in their flush, rank 3 step
+	// 11). The newest step every rank holds is then one further back.
+	torn := tornSteps(t, job, relaunched.Time, 0, 1, 3)
+	maxLost := int64(1)
+	if torn {
+		maxLost = 2
+		t.Logf("the stop tore an all-reduce: the healthy ranks' newest committed steps differ, so one more step may be lost")
+	}
+	if lost := last - resumed.Generation; lost > maxLost {
+		t.Errorf("the trainer finished step %d before the hang and resumed from step %d: %d steps lost, want at most %d", last, resumed.Generation, lost, maxLost)
 	}
 	if m := resumedRe.FindStringSubmatch(out); m == nil || m[1] != strconv.FormatInt(resumed.Generation, 10) {
 		t.Errorf("the trainer says %v, the agents' restores say step %d", m, resumed.Generation)
@@ -152,7 +188,7 @@ func checkHangResume(t *testing.T, job, dir, refHash string, jitSaveLines func(o
 	} else if n := jitSaveLines(out[:i[0]]); n < 3 {
 		t.Errorf("%d JIT save lines before the resume; want one from each of the three ranks waiting for rank 2:\n%s", n, out[:i[0]])
 	}
-	if c := jobComment(t, job); !hangCommentRe.MatchString(c) {
+	if c := jobComment(t, job); !hangCommentRe.MatchString(c) && !(torn && tornCommentRe.MatchString(c)) {
 		t.Errorf("Comment %q does not match %s", c, hangCommentRe)
 	}
 	t.Logf("job %s: last step logged before the hang %d; every rank restored step %d %.2f s after the verdict", job, last, resumed.Generation, resumed.DurationS)
