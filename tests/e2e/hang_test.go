@@ -319,8 +319,12 @@ func TestReftStatusStraggler(t *testing.T) {
 			t.Fatalf("reft status never named a straggler:\n%s", raw)
 		}
 	}
-	if s := rep.Stragglers; len(s) != 1 || s[0].Rank != 2 || s[0].Node != "n3" || s[0].ComputeS-s[0].MedianS < 0.08 {
-		t.Fatalf("stragglers %+v; want rank 2 on n3 alone, about 100 ms above the median\n%s", s, raw)
+	// Rank 2 sleeps 100 ms outside its collectives every step. The others'
+	// compute time grows with the machine's load (a CI run: 39 ms median,
+	// rank 2 at 111 ms), so the check is the sleep and the 1.5x rule, not
+	// a fixed gap.
+	if s := rep.Stragglers; len(s) != 1 || s[0].Rank != 2 || s[0].Node != "n3" || s[0].ComputeS < 0.1 || s[0].ComputeS < 1.5*s[0].MedianS {
+		t.Fatalf("stragglers %+v; want rank 2 on n3 alone, at 100 ms or more and 1.5x the median\n%s", s, raw)
 	}
 	t.Logf("rank 2 works %.0f ms per step outside its collectives, the job's median %.0f ms", rep.Stragglers[0].ComputeS*1000, rep.Stragglers[0].MedianS*1000)
 	if r := run(t, time.Minute, alice, bin("reft"), "status", "--config", conf, job); !strings.Contains(r.Stdout, "straggler: rank 2 on n3 works ") {
