@@ -333,7 +333,7 @@ func TestReftStatusStraggler(t *testing.T) {
 	// reft run asks the agents every 30 s and logs the straggler once.
 	var ev []recoveryEvent
 	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(time.Second) {
-		ev = recoveryEvents(t, job)
+		ev = allRecoveryEvents(t, job)
 		if len(eventsNamed(ev, "straggler")) > 0 || time.Now().After(deadline) {
 			break
 		}

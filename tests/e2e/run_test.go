@@ -60,7 +60,29 @@ func agentsFailures(t *testing.T, job string, nodes ...string) []map[string]any 
 	return out
 }
 
+// recoveryEvents is job's recovery log without its straggler reports:
+// the failure and recovery story the tests check event by event. A
+// straggler report is an observation that nothing acts on, and on this
+// 2-core machine an uneven rank is common enough to land anywhere in the
+// story (a CI run: TestReftRunNodeLossSpareTorch's PyTorch ranks); each
+// dropped one is logged. TestReftStatusStraggler reads them with
+// allRecoveryEvents.
 func recoveryEvents(t *testing.T, job string) []recoveryEvent {
+	t.Helper()
+	var out []recoveryEvent
+	for _, e := range allRecoveryEvents(t, job) {
+		if e.Event == "straggler" {
+			t.Logf("job %s: a straggler report, not part of the story under test: %s", job, e.Cause)
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// allRecoveryEvents is job's recovery log, every line checked for the
+// common fields.
+func allRecoveryEvents(t *testing.T, job string) []recoveryEvent {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(clusterDir, "log", "reft", job, "recovery.jsonl"))
 	if err != nil {
