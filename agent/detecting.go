@@ -47,6 +47,7 @@ type progressEntry struct {
 	stepAt time.Time       // the first report of step
 	times  []time.Duration // the last stepSamples step times, oldest first
 	comm   bool            // in a communication phase (comm_phase)
+	op     string          // the collective the last phase named ("": none)
 	// commEnd is when the last communication phase ended; compute the
 	// last stepSamples spans from one phase's end to the next one's
 	// start: the rank's own work per step, without the waits for other
@@ -79,8 +80,9 @@ func (t *progressTable) note(rc *rankConn, rank int, step int64) {
 	e.step, e.at = step, now
 }
 
-// comm records that rc's rank entered or left a communication phase.
-func (t *progressTable) comm(rc *rankConn, active bool) {
+// comm records that rc's rank entered (naming the collective op, or "")
+// or left a communication phase.
+func (t *progressTable) comm(rc *rankConn, active bool, op string) {
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -89,6 +91,9 @@ func (t *progressTable) comm(rc *rankConn, active bool) {
 			continue
 		}
 		e.comm = active
+		if active {
+			e.op = op
+		}
 		switch {
 		case !active:
 			e.commEnd = now
@@ -96,6 +101,25 @@ func (t *progressTable) comm(rc *rankConn, active bool) {
 			e.compute = appendSample(e.compute, now.Sub(e.commEnd))
 		}
 	}
+}
+
+// where says what the rank was doing at its last sign, for a hang
+// verdict: inside a collective (named when the client named it), or in
+// its own work after one ended; "" when it reports no phases.
+func (e *progressEntry) where() string {
+	last := "its last communication phase"
+	if e.op != "" {
+		last = "its last collective (" + e.op + ")"
+	}
+	switch {
+	case e.comm && e.op != "":
+		return "in the collective " + e.op
+	case e.comm:
+		return "in a communication phase"
+	case !e.commEnd.IsZero():
+		return "outside its collectives (its own computation or I/O) since " + last + " ended"
+	}
+	return ""
 }
 
 // appendSample adds d to the last stepSamples samples ds.
@@ -113,7 +137,7 @@ func (t *progressTable) status(now time.Time) map[int]*proto.RankProgress {
 	out := make(map[int]*proto.RankProgress, len(t.ranks))
 	for r, e := range t.ranks {
 		out[r] = &proto.RankProgress{Step: e.step, SilentS: now.Sub(e.at).Seconds(),
-			StepTimeS: median(e.times).Seconds(), ComputeS: median(e.compute).Seconds(), InComm: e.comm}
+			StepTimeS: median(e.times).Seconds(), ComputeS: median(e.compute).Seconds(), InComm: e.comm, Where: e.where()}
 	}
 	return out
 }
@@ -143,10 +167,7 @@ func (t *progressTable) list() []detect.Progress {
 	out := make([]detect.Progress, 0, len(t.ranks))
 	pids := make([]int32, 0, len(t.ranks))
 	for r, e := range t.ranks {
-		p := detect.Progress{Rank: r, Step: e.step, At: e.at, StepTime: median(e.times)}
-		if e.comm {
-			p.Where = "in a communication phase"
-		}
+		p := detect.Progress{Rank: r, Step: e.step, At: e.at, StepTime: median(e.times), Where: e.where()}
 		out = append(out, p)
 		pids = append(pids, e.rc.pid)
 	}

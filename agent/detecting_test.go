@@ -167,13 +167,23 @@ func TestProgressStepTime(t *testing.T) {
 				t.Fatalf("after note %d (step %d): %+v, want step time %s", i, st.step, got, st.want)
 			}
 		}
-		tab.comm(a, true)
-		if got := tab.list(); got[0].Where != "in a communication phase" {
-			t.Errorf("in a communication phase: where %q", got[0].Where)
-		}
-		tab.comm(a, false)
-		if got := tab.list(); got[0].Where != "" {
-			t.Errorf("after the communication phase: where %q", got[0].Where)
+		// Where: none before any phase, then each phase in turn, named
+		// when the client named the collective.
+		for _, ph := range []struct {
+			active bool
+			op     string
+			want   string
+		}{
+			{true, "", "in a communication phase"},
+			{false, "", "outside its collectives (its own computation or I/O) since its last communication phase ended"},
+			{true, "gradient all-reduce", "in the collective gradient all-reduce"},
+			{true, "ignored: the phase is unchanged", "in the collective gradient all-reduce"},
+			{false, "", "outside its collectives (its own computation or I/O) since its last collective (gradient all-reduce) ended"},
+		} {
+			tab.comm(a, ph.active, ph.op)
+			if got := tab.list(); got[0].Where != ph.want {
+				t.Errorf("after comm(%v, %q): where %q, want %q", ph.active, ph.op, got[0].Where, ph.want)
+			}
 		}
 		// A relaunched rank on a new connection starts afresh.
 		time.Sleep(time.Second)
@@ -267,14 +277,14 @@ func TestProgressCompute(t *testing.T) {
 		}
 		for _, p := range phases {
 			time.Sleep(p.work)
-			tab.comm(a, true)
-			tab.comm(a, true) // repeated: no new phase
+			tab.comm(a, true, "")
+			tab.comm(a, true, "") // repeated: no new phase
 			time.Sleep(p.wait)
-			tab.comm(a, false)
+			tab.comm(a, false, "")
 		}
 		tab.note(a, 2, 2)
 		time.Sleep(time.Second)
-		tab.comm(a, true)
+		tab.comm(a, true, "")
 		st := tab.status(time.Now())[2]
 		if st == nil || st.ComputeS != 0.21 || st.Step != 2 || st.SilentS != 1 || !st.InComm {
 			t.Errorf("status %+v, want step 2, compute median 0.21 s (of 100 120 300 1000 ms: 120 and 300), silent 1 s, in a phase", st)

@@ -220,13 +220,17 @@ func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.F
 	case proto.TComm:
 		// A notice: no reply, so a trainer pays no round trip for it.
 		var cm proto.Comm
-		if err := f.Unmarshal(&cm); err != nil {
+		err := f.Unmarshal(&cm)
+		if err == nil {
+			err = proto.CheckCommOp(cm.Op)
+		}
+		if err != nil {
 			s.ls.NoteBadFrame()
-			log.Warn().Err(err).Msg("malformed comm notice (not answered: comm has no reply)")
+			log.Warn().Err(err).Msg("malformed comm notice, ignored (not answered: comm has no reply)")
 			return nil
 		}
 		s.commPhase(rc, cm.Active, log)
-		s.progress.comm(rc, cm.Active)
+		s.progress.comm(rc, cm.Active, cm.Op)
 		return nil
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
 		return s.handleSnapshot(ctx, c, rc, f, log)

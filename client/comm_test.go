@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,5 +72,68 @@ func TestCommPhase(t *testing.T) {
 	c.Close()
 	if len(comm) != 0 {
 		t.Fatalf("more comm notices than changes: %v", <-comm)
+	}
+}
+
+// TestCollective: a named phase reaches the agent with its name; a name
+// that cannot name anything is refused with the cause and sends nothing.
+func TestCollective(t *testing.T) {
+	comm := make(chan proto.Comm, 8)
+	fa := &fakeAgent{reply: func(f proto.Frame) ([]proto.Frame, bool) {
+		switch f.Type {
+		case proto.THello:
+			return []proto.Frame{msg(proto.THelloReply, f.ID, helloOK)}, false
+		case proto.TComm:
+			var cm proto.Comm
+			if err := f.Unmarshal(&cm); err != nil {
+				t.Errorf("comm notice: %v", err)
+			}
+			comm <- cm
+			return nil, false
+		}
+		t.Errorf("unexpected %s", f.Type)
+		return nil, true
+	}}
+	c, err := client.Open(context.Background(), client.Options{Socket: fa.start(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, tc := range []struct {
+		op      string
+		wantErr string // "": sent
+	}{
+		{"gradient all-reduce", ""},
+		{strings.Repeat("x", proto.MaxCommOp+1), "longer than 96"},
+		{"all-reduce\nreft: rank 0: forged", "unprintable character at byte 10"},
+		{"all-reduce \xff", "unprintable character at byte 11"},
+	} {
+		err := c.Collective(tc.op)
+		if tc.wantErr == "" {
+			if err != nil {
+				t.Errorf("Collective(%q): %v", tc.op, err)
+			}
+			c.CommPhase(false)
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("Collective(%q) = %v, want an error saying %q", tc.op, err, tc.wantErr)
+		}
+	}
+	c.Close()
+	var got []proto.Comm
+	for len(got) < 2 {
+		select {
+		case cm := <-comm:
+			got = append(got, cm)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the agent got comm notices %+v, want the named phase and its end", got)
+		}
+	}
+	if want := []proto.Comm{{Active: true, Op: "gradient all-reduce"}, {Active: false}}; !slices.Equal(got, want) {
+		t.Fatalf("comm notices %+v, want %+v", got, want)
+	}
+	if len(comm) != 0 {
+		t.Fatalf("a refused name was sent: %+v", <-comm)
 	}
 }

@@ -94,6 +94,13 @@ var hangCommentRe = regexp.MustCompile(`^reft: 1 failure \(hang of rank\(s\) 2 o
 // tornCommentRe is hangCommentRe when a torn all-reduce cost a second step.
 var tornCommentRe = regexp.MustCompile(`^reft: 1 failure \(hang of rank\(s\) 2 on n3\), resumed from step \d+ in \d+\.\d s, lost 2 steps$`)
 
+// hangWhereRe is where a hang verdict says the frozen rank was, with
+// either trainer: inside the collective its client named (reft-train's
+// gradient all-reduce; reft.torch's DDP backward pass), or in its own
+// work after the last one ended (the stop can land on either side).
+var hangWhereRe = regexp.MustCompile(`, last seen (in the collective (gradient all-reduce|DDP backward pass and gradient all-reduce)|` +
+	`outside its collectives \(its own computation or I/O\) since its last collective \((gradient all-reduce|DDP backward pass and gradient all-reduce)\) ended), silent `)
+
 // tornSteps reports whether the ranks' newest committed steps before the
 // relaunch (their agents' committed events) differ.
 func tornSteps(t *testing.T, job string, relaunch time.Time, ranks ...int) bool {
@@ -141,6 +148,9 @@ func checkHangResume(t *testing.T, job, dir, refHash string, jitSaveLines func(o
 	msg, _ := af[0]["message"].(string)
 	if !strings.Contains(msg, "rank 2 at step ") || !strings.Contains(msg, "process stopped") {
 		t.Errorf("the verdict's cause %q does not name rank 2 and its stopped process", msg)
+	}
+	if !hangWhereRe.MatchString(msg) {
+		t.Errorf("the verdict's cause %q does not say where rank 2 stopped (in its trainer's named collective, or in its own work after it)", msg)
 	}
 	t.Logf("the agents' verdict, %.2f s after rank 2's last progress: %s", af[0]["latency_s"], msg)
 
