@@ -88,6 +88,31 @@ type attempt struct {
 	// shrunk: the lost node was given back to Slurm, and the job now
 	// holds these nodes.
 	shrunk []string
+	// ended: when srun exited; marks: for a relaunch, when its failed
+	// attempt's phases ended (the resumed event's Phases).
+	ended time.Time
+	marks recoveryMarks
+}
+
+// recoveryMarks are the ends of the phases of a recovery that happen
+// before the relaunch starts: srun's exit, the failure known (probe), the
+// nodes replaced. Zero for a first launch, or a requeued job's.
+type recoveryMarks struct {
+	stopped, probed, replaced time.Time
+}
+
+// phases splits the recovery of a, whose ranks all registered at
+// registered and all restored at restored (the agents' records).
+func (a *attempt) phases(registered, restored time.Time) *recoverylog.Phases {
+	m := a.marks
+	if m.stopped.IsZero() || a.failedAt.IsZero() {
+		return nil
+	}
+	d := func(from, to time.Time) float64 { return max(0, to.Sub(from).Seconds()) }
+	return &recoverylog.Phases{
+		StopS: d(a.failedAt, m.stopped), ProbeS: d(m.stopped, m.probed), ReplaceS: d(m.probed, m.replaced),
+		BackoffS: d(m.replaced, a.start), LaunchS: d(a.start, registered), RestoreS: d(registered, restored),
+	}
 }
 
 // stepSuffix is the step part of "42.3", as the agents' records have it.
@@ -216,6 +241,7 @@ func (r *Runner) Run(ctx context.Context) int {
 		if a.agentFailure == nil { // published while srun was ending, or the probe ran
 			r.checkAgents(ctx, a, watcher)
 		}
+		marks := recoveryMarks{stopped: a.ended}
 		f := Classify(a.outcome, r.Plan, h)
 		detectedBy := "srun"
 		if af := a.agentFailure; af != nil {
@@ -243,6 +269,7 @@ func (r *Runner) Run(ctx context.Context) int {
 			fe.Node = f.Nodes[0]
 		}
 		fe.Level = "warn"
+		marks.probed = r.now()
 		r.emit(ctx, fe)
 		next = &attempt{failedAt: failedAt, newestAtFailure: newest, committedKnown: known, why: relaunchWhy(f)}
 		if af := a.agentFailure; af != nil && af.Suspect {
@@ -275,6 +302,8 @@ func (r *Runner) Run(ctx context.Context) int {
 			}
 			next.why = why
 		}
+		marks.replaced = r.now()
+		next.marks = marks
 
 		delay := Backoff(r.Policy.Backoff.D(), r.Policy.BackoffMax.D(), stalled)
 		if sig := r.wait(delay); sig != nil {
@@ -346,7 +375,7 @@ func (r *Runner) runAttempt(ctx context.Context, a *attempt, w *Watcher) (code i
 			r.stopStep(ctx, a, proc, done, s)
 			return 0, s, nil
 		case c := <-done:
-			outcome.Exit = c
+			outcome.Exit, a.ended = c, r.now()
 			r.follow(ctx, a, w, before, serr == nil, true)
 			return c, nil, nil
 		case <-tick.C:
@@ -616,6 +645,9 @@ func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[
 		e := r.event(recoverylog.Resumed, a.relaunch)
 		e.Time, e.Step, e.Generation, e.Bytes = last, a.stepID, gen, bytes
 		e.DurationS = last.Sub(failedAt).Seconds()
+		if reg, ok := w.AllRegistered(step, world); ok {
+			e.Phases = a.phases(reg, last)
+		}
 		e.Cause = fmt.Sprintf("all %d ranks restored step %d", world, gen)
 		if len(gens) > 1 {
 			e.Cause = fmt.Sprintf("the %d ranks restored different steps (%v); the oldest is %d", world, keys(gens), gen)

@@ -353,6 +353,12 @@ func TestRunRankFailureResumes(t *testing.T) {
 		!res.Time.Equal(time.Date(2026, 5, 1, 12, 0, 3, 3e8, time.UTC)) {
 		t.Errorf("resumed %+v", res)
 	}
+	// The phases: the records' registrations (12:00:02) to the last
+	// restore (12:00:03.3); the rest is on this test's clock, now, which
+	// the records' times precede (clamped to 0, not negative).
+	if p := res.Phases; p == nil || p.RestoreS != 1.3 || p.StopS < 0 || p.ProbeS < 0 || p.ReplaceS < 0 || p.BackoffS < 0 || p.LaunchS != 0 {
+		t.Errorf("resumed phases %+v", res.Phases)
+	}
 	// Same nodes, the job's SPEC, --kill-on-bad-exit, --overlap (the failed
 	// step may still hold CPUs), the user's options, and the hostfile in
 	// the environment; the first launch overlaps nothing.
@@ -933,5 +939,42 @@ func TestRunIgnoresForgedVerdict(t *testing.T) {
 	}
 	if rl := find(h.events(), recoverylog.StepRelaunched); len(rl) != 1 || !slices.Equal(rl[0].Nodes, four) {
 		t.Fatalf("relaunched %+v, want the same four nodes", rl)
+	}
+}
+
+// TestRecoveryPhases: a recovery's phases run end to end from the failure
+// to the last restore, so they add up to the resumed event's duration; a
+// phase the clocks make negative is 0; without the failed attempt's marks
+// (a first launch, a requeued job's) there are none.
+func TestRecoveryPhases(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 9, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	for _, tc := range []struct {
+		name                string
+		a                   attempt
+		registered, restore time.Time
+		want                *recoverylog.Phases
+	}{
+		{"node lost, spare", attempt{failedAt: at(0), start: at(4.5),
+			marks: recoveryMarks{stopped: at(2), probed: at(3.25), replaced: at(3.5)}}, at(7), at(7.5),
+			&recoverylog.Phases{StopS: 2, ProbeS: 1.25, ReplaceS: 0.25, BackoffS: 1, LaunchS: 2.5, RestoreS: 0.5}},
+		{"a skewed agent clock: its registration before the launch", attempt{failedAt: at(0), start: at(4),
+			marks: recoveryMarks{stopped: at(1), probed: at(2), replaced: at(2)}}, at(3.5), at(5),
+			&recoverylog.Phases{StopS: 1, ProbeS: 1, ReplaceS: 0, BackoffS: 2, LaunchS: 0, RestoreS: 1.5}},
+		{"first launch", attempt{start: at(0)}, at(1), at(2), nil},
+		{"requeued job", attempt{failedAt: at(0), start: at(30)}, at(31), at(32), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.a.phases(tc.registered, tc.restore)
+			if (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
+				t.Fatalf("phases %+v, want %+v", got, tc.want)
+			}
+			if got != nil && tc.registered.After(tc.a.start) {
+				sum := got.StopS + got.ProbeS + got.ReplaceS + got.BackoffS + got.LaunchS + got.RestoreS
+				if d := tc.restore.Sub(tc.a.failedAt).Seconds(); sum != d {
+					t.Errorf("phases add up to %g s, the recovery took %g s", sum, d)
+				}
+			}
+		})
 	}
 }

@@ -258,6 +258,27 @@ func (w *Watcher) Registered(step string) int {
 	return len(seen)
 }
 
+// AllRegistered is when the world-th distinct rank of step first
+// registered (the last rank's first registration); false while fewer did.
+func (w *Watcher) AllRegistered(step string, world int) (time.Time, bool) {
+	first := map[int]time.Time{}
+	for _, r := range w.recs {
+		if t, ok := first[r.Rank]; r.Event == event.RankRegistered && matches(r, step) && (!ok || r.Time.Before(t)) {
+			first[r.Rank] = r.Time
+		}
+	}
+	if len(first) < world || world <= 0 {
+		return time.Time{}, false
+	}
+	var last time.Time
+	for _, t := range first {
+		if t.After(last) {
+			last = t
+		}
+	}
+	return last, true
+}
+
 // Restores returns the latest restore of every rank of step.
 func (w *Watcher) Restores(step string) map[int]agentRecord {
 	out := map[int]agentRecord{}

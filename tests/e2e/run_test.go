@@ -12,6 +12,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/user"
@@ -23,6 +24,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/reft-hpc/reft/launcher/recoverylog"
 )
 
 // recoveryEvent is the part of a recovery.jsonl line the tests read.
@@ -47,6 +50,8 @@ type recoveryEvent struct {
 	ExitCode    *int      `json:"exit_code"`
 	DetectedBy  string    `json:"detected_by"`
 	DetectionS  *float64  `json:"detection_s"`
+
+	Phases *recoverylog.Phases `json:"phases"`
 }
 
 // agentsFailures lists the failure_detected events the job's agents logged
@@ -807,6 +812,18 @@ func checkNodeLossSpare(t *testing.T, nl spareLoss, refHash string) []recoveryEv
 		"every rank restored step %d +%.2f s; first step after the resume (step %d) +%.2f s after the kill; %d step(s) lost",
 		job, nl.killStep, ev[1].Time.Sub(nl.killed).Seconds(), ev[1].Generation, resumed.Generation, resumed.Time.Sub(nl.killed).Seconds(),
 		nl.first, nl.firstStep.Sub(nl.killed).Seconds(), lost)
+	// Where the recovery's time went (issue 21): the resumed event's
+	// phases, end to end from the failure to the last restore; with every
+	// clock this machine's, they add up to its duration.
+	if p := resumed.Phases; p == nil {
+		t.Errorf("resumed %+v: no phases", resumed)
+	} else {
+		sum := p.StopS + p.ProbeS + p.ReplaceS + p.BackoffS + p.LaunchS + p.RestoreS
+		if math.Abs(sum-resumed.DurationS) > 0.01 {
+			t.Errorf("phases %+v add up to %.3f s, the resume took %.3f s after the failure", *p, sum, resumed.DurationS)
+		}
+		logPhases(t, nl.killed, ev[1], resumed, nl.firstStep)
+	}
 	if c := jobComment(t, job); !strings.HasPrefix(c, "reft: 1 failure (node n2 lost, replaced by n5), ") {
 		t.Errorf("Comment %q", c)
 	} else {
@@ -967,4 +984,26 @@ func TestReftRunNodeLossRequeue(t *testing.T) {
 	if !strings.HasPrefix(c, "reft: 1 failure (node n3 lost), requeued, resumed from step "+strconv.FormatInt(resumed[0].Generation, 10)) {
 		t.Errorf("Comment %q: want the failure, the requeue and the resume", c)
 	}
+}
+
+// phaseMarker starts a log line with a recovery's phases as JSON (a
+// row of docs/BENCHMARKS.md's kill-to-resume table, from a go test -v
+// log).
+const phaseMarker = "PHASES "
+
+// logPhases logs a node-loss recovery's phases, from the kill to the
+// first training step after the resume.
+func logPhases(t *testing.T, killed time.Time, failed, resumed recoveryEvent, firstStep time.Time) {
+	t.Helper()
+	p := resumed.Phases
+	row := map[string]any{
+		"test": t.Name(), "detect_s": failed.Time.Sub(killed).Seconds(),
+		"stop_s": p.StopS, "probe_s": p.ProbeS, "replace_s": p.ReplaceS, "backoff_s": p.BackoffS, "launch_s": p.LaunchS,
+		"restore_s": p.RestoreS, "first_step_s": firstStep.Sub(resumed.Time).Seconds(), "kill_to_step_s": firstStep.Sub(killed).Seconds(),
+	}
+	b, err := json.Marshal(row)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s%s", phaseMarker, b)
 }
