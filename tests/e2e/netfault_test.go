@@ -134,3 +134,69 @@ func TestNetPartitionFromAgents(t *testing.T) {
 		t.Errorf("failure_detected cause %q does not name the agents' quorum", ev[1].Cause)
 	}
 }
+
+// TestNetPartitionFromAll: n2 is cut off from everything, slurmctld
+// included, for good, its processes running on: a live node that no one
+// can reach, not a dead one. The other agents make a quorum and publish
+// n2's loss, one verdict; n2's own agent, alone, reaches no quorum and
+// fences itself (detect_fenced) rather than condemn the others; reft run
+// acts on n2 alone: the spare n5 takes its slot and the job ends with an
+// uninterrupted run's bits. Healed afterwards, n2 comes back to Slurm
+// with nothing of the job left on it.
+func TestNetPartitionFromAll(t *testing.T) {
+	needNet(t)
+	enableReft(t)
+	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
+	flags = append(flags, "--steps", "150")
+	refHash := reference(t, flags)
+	t.Cleanup(func() { healAndWaitIdle(t, "n2") })
+	var nl spareLoss
+	untilNoInitCrash(t, func() (string, string) {
+		healAndWaitIdle(t, "n2")
+		job, dir := reftRunCmd(t, "-N5 --no-kill --reft=arc,spares=1 --requeue", bin("reft-train")+" "+strings.Join(append(flags, "--dp", "4"), " "))
+		nl = spareLoss{job: job, dir: dir, killStep: 30}
+		waitOutput(t, dir, job, "\nstep 30 loss")
+		stop := watchFirstStep(dir, job, &nl)
+		cluster(t, "partition", "n2")
+		nl.killed = time.Now()
+		waitJobEnd(t, job, 5*time.Minute)
+		stop()
+		return job, dir
+	})
+	defer func() {
+		netResult(t, "n2 cut off from everything, slurmctld included", []string{"n2"}, nl.job, nl.killed, !t.Failed(), "n1", "n2", "n3", "n4", "n5")
+	}()
+	ev := checkNodeLossSpare(t, nl, refHash)
+	if !strings.Contains(ev[1].Cause, "a quorum") {
+		t.Errorf("failure_detected cause %q does not name the agents' quorum", ev[1].Cause)
+	}
+	if af := agentsFailures(t, nl.job, "n2"); len(af) != 0 {
+		t.Errorf("n2, cut off, published %v; want nothing", af)
+	}
+	if f := agentEvents(t, nl.job, "n2")["detect_fenced"]; len(f) == 0 {
+		t.Errorf("n2's agent, alone, never fenced itself (no detect_fenced event)")
+	} else {
+		t.Logf("n2's agent: %v", f[0]["message"])
+	}
+}
+
+// healAndWaitIdle heals node's partitions and waits until Slurm has it
+// idle again (ReturnToService=2: it re-registers by itself; its slurmd
+// ends what was left of an ended job first), so the next scenario starts
+// with every node.
+func healAndWaitIdle(t *testing.T, node string) {
+	t.Helper()
+	cluster(t, "heal", node)
+	reviveIfDead(t, node)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		st := strings.TrimSpace(run(t, 30*time.Second, root, "sinfo", "-h", "-n", node, "-o", "%t").Stdout)
+		if st == "idle" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is %q 2 min after it was healed, want idle:\n%s", node, st, run(t, 30*time.Second, root, "scontrol", "show", "node", node).Stdout)
+		}
+		time.Sleep(time.Second)
+	}
+}
