@@ -25,6 +25,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"sync"
 	"testing"
 	"time"
@@ -123,6 +124,12 @@ func command(ctx context.Context, user string, args ...string) *exec.Cmd {
 		cmd.Env = env
 		cmd.Dir = home
 	}
+	// Its own process group, killed whole at the timeout: killing runuser
+	// alone left its srun running (seen: a timed-out reference run's srun
+	// outlived the test, the cluster and the run, holding the cluster
+	// lock's inherited descriptor).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }

@@ -148,20 +148,10 @@ func referenceRun(t *testing.T, ranks int, flags []string) refRun {
 	}
 	n := strconv.Itoa(ranks)
 	// -K1: a rank that crashes in MPI_Init (mpiInitCrash, an Open MPI
-	// flake under load) ends the step at once instead of leaving the
-	// others waiting in MPI_Init until the timeout (a --net run: 3 min);
-	// the run is then tried again, at most three times in all.
-	var ref result
-	for try := 1; ; try++ {
-		ref = run(t, 3*time.Minute, alice, append([]string{"srun", "--mpi=pmix", "-K1", "-N" + n, "-n" + n, bin("reft-train")}, flags...)...)
-		if ref.Code == 0 || !mpiCrashed(ref.Stdout+ref.Stderr) || try == 3 {
-			break
-		}
-		t.Logf("the uninterrupted run's rank crashed in MPI's start-up (an Open MPI flake under load, not the failure under test); running it again")
-	}
-	if ref.Code != 0 {
-		t.Fatalf("the uninterrupted run failed:\n%s", ref)
-	}
+	// flake under load) ends the step at once, and run tries it again,
+	// instead of the others waiting in MPI_Init until the timeout (a --net
+	// run: 3 min, and a failed test).
+	ref := mustRun(t, 3*time.Minute, alice, append([]string{"srun", "--mpi=pmix", "-K1", "-N" + n, "-n" + n, bin("reft-train")}, flags...)...)
 	m := hashRe.FindStringSubmatch(ref.Stdout)
 	if m == nil {
 		t.Fatalf("the uninterrupted run printed no final-params-sha256:\n%s", ref)
