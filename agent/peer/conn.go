@@ -36,6 +36,7 @@ type conn struct {
 	br      *bufio.Reader
 	dr      *deadlineReader
 	timeout time.Duration
+	ctr     *Counters // nil: not counted
 
 	wmu       sync.Mutex
 	lastWrite atomic.Int64 // unix nanoseconds
@@ -48,12 +49,14 @@ type conn struct {
 	err    error // why it closed; read after closed is closed
 }
 
-func newConn(nc net.Conn, timeout time.Duration) *conn {
+// newConn wraps nc, counted in ctr (nil: not counted) until close.
+func newConn(nc net.Conn, timeout time.Duration, ctr *Counters) *conn {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true) // control frames are small and latency-bound
 	}
 	dr := &deadlineReader{nc: nc}
-	return &conn{nc: nc, dr: dr, br: bufio.NewReaderSize(dr, handshakeBuf), timeout: timeout, closed: make(chan struct{})}
+	ctr.connOpened()
+	return &conn{nc: nc, dr: dr, br: bufio.NewReaderSize(dr, handshakeBuf), timeout: timeout, ctr: ctr, closed: make(chan struct{})}
 }
 
 // deadlineReader pushes the read deadline forward whenever bytes flow, at
@@ -94,6 +97,7 @@ func (c *conn) close(err error) {
 		}
 		c.err = err
 		c.nc.Close()
+		c.ctr.connClosed()
 		close(c.closed)
 	})
 }
@@ -120,7 +124,11 @@ func (c *conn) readHeader() (Header, error) {
 	if _, err := io.ReadFull(c.br, hb[:]); err != nil {
 		return Header{}, c.readErr(err)
 	}
-	return ParseHeader(hb[:])
+	h, err := ParseHeader(hb[:])
+	if err == nil {
+		c.ctr.recvFrame(h)
+	}
+	return h, err
 }
 
 // readErr names a liveness timeout as what it is.
@@ -227,6 +235,9 @@ func (c *conn) write(t Type, id uint32, arg uint64, crc uint32, p []byte) error 
 		_, err = bufs.WriteTo(c.nc)
 	}
 	c.lastWrite.Store(time.Now().UnixNano())
+	if err == nil {
+		c.ctr.sentFrame(t, len(p))
+	}
 	if err != nil {
 		err = fmt.Errorf("writing %s frame to %s: %w", t, c.nc.RemoteAddr(), err)
 		c.close(err)
