@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/peer"
 	reftclient "github.com/reft-hpc/reft/client"
@@ -49,6 +50,9 @@ import (
 // divided by the agents running, the clients' few buffers and the
 // agents' in-memory logs included. The agents of one phase are those
 // running at its end (the stopped one is left out of detect and restore).
+// Per phase for the whole job: suspicions (peer_suspected, every agent)
+// and verdicts (failure_detected, the coordinator's); the detect phase
+// has one verdict, any other is a false positive.
 // The table and each quantity's growth per 4x of N are printed at the end.
 //
 // REFT_SCALE_N lists the job sizes (default "16,64"). All-to-all peer
@@ -107,6 +111,9 @@ type scalePhase struct {
 	heap, rss, routines float64 // per agent share
 	secs                float64
 	top                 string // the frame types of the busiest agent
+	// suspicions and verdicts are the job's, not per agent: peer_suspected
+	// events of every agent, failure_detected events (the coordinator's).
+	suspicions, verdicts int
 }
 
 type stat struct{ max, med float64 }
@@ -173,6 +180,7 @@ func runScale(b *testing.B, n int, spc string) scaleRun {
 	heap0, rss0, gr0 := memNow(b)
 	var all []*shNode
 	var prev []peer.CountersSnapshot
+	var prevSusp, prevVerd int
 	t0 := time.Now()
 	phase := func(name string, live []*shNode, per float64) {
 		secs := time.Since(t0).Seconds()
@@ -202,6 +210,13 @@ func runScale(b *testing.B, n int, spc string) scaleRun {
 			}
 		}
 		p.ctrl, p.pings, p.conns = statOf(ctrl), statOf(pings), statOf(conns)
+		susp, verd := 0, 0
+		for _, nd := range all {
+			susp += len(nd.log.Events("peer_suspected"))
+			verd += len(nd.log.Events(event.FailureDetected))
+		}
+		p.suspicions, p.verdicts = susp-prevSusp, verd-prevVerd
+		prevSusp, prevVerd = susp, verd
 		run.phases = append(run.phases, p)
 		t0 = time.Now()
 	}
@@ -343,8 +358,8 @@ func scaleTable(spc string, runs []scaleRun) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\nBenchmarkAgentScale: --reft=%s, dp=4 (N/4 groups), one spare; per agent: the phase's frames sent+received (max, median),\n"+
 		"background frames per second (pings, beats), connections open at the phase's end, memory share (heap after GC, RSS, goroutines)\n", spc)
-	fmt.Fprintf(&sb, "%-8s %5s %8s | %9s %9s | %8s %8s | %6s %6s | %9s %9s %7s | %s\n",
-		"phase", "N", "secs", "frames", "(median)", "bg/s", "(median)", "conns", "(med)", "heap KiB", "RSS KiB", "gorout", "busiest agent's frames")
+	fmt.Fprintf(&sb, "%-8s %5s %8s | %9s %9s | %8s %8s | %6s %6s | %9s %9s %7s | %5s %4s | %s\n",
+		"phase", "N", "secs", "frames", "(median)", "bg/s", "(median)", "conns", "(med)", "heap KiB", "RSS KiB", "gorout", "susp", "verd", "busiest agent's frames")
 	for pi := range runs[0].phases {
 		for _, r := range runs {
 			p := r.phases[pi]
@@ -359,9 +374,9 @@ func scaleTable(spc string, runs []scaleRun) string {
 			if p.secs < 0.5 { // too short for a rate
 				bg = fmt.Sprintf("%8s %8s", "-", "-")
 			}
-			fmt.Fprintf(&sb, "%-8s %5d %8.2f | %9.1f %9.1f | %s | %6.0f %6.0f | %9.0f %9.0f %7.1f | %s%s\n",
+			fmt.Fprintf(&sb, "%-8s %5d %8.2f | %9.1f %9.1f | %s | %6.0f %6.0f | %9.0f %9.0f %7.1f | %5d %4d | %s%s\n",
 				p.name, r.n, p.secs, p.ctrl.max, p.ctrl.med, bg, p.conns.max, p.conns.med,
-				p.heap/1024, p.rss/1024, p.routines, p.top, unit)
+				p.heap/1024, p.rss/1024, p.routines, p.suspicions, p.verdicts, p.top, unit)
 		}
 	}
 	for _, r := range runs {

@@ -14,14 +14,19 @@ import (
 	"github.com/reft-hpc/reft/internal/crc32c"
 )
 
-// readBuf is the read buffer of a connection. Payloads of a chunk frame
-// larger than it bypass it (bufio reads straight into the destination once
-// it is drained), so bulk bytes are copied by the kernel only.
+// readBuf is the read buffer of a connection that receives chunks (bulk).
+// Payloads of a chunk frame larger than it bypass it (bufio reads straight
+// into the destination once it is drained), so bulk bytes are copied by
+// the kernel only.
 const readBuf = 64 << 10
 
-// handshakeBuf is the read buffer of a connection that is not
-// authenticated yet: strangers hold little memory each. live() puts the
-// large buffer on top once the peer is known.
+// handshakeBuf is the read buffer of every connection until it receives
+// its first chunk frame: strangers hold little memory each, and so do the
+// job's many connections that only ever carry control frames (a
+// listener's never receives a chunk; a dialer's to a peer outside its
+// sharding group mostly beats, probes and asks for watermarks). An agent
+// keeps a connection to every other agent (agent/mesh), so this is paid
+// twice per node of the job (docs/SCALE.md).
 const handshakeBuf = 4 << 10
 
 // crcPiece is the step of the fused read+checksum: the piece just read is
@@ -36,7 +41,8 @@ type conn struct {
 	br      *bufio.Reader
 	dr      *deadlineReader
 	timeout time.Duration
-	ctr     *Counters // nil: not counted
+	ctr     *Counters   // nil: not counted
+	bulkBuf atomic.Bool // br has the large buffer (bulk); read by tests
 
 	wmu       sync.Mutex
 	lastWrite atomic.Int64 // unix nanoseconds
@@ -78,15 +84,31 @@ func (d *deadlineReader) Read(p []byte) (int, error) {
 	return d.nc.Read(p)
 }
 
+// eagerBulk gives every connection the large buffer at authentication,
+// as before it waited for a chunk: BenchmarkIdleConns' baseline. Set only
+// by that benchmark, before any connection exists.
+var eagerBulk bool
+
 // live switches from the handshake's fixed deadline to liveness deadlines.
 func (c *conn) live() {
 	c.nc.SetDeadline(time.Time{})
 	c.dr.timeout = c.timeout
 	c.dr.last = time.Time{}
-	// The peer is authenticated: give it the bulk buffer. Wrapping keeps
-	// whatever the small one buffered; reads larger than the small buffer
-	// pass through it unbuffered, so the data is not copied twice.
-	c.br = bufio.NewReaderSize(c.br, readBuf)
+	if eagerBulk {
+		c.bulk()
+	}
+}
+
+// bulk gives the connection the large read buffer, once: its reader calls
+// it at the first chunk frame, before reading the payload. Wrapping keeps
+// whatever the small one buffered; reads larger than the small buffer pass
+// through it unbuffered, so the data is not copied twice. Only the
+// connection's one reading goroutine may call it.
+func (c *conn) bulk() {
+	if !c.bulkBuf.Load() {
+		c.br = bufio.NewReaderSize(c.br, readBuf)
+		c.bulkBuf.Store(true)
+	}
 }
 
 // close closes the connection once, remembering the first reason.

@@ -111,3 +111,58 @@ func TestCountersNil(t *testing.T) {
 		t.Fatalf("nil counters: %+v", s)
 	}
 }
+
+// TestReadBufferBulk: a connection reads through the small buffer until
+// its first chunk frame arrives; a listener's, which never receives one,
+// keeps it (docs/SCALE.md: every agent holds a connection to every other).
+func TestReadBufferBulk(t *testing.T) {
+	const cs = 4 << 10
+	src := newMemSource()
+	src.add(key1, cs, map[string][]byte{"b": pattern(3*cs, "b")})
+	srv := startServer(t, baseConfig(t, "n1"), src)
+	cl := newClient(t, baseConfig(t, "n2"))
+	addr := srv.Addr().String()
+	bulk := func() (dialer, listener []bool) {
+		cl.mu.Lock()
+		slots := cl.peers[addr]
+		cl.mu.Unlock()
+		for _, s := range slots {
+			s.acquire(context.Background())
+			if s.cc != nil {
+				dialer = append(dialer, s.cc.c.bulkBuf.Load())
+			}
+			s.release()
+		}
+		srv.mu.Lock()
+		for c := range srv.conns {
+			listener = append(listener, c.bulkBuf.Load())
+		}
+		srv.mu.Unlock()
+		return dialer, listener
+	}
+	ctx := testCtx(t, 10*time.Second)
+	for _, tc := range []struct {
+		name string
+		do   func() error
+		want bool // the dialer's connection has the large buffer after it
+	}{
+		{"watermarks", func() error { _, err := cl.Watermarks(ctx, addr, nil); return err }, false},
+		{"fetch", func() error {
+			_, err := cl.Fetch(ctx, FetchSpec{ChunkSize: cs, Size: 3 * cs, Dst: make([]byte, 3*cs),
+				Sources: []Source{{Addr: addr, Key: ChunkKey{key1, "b"}}}})
+			return err
+		}, true},
+		{"watermarks after a fetch", func() error { _, err := cl.Watermarks(ctx, addr, nil); return err }, true},
+	} {
+		if err := tc.do(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		d, l := bulk()
+		if len(d) != 1 || d[0] != tc.want {
+			t.Errorf("after %s: the dialer's connections' large buffers %v, want [%v]", tc.name, d, tc.want)
+		}
+		if len(l) != 1 || l[0] {
+			t.Errorf("after %s: the listener's connections' large buffers %v, want [false]", tc.name, l)
+		}
+	}
+}
