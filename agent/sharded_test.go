@@ -49,8 +49,11 @@ type shNode struct {
 	log        *syncBuf
 	stop       func()
 	ctr        peer.Counters       // its frames and connections
-	det        *detect.Detector    // with shOpts.detect
+	det        *detect.Detector    // with shOpts.detect, once started
 	failures   chan detect.Failure // its detector's published verdicts, with shOpts.detect
+	// startDetect starts the agent's detector (shOpts.detect), from the
+	// test's goroutine, before stop.
+	startDetect func()
 }
 
 // syncBuf is an agent's log.
@@ -150,8 +153,11 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 			default:
 			}
 		})
-		if n.det, err = startDetector(ctx, config.Default(), n.m, n.srv, log); err != nil {
-			t.Fatal(err)
+		n.startDetect = func() {
+			t.Helper()
+			if n.det, err = startDetector(ctx, config.Default(), n.m, n.srv, log); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	done := make(chan error, 1)
@@ -202,8 +208,8 @@ type shOpts struct {
 	// alloc is the allocation's node order; its nodes that no rank runs
 	// on are spares, with agents of their own (nil: the ranks' nodes).
 	alloc []string
-	// detect starts every agent's failure detector (reft.toml's
-	// defaults); heartbeat is the peer connections' ping interval (0:
+	// detect prepares every agent's failure detector (reft.toml's
+	// defaults), started by shNode.startDetect; heartbeat is the peer connections' ping interval (0:
 	// 200 ms); portSpan the port range's size (0: 64; it needs 8 per node).
 	detect    bool
 	heartbeat time.Duration
