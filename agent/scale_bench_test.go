@@ -60,9 +60,11 @@ import (
 // per 4x of N are printed at the end.
 //
 // REFT_SCALE_N lists the job sizes (default "16,64"). All-to-all peer
-// connections need 2N(N+1) descriptors in this process (the benchmark
-// raises RLIMIT_NOFILE when it may); run it under nice: it is CPU-heavy
-// and shares the machine.
+// connections need 2N(N+1) descriptors in this process: the benchmark
+// raises RLIMIT_NOFILE when it may and fails a size it cannot fit (N = 128
+// needs 33,000; a hard limit of 20,000 fits N = 96). Run it under nice: it
+// is CPU-heavy and shares the machine, and a starved run shows it as
+// suspicions (every one asks every agent) and reconnects.
 func BenchmarkAgentScale(b *testing.B) {
 	sizes := []int{16, 64}
 	if v := os.Getenv("REFT_SCALE_N"); v != "" {
@@ -420,11 +422,13 @@ func scaleTable(spc string, runs []scaleRun) string {
 	return sb.String()
 }
 
-// raiseNoFile lifts this process's open-files limit to at least want when
-// the hard limit or privileges allow, and says so when they do not.
+// raiseNoFile lifts this process's open-files limit to at least want, or
+// fails the size at once, naming the limit: the meshes could never connect
+// every peer.
 func raiseNoFile(b *testing.B, want int) {
 	if err := setNoFile(uint64(want)); err != nil {
-		b.Logf("open-files limit: %v; a large N may fail to connect every peer", err)
+		b.Fatalf("open-files limit: %v. The all-to-all mesh needs 2N(N+1) descriptors for N agents in one process: "+
+			"raise the hard limit (ulimit -Hn, or run with CAP_SYS_RESOURCE) or pick a smaller REFT_SCALE_N", err)
 	}
 }
 
