@@ -280,7 +280,6 @@ func (cc *clientConn) loop() error {
 		case TPing:
 			err = c.discard(h.Length)
 		case TChunk:
-			c.bulk()
 			err = cc.chunk(h)
 		case TError, TWatermarksReply, TManifestReply, TReplicateReply, TStatusReply, TBeatReply, TProbeReply, TFailureReply:
 			err = cc.reply(h)

@@ -14,7 +14,7 @@ import (
 	"github.com/reft-hpc/reft/internal/crc32c"
 )
 
-// readBuf is the read buffer of a connection that receives chunks (bulk).
+// readBuf is the read buffer of a connection that receives chunks.
 // Payloads of a chunk frame larger than it bypass it (bufio reads straight
 // into the destination once it is drained), so bulk bytes are copied by
 // the kernel only.
@@ -42,7 +42,7 @@ type conn struct {
 	dr      *deadlineReader
 	timeout time.Duration
 	ctr     *Counters   // nil: not counted
-	bulkBuf atomic.Bool // br has the large buffer (bulk); read by tests
+	bulkBuf atomic.Bool // br has the large buffer (growReadBuf); read by tests
 
 	wmu       sync.Mutex
 	lastWrite atomic.Int64 // unix nanoseconds
@@ -95,16 +95,16 @@ func (c *conn) live() {
 	c.dr.timeout = c.timeout
 	c.dr.last = time.Time{}
 	if eagerBulk {
-		c.bulk()
+		growReadBuf(c)
 	}
 }
 
-// bulk gives the connection the large read buffer, once: its reader calls
-// it at the first chunk frame, before reading the payload. Wrapping keeps
-// whatever the small one buffered; reads larger than the small buffer pass
-// through it unbuffered, so the data is not copied twice. Only the
-// connection's one reading goroutine may call it.
-func (c *conn) bulk() {
+// growReadBuf gives c the large read buffer, once: readHeader does at the
+// first chunk frame, before the payload is read. Wrapping keeps whatever
+// the small one buffered; reads larger than the small buffer pass through
+// it unbuffered, so the data is not copied twice. Only the connection's
+// one reading goroutine may call it.
+func growReadBuf(c *conn) {
 	if !c.bulkBuf.Load() {
 		c.br = bufio.NewReaderSize(c.br, readBuf)
 		c.bulkBuf.Store(true)
@@ -149,6 +149,9 @@ func (c *conn) readHeader() (Header, error) {
 	h, err := ParseHeader(hb[:])
 	if err == nil {
 		c.ctr.recvFrame(h)
+		if h.Type == TChunk {
+			growReadBuf(c)
+		}
 	}
 	return h, err
 }
