@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -40,7 +41,8 @@ import (
 //	detect   rank N/2's agent stops without a goodbye (its rank's client
 //	         first); until every other agent's detector published the loss
 //	restore  rank N/2 registers on the spare's agent, lists its steps and
-//	         restores step 2 from its group's peers, bytes checked
+//	         restores step 2 from its group's peers (restore_peer, or
+//	         decode under aec), bytes checked
 //
 // Per agent and phase, from each agent's peer.Counters: the phase's work
 // (frames sent plus received, max and median over the agents) and, apart
@@ -302,7 +304,8 @@ func runScale(b *testing.B, n int, spc string) scaleRun {
 					got, run.class = true, f.Class
 				}
 			case <-deadline:
-				b.Fatalf("agent %s: no verdict on %s within 2 minutes", nd.name, victim.name)
+				b.Fatalf("agent %s: no verdict on %s within 2 minutes; the job's detection events: %s",
+					nd.name, victim.name, detectionEvents(live, victim.name))
 			}
 		}
 	}
@@ -335,11 +338,38 @@ func runScale(b *testing.B, n int, spc string) scaleRun {
 			b.Fatalf("the replacement of rank %d: buffer %s differs from step 2", lost, k)
 		}
 	}
-	if ev, _ := restoreEvent(b, spare); ev != "restore_peer" {
-		b.Fatalf("the replacement's restore was %q, want restore_peer", ev)
+	// From its peers: their copies (arc) or decoded from parity (aec).
+	if ev, _ := restoreEvent(b, spare); ev != "restore_peer" && ev != "decode" {
+		b.Fatalf("the replacement's restore was %q, want restore_peer or decode", ev)
 	}
 	phase("restore", live, 1)
 	return run
+}
+
+// detectionEvents counts the detector's events of every agent in live
+// (those naming victim, and every fencing), for a detection that did not
+// end: which step it stopped at.
+func detectionEvents(live []*shNode, victim string) string {
+	count := map[string]int{}
+	for _, nd := range live {
+		for _, ev := range []string{"peer_suspected", "peer_confirmed", "peer_suspect_cleared", "peer_suspect_unconfirmed",
+			"failure_reported", "failure_unpublished", "coordinator_unreachable", event.FailureDetected, "failure_published"} {
+			for _, e := range nd.log.Events(ev) {
+				if e["peer_node"] == victim || e["failed_node"] == victim || e["node"] == victim {
+					count[ev]++
+				}
+			}
+		}
+		for _, ev := range []string{"detect_fenced", "detect_unfenced"} {
+			count[ev] += len(nd.log.Events(ev))
+		}
+	}
+	keys := slices.Sorted(maps.Keys(count))
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, count[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // background: the frames a job exchanges whatever it does, at a steady
