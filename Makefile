@@ -225,9 +225,15 @@ bench-net: all
 # The benchmarks; the last one (step launch time with the SPANK plugin, see
 # docs/BENCHMARKS.md) runs on the local test cluster, so `make bench` needs
 # root, like `make test`.
+# The many-agent harness (BenchmarkAgentScale; docs/BENCHMARKS.md, "Many
+# agents", and docs/SCALE.md) runs once per size, niced: SCALE_N agents in
+# one process share the machine's cores with whatever else runs (about a
+# minute for 16,64 on two cores; 128 takes minutes and 33,000 descriptors).
+SCALE_N ?= 16,64
 bench: all
 	@echo "make bench on: $$(lscpu | sed -n 's/^Model name: *//p' | head -1), $$(nproc) cores, $$(uname -r), $$($(GO) version | cut -d' ' -f3), load $$(cut -d' ' -f1-3 /proc/loadavg)"
-	$(GO) test -timeout 60m -run '^$$' -bench . -benchtime 3x ./...
+	$(GO) test -timeout 60m -run '^$$' -bench . -skip '^BenchmarkAgentScale$$' -benchtime 3x ./...
+	REFT_SCALE_N=$(SCALE_N) nice -n 10 $(GO) test -timeout 30m -run '^$$' -bench '^BenchmarkAgentScale$$' -benchtime 1x ./agent/
 	@$(WITH_CLUSTER); \
 	$(GO) test -count=1 -tags e2e -timeout 30m -run '^$$' -bench StepLaunch -benchtime 1x ./tests/e2e/
 

@@ -158,7 +158,7 @@ func (cl *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connecting: %w (is the peer agent up, and agent.port_range open between nodes?)", err)
 	}
-	c := newConn(nc, cl.cfg.Timeout)
+	c := newConn(nc, cl.cfg.Timeout, cl.cfg.Counters)
 	// A listener that accepts and then says nothing would hold the caller
 	// (and Close) until the handshake timeout; cancelling ctx ends it now.
 	stop := context.AfterFunc(ctx, func() { c.close(fmt.Errorf("handshake abandoned: %w", context.Cause(ctx))) })

@@ -74,6 +74,11 @@ type Config struct {
 	// replicate request is answered unknown_type.
 	Replicate func(from string, req ReplicateRequest) error
 
+	// Counters, if set, counts this agent's frames and connections, on
+	// its Server and its Client alike (give both the same value); nil
+	// counts nothing.
+	Counters *Counters
+
 	Log zerolog.Logger
 }
 

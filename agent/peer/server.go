@@ -301,11 +301,11 @@ func (s *Server) authenticated(host string) {
 // track serves a new connection with serve on a goroutine of its own,
 // closed by Close; false (nc closed) when the server is closed.
 func (s *Server) track(nc net.Conn, serve func(*conn)) bool {
-	c := newConn(nc, s.cfg.Timeout)
+	c := newConn(nc, s.cfg.Timeout, s.cfg.Counters)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		nc.Close()
+		c.close(nil)
 		return false
 	}
 	s.conns[c] = struct{}{}
