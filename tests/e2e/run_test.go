@@ -199,9 +199,8 @@ const mpiInitCrash = "_Cfunc_MPI_Init"
 // UCX's handler (Open MPI loads UCX's libraries) reports a rank's SIGSEGV at
 // 0xe0 in ob1's match callback, a peer's first message come before MPI_Init
 // added MPI_COMM_WORLD, because the PMIx barrier fences under srun do not
-// hold. The lane's root now sets Open MPI's async modex, which made it go
-// away in counts (docs/BENCHMARKS.md, test lanes); the retry stays for a
-// root built before that.
+// hold (docs/BENCHMARKS.md, test lanes: about one launch in four under
+// load; the setting that avoids it breaks a relaunch after a shrink).
 const mpiStartSegv = "Caught signal 11 (Segmentation fault: address not mapped to object at address 0xe0)"
 
 // mpiCrashed reports whether out shows either lane's Open MPI start-up

@@ -45,8 +45,8 @@ func TestMPIAllReduce(t *testing.T) {
 // start-up crash rather than a wrong result: no rank printed its line, and
 // a rank died as mpiCrashed knows. On the trixie lane (Open MPI 5, PMIx 5):
 // address 0xe0 in ob1's match callback inside MPI_Init (Go's handler
-// forwarded the signal to UCX's, from runtime.sigfwd); the cause and the
-// root's setting against it are in docs/BENCHMARKS.md, test lanes.
+// forwarded the signal to UCX's, from runtime.sigfwd); its cause is in
+// docs/BENCHMARKS.md, test lanes.
 func mpiStartCrash(r result) bool {
 	return !strings.Contains(r.Stdout, "allreduce-sum") && mpiCrashed(r.Stderr)
 }
