@@ -43,10 +43,10 @@ func TestMPIAllReduce(t *testing.T) {
 
 // mpiStartCrash reports whether a failed reft-mpi-smoke launch is Open MPI's
 // start-up crash rather than a wrong result: no rank printed its line, and
-// a rank died as mpiCrashed knows. On the trixie lane (Open MPI 5, PMIx 5)
-// it came with PMIX_MCA_gds=hash in slurmd's and srun's environment too:
-// address 0xe0, in C code (Go's handler forwarded the signal to UCX's, from
-// runtime.sigfwd), within half a second of the start.
+// a rank died as mpiCrashed knows. On the trixie lane (Open MPI 5, PMIx 5):
+// address 0xe0 in ob1's match callback inside MPI_Init (Go's handler
+// forwarded the signal to UCX's, from runtime.sigfwd); its cause is in
+// docs/BENCHMARKS.md, test lanes.
 func mpiStartCrash(r result) bool {
 	return !strings.Contains(r.Stdout, "allreduce-sum") && mpiCrashed(r.Stderr)
 }
