@@ -25,7 +25,7 @@ BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/r
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
 BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
-.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e demo demo-trixie bench install clean
+.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e e2e-net bench-net demo demo-trixie bench install clean
 all: $(BINARIES)
 
 $(BUILD):
@@ -118,9 +118,18 @@ build-trixie:
 
 # tests/gpu/run.sh --cpu: the GPU check script's dry run (CPU tensors, toy
 # sizes), so the script a device session runs has run here first.
+# The failure-detection path also runs under the race detector: the
+# detector, the mesh and peer transports, reft run that acts on verdicts,
+# the Go client, and the agent package's tests of its reactions to them
+# (the whole agent package under -race takes 2-4 minutes on 2 cores;
+# these, seconds). docs/BENCHMARKS.md has the time it adds (issue 18).
+RACE_PKGS := ./agent/detect/ ./agent/mesh/ ./agent/peer/ ./launcher/run/ ./client/
+RACE_AGENT_TESTS := ^(TestProgress|TestPeerFailure.*|TestJITFlushFollowsVerdicts|TestDetectorVerdictNotices|TestAgentPeering.*)$$
 unit:
 	$(GO) vet ./...
 	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -race $(RACE_PKGS)
+	$(GO) test -count=1 -race -run '$(RACE_AGENT_TESTS)' ./agent/
 	cd client/python && $(PYTHON) -m unittest discover -s tests
 	CGO_ENABLED=0 $(GO) build -o $(BUILD)/conformance-agent ./tests/conformance-agent
 	REFT_GPU_AGENT=$(BUILD)/conformance-agent PYTHON=$(PYTHON) bash tests/gpu/run.sh --cpu
@@ -137,15 +146,20 @@ fuzz:
 # brings the cluster up and always takes it down again when the line ends
 # (pass, fail, a failed or half-done `up`, SIGINT or SIGTERM), so no daemon
 # is left running; the line exits with its first failure's status.
-WITH_CLUSTER = trap 'rc=$$?; trap - EXIT; $(CLUSTER) down || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc' EXIT; \
+# WITH_NET_CLUSTER is the same with `up --net` (each node in its own network
+# namespace: the network-fault scenarios).
+cluster_with = trap 'rc=$$?; trap - EXIT; $(CLUSTER) down || { [ $$rc -ne 0 ] || rc=1; }; exit $$rc' EXIT; \
 	trap 'exit 130' INT TERM HUP; \
-	$(CLUSTER) up --no-reft || exit $$?
+	$(CLUSTER) up --no-reft $(1) || exit $$?
+WITH_CLUSTER = $(call cluster_with,)
+WITH_NET_CLUSTER = $(call cluster_with,--net)
 
 # End-to-end tests on the local cluster, which comes up without reft
 # (--no-reft: the tests install the plugin themselves). The cluster tool's
 # own lifecycle test runs after them: it takes the cluster down, brings it
 # up with reft twice, and checks that `down` leaves nothing. The README's
-# "Try it yourself" commands run last, from their own `cluster up`.
+# "Try it yourself" commands run next, from their own `cluster up`. Then
+# the network-fault phase (e2e-net).
 e2e: all
 	@$(WITH_CLUSTER); \
 	rc=0; \
@@ -154,12 +168,30 @@ e2e: all
 	( cd tests/cluster && $(GO) test -count=1 -tags e2e -timeout 10m -v . ) || rc=$$?; \
 	$(GO) test -count=1 -tags e2e -timeout 15m -v ./tests/readme/ || rc=$$?; \
 	exit $$rc
+	@$(E2E_NET)
+
+# Issue 18's network faults on a cluster brought up with --net: a 3 s flap,
+# a 3 s stall, 200 ms of added latency (no verdict for any), n2 cut off from
+# the other agents (one verdict, about n2), and a real node loss on that
+# network (a silent host: verdict, relaunch on the spare). Only these: the
+# rest of the suite ran on the plain cluster above (docs/BENCHMARKS.md has
+# the phase's wall time). n2 cut off from everything, slurmctld included
+# (TestNetPartitionFromAll), runs in make bench-net only: its relaunch hung
+# once in two runs (docs/BENCHMARKS.md, network faults), not yet understood.
+E2E_NET_TESTS := ^(TestNetFaultsNoVerdict|TestNetPartitionFromAgents|TestReftRunNodeLossSpare)$$
+BENCH_NET_TESTS := ^(TestNetFaultsNoVerdict|TestNetPartitionFromAgents|TestNetPartitionFromAll|TestReftRunNodeLossSpare)$$
+E2E_NET = $(WITH_NET_CLUSTER); \
+	$(GO) test -count=1 -tags 'e2e e2enet' -timeout 20m -run '$(E2E_NET_TESTS)' -v ./tests/e2e/
+e2e-net: all
+	@$(E2E_NET)
 
 # Both lanes: the Debian 12 lane's unit and e2e tests and the trixie lane's
 # unit tests. The trixie lane's e2e subset (make e2e-trixie) is not in it
-# yet: three of its four full runs failed, each differently (README, "Test
-# lanes"); it joins once it passes reliably. The two clusters share ports,
-# so it must run after e2e, never beside it.
+# yet: of the eight full runs so far, two passed (docs/BENCHMARKS.md lists
+# each failure and its cause). When it joins, it must run after e2e, never
+# beside it (the two clusters share ports): in this recipe, as
+# `$(MAKE) e2e-trixie` after the prerequisites, so that make -j keeps them
+# apart.
 test: unit unit-trixie e2e
 
 # REFT_LANE=trixie make demo: the same demo on the trixie lane's cluster
@@ -174,14 +206,36 @@ endif
 demo-trixie: build-trixie
 	$(TRIXIE) run --lane-build tests/demo.sh
 
+# The network-fault table of docs/BENCHMARKS.md: e2e-net's scenarios
+# NETREPS times each on a --net cluster (about NETREPS x e2e-net's time),
+# then tests/netbench prints verdicts expected and seen, false positives
+# and negatives, and detection times; the run's log is kept in
+# $(BUILD)/bench-net.log. Needs root, like make test.
+NETREPS ?= 3
+bench-net: all
+	@echo "make bench-net on: $$(lscpu | sed -n 's/^Model name: *//p' | head -1), $$(nproc) cores, $$(uname -r), load $$(cut -d' ' -f1-3 /proc/loadavg), NETREPS=$(NETREPS)"
+	@mkdir -p $(BUILD)
+	@$(WITH_NET_CLUSTER); \
+	rc=0; \
+	$(GO) test -count=$(NETREPS) -tags 'e2e e2enet' -timeout 120m -run '$(BENCH_NET_TESTS)' -v ./tests/e2e/ >$(BUILD)/bench-net.log 2>&1 || rc=$$?; \
+	grep -E '^(--- |FAIL|ok)' $(BUILD)/bench-net.log; \
+	$(GO) run ./tests/netbench/cmd/netbench <$(BUILD)/bench-net.log || rc=$$?; \
+	exit $$rc
+
 # The trainer overhead benchmark trains for minutes; on a busy machine the
 # default 10-minute test timeout is not enough.
 # The benchmarks; the last one (step launch time with the SPANK plugin, see
 # docs/BENCHMARKS.md) runs on the local test cluster, so `make bench` needs
 # root, like `make test`.
+# The many-agent harness (BenchmarkAgentScale; docs/BENCHMARKS.md, "Many
+# agents", and docs/SCALE.md) runs once per size, niced: SCALE_N agents in
+# one process share the machine's cores with whatever else runs (about a
+# minute for 16,64 on two cores; 128 takes minutes and 33,000 descriptors).
+SCALE_N ?= 16,64
 bench: all
 	@echo "make bench on: $$(lscpu | sed -n 's/^Model name: *//p' | head -1), $$(nproc) cores, $$(uname -r), $$($(GO) version | cut -d' ' -f3), load $$(cut -d' ' -f1-3 /proc/loadavg)"
-	$(GO) test -timeout 60m -run '^$$' -bench . -benchtime 3x ./...
+	$(GO) test -timeout 60m -run '^$$' -bench . -skip '^BenchmarkAgentScale$$' -benchtime 3x ./...
+	REFT_SCALE_N=$(SCALE_N) nice -n 10 $(GO) test -timeout 30m -run '^$$' -bench '^BenchmarkAgentScale$$' -benchtime 1x ./agent/
 	@$(WITH_CLUSTER); \
 	$(GO) test -count=1 -tags e2e -timeout 30m -run '^$$' -bench StepLaunch -benchtime 1x ./tests/e2e/
 

@@ -6,6 +6,7 @@ require (
 	github.com/BurntSushi/toml v1.6.0
 	github.com/NVIDIA/go-nvml v0.13.0-1
 	github.com/emer/empi v1.0.22
+	github.com/fzipp/gocyclo v0.6.0
 	github.com/klauspost/reedsolomon v1.14.2
 	github.com/mattn/go-isatty v0.0.20
 	github.com/prometheus/client_golang v1.25.0

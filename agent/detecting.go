@@ -47,6 +47,7 @@ type progressEntry struct {
 	stepAt time.Time       // the first report of step
 	times  []time.Duration // the last stepSamples step times, oldest first
 	comm   bool            // in a communication phase (comm_phase)
+	op     string          // the collective the last phase named ("": none)
 	// commEnd is when the last communication phase ended; compute the
 	// last stepSamples spans from one phase's end to the next one's
 	// start: the rank's own work per step, without the waits for other
@@ -79,8 +80,9 @@ func (t *progressTable) note(rc *rankConn, rank int, step int64) {
 	e.step, e.at = step, now
 }
 
-// comm records that rc's rank entered or left a communication phase.
-func (t *progressTable) comm(rc *rankConn, active bool) {
+// comm records that rc's rank entered (naming the collective op, or "")
+// or left a communication phase.
+func (t *progressTable) comm(rc *rankConn, active bool, op string) {
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -89,6 +91,9 @@ func (t *progressTable) comm(rc *rankConn, active bool) {
 			continue
 		}
 		e.comm = active
+		if active {
+			e.op = op
+		}
 		switch {
 		case !active:
 			e.commEnd = now
@@ -96,6 +101,25 @@ func (t *progressTable) comm(rc *rankConn, active bool) {
 			e.compute = appendSample(e.compute, now.Sub(e.commEnd))
 		}
 	}
+}
+
+// where says what the rank was doing at its last sign, for a hang
+// verdict: inside a collective (named when the client named it), or in
+// its own work after one ended; "" when it reports no phases.
+func (e *progressEntry) where() string {
+	last := "its last communication phase"
+	if e.op != "" {
+		last = "its last collective (" + e.op + ")"
+	}
+	switch {
+	case e.comm && e.op != "":
+		return "in the collective " + e.op
+	case e.comm:
+		return "in a communication phase"
+	case !e.commEnd.IsZero():
+		return "outside its collectives (its own computation or I/O) since " + last + " ended"
+	}
+	return ""
 }
 
 // appendSample adds d to the last stepSamples samples ds.
@@ -113,7 +137,7 @@ func (t *progressTable) status(now time.Time) map[int]*proto.RankProgress {
 	out := make(map[int]*proto.RankProgress, len(t.ranks))
 	for r, e := range t.ranks {
 		out[r] = &proto.RankProgress{Step: e.step, SilentS: now.Sub(e.at).Seconds(),
-			StepTimeS: median(e.times).Seconds(), ComputeS: median(e.compute).Seconds(), InComm: e.comm}
+			StepTimeS: median(e.times).Seconds(), ComputeS: median(e.compute).Seconds(), InComm: e.comm, Where: e.where()}
 	}
 	return out
 }
@@ -143,10 +167,7 @@ func (t *progressTable) list() []detect.Progress {
 	out := make([]detect.Progress, 0, len(t.ranks))
 	pids := make([]int32, 0, len(t.ranks))
 	for r, e := range t.ranks {
-		p := detect.Progress{Rank: r, Step: e.step, At: e.at, StepTime: median(e.times)}
-		if e.comm {
-			p.Where = "in a communication phase"
-		}
+		p := detect.Progress{Rank: r, Step: e.step, At: e.at, StepTime: median(e.times), Where: e.where()}
 		out = append(out, p)
 		pids = append(pids, e.rc.pid)
 	}
@@ -229,15 +250,15 @@ func (s *Server) handleProgress(c net.Conn, rc *rankConn, f proto.Frame) error {
 // detector learns of (a peer's node or agent lost, a rank hung), once
 // each, on every agent of the job. Call it before the agent starts; fn
 // must not block.
-func (s *Server) OnPeerFailure(fn func(detect.Failure)) {
-	s.failureHooks = append(s.failureHooks, fn)
+func (s *notifier) OnPeerFailure(fn func(detect.Failure)) {
+	s.hooks = append(s.hooks, fn)
 }
 
 // noticeFailures hands the detector's published verdicts to the ranks'
 // JIT flush (notices.go), each node once: the flush never acts on a lost
 // connection alone (a flap, or this node cut off) while a detector runs,
 // and a fenced agent (agent/detect.Detector) publishes nothing of its own.
-func (s *Server) noticeFailures() {
+func (s *notifier) noticeFailures() {
 	s.OnPeerFailure(func(f detect.Failure) {
 		if f.Class == detect.ClassNode {
 			s.lostMu.Lock()
@@ -252,7 +273,7 @@ func (s *Server) noticeFailures() {
 
 // peerLost is the mesh's lost connection to node's agent: a failure
 // signal for the JIT flush only when no detector runs (flushOnLost).
-func (s *Server) peerLost(node string, err error) {
+func (s *notifier) peerLost(node string, err error) {
 	if s.flushOnLost.Load() {
 		s.NotifyPeerFailure(node, "peer_lost: "+err.Error())
 	}
@@ -286,19 +307,19 @@ func (s *Server) attachDetector(d *detect.Detector) {
 }
 
 // lostNodes are the nodes whose loss the detector published.
-func (s *Server) lostNodes() []string {
+func (s *notifier) lostNodes() []string {
 	s.lostMu.Lock()
 	defer s.lostMu.Unlock()
 	return slices.Clone(s.lost)
 }
 
-func (s *Server) peerFailed(f detect.Failure) {
+func (s *notifier) peerFailed(f detect.Failure) {
 	lat := -1.0 // unknown: not observed
 	if !f.LastHeard.IsZero() && !f.DetectedAt.IsZero() {
 		lat = max(f.Latency().Seconds(), 0)
 	}
 	s.met.Failure(f.Class, lat)
-	for _, fn := range s.failureHooks {
+	for _, fn := range s.hooks {
 		fn(f)
 	}
 }
@@ -307,7 +328,7 @@ func (s *Server) peerFailed(f detect.Failure) {
 // on the mesh's listener; nil when detect.enabled is false.
 func startDetector(ctx context.Context, cfg config.Config, m *mesh.Mesh, srv *Server, log zerolog.Logger) (*detect.Detector, error) {
 	if !cfg.Detect.Enabled {
-		srv.flushOnLost.Store(true)
+		srv.notes.flushOnLost.Store(true)
 		log.Info().Str("event", "detect_off").
 			Msg("failure detection between agents is off (detect.enabled = false): reft run sees failures only through srun, and the ranks' JIT flush follows lost peer connections (a flap triggers it too)")
 		return nil, nil
@@ -322,7 +343,7 @@ func startDetector(ctx context.Context, cfg config.Config, m *mesh.Mesh, srv *Se
 	}
 	d, err := detect.New(detect.Config{Self: m.Self().Name, Nodes: nodes, Transport: m,
 		Interval: cfg.Detect.Interval.D(), Timeout: cfg.Detect.Timeout.D(), Confirm: cfg.Detect.Confirm.D(), Window: cfg.Detect.Window.D(),
-		Hang: cfg.Detect.Hang.D(), HangFactor: cfg.Detect.HangFactor, Progress: srv.progress.list, OnFailure: srv.peerFailed, Log: log})
+		Hang: cfg.Detect.Hang.D(), HangFactor: cfg.Detect.HangFactor, Progress: srv.progress.list, OnFailure: srv.notes.peerFailed, Record: srv.rec, Log: log})
 	if err != nil {
 		return nil, err
 	}

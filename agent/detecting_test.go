@@ -84,11 +84,11 @@ func TestProgress(t *testing.T) {
 }
 
 func TestPeerFailureHooks(t *testing.T) {
-	s := &Server{}
+	s := &Server{notes: newNotifier(zerolog.Nop(), nil)}
 	var got []string
-	s.OnPeerFailure(func(f detect.Failure) { got = append(got, "a:"+f.Node) })
-	s.OnPeerFailure(func(f detect.Failure) { got = append(got, "b:"+f.Class) })
-	s.peerFailed(detect.Failure{Node: "n3", Class: detect.ClassNode})
+	s.notes.OnPeerFailure(func(f detect.Failure) { got = append(got, "a:"+f.Node) })
+	s.notes.OnPeerFailure(func(f detect.Failure) { got = append(got, "b:"+f.Class) })
+	s.notes.peerFailed(detect.Failure{Node: "n3", Class: detect.ClassNode})
 	if len(got) != 2 || got[0] != "a:n3" || got[1] != "b:node" {
 		t.Errorf("hooks saw %v, want both, in order", got)
 	}
@@ -115,16 +115,16 @@ func TestJITFlushFollowsVerdicts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logBuf logtest.Buffer
-			s := &Server{log: zerolog.New(&logBuf), watchers: map[*watcher]struct{}{}, failedPeers: map[string]time.Time{}}
+			s := &Server{notes: newNotifier(zerolog.New(&logBuf), nil)}
 			w := &watcher{out: make(chan proto.Notice, 8)}
-			s.watchers[w] = struct{}{}
-			s.flushOnLost.Store(!tc.detector)
-			s.noticeFailures()
+			s.notes.watchers[w] = struct{}{}
+			s.notes.flushOnLost.Store(!tc.detector)
+			s.notes.noticeFailures()
 			for _, n := range tc.lost {
-				s.peerLost(n, errors.New("connection reset"))
+				s.notes.peerLost(n, errors.New("connection reset"))
 			}
 			for _, f := range tc.verdicts {
-				s.peerFailed(f)
+				s.notes.peerFailed(f)
 			}
 			close(w.out)
 			var got []string
@@ -167,13 +167,23 @@ func TestProgressStepTime(t *testing.T) {
 				t.Fatalf("after note %d (step %d): %+v, want step time %s", i, st.step, got, st.want)
 			}
 		}
-		tab.comm(a, true)
-		if got := tab.list(); got[0].Where != "in a communication phase" {
-			t.Errorf("in a communication phase: where %q", got[0].Where)
-		}
-		tab.comm(a, false)
-		if got := tab.list(); got[0].Where != "" {
-			t.Errorf("after the communication phase: where %q", got[0].Where)
+		// Where: none before any phase, then each phase in turn, named
+		// when the client named the collective.
+		for _, ph := range []struct {
+			active bool
+			op     string
+			want   string
+		}{
+			{true, "", "in a communication phase"},
+			{false, "", "outside its collectives (its own computation or I/O) since its last communication phase ended"},
+			{true, "gradient all-reduce", "in the collective gradient all-reduce"},
+			{true, "ignored: the phase is unchanged", "in the collective gradient all-reduce"},
+			{false, "", "outside its collectives (its own computation or I/O) since its last collective (gradient all-reduce) ended"},
+		} {
+			tab.comm(a, ph.active, ph.op)
+			if got := tab.list(); got[0].Where != ph.want {
+				t.Errorf("after comm(%v, %q): where %q, want %q", ph.active, ph.op, got[0].Where, ph.want)
+			}
 		}
 		// A relaunched rank on a new connection starts afresh.
 		time.Sleep(time.Second)
@@ -267,14 +277,14 @@ func TestProgressCompute(t *testing.T) {
 		}
 		for _, p := range phases {
 			time.Sleep(p.work)
-			tab.comm(a, true)
-			tab.comm(a, true) // repeated: no new phase
+			tab.comm(a, true, "")
+			tab.comm(a, true, "") // repeated: no new phase
 			time.Sleep(p.wait)
-			tab.comm(a, false)
+			tab.comm(a, false, "")
 		}
 		tab.note(a, 2, 2)
 		time.Sleep(time.Second)
-		tab.comm(a, true)
+		tab.comm(a, true, "")
 		st := tab.status(time.Now())[2]
 		if st == nil || st.ComputeS != 0.21 || st.Step != 2 || st.SilentS != 1 || !st.InComm {
 			t.Errorf("status %+v, want step 2, compute median 0.21 s (of 100 120 300 1000 ms: 120 and 300), silent 1 s, in a phase", st)

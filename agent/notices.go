@@ -2,16 +2,53 @@ package agent
 
 import (
 	"net"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/reft-hpc/reft/agent/detect"
+	"github.com/reft-hpc/reft/agent/metrics"
 	"github.com/reft-hpc/reft/agent/proto"
 )
 
 // noticeQueue bounds the notices waiting for one slow client; a client that
 // lets this many pile up is not reading, and later ones are dropped (logged).
 const noticeQueue = 64
+
+// notifier is the agent's side of peer failures: the local clients that
+// watch notices and the failed nodes already told (the ranks' JIT flush),
+// the failure hooks, and the nodes whose loss was published (the status
+// reply's lost_nodes). NotifyPeerFailure, PeerRecovered, peerLost,
+// peerFailed and lostNodes are safe from any goroutine (the mesh's, the
+// detector's); watch and unwatch run on the watching connection's
+// goroutine; OnPeerFailure and noticeFailures only before the agent
+// serves. peerFailed runs the hooks on its caller's goroutine, in order;
+// a hook must not block, and nothing here blocks on a client (each
+// watcher has its own writer).
+type notifier struct {
+	log zerolog.Logger
+	met *metrics.Recorder // the failure metrics; nil: none
+
+	mu       sync.Mutex
+	watchers map[*watcher]struct{}
+	failed   map[string]time.Time // nodes notified, until they recover
+
+	hooks []func(detect.Failure)
+	// lost: the nodes whose loss the detector published, in the order
+	// learned.
+	lostMu sync.Mutex
+	lost   []string
+	// flushOnLost: no detector runs (detect.enabled = false, or it could
+	// not start), so a lost peer connection is the JIT flush's failure
+	// signal after all; said once, in the detect_off event.
+	flushOnLost atomic.Bool
+}
+
+func newNotifier(log zerolog.Logger, met *metrics.Recorder) *notifier {
+	return &notifier{log: log, met: met, watchers: map[*watcher]struct{}{}, failed: map[string]time.Time{}}
+}
 
 // watcher is a connection that sent watch: the agent pushes notices on it
 // (docs/PROTOCOL.md, "Notices") from its own goroutine, so a notifier never
@@ -23,17 +60,17 @@ type watcher struct {
 	out chan proto.Notice
 }
 
-// handleWatch subscribes the connection to notices. The watcher is listed
+// watch subscribes the connection to notices. The watcher is listed
 // before the reply goes out and starts writing after it, so no notice
 // precedes the reply and none between the two is lost.
-func (s *Server) handleWatch(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
+func (s *notifier) watch(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
 	if rc.watch != nil {
 		return proto.WriteMsg(c, proto.TWatch|proto.ReplyBit, f.ID, proto.WatchReply{Kinds: noticeKinds})
 	}
 	w := &watcher{c: c, out: make(chan proto.Notice, noticeQueue)}
-	s.noticeMu.Lock()
+	s.mu.Lock()
 	s.watchers[w] = struct{}{}
-	s.noticeMu.Unlock()
+	s.mu.Unlock()
 	rc.watch = w
 	if err := proto.WriteMsg(c, proto.TWatch|proto.ReplyBit, f.ID, proto.WatchReply{Kinds: noticeKinds}); err != nil {
 		return err
@@ -55,14 +92,14 @@ func (s *Server) handleWatch(c net.Conn, rc *rankConn, f proto.Frame, log zerolo
 var noticeKinds = []string{proto.NoticePeerFailure}
 
 // unwatch ends a connection's subscription (the connection is closing).
-func (s *Server) unwatch(rc *rankConn) {
+func (s *notifier) unwatch(rc *rankConn) {
 	if rc.watch == nil {
 		return
 	}
-	s.noticeMu.Lock()
+	s.mu.Lock()
 	delete(s.watchers, rc.watch)
 	close(rc.watch.out)
-	s.noticeMu.Unlock()
+	s.mu.Unlock()
 	rc.watch = nil
 }
 
@@ -72,16 +109,16 @@ func (s *Server) unwatch(rc *rankConn) {
 // once (JIT flush, docs/ARCHITECTURE.md). A node is notified once per
 // failure: repeated calls (several detectors, a flapping connection) are
 // ignored until PeerRecovered(node).
-func (s *Server) NotifyPeerFailure(node, cause string) {
+func (s *notifier) NotifyPeerFailure(node, cause string) {
 	now := time.Now()
 	n := proto.Notice{Kind: proto.NoticePeerFailure, Node: node, Cause: cause, Time: now.UTC().Format(time.RFC3339Nano)}
-	s.noticeMu.Lock()
-	if _, dup := s.failedPeers[node]; dup {
-		s.noticeMu.Unlock()
+	s.mu.Lock()
+	if _, dup := s.failed[node]; dup {
+		s.mu.Unlock()
 		s.log.Debug().Str("peer_node", node).Str("cause", cause).Msg("peer failure already notified")
 		return
 	}
-	s.failedPeers[node] = now
+	s.failed[node] = now
 	sent, dropped := 0, 0
 	for w := range s.watchers {
 		select {
@@ -91,7 +128,7 @@ func (s *Server) NotifyPeerFailure(node, cause string) {
 			dropped++
 		}
 	}
-	s.noticeMu.Unlock()
+	s.mu.Unlock()
 	ev := s.log.Info()
 	if dropped > 0 {
 		ev = s.log.Warn().Int("dropped", dropped)
@@ -100,10 +137,16 @@ func (s *Server) NotifyPeerFailure(node, cause string) {
 		Msgf("node %s failed: notified %d local client(s) for a JIT flush", node, sent)
 }
 
+// NotifyPeerFailure tells the agent's watching clients that node failed,
+// as its detector does for a published verdict (notifier.NotifyPeerFailure
+// says how); for programs that embed the agent without a mesh (the
+// conformance agent's JIT flush tests).
+func (s *Server) NotifyPeerFailure(node, cause string) { s.notes.NotifyPeerFailure(node, cause) }
+
 // PeerRecovered ends node's failure (its agent is reachable again): a later
 // NotifyPeerFailure for it notifies anew.
-func (s *Server) PeerRecovered(node string) {
-	s.noticeMu.Lock()
-	delete(s.failedPeers, node)
-	s.noticeMu.Unlock()
+func (s *notifier) PeerRecovered(node string) {
+	s.mu.Lock()
+	delete(s.failed, node)
+	s.mu.Unlock()
 }

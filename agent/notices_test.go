@@ -35,11 +35,11 @@ func TestPeerFailureNotices(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s.NotifyPeerFailure("n3", "peer_lost: connection reset")
-	s.NotifyPeerFailure("n3", "heartbeat timeout") // the same failure, from another detector
-	s.NotifyPeerFailure("n4", "peer_lost: EOF")
-	s.PeerRecovered("n3")
-	s.NotifyPeerFailure("n3", "peer_lost: EOF again")
+	s.notes.NotifyPeerFailure("n3", "peer_lost: connection reset")
+	s.notes.NotifyPeerFailure("n3", "heartbeat timeout") // the same failure, from another detector
+	s.notes.NotifyPeerFailure("n4", "peer_lost: EOF")
+	s.notes.PeerRecovered("n3")
+	s.notes.NotifyPeerFailure("n3", "peer_lost: EOF again")
 
 	var got []string
 	for range 3 {
@@ -85,13 +85,13 @@ func TestPeerFailureNotices(t *testing.T) {
 func TestDetectorVerdictNotices(t *testing.T) {
 	var logBuf logtest.Buffer
 	s, path := startServer(t, os.Getuid(), &logBuf)
-	s.noticeFailures()
+	s.notes.noticeFailures()
 	watching := dial(t, path)
 	var wr proto.WatchReply
 	if err := proto.Call(watching, proto.TWatch, 1, nil, &wr); err != nil {
 		t.Fatal(err)
 	}
-	s.peerFailed(detect.Failure{Node: "n2", Class: detect.ClassNode, Cause: "no beat for 1s; slurmd unreachable"})
+	s.notes.peerFailed(detect.Failure{Node: "n2", Class: detect.ClassNode, Cause: "no beat for 1s; slurmd unreachable"})
 	f, err := proto.Decode(watching)
 	if err != nil {
 		t.Fatal(err)
@@ -102,10 +102,10 @@ func TestDetectorVerdictNotices(t *testing.T) {
 	}
 	// The status reply lists lost nodes (what the SPANK plugin's step-end
 	// hold waits on): node verdicts, once each; not hangs or agents.
-	s.peerFailed(detect.Failure{Node: "n3", Class: detect.ClassHang, Cause: "no progress"})
-	s.peerFailed(detect.Failure{Node: "n4", Class: detect.ClassAgent, Cause: "agent gone"})
-	s.peerFailed(detect.Failure{Node: "n2", Class: detect.ClassNode, Cause: "again"})
-	s.peerFailed(detect.Failure{Node: "n5", Class: detect.ClassNode, Cause: "rack"})
+	s.notes.peerFailed(detect.Failure{Node: "n3", Class: detect.ClassHang, Cause: "no progress"})
+	s.notes.peerFailed(detect.Failure{Node: "n4", Class: detect.ClassAgent, Cause: "agent gone"})
+	s.notes.peerFailed(detect.Failure{Node: "n2", Class: detect.ClassNode, Cause: "again"})
+	s.notes.peerFailed(detect.Failure{Node: "n5", Class: detect.ClassNode, Cause: "rack"})
 	var st proto.Status
 	if err := proto.Call(dial(t, path), proto.TStatus, 1, nil, &st); err != nil {
 		t.Fatal(err)

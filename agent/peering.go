@@ -15,6 +15,7 @@ import (
 	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/peerconfig"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -40,7 +41,7 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 	ctx, p.cancel = context.WithCancel(ctx)
 	srv.AttachPeering(p.status)
 	srv.AttachMesh(p.get)
-	srv.noticeFailures()
+	srv.notes.noticeFailures()
 	go func() {
 		defer close(p.done)
 		m, err := openMesh(ctx, cfg, o, store, srv, log)
@@ -54,7 +55,7 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 		if err == nil {
 			var derr error
 			if det, derr = startDetector(ctx, cfg, m, srv, log); derr != nil {
-				srv.flushOnLost.Store(true)
+				srv.notes.flushOnLost.Store(true)
 				log.Warn().Str("event", "detect_off").Err(derr).
 					Msg("failure detection between agents is off: reft run sees failures only through srun, and the ranks' JIT flush follows lost peer connections (a flap triggers it too)")
 			}
@@ -71,7 +72,7 @@ func startPeering(ctx context.Context, cfg config.Config, o Options, store *tmpf
 }
 
 func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.Store, srv *Server, log zerolog.Logger) (*mesh.Mesh, error) {
-	pc, err := peer.FromAgentConfig(cfg, peer.Config{Job: o.Job, UID: o.UID, Node: o.Node, Log: log})
+	pc, err := peerconfig.FromAgentConfig(cfg, peer.Config{Job: o.Job, UID: o.UID, Node: o.Node, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -86,10 +87,10 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	// (noticeFailures), which need a quorum of the agents: a lost
 	// connection is only a flap, or this node's own isolation, until then.
 	// Without a detector a lost connection is all there is
-	// (Server.flushOnLost, said in detect_off).
-	mc := mesh.Config{Peer: pc, Hosted: srv.Hosted,
-		PeerLost:  srv.peerLost,
-		PeerFound: func(node string) { srv.PeerRecovered(node); srv.peerFound(node) }}
+	// (notifier.flushOnLost, said in detect_off).
+	mc := mesh.Config{Peer: pc, Hosted: srv.rings.Hosted,
+		PeerLost:  srv.notes.peerLost,
+		PeerFound: func(node string) { srv.notes.PeerRecovered(node); srv.peerFound(node) }}
 	return mesh.Start(ctx, mc, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)
 }
 

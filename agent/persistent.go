@@ -49,26 +49,27 @@ func (s *Server) generationList(rank int, log zerolog.Logger) []proto.GenInfo {
 // the node-local store lacks: the persisted generation is read into a
 // fresh local arena with every chunk verified and committed there. ok is
 // false when there is none. On failure it replies the error itself:
-// replied is true and err is the reply's write error.
-func (s *Server) restorePersistent(c net.Conn, rc *rankConn, id uint32, step int64, have []int64, log zerolog.Logger) (g tmpfs.Generation, ok, replied bool, err error) {
+// replied is true and err is the reply's write error. reason says why
+// memory could not serve it.
+func (s *Server) restorePersistent(c net.Conn, rc *rankConn, id uint32, step int64, have []int64, log zerolog.Logger) (g tmpfs.Generation, ok bool, reason string, replied bool, err error) {
 	if s.persist == nil {
-		return g, false, false, nil
+		return g, false, "", false, nil
 	}
 	gens, err := s.persist.Generations(rc.key.Rank)
 	if err != nil {
 		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("restore: the persistent directory cannot be listed")
-		return g, false, true, replyErr(c, id, proto.CodeInternal, "restore of step %d: rank %d has no in-memory generation of it on %s, and %v",
+		return g, false, "", true, replyErr(c, id, proto.CodeInternal, "restore of step %d: rank %d has no in-memory generation of it on %s, and %v",
 			step, rc.key.Rank, s.info.Node, err)
 	}
 	i := slices.IndexFunc(gens, func(p persist.Generation) bool { return step < 0 || p.Step == step })
 	if i < 0 {
-		return g, false, false, nil
+		return g, false, "", false, nil
 	}
 	pg := gens[i]
 	if err := sameSources(pg.Manifest.SourceList(), rc.bufs); err != nil {
-		return g, false, true, replyErr(c, id, proto.CodeMismatch, "restore of step %d (persistent, %s): %v", pg.Step, pg.Dir, err)
+		return g, false, "", true, replyErr(c, id, proto.CodeMismatch, "restore of step %d (persistent, %s): %v", pg.Step, pg.Dir, err)
 	}
-	reason := fmt.Sprintf("rank %d has no in-memory generation of step %d on %s (it has steps %v)", rc.key.Rank, pg.Step, s.info.Node, have)
+	reason = fmt.Sprintf("rank %d has no in-memory generation of step %d on %s (it has steps %v)", rc.key.Rank, pg.Step, s.info.Node, have)
 	if step < 0 {
 		reason = fmt.Sprintf("rank %d has no in-memory generation on %s", rc.key.Rank, s.info.Node)
 	}
@@ -76,9 +77,9 @@ func (s *Server) restorePersistent(c net.Conn, rc *rankConn, id uint32, step int
 	g, err = s.persist.Load(pg, rc.key, manifestSpec(&pg.Manifest)) // its own layout, not this registration's
 	if err != nil {
 		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", pg.Step).Str("dir", pg.Dir).Msg("restore from the persistent directory failed")
-		return g, false, true, replyErr(c, id, storeErr(err), "restore of rank %d step %d from %s: %v", rc.key.Rank, pg.Step, pg.Dir, err)
+		return g, false, "", true, replyErr(c, id, storeErr(err), "restore of rank %d step %d from %s: %v", rc.key.Rank, pg.Step, pg.Dir, err)
 	}
 	log.Info().Str("event", event.RestorePersistent).Int("rank", rc.key.Rank).Int64("generation", pg.Step).Int64("bytes", pg.Bytes()).
 		Dur("duration", time.Since(t0)).Str("dir", pg.Dir).Str("reason", reason).Msg("restoring from the persistent directory")
-	return g, true, false, nil
+	return g, true, reason, false, nil
 }

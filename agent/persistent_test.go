@@ -342,3 +342,32 @@ func TestAgentPersistStartup(t *testing.T) {
 		})
 	}
 }
+
+// TestPersistEpochFromHello: a persisted generation carries the epoch of
+// the rank that committed it: the job's restart count and the Slurm step
+// id its hello named (a reft run relaunch is a later step), which is what
+// fences a stale writer (agent/persist, TestStaleWriterFenced).
+func TestPersistEpochFromHello(t *testing.T) {
+	pdir := t.TempDir()
+	var logs bytes.Buffer
+	sock, p, _ := persistServer(t, t.TempDir(), pdir, "arc,persist=1", &logs)
+	c := newClient(t, sock)
+	var h proto.HelloReply
+	c.must(proto.THello, proto.Hello{Client: "test", PID: os.Getpid(), Step: "7", Rank: 3}, &h)
+	c.must(proto.TRegister, regReq(3, twoBufs...), nil)
+	c.saveStep(1)
+	p.Wait()
+	b, err := os.ReadFile(filepath.Join(pdir, "42", "r3", "g1", "COMMITTED"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mk struct {
+		Epoch persist.Epoch `json:"epoch"`
+	}
+	if err := json.Unmarshal(b, &mk); err != nil {
+		t.Fatal(err)
+	}
+	if want := (persist.Epoch{Restart: 0, Step: 7}); mk.Epoch != want {
+		t.Errorf("persisted with epoch %v, want %v (COMMITTED %s)", mk.Epoch, want, b)
+	}
+}

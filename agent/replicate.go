@@ -240,13 +240,10 @@ func (h *rankHosts) missing(world int) []int {
 // the agents that did not answer.
 func (r *replicator) hosting(m *mesh.Mesh, world int) (nodes map[string]bool, missing []int, why string) {
 	s := r.s
-	for _, h := range s.Hosted(nil) {
+	for _, h := range s.rings.Hosted(nil) {
 		r.hosts.note(h.Rank, s.info.Node)
 	}
-	wait := s.ringWait
-	if wait <= 0 {
-		wait = ringWaitDefault
-	}
+	wait := s.rings.waitFor()
 	deadline := time.Now().Add(wait)
 	for {
 		missing = r.hosts.missing(world)
@@ -356,7 +353,7 @@ func (r *replicator) placement(m *mesh.Mesh, world, copies int, log zerolog.Logg
 			names = append(names, n)
 		}
 	}
-	dom, err := r.s.topo.DomainsOf(names)
+	dom, err := r.s.rings.topo.DomainsOf(names)
 	if err != nil {
 		r.warnOnce(log, "place:domains").Str("event", "replica_placement_domains").Err(err).
 			Msg("the failure domains in reft.toml do not work: copies of unreplicated buffers are placed without them")
@@ -551,6 +548,49 @@ func (r *replicator) copyLoop(pi *pendingIn) {
 	}
 }
 
+// replicaSpec is the replica generation's spec for rq: the requested
+// sections of the owner's generation info, their buffers there, and
+// their total size.
+func replicaSpec(rq *replicaReq, info *peer.GenInfo) (tmpfs.Spec, []*peer.BufferInfo, int64, error) {
+	spec := tmpfs.Spec{Step: rq.req.Step, ChunkSize: info.ChunkSize,
+		Layout: fmt.Sprintf("reft-replica rank=%d step=%d seq=%d node=%s", rq.req.Rank, rq.req.Step, rq.req.Seq, rq.from)}
+	bufs := make([]*peer.BufferInfo, len(rq.req.Sections))
+	var size int64
+	for i, sec := range rq.req.Sections {
+		if bufs[i] = info.Buffer(sec); bufs[i] == nil {
+			return spec, nil, 0, fmt.Errorf("%s on %s has no section %q (the owner's registration changed?)", rq.req.GenKey, rq.from, sec)
+		}
+		spec.Buffers = append(spec.Buffers, tmpfs.BufferSpec{Name: sec, Size: bufs[i].Size})
+		size += bufs[i].Size
+	}
+	return spec, bufs, size, nil
+}
+
+// fetchSection fetches the owner's section b into the replica o (in the
+// background class, after any communication phase), and sets the
+// checksums every chunk was verified against on arrival.
+func (r *replicator) fetchSection(ctx context.Context, m *mesh.Mesh, rq *replicaReq, chunkSize int64, b *peer.BufferInfo, o *tmpfs.Ongoing) error {
+	dst, err := o.Buffer(b.Name)
+	if err != nil {
+		return err
+	}
+	if len(dst) > 0 {
+		if err := r.waitResume(ctx); err != nil {
+			return err
+		}
+		src, err := m.Source(ctx, rq.from, peer.ChunkKey{GenKey: rq.req.GenKey, Buffer: b.Name})
+		if err != nil {
+			return err
+		}
+		r.fetching.Add(1)
+		if _, err := m.Fetch(ctx, peer.FetchSpec{ChunkSize: chunkSize, Size: b.Size, CRC: b.CRC32C, Dst: dst,
+			Sources: []peer.Source{src}, Background: true, Window: replicaWindow * chunkSize}); err != nil {
+			return fmt.Errorf("section %s: %w", b.Name, err)
+		}
+	}
+	return o.SetChecksums(b.Name, b.CRC32C)
+}
+
 // copy fetches the request's sections into a new replica generation and
 // commits it.
 func (r *replicator) copy(rq *replicaReq) (tmpfs.Generation, error) {
@@ -568,16 +608,9 @@ func (r *replicator) copy(rq *replicaReq) (tmpfs.Generation, error) {
 	if err != nil {
 		return tmpfs.Generation{}, fmt.Errorf("manifest of %s on %s: %w", rq.req.GenKey, rq.from, err)
 	}
-	spec := tmpfs.Spec{Step: rq.req.Step, ChunkSize: info.ChunkSize,
-		Layout: fmt.Sprintf("reft-replica rank=%d step=%d seq=%d node=%s", rq.req.Rank, rq.req.Step, rq.req.Seq, rq.from)}
-	bufs := make([]*peer.BufferInfo, len(rq.req.Sections))
-	var size int64
-	for i, sec := range rq.req.Sections {
-		if bufs[i] = info.Buffer(sec); bufs[i] == nil {
-			return tmpfs.Generation{}, fmt.Errorf("%s on %s has no section %q (the owner's registration changed?)", rq.req.GenKey, rq.from, sec)
-		}
-		spec.Buffers = append(spec.Buffers, tmpfs.BufferSpec{Name: sec, Size: bufs[i].Size})
-		size += bufs[i].Size
+	spec, bufs, size, err := replicaSpec(rq, info)
+	if err != nil {
+		return tmpfs.Generation{}, err
 	}
 	o, err := r.s.store.Begin(tmpfs.Key{Rank: rq.req.Rank, Shard: replicaShard}, spec)
 	if err != nil {
@@ -589,27 +622,8 @@ func (r *replicator) copy(rq *replicaReq) (tmpfs.Generation, error) {
 			o.Abort()
 		}
 	}()
-	for i, b := range bufs {
-		dst, err := o.Buffer(b.Name)
-		if err != nil {
-			return tmpfs.Generation{}, err
-		}
-		if len(dst) > 0 {
-			if err := r.waitResume(ctx); err != nil {
-				return tmpfs.Generation{}, err
-			}
-			src, err := m.Source(ctx, rq.from, peer.ChunkKey{GenKey: rq.req.GenKey, Buffer: b.Name})
-			if err != nil {
-				return tmpfs.Generation{}, err
-			}
-			r.fetching.Add(1)
-			if _, err := m.Fetch(ctx, peer.FetchSpec{ChunkSize: info.ChunkSize, Size: b.Size, CRC: b.CRC32C, Dst: dst,
-				Sources: []peer.Source{src}, Background: true, Window: replicaWindow * info.ChunkSize}); err != nil {
-				return tmpfs.Generation{}, fmt.Errorf("section %s: %w", rq.req.Sections[i], err)
-			}
-		}
-		// Every chunk was verified against these on arrival.
-		if err := o.SetChecksums(b.Name, b.CRC32C); err != nil {
+	for _, b := range bufs {
+		if err := r.fetchSection(ctx, m, rq, info.ChunkSize, b, o); err != nil {
 			return tmpfs.Generation{}, err
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/sg"
@@ -49,11 +50,51 @@ const ringWaitDefault = 10 * time.Second
 // ringPoll is the pause between two searches for unregistered members.
 const ringPoll = 100 * time.Millisecond
 
+// rings is what this agent knows of its sharding groups' rings and of
+// where the job's ranks run: the group formation and the rank-to-node map
+// (the Server's s.rings). Its methods are safe for concurrent use. mu
+// guards groups, hosted, hostedGroup and the groupState fields marked so;
+// a group's decide mutex serializes that group's ring decision and is
+// taken before mu, never under it. The hooks are called without mu held
+// and must not block on the rings: mesh and peering from a decision or a
+// search, noted whenever a member's node is learnt.
+type rings struct {
+	node string          // this agent's node
+	topo config.Topology // the site's failure domains (AttachTopology)
+	// wait bounds the wait for a group's members to register (0:
+	// ringWaitDefault).
+	wait time.Duration
+	// mesh is the job's agent mesh (nil, or returning nil: not up yet);
+	// peering says why not (nil: no peering section).
+	mesh    func() *mesh.Mesh
+	peering func() *proto.Peering
+	// noted hears every member's node as it is learnt (the replicator's
+	// rank map).
+	noted func(rank int, node string)
+
+	mu sync.Mutex
+	// groups this agent saves or restores for; hosted: the ranks
+	// registered here since it started (rank -> registrations), and their
+	// groups (a rank that finished, or whose process is between a crash
+	// and its restart, still ran here).
+	groups      map[string]*groupState
+	hosted      map[int]int
+	hostedGroup map[int]string
+}
+
+// waitFor is the bound on the wait for a group's members.
+func (rg *rings) waitFor() time.Duration {
+	if rg.wait <= 0 {
+		return ringWaitDefault
+	}
+	return rg.wait
+}
+
 // groupState is what this agent knows of one sharding group.
 type groupState struct {
 	name   string
 	decide sync.Mutex // one ring decision at a time (several local ranks)
-	// Under Server.groupsMu:
+	// Under rings.mu:
 	ring  []int          // fixed ring; nil: not decided yet
 	hosts map[int]string // member rank -> node it is registered on, as last learnt
 	// holders are the other nodes that held the group's generations when
@@ -68,43 +109,66 @@ type groupState struct {
 }
 
 // AttachTopology gives the server the site's failure domains (reft.toml
-// [topology]); without, every node is a domain of its own.
-func (s *Server) AttachTopology(t config.Topology) { s.topo = t }
+// [topology]); without, every node is a domain of its own. Call it before
+// Serve.
+func (s *Server) AttachTopology(t config.Topology) { s.rings.topo = t }
+
+// forget drops node n from g's hosts and holders: it did not answer (the
+// next search finds its members again). The caller holds rings.mu.
+func (g *groupState) forget(n string) {
+	delete(g.holders, n)
+	for r, hn := range g.hosts {
+		if hn == n {
+			delete(g.hosts, r)
+		}
+	}
+}
+
+// movedFrom says whether a member g had on node n is no longer hosted
+// there (a relaunch moved it). The caller holds rings.mu.
+func (g *groupState) movedFrom(n string, hosted map[int]bool) bool {
+	for r, hn := range g.hosts {
+		if hn == n && !hosted[r] {
+			return true
+		}
+	}
+	return false
+}
 
 // group returns the state of si's sharding group.
-func (s *Server) group(si *shard.Geometry) *groupState {
+func (rg *rings) group(si *shard.Geometry) *groupState {
 	name := si.GroupName()
-	s.groupsMu.Lock()
-	defer s.groupsMu.Unlock()
-	if s.groups == nil {
-		s.groups = map[string]*groupState{}
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
+	if rg.groups == nil {
+		rg.groups = map[string]*groupState{}
 	}
-	g := s.groups[name]
+	g := rg.groups[name]
 	if g == nil {
 		g = &groupState{name: name, hosts: map[int]string{}, holders: map[string]bool{}, warned: map[string]bool{}}
-		s.groups[name] = g
+		rg.groups[name] = g
 	}
 	return g
 }
 
 // fixedRing is g's ring, nil while undecided.
-func (s *Server) fixedRing(g *groupState) []int {
-	s.groupsMu.Lock()
-	defer s.groupsMu.Unlock()
+func (rg *rings) fixedRing(g *groupState) []int {
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
 	return slices.Clone(g.ring)
 }
 
 // host records that rank (of si's group, nil: unsharded) registered here.
-func (s *Server) host(rank int, si *shard.Geometry) {
-	s.groupsMu.Lock()
-	defer s.groupsMu.Unlock()
-	if s.hosted == nil {
-		s.hosted = map[int]int{}
-		s.hostedGroup = map[int]string{}
+func (rg *rings) host(rank int, si *shard.Geometry) {
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
+	if rg.hosted == nil {
+		rg.hosted = map[int]int{}
+		rg.hostedGroup = map[int]string{}
 	}
-	s.hosted[rank]++
+	rg.hosted[rank]++
 	if si != nil {
-		s.hostedGroup[rank] = si.GroupName()
+		rg.hostedGroup[rank] = si.GroupName()
 	}
 }
 
@@ -112,16 +176,16 @@ func (s *Server) host(rank int, si *shard.Geometry) {
 // agent since it started (a rank that closed its connection still counts:
 // it finished, or restarts here), each with its group's fixed ring: the
 // peer.HostedSource of the agent's mesh.
-func (s *Server) Hosted(ranks []int) []peer.HostedRank {
-	s.groupsMu.Lock()
-	defer s.groupsMu.Unlock()
+func (rg *rings) Hosted(ranks []int) []peer.HostedRank {
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
 	out := []peer.HostedRank{}
-	for r := range s.hosted {
+	for r := range rg.hosted {
 		if ranks != nil && !slices.Contains(ranks, r) {
 			continue
 		}
 		h := peer.HostedRank{Rank: r}
-		if g := s.groups[s.hostedGroup[r]]; g != nil {
+		if g := rg.groups[rg.hostedGroup[r]]; g != nil {
 			h.Ring = slices.Clone(g.ring)
 		}
 		out = append(out, h)
@@ -131,11 +195,11 @@ func (s *Server) Hosted(ranks []int) []peer.HostedRank {
 }
 
 // placementWarnings are the group warnings this agent gave, for status.
-func (s *Server) placementWarnings() []string {
-	s.groupsMu.Lock()
-	defer s.groupsMu.Unlock()
+func (rg *rings) placementWarnings() []string {
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
 	var out []string
-	for _, g := range s.groups {
+	for _, g := range rg.groups {
 		out = append(out, g.warnings...)
 	}
 	sort.Strings(out)
@@ -149,7 +213,7 @@ func (s *Server) ensureRing(rc *rankConn, log zerolog.Logger) error {
 	if rc.sg == nil || rc.ringFixed {
 		return nil
 	}
-	ring := s.groupRing(rc.sg, log)
+	ring := s.rings.groupRing(rc.sg, log)
 	if slices.Equal(ring, rc.spec.Ring) {
 		rc.ringFixed = true
 		return nil
@@ -167,40 +231,40 @@ func (s *Server) ensureRing(rc *rankConn, log zerolog.Logger) error {
 }
 
 // groupRing returns si's group's ring, deciding it first if no one has.
-func (s *Server) groupRing(si *shard.Geometry, log zerolog.Logger) []int {
-	g := s.group(si)
+func (rg *rings) groupRing(si *shard.Geometry, log zerolog.Logger) []int {
+	g := rg.group(si)
 	g.decide.Lock()
 	defer g.decide.Unlock()
-	if r := s.fixedRing(g); r != nil {
+	if r := rg.fixedRing(g); r != nil {
 		// A member registered here after the ring was fixed (or adopted
 		// before it registered) may share this node with another.
-		s.warnShared(g, s.localShared(si, s.hostsHere(si)), log)
+		rg.warnShared(g, localShared(rg.node, si, rg.hostsHere(si)), log)
 		return r
 	}
-	ring, how, fallback, warns := s.decideRing(si, g)
-	s.fixRing(si, g, ring, how, log)
+	ring, how, fallback, warns := rg.decideRing(si, g)
+	rg.fixRing(si, g, ring, how, log)
 	if fallback {
 		log.Warn().Str("event", "sg_ring_fallback").Str("group", g.name).Ints("ring", ring).Str("reason", how).
 			Msgf("SG %s keeps dp order on its ring: %s", g.name, how)
 	}
-	s.warnShared(g, warns, log)
+	rg.warnShared(g, warns, log)
 	return ring
 }
 
 // fixRing fixes g's ring (a restore's replaces a decided one) and logs it.
-func (s *Server) fixRing(si *shard.Geometry, g *groupState, ring []int, how string, log zerolog.Logger) {
-	s.groupsMu.Lock()
+func (rg *rings) fixRing(si *shard.Geometry, g *groupState, ring []int, how string, log zerolog.Logger) {
+	rg.mu.Lock()
 	old := g.ring
 	g.ring = slices.Clone(ring)
 	nodes := make([]string, len(ring))
 	for i, r := range ring {
 		nodes[i] = g.hosts[r]
 	}
-	s.groupsMu.Unlock()
+	rg.mu.Unlock()
 	if slices.Equal(old, ring) {
 		return
 	}
-	dom, _ := s.topo.DomainsOf(nodes)
+	dom, _ := rg.topo.DomainsOf(nodes)
 	doms := make([]string, len(nodes))
 	for i, n := range nodes {
 		doms[i] = dom[n]
@@ -210,68 +274,77 @@ func (s *Server) fixRing(si *shard.Geometry, g *groupState, ring []int, how stri
 }
 
 // adoptRing fixes the ring a restored generation was saved with.
-func (s *Server) adoptRing(si *shard.Geometry, step int64, log zerolog.Logger) {
-	g := s.group(si)
+func (rg *rings) adoptRing(si *shard.Geometry, step int64, log zerolog.Logger) {
+	g := rg.group(si)
 	g.decide.Lock()
 	defer g.decide.Unlock()
-	s.fixRing(si, g, si.Members, fmt.Sprintf("the ring step %d was saved with, restored", step), log)
+	rg.fixRing(si, g, si.Members, fmt.Sprintf("the ring step %d was saved with, restored", step), log)
 }
 
 // decideRing searches the group's members until every one is found
 // registered (or a member's agent has a fixed ring), at most ringWait.
-func (s *Server) decideRing(si *shard.Geometry, g *groupState) (ring []int, how string, fallback bool, warns []sg.Warning) {
-	wait := s.ringWait
-	if wait <= 0 {
-		wait = ringWaitDefault
-	}
-	deadline := time.Now().Add(wait)
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+func (rg *rings) decideRing(si *shard.Geometry, g *groupState) (ring []int, how string, fallback bool, warns []sg.Warning) {
+	wait := rg.waitFor()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	for {
-		adopted, from, hosts, why := s.searchGroup(ctx, si, g)
+		adopted, from, hosts, why := rg.searchGroup(ctx, si, g)
 		if adopted != nil {
 			if _, err := si.WithRing(adopted); err == nil {
-				return adopted, "adopted from node " + from + "'s agent, which fixed it first", false, s.localShared(si, hosts)
+				return adopted, "adopted from node " + from + "'s agent, which fixed it first", false, localShared(rg.node, si, hosts)
 			}
 		}
 		if len(hosts) == si.M {
-			nodes := make([]string, si.M)
-			for dp, r := range si.DPOrder() {
-				nodes[dp] = hosts[r]
-			}
-			dom, err := s.topo.DomainsOf(nodes)
-			if err != nil {
-				return si.DPOrder(), fmt.Sprintf("the failure domains in reft.toml do not work: %v", err), true, s.localShared(si, hosts)
-			}
-			c := si.Layout.Coord(si.Rank)
-			grp, w, err := sg.FormGroup(si.Layout, c.PP, c.TP, nodes, dom)
-			if err != nil {
-				return si.DPOrder(), err.Error(), true, s.localShared(si, hosts)
-			}
-			how := "spread across nodes"
-			if len(dom) > 0 {
-				how = "spread across failure domains and nodes"
-			}
-			return grp.Ranks(), how, false, w
+			return formRing(rg.topo, rg.node, si, hosts)
 		}
 		if ctx.Err() != nil || why != "" && strings.HasPrefix(why, "peering is off") {
-			var missing []int
-			for _, r := range si.DPOrder() {
-				if hosts[r] == "" {
-					missing = append(missing, r)
-				}
-			}
-			reason := fmt.Sprintf("after %s, ranks %s are not registered with any agent that answered", wait, strings.Join(intStrings(missing), ","))
-			if why != "" {
-				reason += " (" + why + ")"
-			}
-			return si.DPOrder(), reason, true, s.localShared(si, hosts)
+			return si.DPOrder(), missingReason(si, hosts, wait, why), true, localShared(rg.node, si, hosts)
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(ringPoll):
 		}
 	}
+}
+
+// formRing computes the ring of si's group from where every member runs
+// (hosts) and the site's failure domains; fallback (dp order) when the
+// domains or the placement do not work.
+func formRing(topo config.Topology, node string, si *shard.Geometry, hosts map[int]string) (ring []int, how string, fallback bool, warns []sg.Warning) {
+	nodes := make([]string, si.M)
+	for dp, r := range si.DPOrder() {
+		nodes[dp] = hosts[r]
+	}
+	dom, err := topo.DomainsOf(nodes)
+	if err != nil {
+		return si.DPOrder(), fmt.Sprintf("the failure domains in reft.toml do not work: %v", err), true, localShared(node, si, hosts)
+	}
+	c := si.Layout.Coord(si.Rank)
+	grp, w, err := sg.FormGroup(si.Layout, c.PP, c.TP, nodes, dom)
+	if err != nil {
+		return si.DPOrder(), err.Error(), true, localShared(node, si, hosts)
+	}
+	how = "spread across nodes"
+	if len(dom) > 0 {
+		how = "spread across failure domains and nodes"
+	}
+	return grp.Ranks(), how, false, w
+}
+
+// missingReason says which members no agent reported after wait, and
+// why some agents did not answer.
+func missingReason(si *shard.Geometry, hosts map[int]string, wait time.Duration, why string) string {
+	var missing []int
+	for _, r := range si.DPOrder() {
+		if hosts[r] == "" {
+			missing = append(missing, r)
+		}
+	}
+	reason := fmt.Sprintf("after %s, ranks %s are not registered with any agent that answered", wait, strings.Join(intStrings(missing), ","))
+	if why != "" {
+		reason += " (" + why + ")"
+	}
+	return reason
 }
 
 // searchGroup asks this agent and every other agent of the job which of
@@ -283,14 +356,14 @@ func (s *Server) decideRing(si *shard.Geometry, g *groupState) (ring []int, how 
 // late registration), one with a member may have fixed a ring to adopt.
 // It returns a ring a member's agent fixed (and its node), the hosts
 // found so far, and why some agents did not answer.
-func (s *Server) searchGroup(ctx context.Context, si *shard.Geometry, g *groupState) (adopted []int, from string, hosts map[int]string, why string) {
+func (rg *rings) searchGroup(ctx context.Context, si *shard.Geometry, g *groupState) (adopted []int, from string, hosts map[int]string, why string) {
 	members := si.DPOrder()
-	for _, h := range s.Hosted(members) {
-		s.noteHost(g, h.Rank, s.info.Node)
+	for _, h := range rg.Hosted(members) {
+		rg.noteHost(g, h.Rank, rg.node)
 	}
 	var whys []string
-	if m := s.mesh; m == nil || m() == nil {
-		if st := s.peeringStatus(); st == nil || st.State == proto.PeeringOff {
+	if m := rg.mesh; m == nil || m() == nil {
+		if st := rg.peering(); st == nil || st.State == proto.PeeringOff {
 			whys = append(whys, "peering is off: only this node's ranks are known")
 		} else {
 			whys = append(whys, "peering is still starting")
@@ -302,7 +375,7 @@ func (s *Server) searchGroup(ctx context.Context, si *shard.Geometry, g *groupSt
 				if !slices.Contains(members, h.Rank) {
 					continue
 				}
-				s.noteHost(g, h.Rank, node)
+				rg.noteHost(g, h.Rank, node)
 				mu.Lock()
 				if h.Ring != nil && adopted == nil {
 					adopted, from = h.Ring, node
@@ -310,13 +383,13 @@ func (s *Server) searchGroup(ctx context.Context, si *shard.Geometry, g *groupSt
 				mu.Unlock()
 			}
 			if len(rep.Generations) > 0 {
-				s.groupsMu.Lock()
+				rg.mu.Lock()
 				g.holders[node] = true
-				s.groupsMu.Unlock()
+				rg.mu.Unlock()
 			}
 		})
 	}
-	s.groupsMu.Lock()
+	rg.mu.Lock()
 	hosts = map[int]string{}
 	for _, r := range members {
 		if n := g.hosts[r]; n != "" {
@@ -324,38 +397,40 @@ func (s *Server) searchGroup(ctx context.Context, si *shard.Geometry, g *groupSt
 		}
 	}
 	g.searched = len(hosts) == len(members)
-	s.groupsMu.Unlock()
+	rg.mu.Unlock()
 	sort.Strings(whys)
 	return adopted, from, hosts, strings.Join(whys, "; ")
 }
 
 // hostsHere maps the members of si's group registered with this agent to
 // this node.
-func (s *Server) hostsHere(si *shard.Geometry) map[int]string {
-	s.groupsMu.Lock()
-	defer s.groupsMu.Unlock()
+func (rg *rings) hostsHere(si *shard.Geometry) map[int]string {
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
 	out := map[int]string{}
 	for _, r := range si.DPOrder() {
-		if s.hosted[r] > 0 {
-			out[r] = s.info.Node
+		if rg.hosted[r] > 0 {
+			out[r] = rg.node
 		}
 	}
 	return out
 }
 
-func (s *Server) noteHost(g *groupState, rank int, node string) {
-	s.groupsMu.Lock()
+func (rg *rings) noteHost(g *groupState, rank int, node string) {
+	rg.mu.Lock()
 	g.hosts[rank] = node
-	s.groupsMu.Unlock()
-	s.repl.hosts.note(rank, node) // the job's rank map, for placement
+	rg.mu.Unlock()
+	if rg.noted != nil {
+		rg.noted(rank, node) // the job's rank map, for placement
+	}
 }
 
 // localShared warns about the group's members registered on this node,
 // for when the full map is not known.
-func (s *Server) localShared(si *shard.Geometry, hosts map[int]string) []sg.Warning {
+func localShared(node string, si *shard.Geometry, hosts map[int]string) []sg.Warning {
 	var here []int
 	for _, r := range si.DPOrder() {
-		if hosts[r] == s.info.Node {
+		if hosts[r] == node {
 			here = append(here, r)
 		}
 	}
@@ -363,9 +438,9 @@ func (s *Server) localShared(si *shard.Geometry, hosts map[int]string) []sg.Warn
 		return nil
 	}
 	name := si.GroupName()
-	return []sg.Warning{{Kind: sg.WarnSharedNode, Group: name, Node: s.info.Node, Ranks: here,
+	return []sg.Warning{{Kind: sg.WarnSharedNode, Group: name, Node: node, Ranks: here,
 		Msg: fmt.Sprintf("SG %s: ranks %s share node %s, so losing %s loses %d of the group's %d members at once; place a sharding group's DP ranks on different nodes",
-			name, joinAnd(intStrings(here)), s.info.Node, s.info.Node, len(here), si.M)}}
+			name, joinAnd(intStrings(here)), node, node, len(here), si.M)}}
 }
 
 // joinAnd writes 1 and 2, or 1, 2 and 3, as agent/sg's warnings do.
@@ -378,18 +453,18 @@ func joinAnd(s []string) string {
 
 // warnShared logs each shared-node warning about this node once: the
 // agent of the shared node gives it, so the job logs it once.
-func (s *Server) warnShared(g *groupState, warns []sg.Warning, log zerolog.Logger) {
+func (rg *rings) warnShared(g *groupState, warns []sg.Warning, log zerolog.Logger) {
 	for _, w := range warns {
-		if w.Kind != sg.WarnSharedNode || w.Node != s.info.Node {
+		if w.Kind != sg.WarnSharedNode || w.Node != rg.node {
 			continue
 		}
-		s.groupsMu.Lock()
+		rg.mu.Lock()
 		done := g.warned[w.Node]
 		g.warned[w.Node] = true
 		if !done {
 			g.warnings = append(g.warnings, w.Msg)
 		}
-		s.groupsMu.Unlock()
+		rg.mu.Unlock()
 		if !done {
 			log.Warn().Str("event", "sg_shared_node").Str("group", g.name).Str("shared_node", w.Node).Ints("ranks", w.Ranks).Msg(w.Msg)
 		}
@@ -400,9 +475,9 @@ func (s *Server) warnShared(g *groupState, warns []sg.Warning, log zerolog.Logge
 // one): those hosting its members and those that held its generations
 // when the job was last searched; ok is false until a search found every
 // member.
-func (s *Server) viewNodes(g *groupState) (nodes []string, ok bool) {
-	s.groupsMu.Lock()
-	defer s.groupsMu.Unlock()
+func (rg *rings) viewNodes(g *groupState) (nodes []string, ok bool) {
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
 	set := map[string]bool{}
 	for _, n := range g.hosts {
 		set[n] = true
@@ -410,7 +485,7 @@ func (s *Server) viewNodes(g *groupState) (nodes []string, ok bool) {
 	for n := range g.holders {
 		set[n] = true
 	}
-	delete(set, s.info.Node)
+	delete(set, rg.node)
 	for n := range set {
 		nodes = append(nodes, n)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/runpath"
+	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/hostmem"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -112,6 +113,13 @@ func Run(ctx context.Context, o Options) error {
 		return o.startFailed(jobDir, err)
 	}
 
+	rec, recFile, err := openRunRecord(cfg.Log.Dir, o.Job, o.Node, o.UID)
+	if err != nil {
+		logger.Error().Err(err).Msg("agent cannot start")
+		return o.startFailed(jobDir, err)
+	}
+	defer recFile.Close()
+
 	sock := filepath.Join(jobDir, SocketName)
 	srv, err := Listen(sock, Info{Job: o.Job, Node: o.Node, Spec: s.String(), Version: o.Version,
 		Restart: o.Restart, UID: o.UID, MemoryBudget: budget, StoreDir: storeDir}, logger)
@@ -119,17 +127,8 @@ func Run(ctx context.Context, o Options) error {
 		logger.Error().Err(err).Msg("agent cannot start")
 		return o.startFailed(jobDir, err)
 	}
-	// A failure verdict goes into the metrics textfile at once, not at
-	// the next tick: the agents of a job that shrinks after a node loss
-	// are stopped seconds later, and their files, with the failure
-	// counted, go with them. Registered before peering starts its detector.
-	metricsKick := make(chan struct{}, 1)
-	srv.OnPeerFailure(func(detect.Failure) {
-		select {
-		case metricsKick <- struct{}{}:
-		default: // a write is already due
-		}
-	})
+	metricsKick := kickOnFailure(srv)
+	srv.AttachRecord(rec)
 	var store *tmpfs.Store
 	if s.Enabled() {
 		pdir, why := persistDir(cfg, s)
@@ -147,6 +146,7 @@ func Run(ctx context.Context, o Options) error {
 			logger.Info().Str("event", "persist_off").Msg("persistent checkpoints off: " + why)
 		} else {
 			per, err := persist.New(persist.Options{Dir: pdir, Job: o.Job, Node: o.Node, UID: o.UID, Policy: s.Persist,
+				Restart:            o.Restart,
 				FailuresPerNodeDay: cfg.Persist.FailuresPerNodeDay, Store: store, Log: logger})
 			if err != nil {
 				logger.Error().Err(err).Msg("agent cannot start")
@@ -183,6 +183,23 @@ func Run(ctx context.Context, o Options) error {
 	<-metricsDone // its file removed
 	logger.Info().Str("event", "agent_stopped").Msg("agent stopped")
 	return err
+}
+
+// openRunRecord opens the job's run record (agent/runrecord), reft run's
+// channel, beside the agent's log in the job's log directory, with the
+// same checks (a private directory of uid, no links followed). The caller
+// closes the file after the server's last write.
+func openRunRecord(logDir, job, node string, uid int) (*runrecord.Writer, *os.File, error) {
+	d, err := logging.JobDir(logDir, job, uid)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the job's run record: %w", err)
+	}
+	defer d.Close()
+	f, err := logging.OpenIn(d, runrecord.FileName(node), os.O_WRONLY|os.O_CREATE|os.O_APPEND, uid)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the job's run record: %w", err)
+	}
+	return runrecord.NewWriter(f, node, nil), f, nil
 }
 
 func (o Options) check() (config.Config, string, error) {
@@ -425,4 +442,20 @@ func startMetrics(ctx context.Context, dir, job, node string, srv *Server, kick 
 		metrics.RunKicked(ctx, tf, srv.Status, metrics.Every, kick, log)
 	}()
 	return done
+}
+
+// kickOnFailure is a channel that receives when the agent learns of a
+// failure verdict: it goes into the metrics textfile at once, not at the
+// next tick, since the agents of a job that shrinks after a node loss are
+// stopped seconds later, and their files, with the failure counted, go
+// with them. Call it before peering starts the detector.
+func kickOnFailure(srv *Server) chan struct{} {
+	kick := make(chan struct{}, 1)
+	srv.notes.OnPeerFailure(func(detect.Failure) {
+		select {
+		case kick <- struct{}{}:
+		default: // a write is already due
+		}
+	})
+	return kick
 }

@@ -9,17 +9,14 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"slices"
+	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
-	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/detect"
-	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/localsrv"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/metrics"
@@ -27,7 +24,7 @@ import (
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/restore"
 	"github.com/reft-hpc/reft/agent/runpath"
-	"github.com/reft-hpc/reft/agent/shard"
+	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
@@ -57,6 +54,9 @@ type Server struct {
 	met   *metrics.Recorder
 	log   zerolog.Logger
 	start time.Time
+	// rec is the job's run record, reft run's channel (AttachRecord);
+	// nil: none.
+	rec *runrecord.Writer
 	// ls is the local socket (agent/localsrv); the server is its Handler.
 	ls *localsrv.Server
 
@@ -78,48 +78,24 @@ type Server struct {
 	// communication phases and the copies of other nodes' ranks.
 	repl *replicator
 
-	// Sharding-group rings (ring.go): the site's failure domains, the
-	// groups this agent saves or restores for, the ranks registered here
-	// since it started (rank -> registrations) and their groups (a rank
-	// that finished, or whose process is between a crash and its restart,
-	// still ran here), and the bounded wait for a
-	// group's members to register (0: ringWaitDefault).
-	topo        config.Topology
-	groupsMu    sync.Mutex
-	groups      map[string]*groupState
-	hosted      map[int]int
-	hostedGroup map[int]string
-	ringWait    time.Duration
+	// rings are the sharding groups' rings and the rank-to-node map
+	// (ring.go).
+	rings *rings
 
-	// Notices (notices.go): the watching connections, and the failed
-	// nodes already notified.
-	noticeMu    sync.Mutex
-	watchers    map[*watcher]struct{}
-	failedPeers map[string]time.Time
-	// regs is each rank's last registration on this node, for the status
-	// reply's protection (a rank's connection owns its rankConn; this is
-	// the copy others may read).
-	regMu    sync.Mutex
-	regs     map[int]*proto.RankProtection
-	regOwner map[int]*rankConn // the connection each entry came from
+	// notes tells the watching clients of failed peers and runs the
+	// failure hooks (notices.go, detecting.go).
+	notes *notifier
+	// regs are the ranks registered on this node (registry.go).
+	regs *registry
 
 	// Failure detection (detecting.go): the ranks' progress, and what
 	// learns of a failure.
-	progress     progressTable
-	failureHooks []func(detect.Failure)
-	// lost: the nodes whose loss the detector published (the status
-	// reply's lost_nodes), in the order learned.
-	lostMu sync.Mutex
-	lost   []string
+	progress progressTable
 	// found: when the mesh last connected to each peer's agent, and det
 	// the detector once it runs (it learns of those connections).
 	foundMu sync.Mutex
 	found   map[string]time.Time
 	det     *detect.Detector
-	// flushOnLost: no detector runs (detect.enabled = false, or it could
-	// not start), so a lost peer connection is the JIT flush's failure
-	// signal after all; said once, in the detect_off event.
-	flushOnLost atomic.Bool
 }
 
 // Listen creates the socket at path with mode 0600 (localsrv.Listen),
@@ -129,15 +105,36 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{info: info, log: log, ls: ls, start: time.Now(), progressEvery: restoreProgressEvery, met: metrics.NewRecorder(),
-		watchers: map[*watcher]struct{}{}, failedPeers: map[string]time.Time{}}
+	s := &Server{info: info, log: log, ls: ls, start: time.Now(), progressEvery: restoreProgressEvery, met: metrics.NewRecorder()}
+	s.notes = newNotifier(log, s.met)
+	s.regs = &registry{log: log}
 	s.repl = newReplicator(s)
+	s.rings = &rings{node: info.Node, peering: s.peeringStatus, noted: s.repl.hosts.note,
+		mesh: func() *mesh.Mesh {
+			if s.mesh == nil {
+				return nil
+			}
+			return s.mesh()
+		}}
 	return s, nil
 }
 
 // AttachStore gives the server the job's snapshot store; call it before
 // Serve. Without one, snapshot requests get a `disabled` error.
 func (s *Server) AttachStore(st *tmpfs.Store) { s.store = st }
+
+// AttachRecord sets the run record the server writes registrations,
+// restores and (through its detector) failure verdicts to, for reft run.
+// Call it before Serve.
+func (s *Server) AttachRecord(w *runrecord.Writer) { s.rec = w }
+
+// record appends r to the run record; a failure is logged, not returned:
+// the rank's request does not fail for it, reft run sees less.
+func (s *Server) record(r runrecord.Record, log zerolog.Logger) {
+	if err := s.rec.Write(r); err != nil {
+		log.Warn().Err(err).Str("kind", r.Kind).Int("rank", r.Rank).Msg("reft run will not see this: the run record could not take it")
+	}
+}
 
 // AttachPeering gives the status reply its peering section; call it
 // before Serve.
@@ -193,8 +190,8 @@ func (ss *session) Handle(ctx context.Context, f proto.Frame) error {
 func (ss *session) Close() {
 	s, rc := ss.s, ss.rc
 	s.progress.drop(rc)
-	s.noteGone(rc)
-	s.unwatch(rc)
+	s.regs.gone(rc)
+	s.notes.unwatch(rc)
 	s.commPhase(rc, false, ss.log)
 	rc.close()
 }
@@ -211,6 +208,10 @@ func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.F
 			return proto.WriteMsg(c, proto.TError, f.ID, proto.Error{Code: proto.CodeMalformed, Message: err.Error()})
 		}
 		log.Info().Str("client", h.Client).Int("pid", h.PID).Str("client_step", h.Step).Int("rank", h.Rank).Msg("hello")
+		if n, err := strconv.Atoi(h.Step); err == nil && n >= 0 {
+			rc.slurmStep = n
+		}
+		rc.step = h.Step
 		return proto.WriteMsg(c, proto.THelloReply, f.ID, proto.HelloReply{
 			Protocol: proto.Version, Job: s.info.Job, Node: s.info.Node, Spec: s.info.Spec,
 			AgentVersion: s.info.Version, Restart: s.info.Restart})
@@ -219,18 +220,22 @@ func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.F
 	case proto.TComm:
 		// A notice: no reply, so a trainer pays no round trip for it.
 		var cm proto.Comm
-		if err := f.Unmarshal(&cm); err != nil {
+		err := f.Unmarshal(&cm)
+		if err == nil {
+			err = proto.CheckCommOp(cm.Op)
+		}
+		if err != nil {
 			s.ls.NoteBadFrame()
-			log.Warn().Err(err).Msg("malformed comm notice (not answered: comm has no reply)")
+			log.Warn().Err(err).Msg("malformed comm notice, ignored (not answered: comm has no reply)")
 			return nil
 		}
 		s.commPhase(rc, cm.Active, log)
-		s.progress.comm(rc, cm.Active)
+		s.progress.comm(rc, cm.Active, cm.Op)
 		return nil
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
 		return s.handleSnapshot(ctx, c, rc, f, log)
 	case proto.TWatch:
-		return s.handleWatch(c, rc, f, log)
+		return s.notes.watch(c, rc, f, log)
 	case proto.TProgress:
 		return s.handleProgress(c, rc, f)
 	}
@@ -247,8 +252,8 @@ func (s *Server) Status() proto.Status {
 		PID: os.Getpid(), UptimeSeconds: time.Since(s.start).Seconds(),
 		Clients: int(s.ls.Clients()), Connections: s.ls.Accepted(), BadFrames: s.ls.BadFrames(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
-		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.placementWarnings(), Memory: s.memoryStatus(),
-		Store: s.storeCounters(), LostNodes: s.lostNodes(), Metrics: s.met.Status(),
+		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.rings.placementWarnings(), Memory: s.memoryStatus(),
+		Store: s.storeCounters(), LostNodes: s.notes.lostNodes(), Metrics: s.met.Status(),
 	}
 }
 
@@ -291,69 +296,6 @@ func (s *Server) storeCounters() *proto.StoreCounters {
 	}
 }
 
-// noteRegistered records a rank's registration for the status reply.
-func (s *Server) noteRegistered(rc *rankConn, rank, world int, si *shard.Geometry) {
-	p := &proto.RankProtection{Connected: true, World: world, Mode: proto.ProtectLocal}
-	if si != nil {
-		c := si.Layout.Coord(rank)
-		p.Layout = fmt.Sprintf("dp=%d pp=%d tp=%d", si.Layout.DP, si.Layout.PP, si.Layout.TP)
-		p.Group, p.Position, p.Members = fmt.Sprintf("(pp=%d,tp=%d)", c.PP, c.TP), si.Pos, slices.Clone(si.Members)
-		p.ARC, p.AEC, p.AOR = si.ARC && !si.Whole, si.K, si.AOR != nil
-		p.Mode = proto.ProtectSharded
-		if si.Whole {
-			p.Mode = proto.ProtectWhole
-		}
-	}
-	s.regMu.Lock()
-	if s.regs == nil {
-		s.regs, s.regOwner = map[int]*proto.RankProtection{}, map[int]*rankConn{}
-	}
-	if old := s.regOwner[rank]; old != nil && old != rc && s.regs[rank].Connected {
-		s.log.Warn().Str("event", event.RankFenced).Int("rank", rank).Int32("pid", rc.pid).Int32("fenced_pid", old.pid).
-			Msgf("rank %d registered again by pid %d while pid %d's registration is still connected: pid %d is fenced (its saves, commits, restores and releases are refused)",
-				rank, rc.pid, old.pid, old.pid)
-	}
-	s.regs[rank], s.regOwner[rank] = p, rc
-	s.regMu.Unlock()
-}
-
-// fencedBy returns the connection that registered rc's rank after rc did,
-// or nil while rc is the rank's registration.
-func (s *Server) fencedBy(rc *rankConn) *rankConn {
-	s.regMu.Lock()
-	defer s.regMu.Unlock()
-	if o := s.regOwner[rc.key.Rank]; o != nil && o != rc {
-		return o
-	}
-	return nil
-}
-
-// noteGone marks a registered rank's connection closed.
-func (s *Server) noteGone(rc *rankConn) {
-	if !rc.registered {
-		return
-	}
-	s.regMu.Lock()
-	// Only the connection that registered last: a rank's old connection
-	// may finish closing after its restarted process registered again.
-	if p := s.regs[rc.key.Rank]; p != nil && s.regOwner[rc.key.Rank] == rc {
-		p.Connected = false
-	}
-	s.regMu.Unlock()
-}
-
-func (s *Server) protection(rank int) *proto.RankProtection {
-	s.regMu.Lock()
-	defer s.regMu.Unlock()
-	p := s.regs[rank]
-	if p == nil {
-		return nil
-	}
-	c := *p
-	c.Members = slices.Clone(p.Members)
-	return &c
-}
-
 func (s *Server) gpuStatus() *proto.GPU {
 	if s.gpu == nil {
 		return nil
@@ -378,7 +320,7 @@ func (s *Server) rankStatus() []proto.RankStatus {
 		if k.Shard != tmpfs.DefaultShard {
 			continue
 		}
-		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}, Protection: s.protection(k.Rank), Progress: progress[k.Rank]}
+		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}, Protection: s.regs.protection(k.Rank), Progress: progress[k.Rank]}
 		for _, g := range s.store.Generations(k) {
 			if g.Bad {
 				continue

@@ -13,6 +13,7 @@ import (
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/restore"
+	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -66,41 +67,62 @@ func (s *Server) aorCommit(rc *rankConn, o *tmpfs.Ongoing, log zerolog.Logger) e
 		}
 	}
 	why := s.aorPrevious(rc, step, reps)
-	valid := why == ""
-	if valid {
-		for _, g := range si.AOR {
-			gb, err := o.Buffer(secAORGrad + g.Grad)
+	b := int64(-1)
+	if why == "" {
+		if err := advanceReplicas(si, o, reps); err != nil {
+			return err
+		}
+		b = step
+	}
+	binary.LittleEndian.PutUint64(base, uint64(b))
+	if err := checksumReplicas(si, o); err != nil {
+		return err
+	}
+	rc.noteAORValidity(step, why, log)
+	return nil
+}
+
+// advanceReplicas brings the replicas in reps (of step-1) forward one
+// optimizer step with the gradients of the save o, as the trainer's own
+// kernels do.
+func advanceReplicas(si *shard.Geometry, o *tmpfs.Ongoing, reps map[string][]byte) error {
+	for _, g := range si.AOR {
+		gb, err := o.Buffer(secAORGrad + g.Grad)
+		if err != nil {
+			return err
+		}
+		grad, err := aor.Float32s(gb)
+		if err != nil {
+			return fmt.Errorf("gradient %q: %w", g.Grad, err)
+		}
+		for _, st := range g.States {
+			rep, err := aor.Float32s(reps[st.Buf])
 			if err != nil {
-				return err
+				return fmt.Errorf("replica of %q: %w", st.Buf, err)
 			}
-			grad, err := aor.Float32s(gb)
-			if err != nil {
-				return fmt.Errorf("gradient %q: %w", g.Grad, err)
-			}
-			for _, st := range g.States {
-				rep, err := aor.Float32s(reps[st.Buf])
-				if err != nil {
-					return fmt.Errorf("replica of %q: %w", st.Buf, err)
-				}
-				if err := g.Opt.Update(st.State, rep, grad); err != nil {
-					return fmt.Errorf("replica of %q: %w", st.Buf, err)
-				}
+			if err := g.Opt.Update(st.State, rep, grad); err != nil {
+				return fmt.Errorf("replica of %q: %w", st.Buf, err)
 			}
 		}
 	}
-	b := step
-	if !valid {
-		b = -1
-	}
-	binary.LittleEndian.PutUint64(base, uint64(b))
+	return nil
+}
+
+// checksumReplicas checksums the replica sections and the base of the
+// save o.
+func checksumReplicas(si *shard.Geometry, o *tmpfs.Ongoing) error {
 	for _, name := range si.AORStateNames() {
 		if err := o.ComputeChecksums(secAOR + name); err != nil {
 			return err
 		}
 	}
-	if err := o.ComputeChecksums(secAORBase); err != nil {
-		return err
-	}
+	return o.ComputeChecksums(secAORBase)
+}
+
+// noteAORValidity logs when the connection's replica becomes invalid (why
+// != "") or valid again, once per change.
+func (rc *rankConn) noteAORValidity(step int64, why string, log zerolog.Logger) {
+	si, valid := rc.sg, why == ""
 	switch {
 	case !valid && !rc.aorInvalid:
 		log.Warn().Str("event", "aor_invalid").Int("rank", si.Rank).Int64("step", step).Int("of_rank", si.Members[si.Succ(si.Pos)]).Str("reason", why).
@@ -109,7 +131,6 @@ func (s *Server) aorCommit(rc *rankConn, o *tmpfs.Ongoing, log zerolog.Logger) e
 		log.Info().Str("event", "aor_valid").Int("rank", si.Rank).Int64("step", step).Msg("the AOR replica is valid again")
 	}
 	rc.aorInvalid = !valid
-	return nil
 }
 
 // aorPrevious fills reps with the replicas of step-1, or says why there
@@ -121,32 +142,9 @@ func (s *Server) aorPrevious(rc *rankConn, step int64, reps map[string][]byte) s
 		}
 		return ""
 	}
-	var prev *tmpfs.Generation
-	var steps []int64
-	for _, g := range s.store.Generations(rc.key) { // newest first
-		if g.Bad {
-			continue
-		}
-		steps = append(steps, g.Step)
-		if prev == nil && g.Step == step-1 {
-			prev = &g
-		}
-	}
+	prev, steps := generationOf(s.store, rc.key, step-1)
 	if prev != nil {
-		loc := restore.Loc{Key: peer.GenKey{Rank: rc.key.Rank, Shard: rc.key.Shard, Step: prev.Step, Seq: prev.Seq}}
-		var b [8]byte
-		if err := (restore.StoreLocal{Store: s.store}).Read(b[:], restore.Cand{Loc: loc, Sec: secAORBase}); err != nil {
-			return fmt.Sprintf("the replica of step %d cannot be read: %v", prev.Step, err)
-		}
-		if got := int64(binary.LittleEndian.Uint64(b[:])); got != prev.Step {
-			return fmt.Sprintf("the replica in the generation of step %d is invalid too", prev.Step)
-		}
-		for name, dst := range reps {
-			if err := (restore.StoreLocal{Store: s.store}).Read(dst, restore.Cand{Loc: loc, Sec: secAOR + name}); err != nil {
-				return fmt.Sprintf("the replica of %q of step %d cannot be read: %v", name, prev.Step, err)
-			}
-		}
-		return ""
+		return replicasFrom(s.store, rc.key, *prev, reps)
 	}
 	if step == 1 && !rc.aorRestored {
 		for _, dst := range reps {
@@ -158,6 +156,43 @@ func (s *Server) aorPrevious(rc *rankConn, step int64, reps map[string][]byte) s
 		return "the restore found no replica to start from (" + rc.aorSeedWhy + ")"
 	}
 	return fmt.Sprintf("no generation of step %d to bring the replica forward from (this rank has steps %v): the replica advances one optimizer step per save, so save every step", step-1, steps)
+}
+
+// generationOf finds key's good generation of step in st (nil: none),
+// and lists the steps of its good generations, newest first.
+func generationOf(st *tmpfs.Store, key tmpfs.Key, step int64) (*tmpfs.Generation, []int64) {
+	var found *tmpfs.Generation
+	var steps []int64
+	for _, g := range st.Generations(key) { // newest first
+		if g.Bad {
+			continue
+		}
+		steps = append(steps, g.Step)
+		if found == nil && g.Step == step {
+			found = &g
+		}
+	}
+	return found, steps
+}
+
+// replicasFrom reads into reps the replicas that key's generation prev
+// holds, or says why they cannot be used.
+func replicasFrom(st *tmpfs.Store, key tmpfs.Key, prev tmpfs.Generation, reps map[string][]byte) string {
+	loc := restore.Loc{Key: peer.GenKey{Rank: key.Rank, Shard: key.Shard, Step: prev.Step, Seq: prev.Seq}}
+	local := restore.StoreLocal{Store: st}
+	var b [8]byte
+	if err := local.Read(b[:], restore.Cand{Loc: loc, Sec: secAORBase}); err != nil {
+		return fmt.Sprintf("the replica of step %d cannot be read: %v", prev.Step, err)
+	}
+	if got := int64(binary.LittleEndian.Uint64(b[:])); got != prev.Step {
+		return fmt.Sprintf("the replica in the generation of step %d is invalid too", prev.Step)
+	}
+	for name, dst := range reps {
+		if err := local.Read(dst, restore.Cand{Loc: loc, Sec: secAOR + name}); err != nil {
+			return fmt.Sprintf("the replica of %q of step %d cannot be read: %v", name, prev.Step, err)
+		}
+	}
+	return ""
 }
 
 // readBase reads the aor@base of a generation from the first candidate
@@ -176,75 +211,110 @@ func (s *Server) readBase(ctx context.Context, locs []restore.Loc) (int64, error
 
 // seedAOR sets, after a restore at step, the replica the rank's next
 // commit starts from: its own replica if its generation survived with a
-// valid one, else succ's own state buffers. locs gives a rank's copies of
-// its generation of step.
+// valid one, else succ's own state buffers (from memory, else from the
+// persistent tier). locs gives a rank's copies of its generation of step.
 func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs func(r int) []restore.Loc, log zerolog.Logger) {
 	si := rc.sg
 	rc.aorRestored, rc.aorSeed, rc.aorSeedWhy = true, nil, ""
-	sd := &aorSeed{step: step, bufs: map[string][]byte{}}
-	fill := func(ls []restore.Loc, sec func(string) string) error {
-		for _, g := range si.AOR {
-			for _, st := range g.States {
-				buf := make([]byte, si.SuccBytes(&g))
-				var cs []restore.Cand
-				for _, l := range ls {
-					cs = append(cs, restore.Cand{Loc: l, Sec: sec(st.Buf)})
-				}
-				if err := s.fetchInto(ctx, buf, cs); err != nil {
-					return fmt.Errorf("%s: %w", sec(st.Buf), err)
-				}
-				sd.bufs[st.Buf] = buf
-			}
-		}
-		return nil
-	}
-	var whys []string
-	from := ""
-	if own := locs(si.Rank); len(own) > 0 {
-		b, err := s.readBase(ctx, own)
-		switch {
-		case err != nil:
-			whys = append(whys, fmt.Sprintf("its own replica: %v", err))
-		case b != step:
-			whys = append(whys, fmt.Sprintf("its own replica of step %d is invalid", step))
-		default:
-			if err = fill(own, func(n string) string { return secAOR + n }); err == nil {
-				from = "own replica"
-			} else {
-				whys = append(whys, fmt.Sprintf("its own replica: %v", err))
-			}
-		}
-	} else {
-		whys = append(whys, "its own generation is gone")
-	}
+	sd := seeder{ctx: ctx, s: s, si: si, step: step, seed: &aorSeed{step: step, bufs: map[string][]byte{}}}
 	succ := si.Members[si.Succ(si.Pos)]
+	from := sd.ownReplica(locs(si.Rank))
 	if from == "" {
-		if sl := locs(succ); len(sl) > 0 {
-			if err := fill(sl, func(n string) string { return n }); err == nil {
-				from = fmt.Sprintf("rank %d's own state", succ)
-			} else {
-				whys = append(whys, fmt.Sprintf("rank %d's state: %v", succ, err))
-			}
-		} else {
-			whys = append(whys, fmt.Sprintf("rank %d's generation of step %d is not in memory", succ, step))
-		}
+		from = sd.succState(succ, locs(succ))
 	}
 	if from == "" && s.persist != nil { // succ's state came back from the persistent tier
-		if err := s.persistedState(succ, si.Rank, step, func(l restore.Loc) error { return fill([]restore.Loc{l}, func(n string) string { return n }) }); err == nil {
-			from = fmt.Sprintf("rank %d's persisted state", succ)
-		} else {
-			whys = append(whys, fmt.Sprintf("rank %d's persisted state: %v", succ, err))
-		}
+		from = sd.succPersisted(succ)
 	}
 	if from == "" {
-		rc.aorSeedWhy = strings.Join(whys, "; ")
+		rc.aorSeedWhy = strings.Join(sd.whys, "; ")
 		log.Warn().Str("event", "aor_seed").Int("rank", si.Rank).Int64("step", step).Str("reason", rc.aorSeedWhy).
 			Msg("no AOR replica to continue from after the restore")
 		return
 	}
-	rc.aorSeed = sd
+	rc.aorSeed = sd.seed
 	log.Info().Str("event", "aor_seed").Int("rank", si.Rank).Int64("step", step).Int("of_rank", succ).Str("from", from).
 		Msg("AOR replica seeded from the restored step")
+}
+
+// seeder fills one seedAOR call's seed from the first source that has
+// it; each source tried returns where the seed came from ("" when it
+// could not) and adds why not to whys. Used on the restoring
+// connection's goroutine only.
+type seeder struct {
+	ctx  context.Context
+	s    *Server
+	si   *shard.Geometry
+	step int64
+	seed *aorSeed
+	whys []string
+}
+
+// fill fetches every state buffer's replica from the copies ls, section
+// sec(buffer) of each.
+func (sd *seeder) fill(ls []restore.Loc, sec func(string) string) error {
+	for _, g := range sd.si.AOR {
+		for _, st := range g.States {
+			buf := make([]byte, sd.si.SuccBytes(&g))
+			var cs []restore.Cand
+			for _, l := range ls {
+				cs = append(cs, restore.Cand{Loc: l, Sec: sec(st.Buf)})
+			}
+			if err := sd.s.fetchInto(sd.ctx, buf, cs); err != nil {
+				return fmt.Errorf("%s: %w", sec(st.Buf), err)
+			}
+			sd.seed.bufs[st.Buf] = buf
+		}
+	}
+	return nil
+}
+
+func replicaSection(n string) string { return secAOR + n }
+func stateSection(n string) string   { return n }
+
+// ownReplica seeds from the rank's own replica in its copies own, when
+// its base says it is valid for the step.
+func (sd *seeder) ownReplica(own []restore.Loc) string {
+	if len(own) == 0 {
+		sd.whys = append(sd.whys, "its own generation is gone")
+		return ""
+	}
+	b, err := sd.s.readBase(sd.ctx, own)
+	switch {
+	case err != nil:
+		sd.whys = append(sd.whys, fmt.Sprintf("its own replica: %v", err))
+	case b != sd.step:
+		sd.whys = append(sd.whys, fmt.Sprintf("its own replica of step %d is invalid", sd.step))
+	default:
+		if err = sd.fill(own, replicaSection); err != nil {
+			sd.whys = append(sd.whys, fmt.Sprintf("its own replica: %v", err))
+			return ""
+		}
+		return "own replica"
+	}
+	return ""
+}
+
+// succState seeds from succ's own state buffers in its copies sl.
+func (sd *seeder) succState(succ int, sl []restore.Loc) string {
+	if len(sl) == 0 {
+		sd.whys = append(sd.whys, fmt.Sprintf("rank %d's generation of step %d is not in memory", succ, sd.step))
+		return ""
+	}
+	if err := sd.fill(sl, stateSection); err != nil {
+		sd.whys = append(sd.whys, fmt.Sprintf("rank %d's state: %v", succ, err))
+		return ""
+	}
+	return fmt.Sprintf("rank %d's own state", succ)
+}
+
+// succPersisted seeds from succ's state that the persistent tier holds.
+func (sd *seeder) succPersisted(succ int) string {
+	err := sd.s.persistedState(succ, sd.si.Rank, sd.step, func(l restore.Loc) error { return sd.fill([]restore.Loc{l}, stateSection) })
+	if err != nil {
+		sd.whys = append(sd.whys, fmt.Sprintf("rank %d's persisted state: %v", succ, err))
+		return ""
+	}
+	return fmt.Sprintf("rank %d's persisted state", succ)
 }
 
 // persistedState loads rank r's persisted generation of step into this

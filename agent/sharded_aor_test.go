@@ -205,7 +205,7 @@ func aorRestore(t *testing.T, j *shJobRun, opt aor.Optimizer, want int64) ([]*re
 }
 
 // restoreEvent is the single restore event a node logged.
-func restoreEvent(t *testing.T, n *shNode) (string, map[string]any) {
+func restoreEvent(t testing.TB, n *shNode) (string, map[string]any) {
 	t.Helper()
 	var name string
 	var ev map[string]any

@@ -20,6 +20,7 @@ import (
 	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/restore"
+	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/agent/sg"
 	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -49,73 +50,14 @@ func (s *Server) view(ctx context.Context, si *shard.Geometry) *restore.View {
 	if v := s.viewCache[name]; v != nil && time.Since(v.At) < viewTTL {
 		return v
 	}
-	members := si.DPOrder()
 	v := restore.NewView(time.Now())
-	for _, w := range (peer.StoreSource{Store: s.store}).Watermarks(members) {
+	for _, w := range (peer.StoreSource{Store: s.store}).Watermarks(si.DPOrder()) {
 		v.Add("", w)
 	}
-	g := s.group(si)
-	m := s.waitMesh(ctx)
-	if m == nil {
+	if m := s.waitMesh(ctx); m == nil {
 		v.Missing = append(v.Missing, "peering is off or not started (status says why): only this node's store is used")
 	} else {
-		nodes, searched := s.viewNodes(g)
-		if !searched {
-			s.searchGroup(ctx, si, g)
-			nodes, _ = s.viewNodes(g)
-		}
-		v.Asked = nodes
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		stale := false
-		for _, n := range nodes {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				cctx, cancel := context.WithTimeout(ctx, gatherWait)
-				defer cancel()
-				rep, err := m.Watermarks(cctx, n, members)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					v.Missing = append(v.Missing, fmt.Sprintf("%s: %v", n, err))
-					s.groupsMu.Lock()
-					delete(g.holders, n)
-					for r, hn := range g.hosts {
-						if hn == n {
-							delete(g.hosts, r) // found again by the next search
-						}
-					}
-					s.groupsMu.Unlock()
-					stale = true
-					return
-				}
-				ranks := map[int]bool{}
-				for _, w := range rep.Generations {
-					v.Add(n, w)
-					ranks[w.Rank] = true
-				}
-				hosted := map[int]bool{}
-				for _, h := range rep.Hosted {
-					ranks[h.Rank], hosted[h.Rank] = true, true
-					s.noteHost(g, h.Rank, n)
-				}
-				v.ReplyRanks[n] = len(ranks)
-				s.groupsMu.Lock()
-				for r, hn := range g.hosts {
-					if hn == n && !hosted[r] {
-						stale = true // the member moved (a relaunch): search again next time
-					}
-				}
-				s.groupsMu.Unlock()
-			}()
-		}
-		wg.Wait()
-		if stale {
-			s.groupsMu.Lock()
-			g.searched = false
-			s.groupsMu.Unlock()
-		}
+		gatherView(ctx, s.rings, m, si, v)
 	}
 	v.SortLocalFirst()
 	sort.Strings(v.Missing)
@@ -127,6 +69,71 @@ func (s *Server) view(ctx context.Context, si *shard.Geometry) *restore.View {
 	}
 	s.viewCache[name] = v
 	return v
+}
+
+// gatherView asks the other nodes of si's group (after a search of the
+// job, until one found every member) for the members' watermarks, into
+// v: all at once, each for at most gatherWait. A node that does not
+// answer, or whose members moved, makes the next view search again.
+func gatherView(ctx context.Context, rg *rings, m *mesh.Mesh, si *shard.Geometry, v *restore.View) {
+	members := si.DPOrder()
+	g := rg.group(si)
+	nodes, searched := rg.viewNodes(g)
+	if !searched {
+		rg.searchGroup(ctx, si, g)
+		nodes, _ = rg.viewNodes(g)
+	}
+	v.Asked = nodes
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	stale := false
+	for _, n := range nodes {
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, gatherWait)
+			defer cancel()
+			rep, err := m.Watermarks(cctx, n, members)
+			mu.Lock()
+			defer mu.Unlock()
+			if !takeWatermarks(rg, g, v, n, rep, err) {
+				stale = true
+			}
+		})
+	}
+	wg.Wait()
+	if stale {
+		rg.mu.Lock()
+		g.searched = false
+		rg.mu.Unlock()
+	}
+}
+
+// takeWatermarks adds node n's reply (or its failure) to v and learns
+// from it where g's members run. fresh is false when g's map went stale:
+// n did not answer (its members are found again by the next search), or
+// a member it hosted moved (a relaunch). The caller serializes the calls
+// for one v.
+func takeWatermarks(rg *rings, g *groupState, v *restore.View, n string, rep *peer.WatermarksReply, err error) (fresh bool) {
+	if err != nil {
+		v.Missing = append(v.Missing, fmt.Sprintf("%s: %v", n, err))
+		rg.mu.Lock()
+		g.forget(n)
+		rg.mu.Unlock()
+		return false
+	}
+	ranks := map[int]bool{}
+	for _, w := range rep.Generations {
+		v.Add(n, w)
+		ranks[w.Rank] = true
+	}
+	hosted := map[int]bool{}
+	for _, h := range rep.Hosted {
+		ranks[h.Rank], hosted[h.Rank] = true, true
+		rg.noteHost(g, h.Rank, n)
+	}
+	v.ReplyRanks[n] = len(ranks)
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
+	return !g.movedFrom(n, hosted)
 }
 
 // invalidateView drops the cached watermarks (after a commit the view is
@@ -284,7 +291,7 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 	g, err := s.assemble(ctx, rc, si, chosen, s.assembler(&st, prog, log))
 	prog.close()
 	if err == nil {
-		s.adoptRing(si, chosen.Step, log)
+		s.rings.adoptRing(si, chosen.Step, log)
 		s.seedRestored(ctx, rc, chosen, v, log) // before the loaded persisted generations go
 	}
 	if ev == event.RestorePersistent {
@@ -294,7 +301,10 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 		return g, "", err
 	}
 	ev = restoredEvent(ev, &st)
-	logRestored(log, ev, si.Rank, chosen, &st, time.Since(t0), fb)
+	d := time.Since(t0)
+	logRestored(log, ev, si.Rank, chosen, &st, d, fb)
+	s.record(runrecord.Record{Kind: runrecord.KindRestored, Rank: si.Rank, PID: int(rc.pid), Step: rc.step, Event: ev,
+		Generation: chosen.Step, Bytes: st.Local.Load() + st.Peer.Load() + st.Decoded.Load(), Duration: d, Reason: fb.reason}, log)
 	return g, ev, nil
 }
 
@@ -415,40 +425,58 @@ func (s *Server) loadPersisted(si *shard.Geometry, step int64, log zerolog.Logge
 		return nil, fmt.Errorf("and the persistent directory %s has no step that every member (ranks %s) wrote", s.persist.Dir(), strings.Join(intStrings(si.Members), ","))
 	}
 	st := steps[0]
-	loaded := map[int]restore.Loc{}
-	var ring []int
-	for _, r := range append(slices.Clone(si.Members), si.Rank) {
-		if _, ok := loaded[r]; ok {
-			continue
-		}
-		gens, err := s.persist.Generations(r)
-		if err != nil {
-			return nil, err
-		}
-		i := slices.IndexFunc(gens, func(g persist.Generation) bool { return g.Step == st })
-		if i < 0 {
-			return nil, fmt.Errorf("rank %d has no persisted step %d", r, st)
-		}
-		key := tmpfs.Key{Rank: r, Shard: persistedKey(si.Rank)}
-		g, err := s.persist.Load(gens[i], key, manifestSpec(&gens[i].Manifest))
-		if err != nil {
-			return nil, err
-		}
-		loaded[r] = restore.Loc{Key: peer.GenKey{Rank: r, Shard: key.Shard, Step: g.Step, Seq: g.Seq}, Ring: g.Manifest.Ring}
-		if rg := g.Manifest.Ring; rg != nil && ring != nil && !slices.Equal(rg, ring) {
-			return nil, fmt.Errorf("the members persisted step %d on different rings (%v and %v): their agents did not agree, so the shards do not fit together", st, ring, rg)
-		} else if rg != nil {
-			ring = rg
-		}
+	loaded, ring, err := loadMembers(s.persist, si, st)
+	if err != nil {
+		return nil, err
 	}
 	if ring == nil {
 		ring = si.DPOrder()
 	}
-	si, err := si.WithRing(ring)
+	si, err = si.WithRing(ring)
 	if err != nil {
 		return nil, err
 	}
-	p := &restore.Plan{Step: st, OK: true, Ring: si.Members, Parity: make([][]restore.Cand, si.M)}
+	return persistedPlan(si, st, loaded), nil
+}
+
+// loadMembers loads every member's (and the rank's own) persisted
+// generation of step into this node's store, under the restoring rank's
+// transient key, and returns where each is and the ring they were saved
+// on (nil: none recorded).
+func loadMembers(per *persist.Persister, si *shard.Geometry, step int64) (loaded map[int]restore.Loc, ring []int, err error) {
+	loaded = map[int]restore.Loc{}
+	for _, r := range append(slices.Clone(si.Members), si.Rank) {
+		if _, ok := loaded[r]; ok {
+			continue
+		}
+		gens, err := per.Generations(r)
+		if err != nil {
+			return nil, nil, err
+		}
+		i := slices.IndexFunc(gens, func(g persist.Generation) bool { return g.Step == step })
+		if i < 0 {
+			return nil, nil, fmt.Errorf("rank %d has no persisted step %d", r, step)
+		}
+		key := tmpfs.Key{Rank: r, Shard: persistedKey(si.Rank)}
+		g, err := per.Load(gens[i], key, manifestSpec(&gens[i].Manifest))
+		if err != nil {
+			return nil, nil, err
+		}
+		loaded[r] = restore.Loc{Key: peer.GenKey{Rank: r, Shard: key.Shard, Step: g.Step, Seq: g.Seq}, Ring: g.Manifest.Ring}
+		if rg := g.Manifest.Ring; rg != nil && ring != nil && !slices.Equal(rg, ring) {
+			return nil, nil, fmt.Errorf("the members persisted step %d on different rings (%v and %v): their agents did not agree, so the shards do not fit together", step, ring, rg)
+		} else if rg != nil {
+			ring = rg
+		}
+	}
+	return loaded, ring, nil
+}
+
+// persistedPlan is the restore plan of step from the loaded persisted
+// generations: every shard, the whole buffers, the AOR state and the
+// others from the persistent source.
+func persistedPlan(si *shard.Geometry, step int64, loaded map[int]restore.Loc) *restore.Plan {
+	p := &restore.Plan{Step: step, OK: true, Ring: si.Members, Parity: make([][]restore.Cand, si.M)}
 	for q, r := range si.Members {
 		src := restore.ShardSource{Pos: q, Rank: r, Source: sg.SourcePersistent, Cands: []restore.Cand{{Loc: loaded[r], Sec: secShard}}}
 		p.Shards = append(p.Shards, src)
@@ -466,7 +494,7 @@ func (s *Server) loadPersisted(si *shard.Geometry, step int64, log zerolog.Logge
 	if len(si.Other) > 0 {
 		p.Others = []restore.Cand{{Loc: loaded[si.Rank]}}
 	}
-	return p, nil
+	return p
 }
 
 // assemble writes the plan's state into a fresh generation of the rank's

@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/peer"
@@ -47,19 +48,27 @@ type shNode struct {
 	sock       string
 	log        *syncBuf
 	stop       func()
+	ctr        peer.Counters       // its frames and connections
+	det        *detect.Detector    // with shOpts.detect, once started
+	failures   chan detect.Failure // its detector's published verdicts, with shOpts.detect
+	// startDetect starts the agent's detector (shOpts.detect), from the
+	// test's goroutine, before stop.
+	startDetect func()
 }
 
 // syncBuf is an agent's log.
 type syncBuf = logtest.Buffer
 
 // shPorts finds a port range whose candidates for n nodes are free now.
-func shPorts(t testing.TB, n int) int {
+func shPorts(t testing.TB, n, span int) int {
 	t.Helper()
 	for range 100 {
-		lo := 20000 + rand.IntN(30000)
+		// Below Linux's default ephemeral range (32768 up), where the
+		// harness's own outgoing connections take their ports.
+		lo := 10000 + rand.IntN(32768-10000-span)
 		ok := true
 		for i := 0; i < n && ok; i++ {
-			for _, p := range mesh.Candidates(shJob, lo, lo+63, i, n) {
+			for _, p := range mesh.Candidates(shJob, lo, lo+span-1, i, n) {
 				ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 				if err != nil {
 					ok = false
@@ -104,7 +113,7 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 	}
 	n.srv.AttachStore(n.st)
 	n.srv.AttachTopology(o.topo)
-	n.srv.ringWait = o.ringWait
+	n.srv.rings.wait = o.ringWait
 	if persistDir != "" {
 		if n.per, err = persist.New(persist.Options{Dir: persistDir, Job: shJob, Node: name, UID: os.Getuid(), Policy: sp.Persist,
 			Store: n.st, Log: log}); err != nil {
@@ -116,15 +125,41 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc := peer.Config{Job: shJob, UID: os.Getuid(), Node: name, Auth: auth, Bind: "127.0.0.1", PortRange: [2]int{lo, lo + 63},
-		Heartbeat: 200 * time.Millisecond, Timeout: 2 * time.Second, Log: log, Status: func() any { return n.srv.Status() }}
+	hb := o.heartbeat
+	if hb == 0 {
+		hb = 200 * time.Millisecond
+	}
+	pc := peer.Config{Job: shJob, UID: os.Getuid(), Node: name, Auth: auth, Bind: "127.0.0.1", PortRange: [2]int{lo, lo + o.portSpan - 1},
+		Heartbeat: hb, Timeout: 2 * time.Second, Log: log, Status: func() any { return n.srv.Status() }, Counters: &n.ctr}
 	n.srv.PeerHooks(&pc)
-	if n.m, err = mesh.Start(context.Background(), mesh.Config{Peer: pc, Hosted: n.srv.Hosted}, topo, n.st, log); err != nil {
+	mc := mesh.Config{Peer: pc, Hosted: n.srv.rings.Hosted}
+	if o.detect {
+		mc.PeerFound = n.srv.peerFound
+	}
+	if n.m, err = mesh.Start(context.Background(), mc, topo, n.st, log); err != nil {
 		t.Fatal(err)
 	}
 	n.srv.AttachMesh(func() *mesh.Mesh { return n.m })
 	n.srv.AttachPeering((&peering{m: n.m}).status)
 	ctx, cancel := context.WithCancel(context.Background())
+	if o.detect {
+		// The agent's own detector over the mesh, with reft.toml's
+		// defaults; stop cancels it without a goodbye (Leave), as a
+		// killed agent would.
+		n.failures = make(chan detect.Failure, 16)
+		n.srv.notes.OnPeerFailure(func(f detect.Failure) {
+			select {
+			case n.failures <- f:
+			default:
+			}
+		})
+		n.startDetect = func() {
+			t.Helper()
+			if n.det, err = startDetector(ctx, config.Default(), n.m, n.srv, log); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	done := make(chan error, 1)
 	go func() { done <- n.srv.Serve(ctx) }()
 	var once sync.Once
@@ -132,6 +167,9 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 		once.Do(func() {
 			cancel()
 			<-done
+			if n.det != nil {
+				n.det.Close()
+			}
 			n.srv.Close()
 			n.m.Close()
 			if n.per != nil {
@@ -170,6 +208,12 @@ type shOpts struct {
 	// alloc is the allocation's node order; its nodes that no rank runs
 	// on are spares, with agents of their own (nil: the ranks' nodes).
 	alloc []string
+	// detect prepares every agent's failure detector (reft.toml's
+	// defaults), started by shNode.startDetect; heartbeat is the peer connections' ping interval (0:
+	// 200 ms); portSpan the port range's size (0: 64; it needs 8 per node).
+	detect    bool
+	heartbeat time.Duration
+	portSpan  int
 }
 
 // startJob starts one agent per distinct name (rank i on names[i], so a
@@ -187,13 +231,16 @@ func startJob(t testing.TB, spc string, names []string, roots map[string]string,
 	if o.bufs == nil {
 		o.bufs = shBuffers
 	}
+	if o.portSpan == 0 {
+		o.portSpan = 64
+	}
 	topo := mesh.Topology{}
 	for _, nm := range append(slices.Clone(o.alloc), names...) {
 		if !slices.ContainsFunc(topo.Nodes, func(n mesh.Node) bool { return n.Name == nm }) {
 			topo.Nodes = append(topo.Nodes, mesh.Node{Index: len(topo.Nodes), Name: nm, Addr: "127.0.0.1"})
 		}
 	}
-	lo := shPorts(t, len(topo.Nodes))
+	lo := shPorts(t, len(topo.Nodes), o.portSpan)
 	j := &shJobRun{t: t, spec: spc, pdir: pdir, lo: lo, opt: o}
 	started := map[string]*shNode{}
 	for _, n := range topo.Nodes {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -28,7 +29,13 @@ const maxChunkSize = 256 << 20
 // rankConn is the snapshot state of one client connection: one rank
 // (docs/PROTOCOL.md, "Snapshots").
 type rankConn struct {
-	pid        int32 // the client process (SO_PEERCRED), for the fence's messages
+	pid int32 // the client process (SO_PEERCRED), for the fence's messages
+	// slurmStep is the client's Slurm step id, from its hello (0: none, or
+	// batch/extern): the epoch of its persistent writes (persist.Epoch).
+	slurmStep int
+	// step is the Slurm step the client's hello named ("" none), for the
+	// run record.
+	step       string
 	registered bool
 	key        tmpfs.Key
 	spec       tmpfs.Spec         // sections, sources and regions of every save
@@ -120,33 +127,16 @@ func storeErr(err error) string {
 	return proto.CodeInternal
 }
 
+// handleSnapshot serves one snapshot request of rc's rank (register,
+// generations, save, commit, abort, restore, release) on the connection's
+// goroutine, after snapshotRefusal admitted it.
 func (s *Server) handleSnapshot(ctx context.Context, c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
-	if s.store == nil {
-		return replyErr(c, f.ID, proto.CodeDisabled,
-			"job %s has no snapshot store on %s (SPEC %q): snapshots are disabled for this job", s.info.Job, s.info.Node, s.info.Spec)
-	}
-	if f.Type != proto.TRegister && !rc.registered {
-		return replyErr(c, f.ID, proto.CodeBadState, "%s before register: register the rank's buffers first", f.Type)
-	}
-	if rc.registered && f.Type != proto.TRegister && f.Type != proto.TGenerations {
-		// A rank's snapshots have one writer: the connection that
-		// registered the rank last. An older incarnation still connected
-		// (a process that outlived its relaunch) must not commit over,
-		// restore into or release the newer one's state.
-		if by := s.fencedBy(rc); by != nil {
-			return replyErr(c, f.ID, proto.CodeBadState,
-				"%s refused: rank %d was registered again on this node by pid %d after this connection (pid %d) registered it; "+
-					"a rank has one process, so this older one is fenced (end it: the rank runs in pid %d now)",
-				f.Type, rc.key.Rank, by.pid, rc.pid, by.pid)
-		}
+	if code, msg := s.snapshotRefusal(rc, f); code != "" {
+		return replyErr(c, f.ID, code, "%s", msg)
 	}
 	switch f.Type {
 	case proto.TRegister:
-		var req proto.Register
-		if err := f.Unmarshal(&req); err != nil {
-			return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
-		}
-		return s.register(c, rc, f.ID, req, log)
+		return decoded(c, f, proto.Register{}, func(req proto.Register) error { return s.register(c, rc, f.ID, req, log) })
 	case proto.TGenerations:
 		gens := []proto.GenInfo(nil)
 		if rc.sg != nil {
@@ -156,45 +146,70 @@ func (s *Server) handleSnapshot(ctx context.Context, c net.Conn, rc *rankConn, f
 		}
 		out := proto.GenerationsReply{Rank: rc.key.Rank, Generations: gens}
 		return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, out)
-	}
-	if f.Type == proto.TCommit {
-		var req proto.Commit
-		if err := f.Unmarshal(&req); err != nil {
-			return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
-		}
-		return s.commit(c, rc, f.ID, req, log)
-	}
-	switch f.Type {
+	case proto.TCommit:
+		return decoded(c, f, proto.Commit{}, func(req proto.Commit) error { return s.commit(c, rc, f.ID, req, log) })
 	case proto.TRestore:
-		req := proto.Restore{Step: -1}
-		if err := f.Unmarshal(&req); err != nil {
-			return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
-		}
-		return s.restore(ctx, c, rc, f.ID, req.Step, req.Verify == proto.VerifyClient, log)
+		return decoded(c, f, proto.Restore{Step: -1}, func(req proto.Restore) error {
+			return s.restore(ctx, c, rc, f.ID, req.Step, req.Verify == proto.VerifyClient, log)
+		})
 	case proto.TRelease:
-		var req proto.Release
-		if err := f.Unmarshal(&req); err != nil {
-			return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
-		}
-		return s.release(c, rc, f.ID, req, log)
+		return decoded(c, f, proto.Release{}, func(req proto.Release) error { return s.release(c, rc, f.ID, req, log) })
+	case proto.TSave:
+		return decoded(c, f, proto.StepReq{Step: -1}, func(req proto.StepReq) error { return s.save(c, rc, f.ID, req.Step, log) })
+	case proto.TAbort:
+		return decoded(c, f, proto.StepReq{Step: -1}, func(req proto.StepReq) error { return rc.abortSave(c, f, req, log) })
 	}
-	req := proto.StepReq{Step: -1}
+	// A payload that is not even a step request is malformed before it is
+	// of an unknown type (the order the checks always had).
+	return decoded(c, f, proto.StepReq{Step: -1}, func(proto.StepReq) error {
+		return replyErr(c, f.ID, proto.CodeUnknownType, "unknown message type %s", f.Type)
+	})
+}
+
+// decoded unmarshals f's payload over req (its defaults) and passes it to
+// serve, or replies malformed.
+func decoded[T any](c net.Conn, f proto.Frame, req T, serve func(T) error) error {
 	if err := f.Unmarshal(&req); err != nil {
 		return replyErr(c, f.ID, proto.CodeMalformed, "%v", err)
 	}
-	switch f.Type {
-	case proto.TSave:
-		return s.save(c, rc, f.ID, req.Step, log)
-	case proto.TAbort:
-		if rc.open == nil || rc.open.Step() != req.Step {
-			return replyErr(c, f.ID, proto.CodeBadState, "abort of step %d: no save of that step is open on this connection", req.Step)
-		}
-		rc.open.Abort()
-		rc.open = nil
-		log.Info().Str("event", "save_aborted").Int("rank", rc.key.Rank).Int64("step", req.Step).Msg("the client aborted a save")
-		return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, req)
+	return serve(req)
+}
+
+// snapshotRefusal says why a snapshot request of rc may not be served
+// (code "" when it may): the job has no store, the rank is not
+// registered, or a newer registration of the rank fenced this connection.
+func (s *Server) snapshotRefusal(rc *rankConn, f proto.Frame) (code, msg string) {
+	if s.store == nil {
+		return proto.CodeDisabled, fmt.Sprintf("job %s has no snapshot store on %s (SPEC %q): snapshots are disabled for this job",
+			s.info.Job, s.info.Node, s.info.Spec)
 	}
-	return replyErr(c, f.ID, proto.CodeUnknownType, "unknown message type %s", f.Type)
+	if f.Type != proto.TRegister && !rc.registered {
+		return proto.CodeBadState, fmt.Sprintf("%s before register: register the rank's buffers first", f.Type)
+	}
+	if !rc.registered || f.Type == proto.TRegister || f.Type == proto.TGenerations {
+		return "", ""
+	}
+	// A rank's snapshots have one writer: the connection that registered
+	// the rank last. An older incarnation still connected (a process that
+	// outlived its relaunch) must not commit over, restore into or release
+	// the newer one's state.
+	if by := s.regs.fencedBy(rc); by != nil {
+		return proto.CodeBadState, fmt.Sprintf("%s refused: rank %d was registered again on this node by pid %d after this connection (pid %d) registered it; "+
+			"a rank has one process, so this older one is fenced (end it: the rank runs in pid %d now)",
+			f.Type, rc.key.Rank, by.pid, rc.pid, by.pid)
+	}
+	return "", ""
+}
+
+// abortSave drops the connection's open save of req's step and replies.
+func (rc *rankConn) abortSave(c net.Conn, f proto.Frame, req proto.StepReq, log zerolog.Logger) error {
+	if rc.open == nil || rc.open.Step() != req.Step {
+		return replyErr(c, f.ID, proto.CodeBadState, "abort of step %d: no save of that step is open on this connection", req.Step)
+	}
+	rc.open.Abort()
+	rc.open = nil
+	log.Info().Str("event", "save_aborted").Int("rank", rc.key.Rank).Int64("step", req.Step).Msg("the client aborted a save")
+	return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, req)
 }
 
 // release ends a restore: the client has copied out of the arena. A
@@ -284,7 +299,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	if si != nil {
 		// A ring fixed already (another local rank's save, a restore)
 		// lays this rank out on it at once.
-		if ring := s.fixedRing(s.group(si)); ring != nil {
+		if ring := s.rings.fixedRing(s.rings.group(si)); ring != nil {
 			if rs, err := si.WithRing(ring); err == nil {
 				si, rc.ringFixed = rs, true
 			}
@@ -312,8 +327,8 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	secs, _, _ := tmpfs.Plan(spec)
 	rc.registered, rc.req = true, req
 	rc.bufs = slices.Clone(req.Buffers)
-	s.host(req.Rank, si)
-	s.noteRegistered(rc, req.Rank, req.World, si)
+	s.rings.host(req.Rank, si)
+	s.regs.registered(rc, req.Rank, req.World, si)
 	if s.persist != nil {
 		s.persist.Registered(req.Rank, req.World)
 	}
@@ -324,6 +339,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 	log.Info().Str("event", event.RankRegistered).Int("rank", req.Rank).Int("world", req.World).Int("local_rank", req.LocalRank).
 		Str("layout", req.Layout).Str("arena_layout", si.Describe()).Int("buffers", len(req.Buffers)).Int("regions", len(spec.Regions)).Int("sections", len(secs)).
 		Int64("bytes", payloadBytes(secs)).Int64("arena_size", size).Msg("rank registered")
+	s.record(runrecord.Record{Kind: runrecord.KindRegistered, Rank: req.Rank, PID: int(rc.pid), Step: rc.step}, log)
 	return proto.WriteMsg(c, proto.TRegister|proto.ReplyBit, id, proto.RegisterReply{
 		Rank: req.Rank, ChunkSize: cs, ArenaSize: size, Buffers: layout.places})
 }
@@ -420,28 +436,16 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 	// layout a section is the buffer of its name, as before sections).
 	secs := rc.layout.sections
 	if req.CRC32C != nil {
-		for _, sec := range secs {
-			crcs, ok := req.CRC32C[sec.Name]
-			if !ok {
-				return replyErr(c, id, proto.CodeInvalid, "commit of step %d: crc32c has no entry for section %q (send one list per section of the save reply, keyed by its name, or no crc32c)", step, sec.Name)
-			}
-			if err := o.SetChecksums(sec.Name, crcs); err != nil {
-				return replyErr(c, id, proto.CodeInvalid, "commit of step %d: crc32c: %v (send one checksum per chunk_size chunk of every section, or no crc32c)", step, err)
-			}
-		}
-		if len(req.CRC32C) != len(secs) {
-			return replyErr(c, id, proto.CodeInvalid, "commit of step %d: crc32c names %d sections, the save has %d (key the checksums by the save reply's section names)", step, len(req.CRC32C), len(secs))
+		if err := takeChecksums(o, secs, req.CRC32C); err != nil {
+			return replyErr(c, id, proto.CodeInvalid, "commit of step %d: %v", step, err)
 		}
 	}
 	rc.open = nil
 	t0 := time.Now()
-	for _, sec := range secs {
-		if req.CRC32C != nil {
-			break
-		}
-		if err := o.ComputeChecksums(sec.Name); err != nil {
+	if req.CRC32C == nil {
+		if err := computeChecksums(o, secs); err != nil {
 			o.Abort()
-			return replyErr(c, id, proto.CodeInternal, "commit of step %d: checksum of section %q: %v", step, sec.Name, err)
+			return replyErr(c, id, proto.CodeInternal, "commit of step %d: %v", step, err)
 		}
 	}
 	crcTime := time.Since(t0)
@@ -468,7 +472,7 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 		return replyErr(c, id, code, "commit of rank %d step %d: %v", rc.key.Rank, step, err)
 	}
 	if s.persist != nil {
-		s.persist.Committed(g) // queues a background write when due; never blocks
+		s.persist.Committed(g, rc.slurmStep) // queues a background write when due; never blocks
 	}
 	if rc.sg != nil {
 		s.invalidateView()
@@ -480,6 +484,35 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 		Int64("bytes", n).Dur("checksum", crcTime).Msg("generation committed")
 	return proto.WriteMsg(c, proto.TCommit|proto.ReplyBit, id, proto.CommitReply{
 		Step: step, Seq: g.Seq, Bytes: n, ChecksumS: crcTime.Seconds()})
+}
+
+// takeChecksums sets the client's checksums of every section of the save
+// on o; the error says what the client must send instead.
+func takeChecksums(o *tmpfs.Ongoing, secs []proto.Section, crcs map[string][]uint32) error {
+	for _, sec := range secs {
+		list, ok := crcs[sec.Name]
+		if !ok {
+			return fmt.Errorf("crc32c has no entry for section %q (send one list per section of the save reply, keyed by its name, or no crc32c)", sec.Name)
+		}
+		if err := o.SetChecksums(sec.Name, list); err != nil {
+			return fmt.Errorf("crc32c: %w (send one checksum per chunk_size chunk of every section, or no crc32c)", err)
+		}
+	}
+	if len(crcs) != len(secs) {
+		return fmt.Errorf("crc32c names %d sections, the save has %d (key the checksums by the save reply's section names)", len(crcs), len(secs))
+	}
+	return nil
+}
+
+// computeChecksums checksums every section of the save itself (the
+// client sent none).
+func computeChecksums(o *tmpfs.Ongoing, secs []proto.Section) error {
+	for _, sec := range secs {
+		if err := o.ComputeChecksums(sec.Name); err != nil {
+			return fmt.Errorf("checksum of section %q: %w", sec.Name, err)
+		}
+	}
+	return nil
 }
 
 // restore serves a restore request; verifyClient: the client checks the
@@ -496,7 +529,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 			}
 			return replyErr(c, id, storeErr(err), "restore of rank %d, %s: %v", rc.key.Rank, what, err)
 		}
-		return s.serveRestore(c, rc, id, g, event, verifyClient, restoreTiming{t0, event}, log)
+		return s.serveRestore(c, rc, id, g, event, verifyClient, restoreTiming{start: t0, event: event}, log)
 	}
 	var (
 		g     tmpfs.Generation
@@ -512,14 +545,14 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 			g, found = h, true
 		}
 	}
-	source := event.RestoreLocal
+	rt := restoreTiming{start: t0, event: event.RestoreLocal}
 	if !found {
 		var replied bool
 		var err error
-		if g, found, replied, err = s.restorePersistent(c, rc, id, step, have, log); replied {
+		if g, found, rt.reason, replied, err = s.restorePersistent(c, rc, id, step, have, log); replied {
 			return err
 		}
-		source = event.RestorePersistent
+		rt.event = event.RestorePersistent
 	}
 	if !found {
 		if step < 0 {
@@ -528,7 +561,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 		return replyErr(c, id, proto.CodeNotFound, "restore of step %d: rank %d has no committed generation of that step on %s (it has steps %v)",
 			step, rc.key.Rank, s.info.Node, have)
 	}
-	return s.serveRestore(c, rc, id, g, event.RestoreLocal, verifyClient, restoreTiming{t0, source}, log)
+	return s.serveRestore(c, rc, id, g, event.RestoreLocal, verifyClient, rt, log)
 }
 
 // serveRestore pins generation g of the rank and replies with its arena
@@ -601,11 +634,26 @@ func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Gener
 		s.persist.Restored(rc.key.Rank, g.Step)
 	}
 	if rc.sg == nil {
+		verify := time.Since(t0)
 		log.Info().Str("event", name).Int("rank", rc.key.Rank).Int64("generation", g.Step).Uint64("seq", g.Seq).
-			Int64("bytes", payloadBytes(g.Manifest.Buffers)).Str("verified_by", verifier).Dur("verify", time.Since(t0)).Msg("serving a local restore")
+			Int64("bytes", payloadBytes(g.Manifest.Buffers)).Str("verified_by", verifier).Dur("verify", verify).Msg("serving a local restore")
+		s.record(localRestoreRecord(rc, g, rt, verify), log)
 	}
 	s.met.Restore(restoreSource[rt.event], time.Since(rt.start).Seconds())
 	return proto.WriteMsg(c, proto.TRestore|proto.ReplyBit, id, reply)
+}
+
+// localRestoreRecord is the run record of an unsharded rank's restore of
+// g: it says where the bytes came from (the log's restore_persistent line
+// precedes the restore_local one), and for a persistent restore how long
+// the load took besides the verification.
+func localRestoreRecord(rc *rankConn, g tmpfs.Generation, rt restoreTiming, verify time.Duration) runrecord.Record {
+	rec := runrecord.Record{Kind: runrecord.KindRestored, Rank: rc.key.Rank, PID: int(rc.pid), Step: rc.step,
+		Event: rt.event, Generation: g.Step, Bytes: payloadBytes(g.Manifest.Buffers), Duration: verify, Reason: rt.reason}
+	if rt.event == event.RestorePersistent {
+		rec.Duration = time.Since(rt.start)
+	}
+	return rec
 }
 
 // restoreTiming is when a restore request came and the event naming
@@ -613,6 +661,8 @@ func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Gener
 type restoreTiming struct {
 	start time.Time
 	event string
+	// reason: why memory could not serve it (a persistent restore's).
+	reason string
 }
 
 // restoreSource is the metrics' source of each restore event.

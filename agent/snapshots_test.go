@@ -21,6 +21,7 @@ import (
 	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/hostmem"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -727,7 +728,7 @@ func stripRegions(t *testing.T, root string, rank int, step int64) {
 	if err != nil || json.Unmarshal(mraw, &mk) != nil {
 		t.Fatalf("commit marker: %v", err)
 	}
-	mk["manifest_bytes"], mk["manifest_crc32c"] = len(raw), tmpfs.CRC(raw)
+	mk["manifest_bytes"], mk["manifest_crc32c"] = len(raw), crc32c.Checksum(raw)
 	mraw, _ = json.Marshal(mk)
 	for name, data := range map[string][]byte{"MANIFEST": raw, "COMMITTED": mraw} {
 		if err := os.WriteFile(filepath.Join(dirs[0], name), data, 0o600); err != nil {
@@ -837,7 +838,7 @@ func TestSnapshotRestoreVerifiedByClient(t *testing.T) {
 						if ar.ChunkSize != 4096 || !slices.Equal(ar.CRC32C[b.Name], want) {
 							t.Fatalf("section %q: chunk size %d, checksums %v; want 4096, %v", b.Name, ar.ChunkSize, ar.CRC32C[b.Name], want)
 						}
-						if got := tmpfs.CRC(m[b.Offset+4096 : b.Offset+8192]); b.Name == "params" && (got == want[1]) == tc.corrupt {
+						if got := crc32c.Checksum(m[b.Offset+4096 : b.Offset+8192]); b.Name == "params" && (got == want[1]) == tc.corrupt {
 							t.Fatalf("params chunk 1 in the arena: CRC %#x, manifest %#x, corrupted %v", got, want[1], tc.corrupt)
 						}
 					}

@@ -161,14 +161,14 @@ func (c *conn) call(ctx context.Context, t proto.Type, req, resp any) error {
 // comm sends a comm notice when the phase changes. Notices are never
 // answered, so it does not wait for a request in flight, only for its
 // frame to be written.
-func (c *conn) commNotice(active bool) error {
+func (c *conn) commNotice(active bool, op string) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.comm == active {
 		return nil
 	}
 	// id 0: no reply will name it.
-	if err := proto.WriteMsg(c.c, proto.TComm, 0, proto.Comm{Active: active}); err != nil {
+	if err := proto.WriteMsg(c.c, proto.TComm, 0, proto.Comm{Active: active, Op: op}); err != nil {
 		return fmt.Errorf("sending a comm notice: %w", err)
 	}
 	c.comm = active

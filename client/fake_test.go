@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"io"
 	"net"
 	"os"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/client"
-	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // fakeAgent answers each request with what reply returns: frames to send,
@@ -331,7 +331,7 @@ func TestCommitChecksums(t *testing.T) {
 				t.Fatalf("crc32c %v, want sections %v", cm.CRC32C, tc.want)
 			}
 			for name, r := range tc.want {
-				if got, want := cm.CRC32C[name], tmpfs.CRC(data[r[0]:r[1]]); len(got) != 1 || got[0] != want {
+				if got, want := cm.CRC32C[name], crc32c.Checksum(data[r[0]:r[1]]); len(got) != 1 || got[0] != want {
 					t.Errorf("crc32c[%q] = %v, want [%d]", name, got, want)
 				}
 			}

@@ -299,7 +299,7 @@ const maxReportedBad = 1024
 
 // restore asks the agent for step, copies the arena into the buffers and
 // releases the arena. The client verifies every chunk's CRC-32C as it
-// copies it (tmpfs.CopyCRC), so the arena is read once; it reports chunks
+// copies it (crc32c.Copy), so the arena is read once; it reports chunks
 // that fail in its release, and the agent, which verifies them in the
 // arena and marks the generation bad, answers corrupt. An agent that
 // verified the generation itself replies without checksums, and the client

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -12,7 +13,6 @@ import (
 	"time"
 
 	"github.com/reft-hpc/reft/agent/proto"
-	"github.com/reft-hpc/reft/tmpfs"
 )
 
 // Handle is one save in progress. The caller must not modify a registered
@@ -204,7 +204,25 @@ func (c *Client) CommPhase(active bool) {
 	if c.disabled || c.conn == nil {
 		return
 	}
-	_ = c.conn.commNotice(active)
+	_ = c.conn.commNotice(active, "")
+}
+
+// Collective says that the rank enters the collective op, a communication
+// phase as CommPhase(true) that names what the rank waits in ("gradient
+// all-reduce"): if the rank hangs there, or another rank hangs while it
+// waits there, the agent's verdict says so. CommPhase(false) leaves it.
+// The error is for an op that cannot name anything (longer than
+// proto.MaxCommOp bytes, or not printable); a broken connection shows at
+// the next Save or Restore, as with CommPhase.
+func (c *Client) Collective(op string) error {
+	if err := proto.CheckCommOp(op); err != nil {
+		return fmt.Errorf("reft: Collective: %w", err)
+	}
+	if c.disabled || c.conn == nil {
+		return nil
+	}
+	_ = c.conn.commNotice(true, op)
+	return nil
 }
 
 // Hint announces that the trainer will leave the memory bus alone for d
@@ -457,9 +475,9 @@ func copyChunks(tasks []task, workers int, before func()) error {
 				var crc uint32
 				for _, p := range t.pieces {
 					if p.dst == nil { // a restore's bytes between regions
-						crc = tmpfs.UpdateCRC(crc, p.src)
+						crc = crc32c.Update(crc, p.src)
 					} else {
-						crc = tmpfs.CopyCRC(crc, p.dst, p.src)
+						crc = crc32c.Copy(crc, p.dst, p.src)
 					}
 				}
 				*t.crc = crc

@@ -8,10 +8,12 @@
  * lazily, only when a job asks for reft, with asynchronous signals blocked so
  * that no Go thread ever receives one (Slurm's handlers lack SA_ONSTACK).
  *
- * Go never runs in a forked child: slurm_spank_task_init runs in the task
- * after fork and is plain C here, and the agent is started with fork/exec
- * from C. Nothing here fails in slurmd context, and nothing depends on
- * dlclose. spank/README.md says which callback does what, where and why.
+ * Go never runs in a child forked after this process loaded it:
+ * slurm_spank_task_init runs in the task after fork and is plain C here, and
+ * the agent is started with fork/exec from C. (The one child that runs Go,
+ * extern_exit_in_child, is forked by a process that never loaded it.)
+ * Nothing here fails in slurmd context, and nothing depends on dlclose.
+ * spank/README.md says which callback does what, where and why.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -1105,6 +1107,100 @@ static void hold_step_end(spank_t sp, uint32_t job, uint32_t step)
 		slurm_info("reft: step %u.%u: %s", job, step, out);
 }
 
+/* The extern step's cleanup when this process has not loaded Go: the
+ * marker appeared after task_post_fork looked (seen on Slurm 24.11: a node
+ * whose agent a step started, such as a spare), and loading Go here can hang
+ * this slurmstepd for good. Its dlopen must set up the library's static TLS
+ * in every thread (glibc takes dl_stack_cache_lock, holding
+ * dl_load_tls_lock) while the job is being torn down, when 24.11's worker
+ * threads drop privileges (seteuid: glibc's setxid holds dl_stack_cache_lock
+ * and waits for a thread still being created) and its message thread creates
+ * threads (pthread_create waits for dl_load_tls_lock): a three-thread
+ * deadlock, seen in gdb with the job COMPLETING until the test gave up. So
+ * a child does it: fork leaves it one thread and fresh loader locks, it
+ * loads Go, runs the cleanup, reports on a pipe and exits; the parent waits
+ * a bounded time and kills a child that outlives it. Nothing in the child
+ * calls Slurm (its locks may be held by threads the fork left behind). */
+static void extern_exit_in_child(uint32_t job, uint32_t uid, const char *marker)
+{
+	char err[2048] = "";
+	int fds[2];
+
+	/* Non-blocking: the parent's wait is bounded even if the child
+	 * writes nothing; the message (under 2 KiB) fits the pipe. */
+	if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+		slurm_error("reft: job %u cleanup: pipe: %s; the job's agent and files on this node were not cleaned up", job, strerror(errno));
+		return;
+	}
+	pid_t pid = fork();
+	if (pid < 0) {
+		slurm_error("reft: job %u cleanup: fork: %s; the job's agent and files on this node were not cleaned up", job, strerror(errno));
+		close(fds[0]);
+		close(fds[1]);
+		return;
+	}
+	if (pid == 0) {
+		close(fds[0]);
+		/* Root again if the fork caught a Slurm worker's seteuid to the
+		 * job's user (process-wide in glibc): the cleanup is root's. */
+		int rc = 0;
+		if (geteuid() != 0 && seteuid(0) != 0)
+			rc = -1;
+		if (rc == 0 && ((getegid() != 0 && setegid(0) != 0) || setgroups(0, NULL) != 0))
+			rc = -1;
+		if (rc != 0)
+			snprintf(err, sizeof(err), "the cleanup process cannot act as root: %s", strerror(errno));
+		else
+			rc = load_go(err, sizeof(err));
+		if (rc != 0 && go.handle == NULL && geteuid() == 0)
+			unlink(marker);
+		else if (rc == 0)
+			rc = CALL_GO(go.extern_exit(g_config, REFT_STATE_DIR, job, uid, err, sizeof(err)));
+		if (rc != 0) {
+			size_t n = strnlen(err, sizeof(err)), off = 0;
+			while (off < n) {
+				ssize_t w = write(fds[1], err + off, n - off);
+				if (w <= 0)
+					break;
+				off += (size_t) w;
+			}
+		}
+		_exit(rc != 0);
+	}
+	close(fds[1]);
+	/* The cleanup's own bounds: the agent's 3 s grace, two scontrol
+	 * calls of 3 s, and a Go runtime's start. */
+	size_t got = 0;
+	int status = 0, done = 0;
+	for (int waited_ms = 0; waited_ms < 30000 && !done; waited_ms += 50) {
+		ssize_t r = read(fds[0], err + got, sizeof(err) - 1 - got);
+		if (r > 0)
+			got += (size_t) r;
+		pid_t w = waitpid(pid, &status, WNOHANG);
+		if (w == pid)
+			done = 1;
+		else if (w < 0 && errno == ECHILD)
+			done = 2; /* reaped by another thread: the pipe alone tells */
+		else if (r <= 0)
+			usleep(50 * 1000);
+	}
+	if (!done) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &status, 0);
+		slurm_error("reft: job %u cleanup: the cleanup process outlived 30 s and was killed", job);
+	}
+	while (got < sizeof(err) - 1) {
+		ssize_t r = read(fds[0], err + got, sizeof(err) - 1 - got);
+		if (r <= 0)
+			break;
+		got += (size_t) r;
+	}
+	err[got] = '\0';
+	close(fds[0]);
+	if ((done == 1 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) || (done == 2 && err[0]))
+		slurm_error("reft: job %u cleanup: %s", job, err[0] ? err : "the cleanup process failed without a message");
+}
+
 /* exit: when a reft step whose task failed ends, hold_step_end; when the
  * extern step ends (the job ends on this node), stop the agent and remove
  * its socket, run directory and marker. */
@@ -1127,9 +1223,19 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 	marker_path(job, marker, sizeof(marker));
 	if (access(marker, F_OK) != 0)
 		return 0;
-	if (load_go(err, sizeof(err)) != 0) {
-		slurm_error("reft: job %u: %s", job, err);
-		unlink(marker);
+	if (!go.handle) {
+		extern_exit_in_child(job, uid, marker);
+		return 0;
+	}
+	/* The cleanup is root's, but a Slurm 24.11 worker thread can hold the
+	 * whole process at the job user's euid for a moment (glibc's seteuid
+	 * is process-wide): seen as "permission denied" on the run directory
+	 * and the plugin's state directory. Wait for root, at most 2 s. */
+	for (int i = 0; geteuid() != 0 && i < 40; i++)
+		usleep(50 * 1000);
+	if (geteuid() != 0) {
+		slurm_error("reft: job %u cleanup: this slurmstepd still ran as uid %u, not root, after 2 s: the job's agent and files on this node were not cleaned up",
+			    job, (unsigned) geteuid());
 		return 0;
 	}
 	if (CALL_GO(go.extern_exit(g_config, REFT_STATE_DIR, job, uid, err, sizeof(err))) != 0)

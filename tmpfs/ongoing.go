@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"os"
 	"path/filepath"
 	"slices"
@@ -254,7 +255,7 @@ func (o *Ongoing) CopyIn(src map[string][]byte) error {
 	}
 	parallel(len(tasks), o.s.opt.Workers, func(i int) {
 		t := tasks[i]
-		*t.crc = CopyCRC(0, t.dst, t.src)
+		*t.crc = crc32c.Copy(0, t.dst, t.src)
 	})
 	o.s.hook("write:done")
 	return nil
@@ -347,7 +348,7 @@ func (o *Ongoing) Commit() (Generation, error) {
 		return Generation{}, s.saveFailed(o.ks.key, o.m.Step, o.m.ArenaSize, fmt.Errorf("write manifest: %w", err))
 	}
 	s.hook("commit:manifest")
-	mk, _ := json.Marshal(marker{Step: o.m.Step, Seq: o.m.Seq, ManifestBytes: len(raw), ManifestCRC: CRC(raw)})
+	mk, _ := json.Marshal(marker{Step: o.m.Step, Seq: o.m.Seq, ManifestBytes: len(raw), ManifestCRC: crc32c.Checksum(raw)})
 	if err := writeAtomic(o.dir, markerFile, mk, s.owner); err != nil {
 		o.abortLocked()
 		return Generation{}, s.saveFailed(o.ks.key, o.m.Step, o.m.ArenaSize, fmt.Errorf("write commit marker: %w", err))

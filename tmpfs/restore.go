@@ -2,6 +2,7 @@ package tmpfs
 
 import (
 	"fmt"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"os"
 	"path/filepath"
 )
@@ -130,7 +131,7 @@ func (s *Store) RestoreGeneration(g Generation, dst map[string][]byte) error {
 	}
 	got := make([]uint32, len(tasks))
 	parallel(len(tasks), s.opt.Workers, func(i int) {
-		got[i] = CopyCRC(0, tasks[i].dst, tasks[i].src)
+		got[i] = crc32c.Copy(0, tasks[i].dst, tasks[i].src)
 	})
 	var bad []BadChunk
 	for i, t := range tasks {
@@ -209,7 +210,7 @@ func (r *Reader) Verify() error {
 		}
 	}
 	got := make([]uint32, len(tasks))
-	parallel(len(tasks), r.s.opt.Workers, func(i int) { got[i] = CRC(tasks[i].data) })
+	parallel(len(tasks), r.s.opt.Workers, func(i int) { got[i] = crc32c.Checksum(tasks[i].data) })
 	var bad []BadChunk
 	for i, t := range tasks {
 		if want := t.buf.CRC32C[t.chunk]; got[i] != want {

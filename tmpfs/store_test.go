@@ -3,6 +3,7 @@ package tmpfs
 import (
 	"errors"
 	"fmt"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"os"
 	"path/filepath"
 	"slices"
@@ -195,7 +196,7 @@ func TestReaderPinsArena(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if CRC(chunk) != crc {
+	if crc32c.Checksum(chunk) != crc {
 		t.Fatal("a pinned arena was overwritten by a later generation")
 	}
 	r.Close()

@@ -375,8 +375,23 @@ func Parse(path string, data []byte) (Config, error) {
 	return c, nil
 }
 
-// Validate checks value ranges and the relations between keys.
+// Validate checks value ranges and the relations between keys, section
+// by section; the first fault found is returned, naming its key.
 func (c Config) Validate() error {
+	for _, check := range []func() error{
+		c.validatePaths, c.Store.validate, c.Persist.validate, c.Agent.validate, c.Heartbeat.validate,
+		c.Protect.validate, c.Detect.Validate, c.Log.validate, c.Topology.Validate, c.Run.Validate,
+	} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validatePaths: the paths the agent and the plugin use are absolute
+// (those that may be empty, when empty).
+func (c Config) validatePaths() error {
 	abs := func(key, v string, emptyOK bool) error {
 		if v == "" && emptyOK {
 			return nil
@@ -403,52 +418,69 @@ func (c Config) Validate() error {
 		return fmt.Errorf("metrics.textfile_dir = %q: want an absolute, clean path (node_exporter's --collector.textfile.directory, "+
 			"e.g. \"/var/lib/prometheus/node-exporter/reft\"), or \"\" to turn the metrics off", d)
 	}
-	if c.Store.MaxAge < 0 {
-		return fmt.Errorf("store.max_age = %s: want a duration >= 0 (0 disables the age limit)", time.Duration(c.Store.MaxAge))
+	return nil
+}
+
+func (s Store) validate() error {
+	if s.MaxAge < 0 {
+		return fmt.Errorf("store.max_age = %s: want a duration >= 0 (0 disables the age limit)", time.Duration(s.MaxAge))
 	}
-	if c.Store.Keep < 0 {
-		return fmt.Errorf("store.keep = %d: want the number of older completed generations to keep, >= 0", c.Store.Keep)
+	if s.Keep < 0 {
+		return fmt.Errorf("store.keep = %d: want the number of older completed generations to keep, >= 0", s.Keep)
 	}
-	if f := c.Persist.FailuresPerNodeDay; !(f > 0) || math.IsInf(f, 0) {
+	return nil
+}
+
+func (p Persist) validate() error {
+	if f := p.FailuresPerNodeDay; !(f > 0) || math.IsInf(f, 0) {
 		return fmt.Errorf("persist.failures_per_node_day = %g: want failures per node per day, > 0 (e.g. 0.016: 2e-3 per GPU-day, 8 GPUs)", f)
 	}
-	if lo, hi := c.Agent.PortRange[0], c.Agent.PortRange[1]; lo < 1 || hi > 65535 || lo > hi {
+	return nil
+}
+
+func (a Agent) validate() error {
+	if lo, hi := a.PortRange[0], a.PortRange[1]; lo < 1 || hi > 65535 || lo > hi {
 		return fmt.Errorf("agent.port_range = [%d, %d]: want [low, high] with 1 <= low <= high <= 65535", lo, hi)
 	}
-	switch c.Agent.PeerAuth {
+	switch a.PeerAuth {
 	case "munge":
 	case "secret":
-		if !strings.HasPrefix(c.Agent.PeerSecret, "/") && !strings.HasPrefix(c.Agent.PeerSecret, "~/") {
+		if !strings.HasPrefix(a.PeerSecret, "/") && !strings.HasPrefix(a.PeerSecret, "~/") {
 			return fmt.Errorf("agent.peer_auth = \"secret\" needs agent.peer_secret, an absolute path or one under ~/ on a filesystem every node sees "+
-				"(%%j: the job id, %%u: the uid; e.g. \"~/.reft/secrets/%%j\"); got %q", c.Agent.PeerSecret)
+				"(%%j: the job id, %%u: the uid; e.g. \"~/.reft/secrets/%%j\"); got %q", a.PeerSecret)
 		}
 	default:
-		return fmt.Errorf("agent.peer_auth = %q: valid methods: munge, secret", c.Agent.PeerAuth)
+		return fmt.Errorf("agent.peer_auth = %q: valid methods: munge, secret", a.PeerAuth)
 	}
-	if c.Agent.StartTimeout <= 0 {
+	if a.StartTimeout <= 0 {
 		return fmt.Errorf("agent.start_timeout must be positive")
 	}
-	if c.Heartbeat.Interval <= 0 || c.Heartbeat.Timeout <= c.Heartbeat.Interval {
-		return fmt.Errorf("heartbeat: want 0 < interval (%s) < timeout (%s)", c.Heartbeat.Interval, c.Heartbeat.Timeout)
+	return nil
+}
+
+func (h Heartbeat) validate() error {
+	if h.Interval <= 0 || h.Timeout <= h.Interval {
+		return fmt.Errorf("heartbeat: want 0 < interval (%s) < timeout (%s)", h.Interval, h.Timeout)
 	}
-	if c.Protect.BackgroundRate < 0 {
-		return fmt.Errorf("protect.background_rate = %d: want bytes per second (\"2GiB/s\"), or \"unlimited\"", int64(c.Protect.BackgroundRate))
+	return nil
+}
+
+func (p Protect) validate() error {
+	if p.BackgroundRate < 0 {
+		return fmt.Errorf("protect.background_rate = %d: want bytes per second (\"2GiB/s\"), or \"unlimited\"", int64(p.BackgroundRate))
 	}
-	if c.Protect.BackgroundBurst <= 0 {
-		return fmt.Errorf("protect.background_burst = %d: want a positive size (\"64MiB\")", int64(c.Protect.BackgroundBurst))
+	if p.BackgroundBurst <= 0 {
+		return fmt.Errorf("protect.background_burst = %d: want a positive size (\"64MiB\")", int64(p.BackgroundBurst))
 	}
-	if err := c.Detect.Validate(); err != nil {
-		return err
-	}
-	switch c.Log.Level {
+	return nil
+}
+
+func (l Log) validate() error {
+	switch l.Level {
 	case "trace", "debug", "info", "warn", "error":
-	default:
-		return fmt.Errorf("log.level = %q: valid levels: trace, debug, info, warn, error", c.Log.Level)
+		return nil
 	}
-	if err := c.Topology.Validate(); err != nil {
-		return err
-	}
-	return c.Run.Validate()
+	return fmt.Errorf("log.level = %q: valid levels: trace, debug, info, warn, error", l.Level)
 }
 
 // Validate checks the relaunch policy; `reft run` calls it again after

@@ -140,43 +140,25 @@ type watchResult struct {
 func (d *Detector) watch(ctx context.Context, node string, slurmd bool) watchResult {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	type result struct {
-		slurmd bool
-		agent  Reach
-		state  string
-	}
 	n := watchAttempts
+	probes := []bool{false}
 	if slurmd {
 		n *= 2
+		probes = append(probes, true)
 	}
-	out := make(chan result, n)
+	attempt := func(actx context.Context, s bool) attemptResult {
+		if s {
+			return attemptResult{slurmd: true, state: d.checkSlurmd(actx, node)}
+		}
+		var rep beatReply
+		return attemptResult{agent: reachOf(d.cfg.Transport.Call(actx, node, peer.TBeat, beatReq{Node: d.cfg.Self}, &rep))}
+	}
+	out := make(chan attemptResult, n)
 	var wg sync.WaitGroup
 	every := d.cfg.Window / watchAttempts
 	for i := range watchAttempts {
-		for _, s := range []bool{false, true} {
-			if s && !slurmd {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				t := time.NewTimer(time.Duration(i) * every)
-				defer t.Stop()
-				select {
-				case <-ctx.Done():
-					out <- result{slurmd: s, agent: Silent, state: slurmdSilent}
-					return
-				case <-t.C:
-				}
-				actx, acancel := context.WithTimeout(ctx, attemptTimeout)
-				defer acancel()
-				if s {
-					out <- result{slurmd: true, state: d.checkSlurmd(actx, node)}
-					return
-				}
-				var rep beatReply
-				out <- result{agent: reachOf(d.cfg.Transport.Call(actx, node, peer.TBeat, beatReq{Node: d.cfg.Self}, &rep))}
-			}()
+		for _, s := range probes {
+			wg.Go(func() { out <- delayedAttempt(ctx, time.Duration(i)*every, s, attempt) })
 		}
 	}
 	res := watchResult{Agent: Silent, Slurmd: slurmdUnknown}
@@ -184,20 +166,9 @@ func (d *Detector) watch(ctx context.Context, node string, slurmd bool) watchRes
 		res.Slurmd = ""
 	}
 	unknown := 0
-	for got := 0; got < n; got++ {
-		r := <-out
-		switch {
-		case !r.slurmd:
-			if r.agent == Answered || (r.agent == Refused && res.Agent == Silent) {
-				res.Agent = r.agent
-			}
-		case r.slurmd && (r.state == slurmdUp || r.state == slurmdDown) && res.Slurmd != slurmdUp:
-			res.Slurmd = r.state // an answer outweighs a refusal: slurmd restarted meanwhile
-		case r.slurmd && r.state == slurmdUnknown:
+	for got := 0; got < n && !res.settled(); got++ {
+		if res.take(<-out) {
 			unknown++
-		}
-		if res.Agent == Answered || (res.Agent == Refused && res.Slurmd == slurmdDown) {
-			break
 		}
 	}
 	cancel()
@@ -214,6 +185,53 @@ func (d *Detector) watch(ctx context.Context, node string, slurmd bool) watchRes
 		d.alive(node, false)
 	}
 	return res
+}
+
+// attemptResult is one watch attempt's answer: of the agent, or (slurmd)
+// of its node's slurmd.
+type attemptResult struct {
+	slurmd bool
+	agent  Reach
+	state  string
+}
+
+// delayedAttempt runs attempt (s: of the slurmd) after delay, for at most
+// attemptTimeout; when ctx ends first the answer is silence.
+func delayedAttempt(ctx context.Context, delay time.Duration, s bool, attempt func(context.Context, bool) attemptResult) attemptResult {
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return attemptResult{slurmd: s, agent: Silent, state: slurmdSilent}
+	case <-t.C:
+	}
+	actx, acancel := context.WithTimeout(ctx, attemptTimeout)
+	defer acancel()
+	return attempt(actx, s)
+}
+
+// take folds one attempt's answer into the watch's: an answer of the
+// agent outweighs a refusal, which outweighs silence; a slurmd's answer
+// (up or down) outweighs its silence, and up outweighs down (slurmd
+// restarted meanwhile). unknown: the slurmd could not be asked.
+func (res *watchResult) take(r attemptResult) (unknown bool) {
+	switch {
+	case !r.slurmd:
+		if r.agent == Answered || (r.agent == Refused && res.Agent == Silent) {
+			res.Agent = r.agent
+		}
+	case (r.state == slurmdUp || r.state == slurmdDown) && res.Slurmd != slurmdUp:
+		res.Slurmd = r.state
+	case r.state == slurmdUnknown:
+		return true
+	}
+	return false
+}
+
+// settled: the agent answered, or it refused and its slurmd says the
+// node is down; later attempts cannot change the verdict.
+func (res *watchResult) settled() bool {
+	return res.Agent == Answered || (res.Agent == Refused && res.Slurmd == slurmdDown)
 }
 
 // suspect confirms a suspicion of node in the background: every other
@@ -304,175 +322,240 @@ func slurmdAsked(self, node string, live []string) []string {
 // make no quorum either, this agent is the one cut off: it fences itself
 // (see Detector) and publishes nothing.
 func (d *Detector) confirm(ctx context.Context, node string, last time.Time, live, pop []string, cause error) {
-	start := time.Now()
+	sp := &suspicion{d: d, node: node, last: last, pop: pop, cause: cause, start: time.Now()}
+	sp.gather(ctx, live)
+	if ctx.Err() != nil || sp.cleared() {
+		return
+	}
+	if !Quorum(sp.t.votes, pop) {
+		sp.noQuorum(ctx)
+		return
+	}
+	class, why := classify(sp.t.slurmd, d.cfg.Window)
+	if class == ClassAgent {
+		var ok bool
+		if class, why, ok = sp.agentOrNode(ctx, why); !ok {
+			return
+		}
+	}
+	sp.publish(ctx, class, why)
+}
+
+// suspicion is one confirm call: the suspect, what was last heard of it,
+// the population a verdict is weighed against, and the answers. It runs
+// on confirm's goroutine.
+type suspicion struct {
+	d     *Detector
+	node  string
+	last  time.Time
+	pop   []string
+	cause error
+	start time.Time
+	t     tally
+}
+
+// tally is what the other agents and this one's own watch said of the
+// suspect. votes are the agents that cannot reach it, this one first;
+// responded the agents that answered, vote or not (a fenced agent answers
+// without a vote); silent those that did not, with why.
+type tally struct {
+	unreachable, reached, silent, responded, slurmd, votes []string
+}
+
+// probeAnswer is one asked agent's answer to the probe.
+type probeAnswer struct {
+	c   string
+	r   *probeReply
+	err error
+}
+
+func (t *tally) add(a probeAnswer) {
+	switch {
+	case a.err != nil:
+		t.silent = append(t.silent, a.c+" ("+a.err.Error()+")")
+	case a.r.Error != "":
+		t.responded = append(t.responded, a.c)
+		t.silent = append(t.silent, a.c+" ("+a.r.Error+")")
+	case a.r.Reachable:
+		t.reached = append(t.reached, a.c)
+	default:
+		t.unreachable = append(t.unreachable, a.c)
+		t.votes = append(t.votes, a.c)
+		t.slurmd = append(t.slurmd, a.r.Slurmd)
+	}
+}
+
+// gather asks every other agent of the population whether it reaches the
+// suspect (those of slurmdAsked probe its slurmd too) while this one
+// watches it, and tallies the answers until they settle it: one agent
+// that reaches the suspect clears it; a quorum that cannot (with this
+// agent's own watch done) condemns it.
+func (sp *suspicion) gather(ctx context.Context, live []string) {
+	d, node := sp.d, sp.node
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.Window+attemptTimeout+d.cfg.Confirm)
-	defer cancel()
+	defer cancel() // the rest are not needed
 	withSlurmd := slurmdAsked(d.cfg.Self, node, live)
 	var asked []string
-	for _, c := range pop {
+	for _, c := range sp.pop {
 		if c != d.cfg.Self && c != node {
 			asked = append(asked, c)
 		}
 	}
-	type answer struct {
-		c   string
-		r   *probeReply
-		err error
-	}
-	answers := make(chan answer, len(asked))
+	answers := make(chan probeAnswer, len(asked))
 	for _, c := range asked {
 		go func() {
 			r := &probeReply{}
 			err := d.cfg.Transport.Call(cctx, c, peer.TProbe, probeReq{Node: node, Slurmd: slices.Contains(withSlurmd, c)}, r)
-			answers <- answer{c, r, err}
+			answers <- probeAnswer{c, r, err}
 		}()
 	}
 	ownc := make(chan watchResult, 1)
 	go func() { ownc <- d.watch(cctx, node, true) }()
-
-	unreachable := []string{}
-	// responded: the agents that answered, vote or not (a fenced agent
-	// answers without a vote); silent: those that did not.
-	var reached, silent, responded []string
-	slurmd := []string{}
-	votes := []string{d.cfg.Self}
-	var own watchResult
+	t := &sp.t
+	t.unreachable, t.slurmd, t.votes = []string{}, []string{}, []string{d.cfg.Self}
 	ownDone, got := false, 0
-	// Decide as soon as the answers settle it: one agent that reaches the
-	// suspect clears it; a quorum that cannot (with this agent's own
-	// watch done) condemns it.
-	for !(ownDone && (got == len(asked) || Quorum(votes, pop))) && len(reached) == 0 {
+	for !(ownDone && (got == len(asked) || Quorum(t.votes, sp.pop))) && len(t.reached) == 0 {
 		select {
 		case a := <-answers:
 			got++
-			switch {
-			case a.err != nil:
-				silent = append(silent, a.c+" ("+a.err.Error()+")")
-			case a.r.Error != "":
-				responded = append(responded, a.c)
-				silent = append(silent, a.c+" ("+a.r.Error+")")
-			case a.r.Reachable:
-				reached = append(reached, a.c)
-			default:
-				unreachable = append(unreachable, a.c)
-				votes = append(votes, a.c)
-				slurmd = append(slurmd, a.r.Slurmd)
-			}
-		case own = <-ownc:
+			t.add(a)
+		case own := <-ownc:
 			ownDone = true
-			slurmd = append(slurmd, own.Slurmd)
+			t.slurmd = append(t.slurmd, own.Slurmd)
 			if own.Agent == Answered {
-				reached = append(reached, d.cfg.Self)
+				t.reached = append(t.reached, d.cfg.Self)
 			}
 		}
 	}
-	cancel() // the rest are not needed
-	if ctx.Err() != nil {
-		return
-	}
+}
 
+// state reads what the detector learnt of the suspect meanwhile: when it
+// was last heard from, whether its failure is known (published), and
+// whether it said goodbye.
+func (sp *suspicion) state() (heard time.Time, known, gone bool) {
+	d := sp.d
 	d.mu.Lock()
-	heard := d.heard[node]
-	_, known := d.failed[node]
-	_, gone := d.gone[node]
-	d.mu.Unlock()
+	defer d.mu.Unlock()
+	_, known = d.failed[sp.node]
+	_, gone = d.gone[sp.node]
+	return d.heard[sp.node], known, gone
+}
+
+// cleared says whether there is no failure to publish after all, and
+// logs why: the suspect said goodbye, an agent reaches it (this one: it
+// answered within the window; another: a failing link), it was heard
+// from meanwhile, or its failure was published meanwhile.
+func (sp *suspicion) cleared() bool {
+	d, node := sp.d, sp.node
+	heard, known, gone := sp.state()
 	switch {
 	case gone: // it said goodbye meanwhile: no failure
-		return
-	case len(reached) > 0:
-		other := slices.DeleteFunc(slices.Clone(reached), func(c string) bool { return c == d.cfg.Self })
+		return true
+	case len(sp.t.reached) > 0:
+		other := slices.DeleteFunc(slices.Clone(sp.t.reached), func(c string) bool { return c == d.cfg.Self })
 		if len(other) == 0 {
 			d.log.Info().Str("event", "peer_suspect_cleared").Str("peer_node", node).
 				Msgf("the agent of %s answered again within the watch window (%s); no failure", node, d.cfg.Window)
-			return
+			return true
 		}
-		d.log.Warn().Str("event", "peer_suspect_cleared").Str("peer_node", node).Strs("reached_by", other).Err(cause).
+		d.log.Warn().Str("event", "peer_suspect_cleared").Str("peer_node", node).Strs("reached_by", other).Err(sp.cause).
 			Msgf("%s reach the agent of %s, which this agent cannot: a failing link from %s to %s, not a failed node (check the network between them)",
 				strings.Join(other, ","), node, d.cfg.Self, node)
-		return
-	case heard.After(last):
+		return true
+	case heard.After(sp.last):
 		// It answered meanwhile (a request of its own).
 		d.log.Info().Str("event", "peer_suspect_cleared").Str("peer_node", node).
 			Msgf("the agent of %s answered again; no failure", node)
-		return
-	case known: // published meanwhile by the coordinator, from another watcher's report
+		return true
+	}
+	return known // published meanwhile by the coordinator, from another watcher's report
+}
+
+// noQuorum handles votes short of a quorum: when the agents this one
+// reaches at all make no quorum either, this agent is the one cut off
+// and fences itself; else it says the failure is unconfirmed.
+func (sp *suspicion) noQuorum(ctx context.Context) {
+	d, node, pop := sp.d, sp.node, sp.pop
+	// Cut off means reaching no quorum at all: the agents that answered
+	// the probe, and those heard from within Timeout otherwise (a probe
+	// answer can be late for reasons of its own: a slow dial on the
+	// other side).
+	answered := append(slices.Clone(sp.t.votes), sp.t.responded...)
+	now := time.Now()
+	d.mu.Lock()
+	for _, c := range pop {
+		if c != node && !slices.Contains(answered, c) && now.Sub(d.heard[c]) < d.cfg.Timeout {
+			answered = append(answered, c)
+		}
+	}
+	d.mu.Unlock()
+	if !Quorum(answered, pop) {
+		answered = append(answered, d.reach(ctx, pop, append(slices.Clone(answered), node))...)
+	}
+	if ctx.Err() != nil {
 		return
 	}
-	if !Quorum(votes, pop) {
-		// Cut off means reaching no quorum at all: the agents that answered
-		// the probe, and those heard from within Timeout otherwise (a probe
-		// answer can be late for reasons of its own: a slow dial on the
-		// other side).
-		answered := append(slices.Clone(votes), responded...)
-		now := time.Now()
-		d.mu.Lock()
-		for _, c := range pop {
-			if c != node && !slices.Contains(answered, c) && now.Sub(d.heard[c]) < d.cfg.Timeout {
-				answered = append(answered, c)
-			}
-		}
-		d.mu.Unlock()
-		if !Quorum(answered, pop) {
-			answered = append(answered, d.reach(ctx, pop, append(slices.Clone(answered), node))...)
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		if !Quorum(answered, pop) {
-			d.fence(fmt.Sprintf("suspecting %s, this agent reached %d of the job's %d agents (itself included), no quorum; %s may be fine (unanswered: %s)",
-				node, len(answered), len(pop), node, listOr(silent, "none")))
-			return
-		}
-		d.log.Warn().Str("event", "peer_suspect_unconfirmed").Str("peer_node", node).Strs("confirmed_by", unreachable).
-			Strs("unanswered", silent).Int("agents", len(pop)).
-			Msgf("%d of %d agents cannot reach %s, no quorum: not declaring a failure", len(votes), len(pop), node)
+	if !Quorum(answered, pop) {
+		d.fence(fmt.Sprintf("suspecting %s, this agent reached %d of the job's %d agents (itself included), no quorum; %s may be fine (unanswered: %s)",
+			node, len(answered), len(pop), node, listOr(sp.t.silent, "none")))
 		return
 	}
-	class, why := ClassNode, "its slurmd does not answer either"
+	d.log.Warn().Str("event", "peer_suspect_unconfirmed").Str("peer_node", node).Strs("confirmed_by", sp.t.unreachable).
+		Strs("unanswered", sp.t.silent).Int("agents", len(pop)).
+		Msgf("%d of %d agents cannot reach %s, no quorum: not declaring a failure", len(sp.t.votes), len(pop), node)
+}
+
+// classify names a confirmed failure by what the suspect's slurmd said
+// (to this agent and the confirmers): an answer makes it the agent's
+// failure, else the node's, and why says which.
+func classify(slurmd []string, window time.Duration) (class, why string) {
 	switch {
 	case slices.Contains(slurmd, slurmdUp):
-		class, why = ClassAgent, "its node's slurmd answers"
+		return ClassAgent, "its node's slurmd answers"
 	case slices.Contains(slurmd, slurmdDown):
-		why = "its slurmd refuses connections"
+		return ClassNode, "its slurmd refuses connections"
 	case slices.Contains(slurmd, slurmdSilent):
-		why = fmt.Sprintf("its slurmd stayed silent over %s", d.cfg.Window)
-	default:
-		why = "its slurmd could not be checked (no address)"
+		return ClassNode, fmt.Sprintf("its slurmd stayed silent over %s", window)
 	}
-	if class == ClassAgent {
-		// A node's processes do not all die at the same instant (a kill
-		// of the node's every process, the OOM killer, a panic in
-		// progress): the agent's reset can come while slurmd still
-		// answers. Only a slurmd that still answers half a suspicion
-		// timeout later makes this an agent failure; reft run would
-		// otherwise relaunch onto a dead node. An agent heard meanwhile is
-		// a new one (the confirmers could not reach the old): the node is
-		// up, and the verdict stands.
-		grace := d.cfg.Timeout / 2
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(grace):
-		}
-		d.mu.Lock()
-		heard = d.heard[node]
-		_, known = d.failed[node]
-		_, gone = d.gone[node]
-		d.mu.Unlock()
-		if gone || known {
-			return
-		}
-		if !heard.After(last) && d.checkSlurmd(ctx, node) == slurmdDown {
-			class, why = ClassNode, fmt.Sprintf("its slurmd answered at first but refused %s later (the whole node went down)", grace)
-		}
+	return ClassNode, "its slurmd could not be checked (no address)"
+}
+
+// agentOrNode settles an agent verdict. A node's processes do not all
+// die at the same instant (a kill of the node's every process, the OOM
+// killer, a panic in progress): the agent's reset can come while slurmd
+// still answers. Only a slurmd that still answers half a suspicion
+// timeout later makes this an agent failure; reft run would otherwise
+// relaunch onto a dead node. An agent heard meanwhile is a new one (the
+// confirmers could not reach the old): the node is up, and the verdict
+// stands. ok is false when there is nothing to publish any more.
+func (sp *suspicion) agentOrNode(ctx context.Context, why string) (class, reason string, ok bool) {
+	d := sp.d
+	grace := d.cfg.Timeout / 2
+	select {
+	case <-ctx.Done():
+		return "", "", false
+	case <-time.After(grace):
 	}
+	heard, known, gone := sp.state()
+	if gone || known {
+		return "", "", false
+	}
+	if !heard.After(sp.last) && d.checkSlurmd(ctx, sp.node) == slurmdDown {
+		return ClassNode, fmt.Sprintf("its slurmd answered at first but refused %s later (the whole node went down)", grace), true
+	}
+	return ClassAgent, why, true
+}
+
+// publish reports the confirmed failure to the coordinator.
+func (sp *suspicion) publish(ctx context.Context, class, why string) {
+	d, node := sp.d, sp.node
 	now := time.Now()
-	f := Failure{Node: node, Class: class, Reporter: d.cfg.Self, ConfirmedBy: unreachable, LastHeard: last, DetectedAt: now,
-		Quorum: true, Votes: len(votes), Agents: len(pop)}
+	f := Failure{Node: node, Class: class, Reporter: d.cfg.Self, ConfirmedBy: sp.t.unreachable, LastHeard: sp.last, DetectedAt: now,
+		Quorum: true, Votes: len(sp.t.votes), Agents: len(sp.pop)}
 	f.Cause = fmt.Sprintf("the agent of %s is unreachable (%v); %s; %d of the job's %d agents cannot reach it (a quorum)",
-		node, cause, why, len(votes), len(pop))
+		node, sp.cause, why, len(sp.t.votes), len(sp.pop))
 	d.log.Info().Str("event", "peer_confirmed").Str("peer_node", node).Str("class", class).
-		Dur("confirm", now.Sub(start)).Msg(f.Cause)
+		Dur("confirm", now.Sub(sp.start)).Msg(f.Cause)
 	d.mu.Lock()
 	d.failed[node] = now
 	d.mu.Unlock()

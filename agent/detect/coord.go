@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"time"
 
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/runrecord"
 )
 
 // EventFailure is the coordinator's log event for a published failure, the
@@ -163,6 +165,9 @@ func (d *Detector) coordinate(f Failure) (duplicate bool) {
 		ev = ev.Bool("quorum", f.Quorum).Int("votes", f.Votes).Int("agents", f.Agents)
 	}
 	ev.Msg(f.Cause)
+	if err := d.cfg.Record.Failed(recordOf(f), time.Now()); err != nil {
+		d.log.Warn().Err(err).Str("failed_node", f.Node).Msg("reft run will not see this verdict: the run record could not take it")
+	}
 	d.cfg.OnFailure(f)
 
 	d.wg.Add(1)
@@ -211,4 +216,12 @@ func (d *Detector) received(f Failure) (failureReply, error) {
 		d.cfg.OnFailure(f)
 	}
 	return failureReply{Coordinator: f.Coordinator, Duplicate: dup}, nil
+}
+
+// recordOf is f as the run record carries it.
+func recordOf(f Failure) runrecord.Failure {
+	return runrecord.Failure{FailedNode: f.Node, Class: f.Class, Ranks: f.Ranks, Cause: f.Cause,
+		Coordinator: f.Coordinator, Reporter: f.Reporter, ConfirmedBy: f.ConfirmedBy,
+		Latency: max(f.Latency(), 0), LastHeard: f.LastHeard, DetectedAt: f.DetectedAt,
+		Quorum: f.Quorum, Votes: f.Votes, Agents: f.Agents}
 }

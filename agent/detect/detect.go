@@ -35,6 +35,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/runrecord"
 )
 
 // Failure classes (the recovery log's kind).
@@ -171,7 +172,11 @@ type Config struct {
 	// coordinator or from the coordinator's publication (the jit flush
 	// hangs on it). It must not block.
 	OnFailure func(Failure)
-	Log       zerolog.Logger
+	// Record is the job's run record (agent/runrecord): the coordinator
+	// records each failure it publishes there, once, before OnFailure,
+	// for reft run. nil: none.
+	Record *runrecord.Writer
+	Log    zerolog.Logger
 }
 
 // maxConfirmers is how many other agents also probe a suspect's slurmd

@@ -1,6 +1,7 @@
 package detect
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/runrecord"
 )
 
 // Timers of the test agents: reft.toml's defaults. The tests run in a
@@ -39,11 +41,44 @@ type testAgent struct {
 	name string
 	det  *Detector
 	log  *syncBuf
+	rec  recordBuf // the run record the detector writes
 
 	mu       sync.Mutex
 	got      []Failure // OnFailure calls
 	progress []Progress
 	dead     bool
+}
+
+// recordBuf is a run record in memory, safe for the detector's
+// goroutines.
+type recordBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (r *recordBuf) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.b.Write(p)
+}
+
+// records decodes every line written so far.
+func (r *recordBuf) records(t testing.TB) []runrecord.Record {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []runrecord.Record
+	for _, l := range bytes.Split(bytes.TrimSuffix(r.b.Bytes(), []byte{'\n'}), []byte{'\n'}) {
+		if len(l) == 0 {
+			continue
+		}
+		rec, err := runrecord.Decode(l)
+		if err != nil {
+			t.Fatalf("run record line %s: %v", l, err)
+		}
+		out = append(out, rec)
+	}
+	return out
 }
 
 func (a *testAgent) failures() []Failure {
@@ -201,7 +236,7 @@ func newJobFactor(t testing.TB, n int, without []string, hang map[string]time.Du
 				a.got = append(a.got, f)
 				a.mu.Unlock()
 			},
-			Log: log}
+			Record: runrecord.NewWriter(&a.rec, name, nil), Log: log}
 		var err error
 		if a.det, err = New(cfg); err != nil {
 			t.Fatal(err)
@@ -396,6 +431,19 @@ func TestDetectFailures(t *testing.T) {
 					e := events[i]
 					if e["failed_node"] != k.node || e["class"] != k.class || e["coordinator"] != k.coordinator || e["node"] != k.coordinator {
 						t.Errorf("failure_detected event %v; want %s failure of %s logged by %s", e, k.class, k.node, k.coordinator)
+					}
+					// reft run's channel: the coordinator alone records
+					// each verdict, once, as it logs it.
+					var recs []runrecord.Record
+					for _, n := range j.names {
+						recs = append(recs, j.agents[n].rec.records(t)...)
+					}
+					if len(recs) != i+1 {
+						t.Fatalf("%d failure records in the agents' run records after %d kill(s), want one per kill: %+v", len(recs), i+1, recs)
+					}
+					if r := recs[i]; r.Kind != runrecord.KindFailure || r.Node != k.coordinator || r.Failure.FailedNode != k.node ||
+						r.Failure.Class != k.class || r.Failure.Coordinator != k.coordinator || !r.Failure.Quorum || r.Failure.LastHeard.IsZero() {
+						t.Errorf("run record %+v (%+v); want the %s failure of %s recorded by %s with its quorum", r, r.Failure, k.class, k.node, k.coordinator)
 					}
 					t.Logf("%s (%s) killed: published by %s %.0f ms after the kill, latency since last heard %.0f ms (interval %s, timeout %s, confirm %s)",
 						k.node, k.how, k.coordinator, got[k.coordinator][i].DetectedAt.Sub(killed).Seconds()*1000,

@@ -60,16 +60,16 @@ func (d *Detector) checkHangs(ctx context.Context) {
 		}
 		switch {
 		case frozen(p.Process):
-		case d.explainedLocked(p.At):
+		case explained(d.published, p.At):
 			continue // another verdict since its last progress: it waits for that
 		case silent < 2*limit:
 			if !d.waiting[p.Rank].Equal(p.At) {
 				d.waiting[p.Rank] = p.At
 				d.log.Info().Str("event", "rank_waiting").Int("rank", p.Rank).Int64("at_step", p.Step).Str("process", p.Process).
-					Dur("silent", silent).Dur("hang_timeout", limit).
-					Msgf("rank %d made no progress past step %d for %s, but its process is %s: it waits for another rank or computes; "+
+					Str("where", p.Where).Dur("silent", silent).Dur("hang_timeout", limit).
+					Msgf("rank %d made no progress past step %d for %s, but its process is %s%s: it waits for another rank or computes; "+
 						"reported as hung at %s unless another agent names a frozen rank first", p.Rank, p.Step, silent.Round(time.Millisecond),
-						orUnknown(p.Process), (2 * limit).Round(time.Millisecond))
+						orUnknown(p.Process), lastSeen(p.Where), (2 * limit).Round(time.Millisecond))
 			}
 			continue
 		}
@@ -99,10 +99,10 @@ func (d *Detector) checkHangs(ctx context.Context) {
 	}()
 }
 
-// explainedLocked reports whether a verdict this agent published or learnt
-// was confirmed after t: a rank silent since t waits for that failure.
-func (d *Detector) explainedLocked(t time.Time) bool {
-	for _, f := range d.published {
+// explained reports whether a verdict published (or learnt) was
+// confirmed after t: a rank silent since t waits for that failure.
+func explained(published []Failure, t time.Time) bool {
+	for _, f := range published {
 		if f.DetectedAt.After(t) {
 			return true
 		}
@@ -121,9 +121,7 @@ func describeHung(p Progress, limit time.Duration, now time.Time, floor time.Dur
 	case p.Process != "":
 		b.WriteString(", process " + p.Process + " and no other rank named (a deadlock, or stuck in its own computation)")
 	}
-	if p.Where != "" {
-		b.WriteString(", last seen " + p.Where)
-	}
+	b.WriteString(lastSeen(p.Where))
 	fmt.Fprintf(&b, ", silent %s (timeout %s: ", now.Sub(p.At).Round(time.Millisecond), limit.Round(time.Millisecond))
 	if p.StepTime > 0 && limit > floor {
 		fmt.Fprintf(&b, "%g x its median step %s", factor, p.StepTime.Round(time.Microsecond))
@@ -135,6 +133,15 @@ func describeHung(p Progress, limit time.Duration, now time.Time, floor time.Dur
 	}
 	b.WriteString(")")
 	return b.String()
+}
+
+// lastSeen is where, for a sentence: ", last seen in the collective
+// gradient all-reduce"; "" when the rank reports no phases.
+func lastSeen(where string) string {
+	if where == "" {
+		return ""
+	}
+	return ", last seen " + where
 }
 
 func orUnknown(s string) string {

@@ -50,7 +50,7 @@ func TestHangFrozenRankNamed(t *testing.T) {
 		j := newJob(t, 3, map[string]time.Duration{"n1": hang, "n2": hang, "n3": hang})
 		now := time.Now()
 		j.setProgress("n1", Progress{Rank: 0, Step: 12, At: now, Process: ProcSleeping})
-		j.setProgress("n2", Progress{Rank: 5, Step: 12, At: now, Process: ProcStopped})
+		j.setProgress("n2", Progress{Rank: 5, Step: 12, At: now, Process: ProcStopped, Where: "in the collective gradient all-reduce"})
 		j.setProgress("n3", Progress{Rank: 9, Step: 12, At: now, Process: ProcSleeping, Where: "in a communication phase"})
 		got, events := j.published(1)
 		time.Sleep(3 * hang) // past twice the timeout: a waiting rank would be reported by now
@@ -62,8 +62,8 @@ func TestHangFrozenRankNamed(t *testing.T) {
 				t.Errorf("%s learnt %+v; want one hang of rank 5 on n2", name, fs)
 			}
 		}
-		if len(events) != 1 || !strings.Contains(events[0]["message"].(string), "rank 5 at step 12, process stopped") {
-			t.Errorf("failure_detected events %v; want one naming rank 5 at step 12, process stopped", events)
+		if want := "rank 5 at step 12, process stopped, last seen in the collective gradient all-reduce, silent "; len(events) != 1 || !strings.Contains(events[0]["message"].(string), want) {
+			t.Errorf("failure_detected events %v; want one saying %q", events, want)
 		}
 		for _, n := range []string{"n1", "n3"} {
 			if h := j.agents[n].log.Events("rank_hung"); len(h) != 0 {
@@ -83,7 +83,7 @@ func TestHangAllWaiting(t *testing.T) {
 		j := newJob(t, 2, map[string]time.Duration{"n1": hang, "n2": hang})
 		start := time.Now()
 		j.setProgress("n1", Progress{Rank: 0, Step: 3, At: start, Process: ProcRunning})
-		j.setProgress("n2", Progress{Rank: 1, Step: 3, At: start, Process: ProcSleeping})
+		j.setProgress("n2", Progress{Rank: 1, Step: 3, At: start, Process: ProcSleeping, Where: "in the collective gradient all-reduce"})
 		time.Sleep(hang + hang/2)
 		for _, a := range j.survivors() {
 			if fs := a.failures(); len(fs) != 0 {
@@ -91,6 +91,9 @@ func TestHangAllWaiting(t *testing.T) {
 			}
 			if w := a.log.Events("rank_waiting"); len(w) != 1 {
 				t.Errorf("%s logged %d rank_waiting events, want 1: %v", a.name, len(w), w)
+			} else if a.name == "n2" && (w[0]["where"] != "in the collective gradient all-reduce" ||
+				!strings.Contains(w[0]["message"].(string), "its process is sleeping, last seen in the collective gradient all-reduce: it waits")) {
+				t.Errorf("n2's rank_waiting event %v; want it to say where rank 1 waits", w[0])
 			}
 		}
 		got, _ := j.published(1)

@@ -161,73 +161,15 @@ func padTo(s []byte, n int) []byte {
 // tolerance K.
 func (c *Codec) Reconstruct(lost []int, shards, parities [][]byte) error {
 	l := c.l
-	if len(shards) != l.m || len(parities) != l.m {
-		return fmt.Errorf("%w: got %d shards and %d parities for a group of %d members; pass one entry per member, nil where it is unavailable", ErrSize, len(shards), len(parities), l.m)
+	isLost, err := c.checkReconstruct(lost, shards, parities)
+	if err != nil {
+		return err
 	}
-	isLost := make([]bool, l.m)
-	for _, i := range lost {
-		if err := checkMember(l.m, i, "lost member"); err != nil {
-			return err
-		}
-		isLost[i] = true
-	}
-	for i := range l.m {
-		want := l.Shard(i).Len
-		if shards[i] != nil && len(shards[i]) != want {
-			what := "shard"
-			if isLost[i] {
-				what = "output buffer for lost shard"
-			}
-			return fmt.Errorf("%w: %s %d has %d bytes, the layout (%v) says %d; pass the shard exactly as committed, or nil if it is unavailable", ErrSize, what, i, len(shards[i]), l, want)
-		}
-		if !isLost[i] && parities[i] != nil && len(parities[i]) != l.ParitySize() {
-			return fmt.Errorf("%w: parity of member %d has %d bytes, the layout (%v) says %d; pass it exactly as committed, or nil if it is unavailable", ErrSize, i, len(parities[i]), l, l.ParitySize())
-		}
-	}
-	// An empty shard (the tail of a small slice) is all logical zeros: known
-	// without being passed.
-	haveShard := func(i int) bool { return !isLost[i] && (shards[i] != nil || l.Shard(i).Len == 0) }
-	haveParity := func(i int) bool { return !isLost[i] && parities[i] != nil }
-
+	av := units{l: l, isLost: isLost, shards: shards, parities: parities}
 	// Plan every stripe before writing anything.
-	var short []string
-	for s := range l.m {
-		if !c.stripeNeeded(s, isLost) {
-			continue
-		}
-		have := 0
-		for _, i := range l.StripeData(s) {
-			if haveShard(i) {
-				have++
-			}
-		}
-		for _, h := range l.StripeParity(s) {
-			if haveParity(h) {
-				have++
-			}
-		}
-		if have < l.DataPieces() {
-			short = append(short, fmt.Sprintf("stripe %d has %d of the %d units it needs", s, have, l.DataPieces()))
-		}
+	if short := c.shortStripes(av); len(short) > 0 {
+		return c.tooManyLosses(lost, short, av)
 	}
-	if len(short) > 0 {
-		var noShard, noParity []int
-		for i := range l.m {
-			if !haveShard(i) {
-				noShard = append(noShard, i)
-			}
-			if !haveParity(i) {
-				noParity = append(noParity, i)
-			}
-		}
-		tol := fmt.Sprintf("this layout (K=%d) tolerates %d lost member(s)", l.k, l.k)
-		if l.gap == 1 {
-			tol += fmt.Sprintf(", %d with the surviving ARC copies passed as shards", l.k+1)
-		}
-		return fmt.Errorf("%w: cannot rebuild lost shard(s) %v of a group of %d: shards %v and parities %v are missing, and %s; %s: restore from the persistent checkpoint",
-			ErrTooManyLosses, sortedCopy(lost), l.m, noShard, noParity, strings.Join(short, ", "), tol)
-	}
-
 	for i := range l.m {
 		if isLost[i] && shards[i] == nil {
 			shards[i] = make([]byte, l.Shard(i).Len)
@@ -247,13 +189,108 @@ func (c *Codec) Reconstruct(lost []int, shards, parities [][]byte) error {
 		if l.k == 1 {
 			c.xorStripe(s, isLost, piece, parities)
 		} else {
-			err = c.rsStripe(s, isLost, haveShard, haveParity, piece, parities)
+			err = c.rsStripe(s, isLost, av.haveShard, av.haveParity, piece, parities)
 		}
 		if err != nil {
 			return fmt.Errorf("erasure: decoding stripe %d of %v: %w", s, l, err)
 		}
 	}
 	return nil
+}
+
+// checkReconstruct checks Reconstruct's arguments, every length before
+// anything is read, and returns which members are lost.
+func (c *Codec) checkReconstruct(lost []int, shards, parities [][]byte) ([]bool, error) {
+	l := c.l
+	if len(shards) != l.m || len(parities) != l.m {
+		return nil, fmt.Errorf("%w: got %d shards and %d parities for a group of %d members; pass one entry per member, nil where it is unavailable", ErrSize, len(shards), len(parities), l.m)
+	}
+	isLost := make([]bool, l.m)
+	for _, i := range lost {
+		if err := checkMember(l.m, i, "lost member"); err != nil {
+			return nil, err
+		}
+		isLost[i] = true
+	}
+	for i := range l.m {
+		want := l.Shard(i).Len
+		if shards[i] != nil && len(shards[i]) != want {
+			what := "shard"
+			if isLost[i] {
+				what = "output buffer for lost shard"
+			}
+			return nil, fmt.Errorf("%w: %s %d has %d bytes, the layout (%v) says %d; pass the shard exactly as committed, or nil if it is unavailable", ErrSize, what, i, len(shards[i]), l, want)
+		}
+		if !isLost[i] && parities[i] != nil && len(parities[i]) != l.ParitySize() {
+			return nil, fmt.Errorf("%w: parity of member %d has %d bytes, the layout (%v) says %d; pass it exactly as committed, or nil if it is unavailable", ErrSize, i, len(parities[i]), l, l.ParitySize())
+		}
+	}
+	return isLost, nil
+}
+
+// units says which of a Reconstruct's shards and parities are at hand.
+type units struct {
+	l        Layout
+	isLost   []bool
+	shards   [][]byte
+	parities [][]byte
+}
+
+// haveShard: member i's shard is passed, or empty (the tail of a small
+// slice is all logical zeros: known without being passed).
+func (u units) haveShard(i int) bool {
+	return !u.isLost[i] && (u.shards[i] != nil || u.l.Shard(i).Len == 0)
+}
+
+func (u units) haveParity(i int) bool { return !u.isLost[i] && u.parities[i] != nil }
+
+// shortStripes names the stripes a lost shard needs that keep fewer than
+// D of their D+K units.
+func (c *Codec) shortStripes(u units) []string {
+	l := c.l
+	var short []string
+	for s := range l.m {
+		if !c.stripeNeeded(s, u.isLost) {
+			continue
+		}
+		have := 0
+		for _, i := range l.StripeData(s) {
+			if u.haveShard(i) {
+				have++
+			}
+		}
+		for _, h := range l.StripeParity(s) {
+			if u.haveParity(h) {
+				have++
+			}
+		}
+		if have < l.DataPieces() {
+			short = append(short, fmt.Sprintf("stripe %d has %d of the %d units it needs", s, have, l.DataPieces()))
+		}
+	}
+	return short
+}
+
+// tooManyLosses is the ErrTooManyLosses of a Reconstruct whose short
+// stripes cannot be rebuilt: the missing shards and parities, and the
+// layout's tolerance.
+func (c *Codec) tooManyLosses(lost []int, short []string, u units) error {
+	l := c.l
+	var noShard, noParity []int
+	for i := range l.m {
+		if !u.haveShard(i) {
+			noShard = append(noShard, i)
+		}
+		if !u.haveParity(i) {
+			noParity = append(noParity, i)
+		}
+	}
+	tol := fmt.Sprintf("this layout (K=%d) tolerates %d lost member(s)", l.k, l.k)
+	if l.gap == 1 {
+		tol += fmt.Sprintf(", %d with the surviving ARC copies passed as shards", l.k+1)
+	}
+	return fmt.Errorf("%w: cannot rebuild lost shard(s) %v of a group of %d: shards %v and parities %v are missing, and %s; %s: restore from the persistent checkpoint",
+		ErrTooManyLosses, sortedCopy(lost), l.m, noShard, noParity, strings.Join(short, ", "), tol)
 }
 
 // stripeNeeded: stripe s holds a non-empty piece of a lost shard.

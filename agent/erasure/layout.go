@@ -67,31 +67,9 @@ type Layout struct {
 
 // NewLayout checks p and computes the layout.
 func NewLayout(p Params) (Layout, error) {
-	m, k, w, a := p.Members, p.Parity, p.Size, p.Align
-	if k == 0 {
-		k = 1
-	}
-	if a == 0 {
-		a = DefaultAlign
-	}
-	gap, mode := 0, "aec"
-	if k > 1 {
-		mode = fmt.Sprintf("aec:%d", k)
-	}
-	if p.ARC {
-		gap, mode = 1, "arc+"+mode
-	}
-	switch {
-	case m < 2:
-		return Layout{}, fmt.Errorf("%w: a sharding group of %d member(s) cannot protect itself; AEC needs m >= 2 members on different nodes", ErrParams, m)
-	case k < 1 || k+gap >= m:
-		return Layout{}, fmt.Errorf("%w: %s in a group of %d: the parity count must be 1..%d (m-%d), since every stripe keeps at least one data piece; raise the group size or lower K", ErrParams, mode, m, m-1-gap, 1+gap)
-	case k > 1 && m > 256:
-		return Layout{}, fmt.Errorf("%w: %s needs a group of at most 256 members (GF(2^8) Reed-Solomon); got %d: use aec (XOR) or smaller groups", ErrParams, mode, m)
-	case w < 0 || w > maxSize:
-		return Layout{}, fmt.Errorf("%w: slice size %d bytes is outside 0..%d", ErrParams, w, maxSize)
-	case a < 1 || a > 1<<20:
-		return Layout{}, fmt.Errorf("%w: alignment %d must be 1..%d bytes", ErrParams, a, 1<<20)
+	m, k, w, a, gap, err := checkParams(p)
+	if err != nil {
+		return Layout{}, err
 	}
 	d := m - k - gap
 	l := Layout{m: m, k: k, w: w, align: a, gap: gap}
@@ -101,23 +79,64 @@ func NewLayout(p Params) (Layout, error) {
 		l.piece = l.shard / d
 		return l, nil
 	}
-	if len(p.Shards) != m {
-		return Layout{}, fmt.Errorf("%w: the shard cut has %d ranges for a group of %d members; pass one per member", ErrParams, len(p.Shards), m)
-	}
-	next := 0
-	for i, r := range p.Shards {
-		if r.Off != next || r.Len < 0 || r.End() > w {
-			return Layout{}, fmt.Errorf("%w: shard %d of the cut is [%d, %d) but must start at %d and end by %d: shards must tile the %d-byte slice in member order", ErrParams, i, r.Off, r.End(), next, w, w)
-		}
-		next = r.End()
-		l.shard = max(l.shard, r.Len)
-	}
-	if next != w {
-		return Layout{}, fmt.Errorf("%w: the shard cut ends at %d but the slice has %d bytes: shards must tile it", ErrParams, next, w)
+	if l.shard, err = checkCut(p.Shards, m, w); err != nil {
+		return Layout{}, err
 	}
 	l.cut = append([]Range(nil), p.Shards...)
 	l.piece = ceilDiv(ceilDiv(l.shard, d), a) * a
 	return l, nil
+}
+
+// checkParams fills p's defaults (K 1, DefaultAlign) and checks the group
+// size, K, the slice size and the alignment; gap is 1 with ARC.
+func checkParams(p Params) (m, k, w, a, gap int, err error) {
+	m, k, w, a = p.Members, p.Parity, p.Size, p.Align
+	if k == 0 {
+		k = 1
+	}
+	if a == 0 {
+		a = DefaultAlign
+	}
+	mode := "aec"
+	if k > 1 {
+		mode = fmt.Sprintf("aec:%d", k)
+	}
+	if p.ARC {
+		gap, mode = 1, "arc+"+mode
+	}
+	switch {
+	case m < 2:
+		err = fmt.Errorf("%w: a sharding group of %d member(s) cannot protect itself; AEC needs m >= 2 members on different nodes", ErrParams, m)
+	case k < 1 || k+gap >= m:
+		err = fmt.Errorf("%w: %s in a group of %d: the parity count must be 1..%d (m-%d), since every stripe keeps at least one data piece; raise the group size or lower K", ErrParams, mode, m, m-1-gap, 1+gap)
+	case k > 1 && m > 256:
+		err = fmt.Errorf("%w: %s needs a group of at most 256 members (GF(2^8) Reed-Solomon); got %d: use aec (XOR) or smaller groups", ErrParams, mode, m)
+	case w < 0 || w > maxSize:
+		err = fmt.Errorf("%w: slice size %d bytes is outside 0..%d", ErrParams, w, maxSize)
+	case a < 1 || a > 1<<20:
+		err = fmt.Errorf("%w: alignment %d must be 1..%d bytes", ErrParams, a, 1<<20)
+	}
+	return m, k, w, a, gap, err
+}
+
+// checkCut checks the caller's shard cut: one range per member, tiling
+// the w-byte slice in member order. It returns the longest shard.
+func checkCut(cut []Range, m, w int) (longest int, err error) {
+	if len(cut) != m {
+		return 0, fmt.Errorf("%w: the shard cut has %d ranges for a group of %d members; pass one per member", ErrParams, len(cut), m)
+	}
+	next := 0
+	for i, r := range cut {
+		if r.Off != next || r.Len < 0 || r.End() > w {
+			return 0, fmt.Errorf("%w: shard %d of the cut is [%d, %d) but must start at %d and end by %d: shards must tile the %d-byte slice in member order", ErrParams, i, r.Off, r.End(), next, w, w)
+		}
+		next = r.End()
+		longest = max(longest, r.Len)
+	}
+	if next != w {
+		return 0, fmt.Errorf("%w: the shard cut ends at %d but the slice has %d bytes: shards must tile it", ErrParams, next, w)
+	}
+	return longest, nil
 }
 
 // XORLayout is the layout of REFT's AEC (K = 1) for m members and a slice of

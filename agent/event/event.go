@@ -1,7 +1,6 @@
-// Package event declares the agent's log events that other programs read:
-// `reft run` acts on failure_detected, rank_registered and the restore
-// events (launcher/run's watcher), and the end-to-end tests read the
-// others. Each is a JSON line of the agent's log (agent/logging:
+// Package event declares the agent's log events that other programs read
+// (the end-to-end tests, people's tools; reft run reads the run record,
+// agent/runrecord, which names restores with the restore events here). Each is a JSON line of the agent's log (agent/logging:
 // <log dir>/<job>/<node>.jsonl) with "event" set to its name; a
 // declaration says which fields every line of it carries, and which some
 // lines add. The agent writes these names from here and its readers match
@@ -18,7 +17,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 )
 
 // Names of the declared events.
@@ -121,41 +119,3 @@ func Check(line map[string]any) error {
 	}
 	return nil
 }
-
-// Line is the part of a declared event's line that reft run reads. Its
-// JSON names are declared fields (a test keeps them so). zerolog writes
-// durations in milliseconds.
-type Line struct {
-	Time       time.Time `json:"time"`
-	Node       string    `json:"node"` // the writing agent's node
-	Event      string    `json:"event"`
-	Message    string    `json:"message"`
-	PeerPID    int       `json:"peer_pid"`    // the connection's client (every line of a connection's logger)
-	ClientStep *string   `json:"client_step"` // the client's Slurm step (its hello line)
-	Rank       *int      `json:"rank"`
-	Generation *int64    `json:"generation"`
-	Bytes      int64     `json:"bytes"`
-	VerifyMS   float64   `json:"verify"`   // restore_local: the verification's
-	DurationMS float64   `json:"duration"` // restore_persistent, sharded restores
-	Reason     string    `json:"reason"`
-	// failure_detected
-	FailedNode  string    `json:"failed_node"`
-	Class       string    `json:"class"`
-	Ranks       []int     `json:"ranks"`
-	LatencyS    float64   `json:"latency_s"`
-	Reporter    string    `json:"reporter"`
-	Coordinator string    `json:"coordinator"`
-	ConfirmedBy []string  `json:"confirmed_by"`
-	LastHeard   time.Time `json:"last_heard"`
-	DetectedAt  time.Time `json:"detected_at"`
-	// A node or agent verdict's quorum evidence (agent/detect): whether a
-	// quorum of the job's agents stood behind it, its votes, of how many.
-	Quorum bool `json:"quorum"`
-	Votes  int  `json:"votes"`
-	Agents int  `json:"agents"`
-}
-
-// Connection are the fields a connection's logger adds to the lines it
-// writes (agent/localsrv: the client's credentials; the agent: its hello),
-// which Line reads besides the declared ones.
-var Connection = []string{"peer_pid", "peer_uid", "client_step"}

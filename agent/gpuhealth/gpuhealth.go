@@ -339,34 +339,60 @@ func (m *Monitor) poll() {
 			continue
 		}
 		if !dev.noRetired {
-			s, ret := dev.h.GetRetiredPagesPendingStatus()
-			switch {
-			case ret == nvml.SUCCESS && s == nvml.FEATURE_ENABLED:
-				m.fail(i, 0, "GPU memory pages are pending retirement after ECC errors; the GPU needs a reset")
-				continue
-			case ret == nvml.ERROR_GPU_IS_LOST:
-				m.fail(i, 0, lostReason)
-				continue
-			case ret != nvml.SUCCESS:
+			st, ret := dev.h.GetRetiredPagesPendingStatus()
+			reason, stop := retiredPagesVerdict(st, ret)
+			if stop {
 				dev.noRetired = true
 				m.unpolled(i, ret, "retired pages")
+			}
+			if reason != "" {
+				m.fail(i, 0, reason)
+				continue
 			}
 		}
 		if !dev.noRows {
 			_, _, pending, failed, ret := dev.h.GetRemappedRows()
-			switch {
-			case ret == nvml.SUCCESS && failed:
-				m.fail(i, 0, "GPU memory row remapping failed")
-			case ret == nvml.SUCCESS && pending:
-				m.fail(i, 0, "GPU memory row remapping is pending after an uncorrectable ECC error; the GPU needs a reset")
-			case ret == nvml.ERROR_GPU_IS_LOST:
-				m.fail(i, 0, lostReason)
-			case ret != nvml.SUCCESS:
+			reason, stop := remappedRowsVerdict(pending, failed, ret)
+			if stop {
 				dev.noRows = true
 				m.unpolled(i, ret, "remapped rows")
 			}
+			if reason != "" {
+				m.fail(i, 0, reason)
+			}
 		}
 	}
+}
+
+// retiredPagesVerdict reads a retired-pages query: why the device is
+// failing ("" when it is not), and whether to stop asking (the query
+// failed otherwise than by losing the GPU).
+func retiredPagesVerdict(st nvml.EnableState, ret nvml.Return) (reason string, stop bool) {
+	switch {
+	case ret == nvml.SUCCESS && st == nvml.FEATURE_ENABLED:
+		return "GPU memory pages are pending retirement after ECC errors; the GPU needs a reset", false
+	case ret == nvml.ERROR_GPU_IS_LOST:
+		return lostReason, false
+	case ret != nvml.SUCCESS:
+		return "", true
+	}
+	return "", false
+}
+
+// remappedRowsVerdict reads a remapped-rows query as retiredPagesVerdict
+// does.
+func remappedRowsVerdict(pending, failed bool, ret nvml.Return) (reason string, stop bool) {
+	switch {
+	case ret == nvml.SUCCESS && failed:
+		return "GPU memory row remapping failed", false
+	case ret == nvml.SUCCESS && pending:
+		return "GPU memory row remapping is pending after an uncorrectable ECC error; the GPU needs a reset", false
+	case ret == nvml.ERROR_GPU_IS_LOST:
+		return lostReason, false
+	case ret != nvml.SUCCESS:
+		return "", true
+	}
+	return "", false
 }
 
 // unpolled says why a query is not asked again, unless the GPU simply

@@ -25,7 +25,7 @@ import (
 
 // Config configures a Mesh.
 type Config struct {
-	// Peer is the transport's configuration (peer.FromAgentConfig): job,
+	// Peer is the transport's configuration (peerconfig.FromAgentConfig): job,
 	// uid, this node's name (Peer.Node, which must be in the topology),
 	// authentication, bind address, port range and liveness timers. Start
 	// sets Peer.Ports to this node's candidates.
@@ -373,80 +373,128 @@ func (m *Mesh) Close() error {
 }
 
 // watch finds node p's agent, then checks its connection, and looks again
-// when it is lost (its agent may come back on another candidate).
+// when it is lost (its agent may come back on another candidate). One
+// goroutine per peer; it returns when ctx is done.
 func (m *Mesh) watch(ctx context.Context, p *peerState) {
 	defer m.wg.Done()
-	log := m.log.With().Str("peer_node", p.node.Name).Logger()
-	backoff := minRetry
-	lastCause, warned := "", false
+	w := &peerWatch{m: m, p: p, log: m.log.With().Str("peer_node", p.node.Name).Logger(), backoff: minRetry}
 	for {
 		p.mu.Lock()
 		addr := p.addr
 		p.mu.Unlock()
+		var ok bool
 		if addr == "" {
-			addr, k, skipped, err := m.find(ctx, p)
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				late := time.Since(m.start) > m.cfg.Grace
-				if cause := causeKey(err); cause != lastCause || (late && !warned) {
-					lvl := zerolog.InfoLevel
-					if late {
-						lvl, warned = zerolog.WarnLevel, true
-					}
-					log.WithLevel(lvl).Str("event", "peer_unreachable").Str("peer_host", p.node.Addr).Err(err).
-						Msgf("agent of node %s not reached yet; retrying", p.node.Name)
-					lastCause = cause
-				}
-				p.update("", false, err) // after the log, so a reader of Peers finds it logged
-				if kicked, ok := m.pause(ctx, p, backoff); !ok {
-					return
-				} else if kicked {
-					backoff = minRetry
-				} else {
-					backoff = min(2*backoff, m.cfg.MaxRetry)
-				}
-				continue
-			}
-			backoff, lastCause, warned = minRetry, "", false
-			if len(skipped) > 0 {
-				// Something else answered on an earlier candidate: another
-				// job's agent (a port collision), or a program squatting
-				// the port. The search went on; an operator should know.
-				log.Warn().Str("event", "peer_candidates_skipped").Str("peer_host", p.node.Addr).Int("candidate", k).
-					Str("error", skippedText(skipped)).
-					Msgf("found the agent of node %s on candidate %d after earlier candidates answered as something else", p.node.Name, k)
-			}
-			log.Info().Str("event", event.PeerConnected).Str("addr", addr).Int("peer_index", p.node.Index).Int("candidate", k).
-				Msgf("peer connected: node %s at %s", p.node.Name, addr)
-			if m.cfg.PeerFound != nil { // before the update, as the log
-				m.cfg.PeerFound(p.node.Name)
-			}
-			p.update(addr, true, nil)
+			ok = w.search(ctx)
 		} else {
-			node, err := m.cl.Connect(ctx, addr)
-			if ctx.Err() != nil {
-				return
-			}
-			if err == nil && node != p.node.Name {
-				m.cl.Drop(addr)
-				err = fmt.Errorf("the agent at %s is now node %s's", addr, node)
-			}
-			if err != nil {
-				log.Warn().Str("event", "peer_lost").Str("addr", addr).Err(err).
-					Msgf("lost the agent of node %s; looking for it again", p.node.Name)
-				if m.cfg.PeerLost != nil {
-					m.cfg.PeerLost(p.node.Name, err)
-				}
-				p.update("", false, err)
-				continue
-			}
+			ok = w.check(ctx, addr)
 		}
-		if _, ok := m.pause(ctx, p, m.cfg.Watch); !ok {
+		if !ok {
 			return
 		}
 	}
+}
+
+// peerWatch is one watch goroutine's state: the retry backoff, and what
+// it last said of an unreachable peer (said again when the cause changes,
+// and as a warning once the start's grace is over).
+type peerWatch struct {
+	m         *Mesh
+	p         *peerState
+	log       zerolog.Logger
+	backoff   time.Duration
+	lastCause string
+	warned    bool
+}
+
+// search looks for the peer's agent once, and pauses: backing off after
+// a failed search, the watch interval after a found one. false: ctx is
+// done.
+func (w *peerWatch) search(ctx context.Context) bool {
+	m, p := w.m, w.p
+	addr, k, skipped, err := m.find(ctx, p)
+	if ctx.Err() != nil {
+		return false
+	}
+	if err != nil {
+		w.unreachable(err)
+		p.update("", false, err) // after the log, so a reader of Peers finds it logged
+		kicked, ok := m.pause(ctx, p, w.backoff)
+		if kicked {
+			w.backoff = minRetry
+		} else {
+			w.backoff = min(2*w.backoff, m.cfg.MaxRetry)
+		}
+		return ok
+	}
+	w.backoff, w.lastCause, w.warned = minRetry, "", false
+	w.found(addr, k, skipped)
+	_, ok := m.pause(ctx, p, m.cfg.Watch)
+	return ok
+}
+
+// unreachable logs a failed search when its cause is new, or when the
+// start's grace ran out since (then as a warning, once).
+func (w *peerWatch) unreachable(err error) {
+	late := time.Since(w.m.start) > w.m.cfg.Grace
+	cause := causeKey(err)
+	if cause == w.lastCause && (!late || w.warned) {
+		return
+	}
+	lvl := zerolog.InfoLevel
+	if late {
+		lvl, w.warned = zerolog.WarnLevel, true
+	}
+	w.log.WithLevel(lvl).Str("event", "peer_unreachable").Str("peer_host", w.p.node.Addr).Err(err).
+		Msgf("agent of node %s not reached yet; retrying", w.p.node.Name)
+	w.lastCause = cause
+}
+
+// found logs the agent found at addr (candidate k; skipped: the earlier
+// candidates that answered as something else), tells PeerFound, and
+// records it.
+func (w *peerWatch) found(addr string, k int, skipped []Try) {
+	p := w.p
+	if len(skipped) > 0 {
+		// Something else answered on an earlier candidate: another
+		// job's agent (a port collision), or a program squatting
+		// the port. The search went on; an operator should know.
+		w.log.Warn().Str("event", "peer_candidates_skipped").Str("peer_host", p.node.Addr).Int("candidate", k).
+			Str("error", skippedText(skipped)).
+			Msgf("found the agent of node %s on candidate %d after earlier candidates answered as something else", p.node.Name, k)
+	}
+	w.log.Info().Str("event", event.PeerConnected).Str("addr", addr).Int("peer_index", p.node.Index).Int("candidate", k).
+		Msgf("peer connected: node %s at %s", p.node.Name, addr)
+	if w.m.cfg.PeerFound != nil { // before the update, as the log
+		w.m.cfg.PeerFound(p.node.Name)
+	}
+	p.update(addr, true, nil)
+}
+
+// check checks the connection to the agent at addr, and pauses the
+// watch interval while it holds; a lost or changed agent is logged, told
+// to PeerLost and forgotten, to be searched for at once. false: ctx is
+// done.
+func (w *peerWatch) check(ctx context.Context, addr string) bool {
+	m, p := w.m, w.p
+	node, err := m.cl.Connect(ctx, addr)
+	if ctx.Err() != nil {
+		return false
+	}
+	if err == nil && node != p.node.Name {
+		m.cl.Drop(addr)
+		err = fmt.Errorf("the agent at %s is now node %s's", addr, node)
+	}
+	if err != nil {
+		w.log.Warn().Str("event", "peer_lost").Str("addr", addr).Err(err).
+			Msgf("lost the agent of node %s; looking for it again", p.node.Name)
+		if m.cfg.PeerLost != nil {
+			m.cfg.PeerLost(p.node.Name, err)
+		}
+		p.update("", false, err)
+		return true
+	}
+	_, ok := m.pause(ctx, p, m.cfg.Watch)
+	return ok
 }
 
 // pause waits d, or less if Resolve asks for a search now.

@@ -228,27 +228,32 @@ var reasons = []string{ReasonPeering, ReasonPeerLost, ReasonPlacement, ReasonRan
 // whose agent never came up is the detector's to publish lost).
 func Degraded(st *proto.Status) []string {
 	var why []string
-	sp, err := spec.Parse(st.Spec)
-	across := err == nil && (sp.ARC || sp.AEC || sp.AOR)
-	if across {
-		if p := st.Peering; p == nil || p.State != proto.PeeringOn {
-			why = append(why, ReasonPeering)
-		} else if slices.ContainsFunc(p.Peers, func(ps proto.PeerStatus) bool {
-			return !ps.Connected && (ps.Met || slices.Contains(st.LostNodes, ps.Node))
-		}) {
-			why = append(why, ReasonPeerLost)
-		}
-		if len(st.PlacementWarnings) > 0 {
-			why = append(why, ReasonPlacement)
-		}
-		if slices.ContainsFunc(st.Ranks, func(r proto.RankStatus) bool {
-			return r.Protection != nil && r.Protection.Connected && r.Protection.Mode == proto.ProtectLocal
-		}) {
-			why = append(why, ReasonRankLocal)
-		}
+	if sp, err := spec.Parse(st.Spec); err == nil && (sp.ARC || sp.AEC || sp.AOR) {
+		why = degradedAcross(st)
 	}
 	if st.Store != nil && st.Store.SaveFailures > 0 {
 		why = append(why, ReasonSaveFailures)
+	}
+	return why
+}
+
+// degradedAcross is why a SPEC that protects across nodes does not now.
+func degradedAcross(st *proto.Status) []string {
+	var why []string
+	if p := st.Peering; p == nil || p.State != proto.PeeringOn {
+		why = append(why, ReasonPeering)
+	} else if slices.ContainsFunc(p.Peers, func(ps proto.PeerStatus) bool {
+		return !ps.Connected && (ps.Met || slices.Contains(st.LostNodes, ps.Node))
+	}) {
+		why = append(why, ReasonPeerLost)
+	}
+	if len(st.PlacementWarnings) > 0 {
+		why = append(why, ReasonPlacement)
+	}
+	if slices.ContainsFunc(st.Ranks, func(r proto.RankStatus) bool {
+		return r.Protection != nil && r.Protection.Connected && r.Protection.Mode == proto.ProtectLocal
+	}) {
+		why = append(why, ReasonRankLocal)
 	}
 	return why
 }

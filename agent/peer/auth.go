@@ -115,29 +115,9 @@ func acceptHandshake(cfg *Config, c *conn, sem chan struct{}) (peerNode, role st
 		c.writeError(0, r.code, r.msg, nil)
 		return "", "", fmt.Errorf("%w: %w", ErrAuth, r)
 	}
-	f, err := c.readHandshake(THello)
-	if err != nil {
-		switch {
-		case errors.Is(err, ErrVersion):
-			return fail(refuse(CodeVersion, "this agent speaks peer protocol %d", Version))
-		case errors.Is(err, errUnexpected):
-			return fail(refuse(CodeForbidden, "%s frame before authentication; a connection starts with hello", f.Type))
-		}
-		return fail(refuse(CodeMalformed, "reading hello: %v", err))
-	}
-	var h Hello
-	if err := unmarshal(f, &h); err != nil {
-		return fail(refuse(CodeMalformed, "%v", err))
-	}
-	switch {
-	case h.Protocol != Version:
-		return fail(refuse(CodeVersion, "dialer speaks peer protocol %d, this agent %d", h.Protocol, Version))
-	case h.Job != cfg.Job:
-		return fail(refuse(CodeForbidden, "dialer is job %q; this agent serves job %q", h.Job, cfg.Job))
-	case h.Method != cfg.Auth.Method():
-		return fail(refuse(CodeForbidden, "dialer authenticates with %q, this agent with %q (configure the same method on every node)", h.Method, cfg.Auth.Method()))
-	case len(h.Nonce) != nonceSize:
-		return fail(refuse(CodeMalformed, "hello nonce of %d bytes, want %d", len(h.Nonce), nonceSize))
+	h, r := readHello(cfg, c)
+	if r != nil {
+		return fail(r)
 	}
 	ln, err := nonce()
 	if err != nil {
@@ -146,35 +126,13 @@ func acceptHandshake(cfg *Config, c *conn, sem chan struct{}) (peerNode, role st
 	if err := c.writeMsg(TChallenge, 0, &Challenge{Protocol: Version, Method: cfg.Auth.Method(), Nonce: ln, Node: cfg.Node}); err != nil {
 		return "", "", fmt.Errorf("%w: %w", ErrAuth, err)
 	}
-	if f, err = c.readHandshake(TAuth); err != nil {
-		if errors.Is(err, errUnexpected) {
-			return fail(refuse(CodeForbidden, "%s frame where auth was due", f.Type))
-		}
-		return fail(refuse(CodeMalformed, "reading auth: %v", err))
-	}
-	var a AuthMsg
-	if err := unmarshal(f, &a); err != nil {
-		return fail(refuse(CodeMalformed, "%v", err))
-	}
-	if len(a.Token) == 0 || len(a.Token) > MaxToken {
-		return fail(refuse(CodeMalformed, "token of %d bytes (want 1 to %d)", len(a.Token), MaxToken))
-	}
-	select {
-	case sem <- struct{}{}:
-	case <-ctx.Done():
-		return fail(refuse(CodeBusy, "too many handshakes in progress"))
-	}
-	msg, uid, err := cfg.Auth.Open(ctx, a.Token)
-	<-sem
-	if err != nil {
-		return fail(refuse(CodeForbidden, "credential refused: %v", err))
-	}
-	b, r := checkBinding(cfg, msg, uid, "dialer", h.Nonce, ln)
+	a, r := readAuth(c)
 	if r != nil {
 		return fail(r)
 	}
-	if b.Role != "" && b.Role != RoleStatus {
-		return fail(refuse(CodeForbidden, "dialer role %q; this agent knows agents and %q", b.Role, RoleStatus))
+	b, r := openDialer(ctx, cfg, sem, a.Token, h.Nonce, ln)
+	if r != nil {
+		return fail(r)
 	}
 	tok, err := seal(ctx, cfg, Binding{Proto: bindingProto, Dir: "listener", Job: cfg.Job, UID: cfg.UID, DialerNonce: h.Nonce, ListenNonce: ln, Node: cfg.Node})
 	if err != nil {
@@ -185,6 +143,80 @@ func acceptHandshake(cfg *Config, c *conn, sem chan struct{}) (peerNode, role st
 	}
 	c.live()
 	return b.Node, b.Role, nil
+}
+
+// readHello reads and checks the dialer's hello: this protocol version,
+// this job, this authentication method, a nonce of the right size.
+func readHello(cfg *Config, c *conn) (Hello, *refusal) {
+	var h Hello
+	f, err := c.readHandshake(THello)
+	if err != nil {
+		switch {
+		case errors.Is(err, ErrVersion):
+			return h, refuse(CodeVersion, "this agent speaks peer protocol %d", Version)
+		case errors.Is(err, errUnexpected):
+			return h, refuse(CodeForbidden, "%s frame before authentication; a connection starts with hello", f.Type)
+		}
+		return h, refuse(CodeMalformed, "reading hello: %v", err)
+	}
+	if err := unmarshal(f, &h); err != nil {
+		return h, refuse(CodeMalformed, "%v", err)
+	}
+	switch {
+	case h.Protocol != Version:
+		return h, refuse(CodeVersion, "dialer speaks peer protocol %d, this agent %d", h.Protocol, Version)
+	case h.Job != cfg.Job:
+		return h, refuse(CodeForbidden, "dialer is job %q; this agent serves job %q", h.Job, cfg.Job)
+	case h.Method != cfg.Auth.Method():
+		return h, refuse(CodeForbidden, "dialer authenticates with %q, this agent with %q (configure the same method on every node)", h.Method, cfg.Auth.Method())
+	case len(h.Nonce) != nonceSize:
+		return h, refuse(CodeMalformed, "hello nonce of %d bytes, want %d", len(h.Nonce), nonceSize)
+	}
+	return h, nil
+}
+
+// readAuth reads the dialer's auth message, a token of 1 to MaxToken
+// bytes.
+func readAuth(c *conn) (AuthMsg, *refusal) {
+	var a AuthMsg
+	f, err := c.readHandshake(TAuth)
+	if err != nil {
+		if errors.Is(err, errUnexpected) {
+			return a, refuse(CodeForbidden, "%s frame where auth was due", f.Type)
+		}
+		return a, refuse(CodeMalformed, "reading auth: %v", err)
+	}
+	if err := unmarshal(f, &a); err != nil {
+		return a, refuse(CodeMalformed, "%v", err)
+	}
+	if len(a.Token) == 0 || len(a.Token) > MaxToken {
+		return a, refuse(CodeMalformed, "token of %d bytes (want 1 to %d)", len(a.Token), MaxToken)
+	}
+	return a, nil
+}
+
+// openDialer opens the dialer's token (one credential check at a time per
+// slot of sem, none after ctx ends) and checks its binding to both nonces
+// and its role.
+func openDialer(ctx context.Context, cfg *Config, sem chan struct{}, token, dialerNonce, listenNonce []byte) (*Binding, *refusal) {
+	select {
+	case sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, refuse(CodeBusy, "too many handshakes in progress")
+	}
+	msg, uid, err := cfg.Auth.Open(ctx, token)
+	<-sem
+	if err != nil {
+		return nil, refuse(CodeForbidden, "credential refused: %v", err)
+	}
+	b, r := checkBinding(cfg, msg, uid, "dialer", dialerNonce, listenNonce)
+	if r != nil {
+		return b, r
+	}
+	if b.Role != "" && b.Role != RoleStatus {
+		return b, refuse(CodeForbidden, "dialer role %q; this agent knows agents and %q", b.Role, RoleStatus)
+	}
+	return b, nil
 }
 
 // dialHandshake runs the dialer side. The listener is authenticated as
@@ -208,41 +240,12 @@ func dialHandshake(ctx context.Context, cfg *Config, c *conn) (peerNode string, 
 	if err := c.writeMsg(THello, 0, &Hello{Protocol: Version, Job: cfg.Job, Method: cfg.Auth.Method(), Nonce: dn, Node: cfg.Node}); err != nil {
 		return "", err
 	}
-	// expect reads the next frame; an error frame from the listener is its
-	// refusal and is returned as *Error.
-	expect := func(t Type, v any) error {
-		// A squatter on the peer's port gets no more of our memory than a
-		// stranger gets of a listener's: small frames of the due type.
-		f, err := c.readHandshake(t, TError)
-		if errors.Is(err, errUnexpected) {
-			return fmt.Errorf("%w: %s frame where %s was due", ErrAuth, f.Type, t)
-		}
-		if err != nil {
-			return fmt.Errorf("reading %s: %w", t, err)
-		}
-		if f.Type == TError {
-			e := &Error{}
-			if err := unmarshal(f, e); err != nil {
-				return err
-			}
-			return fmt.Errorf("%w: listener refused us: %w", ErrAuth, e)
-		}
-		if f.Type != t {
-			return fmt.Errorf("%w: %s frame where %s was due", ErrAuth, f.Type, t)
-		}
-		return unmarshal(f, v)
-	}
 	var ch Challenge
-	if err := expect(TChallenge, &ch); err != nil {
+	if err := expectFrame(c, TChallenge, &ch); err != nil {
 		return "", err
 	}
-	switch {
-	case ch.Protocol != Version:
-		return fail(refuse(CodeVersion, "listener speaks peer protocol %d, this agent %d", ch.Protocol, Version))
-	case ch.Method != cfg.Auth.Method():
-		return fail(refuse(CodeForbidden, "listener authenticates with %q, this agent with %q", ch.Method, cfg.Auth.Method()))
-	case len(ch.Nonce) != nonceSize:
-		return fail(refuse(CodeMalformed, "challenge nonce of %d bytes, want %d", len(ch.Nonce), nonceSize))
+	if r := checkChallenge(cfg, ch); r != nil {
+		return fail(r)
 	}
 	tok, err := seal(ctx, cfg, Binding{Proto: bindingProto, Dir: "dialer", Job: cfg.Job, UID: cfg.UID, DialerNonce: dn, ListenNonce: ch.Nonce, Node: cfg.Node, Role: cfg.Role})
 	if err != nil {
@@ -252,7 +255,7 @@ func dialHandshake(ctx context.Context, cfg *Config, c *conn) (peerNode string, 
 		return "", err
 	}
 	var a AuthMsg
-	if err := expect(TAuthReply, &a); err != nil {
+	if err := expectFrame(c, TAuthReply, &a); err != nil {
 		return "", err
 	}
 	if len(a.Token) == 0 || len(a.Token) > MaxToken {
@@ -268,4 +271,43 @@ func dialHandshake(ctx context.Context, cfg *Config, c *conn) (peerNode string, 
 	}
 	c.live()
 	return b.Node, nil
+}
+
+// expectFrame reads the next handshake frame, of type t, into v; an
+// error frame from the listener is its refusal and is returned as *Error.
+func expectFrame(c *conn, t Type, v any) error {
+	// A squatter on the peer's port gets no more of our memory than a
+	// stranger gets of a listener's: small frames of the due type.
+	f, err := c.readHandshake(t, TError)
+	if errors.Is(err, errUnexpected) {
+		return fmt.Errorf("%w: %s frame where %s was due", ErrAuth, f.Type, t)
+	}
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", t, err)
+	}
+	if f.Type == TError {
+		e := &Error{}
+		if err := unmarshal(f, e); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: listener refused us: %w", ErrAuth, e)
+	}
+	if f.Type != t {
+		return fmt.Errorf("%w: %s frame where %s was due", ErrAuth, f.Type, t)
+	}
+	return unmarshal(f, v)
+}
+
+// checkChallenge: the listener speaks this protocol version and method,
+// with a nonce of the right size.
+func checkChallenge(cfg *Config, ch Challenge) *refusal {
+	switch {
+	case ch.Protocol != Version:
+		return refuse(CodeVersion, "listener speaks peer protocol %d, this agent %d", ch.Protocol, Version)
+	case ch.Method != cfg.Auth.Method():
+		return refuse(CodeForbidden, "listener authenticates with %q, this agent with %q", ch.Method, cfg.Auth.Method())
+	case len(ch.Nonce) != nonceSize:
+		return refuse(CodeMalformed, "challenge nonce of %d bytes, want %d", len(ch.Nonce), nonceSize)
+	}
+	return nil
 }

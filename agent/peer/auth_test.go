@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"io"
 	"net"
 	"os"
@@ -188,7 +189,7 @@ func TestUnauthenticated(t *testing.T) {
 		{"other protocol version", func(r *rawConn) {
 			b, _ := AppendFrame(nil, THello, 0, 0, []byte("{}"))
 			b[4] = 9
-			Header{Version: 9, Type: THello, Length: 2, CRC: crc32c([]byte("{}"))}.Put(b)
+			Header{Version: 9, Type: THello, Length: 2, CRC: crc32c.Checksum([]byte("{}"))}.Put(b)
 			r.Write(b)
 		}, CodeVersion, "speaks peer protocol 1"},
 		{"bad nonce", func(r *rawConn) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"io"
 	"net"
 	"sync"
@@ -157,7 +158,7 @@ func (cl *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connecting: %w (is the peer agent up, and agent.port_range open between nodes?)", err)
 	}
-	c := newConn(nc, cl.cfg.Timeout)
+	c := newConn(nc, cl.cfg.Timeout, cl.cfg.Counters)
 	// A listener that accepts and then says nothing would hold the caller
 	// (and Close) until the handshake timeout; cancelling ctx ends it now.
 	stop := context.AfterFunc(ctx, func() { c.close(fmt.Errorf("handshake abandoned: %w", context.Cause(ctx))) })
@@ -277,64 +278,77 @@ func (cc *clientConn) loop() error {
 		}
 		switch h.Type {
 		case TPing:
-			if err := c.discard(h.Length); err != nil {
-				return err
-			}
+			err = c.discard(h.Length)
 		case TChunk:
-			c.lastData.Store(time.Now().UnixNano())
-			st := cc.stream(h.ID)
-			if st == nil {
-				if !cc.issued(h.ID) {
-					err := fmt.Errorf("peer sent chunk %d for request %d, which this connection never made", h.Arg, h.ID)
-					c.writeError(0, CodeMalformed, err.Error(), nil)
-					return err
-				}
-				// Cancelled or ended: drop what was in flight.
-				if err := c.skipChunk(h.Length); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := st.receive(h); err != nil {
-				c.writeError(0, CodeMalformed, err.Error(), nil)
-				return err
-			}
+			err = cc.chunk(h)
 		case TError, TWatermarksReply, TManifestReply, TReplicateReply, TStatusReply, TBeatReply, TProbeReply, TFailureReply:
-			f, err := c.readPayload(h)
-			if err != nil {
-				if frameErr(err) {
-					c.writeError(0, CodeMalformed, err.Error(), nil)
-				}
-				return err
-			}
-			if h.Type == TError {
-				e := &Error{}
-				if err := unmarshal(f, e); err != nil {
-					c.writeError(0, CodeMalformed, err.Error(), nil)
-					return err
-				}
-				if h.ID == 0 {
-					return fmt.Errorf("peer closed the connection: %w", e)
-				}
-				if st := cc.stream(h.ID); st != nil {
-					cc.unregister(h.ID)
-					st.post(event{end: e})
-					continue
-				}
-			}
-			cc.mu.Lock()
-			ch := cc.calls[h.ID]
-			delete(cc.calls, h.ID)
-			cc.mu.Unlock()
-			if ch != nil {
-				ch <- f
-			}
+			err = cc.reply(h)
 		default:
-			err := fmt.Errorf("peer sent a %s frame, which a dialer does not take", h.Type)
+			err = fmt.Errorf("peer sent a %s frame, which a dialer does not take", h.Type)
 			c.writeError(0, CodeMalformed, err.Error(), nil)
+		}
+		if err != nil {
 			return err
 		}
 	}
+}
+
+// chunk lands a chunk in its stream; one of a stream that ended (it was
+// cancelled) is dropped, one of a request never made ends the connection.
+func (cc *clientConn) chunk(h Header) error {
+	c := cc.c
+	c.lastData.Store(time.Now().UnixNano())
+	st := cc.stream(h.ID)
+	if st == nil {
+		if !cc.issued(h.ID) {
+			err := fmt.Errorf("peer sent chunk %d for request %d, which this connection never made", h.Arg, h.ID)
+			c.writeError(0, CodeMalformed, err.Error(), nil)
+			return err
+		}
+		// Cancelled or ended: drop what was in flight.
+		return c.skipChunk(h.Length)
+	}
+	if err := st.receive(h); err != nil {
+		c.writeError(0, CodeMalformed, err.Error(), nil)
+		return err
+	}
+	return nil
+}
+
+// reply hands a reply (or an error) to the call waiting for it; an error
+// for a stream ends that stream, one for the connection (id 0) ends it.
+func (cc *clientConn) reply(h Header) error {
+	c := cc.c
+	f, err := c.readPayload(h)
+	if err != nil {
+		if frameErr(err) {
+			c.writeError(0, CodeMalformed, err.Error(), nil)
+		}
+		return err
+	}
+	if h.Type == TError {
+		e := &Error{}
+		if err := unmarshal(f, e); err != nil {
+			c.writeError(0, CodeMalformed, err.Error(), nil)
+			return err
+		}
+		if h.ID == 0 {
+			return fmt.Errorf("peer closed the connection: %w", e)
+		}
+		if st := cc.stream(h.ID); st != nil {
+			cc.unregister(h.ID)
+			st.post(event{end: e})
+			return nil
+		}
+	}
+	cc.mu.Lock()
+	ch := cc.calls[h.ID]
+	delete(cc.calls, h.ID)
+	cc.mu.Unlock()
+	if ch != nil {
+		ch <- f
+	}
+	return nil
 }
 
 // call sends a control request and waits for its reply.
@@ -701,6 +715,27 @@ type runResult struct {
 	retry bool          // list is a delayed retry, not a request
 }
 
+// take records one chunk's outcome: a bad chunk, or a good one handed
+// to Deliver (when set) and counted; false when Deliver failed, which
+// ends the run (res.fatal).
+func (res *runResult) take(spec *FetchSpec, ev event) bool {
+	if ev.err != nil {
+		res.bad[ev.chunk] = ev.err
+		return true
+	}
+	if spec.Deliver != nil {
+		if err := spec.Deliver(ev.chunk, ev.buf); err != nil {
+			res.fatal = fmt.Errorf("delivering chunk %d: %w", ev.chunk, err)
+			return false
+		}
+	}
+	res.ok = append(res.ok, ev.chunk)
+	if spec.Progress != nil {
+		spec.Progress(int64(len(ev.buf)))
+	}
+	return true
+}
+
 // run sends one fetch request for chunks list (contiguous) and consumes its
 // stream.
 func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []int, connIdx int, peak *atomic.Int64) runResult {
@@ -739,31 +774,20 @@ func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []i
 	for left := len(list); left > 0; left-- {
 		ev, err := st.nextEvent(ctx, stall)
 		if err != nil {
-			cc.c.write(TCancel, id, 0, crc32c(nil), nil)
+			cc.c.write(TCancel, id, 0, crc32c.Checksum(nil), nil)
 			res.end = err
 			return res
 		}
 		if ev.end != nil {
 			res.end = ev.end
 			if ev.cancel { // found here (a size mismatch): the listener still streams
-				cc.c.write(TCancel, id, 0, crc32c(nil), nil)
+				cc.c.write(TCancel, id, 0, crc32c.Checksum(nil), nil)
 			}
 			return res
 		}
-		if ev.err != nil {
-			res.bad[ev.chunk] = ev.err
-		} else {
-			if spec.Deliver != nil {
-				if err := spec.Deliver(ev.chunk, ev.buf); err != nil {
-					cc.c.write(TCancel, id, 0, crc32c(nil), nil)
-					res.fatal = fmt.Errorf("delivering chunk %d: %w", ev.chunk, err)
-					return res
-				}
-			}
-			res.ok = append(res.ok, ev.chunk)
-			if spec.Progress != nil {
-				spec.Progress(int64(len(ev.buf)))
-			}
+		if !res.take(spec, ev) {
+			cc.c.write(TCancel, id, 0, crc32c.Checksum(nil), nil)
+			return res
 		}
 		n := int64(len(ev.buf))
 		if st.pool != nil {
@@ -771,12 +795,12 @@ func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []i
 		}
 		if spec.Background {
 			if err := cl.cfg.Background.Wait(ctx, n); err != nil {
-				cc.c.write(TCancel, id, 0, crc32c(nil), nil)
+				cc.c.write(TCancel, id, 0, crc32c.Checksum(nil), nil)
 				res.end = err
 				return res
 			}
 		}
-		cc.c.write(TCredit, id, uint64(n), crc32c(nil), nil) // a dead conn shows up as an end event
+		cc.c.write(TCredit, id, uint64(n), crc32c.Checksum(nil), nil) // a dead conn shows up as an end event
 	}
 	return res
 }

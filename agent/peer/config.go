@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-
-	"github.com/reft-hpc/reft/agent/config"
 )
 
 // Config is shared by a Server and a Client of one agent.
@@ -76,41 +74,12 @@ type Config struct {
 	// replicate request is answered unknown_type.
 	Replicate func(from string, req ReplicateRequest) error
 
-	Log zerolog.Logger
-}
+	// Counters, if set, counts this agent's frames and connections, on
+	// its Server and its Client alike (give both the same value); nil
+	// counts nothing.
+	Counters *Counters
 
-// FromAgentConfig fills what reft.toml governs into base (which carries
-// Job, UID, Node, Log, and Role for a status tool): [agent] port_range,
-// peer_bind, peer_auth and peer_secret (an agent creates the job's
-// secret if it is the first of the job, see EnsureSecret), and the [heartbeat] interval and timeout. With MUNGE, our
-// credentials are restricted to the job's uid, so no other user's process
-// can even decode them.
-func FromAgentConfig(c config.Config, base Config) (Config, error) {
-	base.PortRange = c.Agent.PortRange
-	base.Bind = c.Agent.PeerBind
-	base.Heartbeat = time.Duration(c.Heartbeat.Interval)
-	base.Timeout = time.Duration(c.Heartbeat.Timeout)
-	switch c.Agent.PeerAuth {
-	case "secret":
-		path, err := SecretPath(c.Agent.PeerSecret, base.Job, base.UID)
-		if err != nil {
-			return base, fmt.Errorf("agent.peer_auth = \"secret\": %w", err)
-		}
-		// An agent makes the job's secret if it is the first; a status
-		// tool only reads it.
-		load := LoadSecret
-		if base.Role == "" {
-			load = EnsureSecret
-		}
-		s, err := load(path)
-		if err != nil {
-			return base, fmt.Errorf("agent.peer_auth = \"secret\": %w", err)
-		}
-		base.Auth = s
-	default:
-		base.Auth = &Munge{RestrictUID: base.UID}
-	}
-	return base, nil
+	Log zerolog.Logger
 }
 
 func (c Config) withDefaults() (Config, error) {

@@ -11,17 +11,22 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/reft-hpc/reft/tmpfs"
+	"github.com/reft-hpc/reft/internal/crc32c"
 )
 
-// readBuf is the read buffer of a connection. Payloads of a chunk frame
-// larger than it bypass it (bufio reads straight into the destination once
-// it is drained), so bulk bytes are copied by the kernel only.
+// readBuf is the read buffer of a connection that receives chunks.
+// Payloads of a chunk frame larger than it bypass it (bufio reads straight
+// into the destination once it is drained), so bulk bytes are copied by
+// the kernel only.
 const readBuf = 64 << 10
 
-// handshakeBuf is the read buffer of a connection that is not
-// authenticated yet: strangers hold little memory each. live() puts the
-// large buffer on top once the peer is known.
+// handshakeBuf is the read buffer of every connection until it receives
+// its first chunk frame: strangers hold little memory each, and so do the
+// job's many connections that only ever carry control frames (a
+// listener's never receives a chunk; a dialer's to a peer outside its
+// sharding group mostly beats, probes and asks for watermarks). An agent
+// keeps a connection to every other agent (agent/mesh), so this is paid
+// twice per node of the job (docs/SCALE.md).
 const handshakeBuf = 4 << 10
 
 // crcPiece is the step of the fused read+checksum: the piece just read is
@@ -36,6 +41,8 @@ type conn struct {
 	br      *bufio.Reader
 	dr      *deadlineReader
 	timeout time.Duration
+	ctr     *Counters   // nil: not counted
+	bulkBuf atomic.Bool // br has the large buffer (growReadBuf); read by tests
 
 	wmu       sync.Mutex
 	lastWrite atomic.Int64 // unix nanoseconds
@@ -48,12 +55,14 @@ type conn struct {
 	err    error // why it closed; read after closed is closed
 }
 
-func newConn(nc net.Conn, timeout time.Duration) *conn {
+// newConn wraps nc, counted in ctr (nil: not counted) until close.
+func newConn(nc net.Conn, timeout time.Duration, ctr *Counters) *conn {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true) // control frames are small and latency-bound
 	}
 	dr := &deadlineReader{nc: nc}
-	return &conn{nc: nc, dr: dr, br: bufio.NewReaderSize(dr, handshakeBuf), timeout: timeout, closed: make(chan struct{})}
+	ctr.connOpened()
+	return &conn{nc: nc, dr: dr, br: bufio.NewReaderSize(dr, handshakeBuf), timeout: timeout, ctr: ctr, closed: make(chan struct{})}
 }
 
 // deadlineReader pushes the read deadline forward whenever bytes flow, at
@@ -75,15 +84,31 @@ func (d *deadlineReader) Read(p []byte) (int, error) {
 	return d.nc.Read(p)
 }
 
+// eagerBulk gives every connection the large buffer at authentication,
+// as before it waited for a chunk: BenchmarkIdleConns' baseline. Set only
+// by that benchmark, before any connection exists.
+var eagerBulk bool
+
 // live switches from the handshake's fixed deadline to liveness deadlines.
 func (c *conn) live() {
 	c.nc.SetDeadline(time.Time{})
 	c.dr.timeout = c.timeout
 	c.dr.last = time.Time{}
-	// The peer is authenticated: give it the bulk buffer. Wrapping keeps
-	// whatever the small one buffered; reads larger than the small buffer
-	// pass through it unbuffered, so the data is not copied twice.
-	c.br = bufio.NewReaderSize(c.br, readBuf)
+	if eagerBulk {
+		growReadBuf(c)
+	}
+}
+
+// growReadBuf gives c the large read buffer, once: readHeader does at the
+// first chunk frame, before the payload is read. Wrapping keeps whatever
+// the small one buffered; reads larger than the small buffer pass through
+// it unbuffered, so the data is not copied twice. Only the connection's
+// one reading goroutine may call it.
+func growReadBuf(c *conn) {
+	if !c.bulkBuf.Load() {
+		c.br = bufio.NewReaderSize(c.br, readBuf)
+		c.bulkBuf.Store(true)
+	}
 }
 
 // close closes the connection once, remembering the first reason.
@@ -94,6 +119,7 @@ func (c *conn) close(err error) {
 		}
 		c.err = err
 		c.nc.Close()
+		c.ctr.connClosed()
 		close(c.closed)
 	})
 }
@@ -120,7 +146,14 @@ func (c *conn) readHeader() (Header, error) {
 	if _, err := io.ReadFull(c.br, hb[:]); err != nil {
 		return Header{}, c.readErr(err)
 	}
-	return ParseHeader(hb[:])
+	h, err := ParseHeader(hb[:])
+	if err == nil {
+		c.ctr.recvFrame(h)
+		if h.Type == TChunk {
+			growReadBuf(c)
+		}
+	}
+	return h, err
 }
 
 // readErr names a liveness timeout as what it is.
@@ -139,7 +172,7 @@ func (c *conn) readPayload(h Header) (Frame, error) {
 	if _, err := io.ReadFull(c.br, f.Payload); err != nil {
 		return f, c.readErr(noEOF(err))
 	}
-	if got := crc32c(f.Payload); got != h.CRC {
+	if got := crc32c.Checksum(f.Payload); got != h.CRC {
 		return f, fmt.Errorf("%w: %s frame id %d: recorded 0x%08x, computed 0x%08x", ErrPayload, h.Type, h.ID, h.CRC, got)
 	}
 	return f, nil
@@ -197,7 +230,7 @@ func (c *conn) readInto(dst []byte) (uint32, error) {
 			return 0, c.readErr(noEOF(err))
 		}
 		c.lastData.Store(time.Now().UnixNano())
-		crc = tmpfs.UpdateCRC(crc, dst[off:end])
+		crc = crc32c.Update(crc, dst[off:end])
 		off = end
 	}
 	return crc, nil
@@ -227,6 +260,9 @@ func (c *conn) write(t Type, id uint32, arg uint64, crc uint32, p []byte) error 
 		_, err = bufs.WriteTo(c.nc)
 	}
 	c.lastWrite.Store(time.Now().UnixNano())
+	if err == nil {
+		c.ctr.sentFrame(t, len(p))
+	}
 	if err != nil {
 		err = fmt.Errorf("writing %s frame to %s: %w", t, c.nc.RemoteAddr(), err)
 		c.close(err)
@@ -243,7 +279,7 @@ func (c *conn) writeMsg(t Type, id uint32, v any) error {
 	if len(p) > MaxControl {
 		return fmt.Errorf("%w: %s payload of %d bytes > %d", ErrTooLarge, t, len(p), MaxControl)
 	}
-	return c.write(t, id, 0, crc32c(p), p)
+	return c.write(t, id, 0, crc32c.Checksum(p), p)
 }
 
 // writeChunk sends chunk idx of a fetch. The frame's payload CRC is the
@@ -276,7 +312,7 @@ func (c *conn) heartbeat(interval time.Duration) {
 			continue
 		}
 		c.wmu.Unlock()
-		c.write(TPing, 0, 0, crc32c(nil), nil)
+		c.write(TPing, 0, 0, crc32c.Checksum(nil), nil)
 	}
 }
 

@@ -155,10 +155,37 @@ type chunkState struct {
 // returns a *FetchError naming each chunk that every candidate failed.
 func (cl *Client) Fetch(ctx context.Context, spec FetchSpec) (FetchStats, error) {
 	start := time.Now()
-	var stats FetchStats
 	if err := spec.check(); err != nil {
-		return stats, err
+		return FetchStats{}, err
 	}
+	chunks, state, err := chunkStates(&spec)
+	if err != nil {
+		return FetchStats{}, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	f := &fetcher{cl: cl, ctx: ctx, cancel: cancel, spec: spec, state: state, results: make(chan runResult), dead: map[string]error{}}
+	f.launch(chunks)
+	var fatal error
+	for f.inflight > 0 {
+		r := <-f.results
+		f.inflight--
+		if fatal == nil { // else draining
+			fatal = f.settle(r)
+		}
+	}
+	f.stats.Duration = time.Since(start)
+	f.stats.Buffered = f.peak.Load()
+	if fatal != nil {
+		return f.stats, fatal
+	}
+	err = f.outcome(chunks)
+	return f.stats, err
+}
+
+// chunkStates lists the chunks spec asks for (all when it names none),
+// each once and inside the buffer, with its candidate sources.
+func chunkStates(spec *FetchSpec) ([]int, map[int]*chunkState, error) {
 	n := int(numChunks(spec.Size, spec.ChunkSize))
 	chunks := spec.Chunks
 	if chunks == nil {
@@ -170,138 +197,166 @@ func (cl *Client) Fetch(ctx context.Context, spec FetchSpec) (FetchStats, error)
 	state := make(map[int]*chunkState, len(chunks))
 	for _, c := range chunks {
 		if c < 0 || c >= n {
-			return stats, fmt.Errorf("fetch: chunk %d outside the buffer's %d chunks", c, n)
+			return nil, nil, fmt.Errorf("fetch: chunk %d outside the buffer's %d chunks", c, n)
 		}
 		if state[c] != nil {
-			return stats, fmt.Errorf("fetch: chunk %d listed twice", c)
+			return nil, nil, fmt.Errorf("fetch: chunk %d listed twice", c)
 		}
 		state[c] = &chunkState{cands: spec.sources(c)}
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var peak atomic.Int64
-	results := make(chan runResult)
-	inflight := 0
-	dead := map[string]error{}
-	var failed []int
+	return chunks, state, nil
+}
 
-	launch := func(list []int) {
-		groups := map[Source][]int{}
-		for _, c := range list {
-			s := state[c]
-			for s.cur < len(s.cands) && dead[s.cands[s.cur].Addr] != nil {
-				s.attempts = append(s.attempts, Attempt{s.cands[s.cur], fmt.Errorf("skipped, failed earlier in this fetch: %w", dead[s.cands[s.cur].Addr])})
-				s.cur++
-			}
-			if s.cur >= len(s.cands) {
-				failed = append(failed, c)
-				continue
-			}
-			groups[s.cands[s.cur]] = append(groups[s.cands[s.cur]], c)
-		}
-		for src, list := range groups {
-			for i, run := range splitRuns(list, cl.cfg.ConnsPerPeer) {
-				inflight++
-				stats.Requests++
-				go func() { results <- cl.run(ctx, &spec, src, run, i, &peak) }()
-			}
-		}
-	}
-	later := func(list []int, d time.Duration) {
-		inflight++
-		// The loop below drains until inflight is 0, so this send is
-		// always received, cancelled or not.
-		time.AfterFunc(d, func() { results <- runResult{list: list, retry: true} })
-	}
+// fetcher is one Fetch call: its chunks' states, the requests in flight,
+// the peers found dead and the stats. It lives on Fetch's goroutine; the
+// requests' goroutines only read ctx, spec and cl and send on results,
+// which Fetch drains until nothing is in flight.
+type fetcher struct {
+	cl       *Client
+	ctx      context.Context
+	cancel   context.CancelFunc
+	spec     FetchSpec
+	state    map[int]*chunkState
+	results  chan runResult
+	inflight int
+	dead     map[string]error // peers whose connection failed: skipped
+	failed   []int            // chunks every candidate failed
+	stats    FetchStats
+	peak     atomic.Int64
+}
 
-	launch(chunks)
-	var fatal error
-	for inflight > 0 {
-		r := <-results
-		inflight--
-		if fatal != nil {
-			continue // draining
-		}
-		if r.retry {
-			if ctx.Err() == nil {
-				launch(r.list)
-			}
-			continue
-		}
-		if r.fatal != nil || ctx.Err() != nil {
-			fatal = r.fatal
-			if fatal == nil {
-				fatal = ctx.Err()
-			}
-			cancel()
-			continue
-		}
-		for _, c := range r.ok {
-			stats.Chunks++
-			stats.Bytes += spec.chunkLen(c)
-		}
-		var next, busy []int
-		moveOn := func(c int, err error) {
-			s := state[c]
-			s.attempts = append(s.attempts, Attempt{r.src, err})
+// launch asks each chunk of list from its current candidate, skipping
+// dead peers, one request per contiguous run (spread over the peer's
+// connections); a chunk out of candidates has failed.
+func (f *fetcher) launch(list []int) {
+	groups := map[Source][]int{}
+	for _, c := range list {
+		s := f.state[c]
+		for s.cur < len(s.cands) && f.dead[s.cands[s.cur].Addr] != nil {
+			s.attempts = append(s.attempts, Attempt{s.cands[s.cur], fmt.Errorf("skipped, failed earlier in this fetch: %w", f.dead[s.cands[s.cur].Addr])})
 			s.cur++
-			stats.Failovers++
+		}
+		if s.cur >= len(s.cands) {
+			f.failed = append(f.failed, c)
+			continue
+		}
+		groups[s.cands[s.cur]] = append(groups[s.cands[s.cur]], c)
+	}
+	for src, list := range groups {
+		for i, run := range splitRuns(list, f.cl.cfg.ConnsPerPeer) {
+			f.inflight++
+			f.stats.Requests++
+			go func() { f.results <- f.cl.run(f.ctx, &f.spec, src, run, i, &f.peak) }()
+		}
+	}
+}
+
+// later launches list again after d.
+func (f *fetcher) later(list []int, d time.Duration) {
+	f.inflight++
+	// Fetch drains until inflight is 0, so this send is always
+	// received, cancelled or not.
+	time.AfterFunc(d, func() { f.results <- runResult{list: list, retry: true} })
+}
+
+// settle takes one request's result: a delayed retry is launched, a
+// fatal end (Deliver failed, ctx done) cancels the rest and is returned;
+// otherwise the good chunks count, and the others are asked again, from
+// the next candidate or, when busy, from the same one after a backoff.
+func (f *fetcher) settle(r runResult) error {
+	if r.retry {
+		if f.ctx.Err() == nil {
+			f.launch(r.list)
+		}
+		return nil
+	}
+	if r.fatal != nil || f.ctx.Err() != nil {
+		fatal := r.fatal
+		if fatal == nil {
+			fatal = f.ctx.Err()
+		}
+		f.cancel()
+		return fatal
+	}
+	for _, c := range r.ok {
+		f.stats.Chunks++
+		f.stats.Bytes += f.spec.chunkLen(c)
+	}
+	var next, busy []int
+	for c, err := range r.bad {
+		next = append(next, f.moveOn(c, r.src, err))
+	}
+	if r.end != nil {
+		n, b := f.ended(r)
+		next, busy = append(next, n...), b
+	}
+	if len(busy) > 0 {
+		f.later(busy, busyBackoff<<min(f.state[busy[0]].busy-1, 4))
+	}
+	if len(next) > 0 {
+		f.launch(next)
+	}
+	return nil
+}
+
+// moveOn records chunk c's failed attempt at src and moves it to its next
+// candidate.
+func (f *fetcher) moveOn(c int, src Source, err error) int {
+	s := f.state[c]
+	s.attempts = append(s.attempts, Attempt{src, err})
+	s.cur++
+	f.stats.Failovers++
+	return c
+}
+
+// ended sorts the chunks of a request that ended early: busy ones wait
+// and ask the same source again (a few times), those the source did not
+// fail itself (another chunk failed there) ask it again, the others move
+// on. A connection that failed marks its peer dead for this fetch.
+func (f *fetcher) ended(r runResult) (next, busy []int) {
+	var e *Error
+	isErr := errors.As(r.end, &e)
+	var ce *ConnError
+	if errors.As(r.end, &ce) {
+		f.dead[r.src.Addr] = r.end
+	}
+	for _, c := range r.list {
+		if slices.Contains(r.ok, c) || r.bad[c] != nil {
+			continue
+		}
+		s := f.state[c]
+		switch {
+		case isErr && e.Code == CodeBusy && s.busy < maxBusyRetries:
+			s.busy++
+			busy = append(busy, c)
+		case isErr && e.Chunk != nil && *e.Chunk != c && s.again < maxSameSource:
+			s.again++ // another chunk failed there; this one may be fine
 			next = append(next, c)
-		}
-		for c, err := range r.bad {
-			moveOn(c, err)
-		}
-		if r.end != nil {
-			var e *Error
-			isErr := errors.As(r.end, &e)
-			var ce *ConnError
-			if errors.As(r.end, &ce) {
-				dead[r.src.Addr] = r.end
-			}
-			for _, c := range r.list {
-				if slices.Contains(r.ok, c) || r.bad[c] != nil {
-					continue
-				}
-				s := state[c]
-				switch {
-				case isErr && e.Code == CodeBusy && s.busy < maxBusyRetries:
-					s.busy++
-					busy = append(busy, c)
-				case isErr && e.Chunk != nil && *e.Chunk != c && s.again < maxSameSource:
-					s.again++ // another chunk failed there; this one may be fine
-					next = append(next, c)
-				default:
-					moveOn(c, r.end)
-				}
-			}
-		}
-		if len(busy) > 0 {
-			later(busy, busyBackoff<<min(state[busy[0]].busy-1, 4))
-		}
-		if len(next) > 0 {
-			launch(next)
+		default:
+			next = append(next, f.moveOn(c, r.src, r.end))
 		}
 	}
-	stats.Duration = time.Since(start)
-	stats.Buffered = peak.Load()
-	if fatal != nil {
-		return stats, fatal
-	}
+	return next, busy
+}
+
+// outcome lists the chunks recovered from another candidate in the stats,
+// and returns a *FetchError naming the chunks every candidate failed.
+func (f *fetcher) outcome(chunks []int) error {
 	for _, c := range chunks {
-		if st := state[c]; len(st.attempts) > 0 && st.cur < len(st.cands) && !slices.Contains(failed, c) {
-			stats.Recovered = append(stats.Recovered, ChunkRecovery{Chunk: c, Attempts: st.attempts, From: st.cands[st.cur]})
+		if st := f.state[c]; len(st.attempts) > 0 && st.cur < len(st.cands) && !slices.Contains(f.failed, c) {
+			f.stats.Recovered = append(f.stats.Recovered, ChunkRecovery{Chunk: c, Attempts: st.attempts, From: st.cands[st.cur]})
 		}
 	}
-	slices.SortFunc(stats.Recovered, func(a, b ChunkRecovery) int { return a.Chunk - b.Chunk })
-	if len(failed) > 0 {
-		slices.Sort(failed)
-		fe := &FetchError{Total: len(chunks)}
-		for _, c := range failed {
-			fe.Failed = append(fe.Failed, ChunkFailure{Chunk: c, Attempts: state[c].attempts})
-		}
-		return stats, fe
+	slices.SortFunc(f.stats.Recovered, func(a, b ChunkRecovery) int { return a.Chunk - b.Chunk })
+	if len(f.failed) == 0 {
+		return nil
 	}
-	return stats, nil
+	slices.Sort(f.failed)
+	fe := &FetchError{Total: len(chunks)}
+	for _, c := range f.failed {
+		fe.Failed = append(fe.Failed, ChunkFailure{Chunk: c, Attempts: f.state[c].attempts})
+	}
+	return fe
 }
 
 // splitRuns cuts sorted chunk indexes into contiguous runs, then splits

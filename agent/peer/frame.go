@@ -5,9 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
-	"github.com/reft-hpc/reft/tmpfs"
+	"github.com/reft-hpc/reft/internal/crc32c"
 )
 
 // Wire constants (docs/PEER_PROTOCOL.md).
@@ -69,56 +68,39 @@ const (
 	TError           Type = 0xFF
 )
 
+// typeNames names every type of this version, by its byte; a type
+// without a name is unknown (known). An array: known runs for every
+// frame.
+var typeNames = [256]string{
+	THello:           "hello",
+	TAuth:            "auth",
+	TPing:            "ping",
+	TWatermarks:      "watermarks",
+	TManifest:        "manifest",
+	TFetch:           "fetch",
+	TCredit:          "credit",
+	TCancel:          "cancel",
+	TReplicate:       "replicate",
+	TReplicateReply:  "replicate-reply",
+	TChallenge:       "challenge",
+	TAuthReply:       "auth-reply",
+	TWatermarksReply: "watermarks-reply",
+	TManifestReply:   "manifest-reply",
+	TChunk:           "chunk",
+	TStatus:          "status",
+	TStatusReply:     "status-reply",
+	TBeat:            "beat",
+	TProbe:           "probe",
+	TFailure:         "failure",
+	TBeatReply:       "beat-reply",
+	TProbeReply:      "probe-reply",
+	TFailureReply:    "failure-reply",
+	TError:           "error",
+}
+
 func (t Type) String() string {
-	switch t {
-	case THello:
-		return "hello"
-	case TAuth:
-		return "auth"
-	case TPing:
-		return "ping"
-	case TWatermarks:
-		return "watermarks"
-	case TManifest:
-		return "manifest"
-	case TFetch:
-		return "fetch"
-	case TCredit:
-		return "credit"
-	case TCancel:
-		return "cancel"
-	case TReplicate:
-		return "replicate"
-	case TReplicateReply:
-		return "replicate-reply"
-	case TChallenge:
-		return "challenge"
-	case TAuthReply:
-		return "auth-reply"
-	case TWatermarksReply:
-		return "watermarks-reply"
-	case TManifestReply:
-		return "manifest-reply"
-	case TChunk:
-		return "chunk"
-	case TStatus:
-		return "status"
-	case TStatusReply:
-		return "status-reply"
-	case TBeat:
-		return "beat"
-	case TProbe:
-		return "probe"
-	case TFailure:
-		return "failure"
-	case TBeatReply:
-		return "beat-reply"
-	case TProbeReply:
-		return "probe-reply"
-	case TFailureReply:
-		return "failure-reply"
-	case TError:
-		return "error"
+	if n := typeNames[t]; n != "" {
+		return n
 	}
 	return fmt.Sprintf("type-0x%02x", uint8(t))
 }
@@ -128,9 +110,7 @@ func (t Type) String() string {
 func (t Type) Handled() bool { return t == TBeat || t == TProbe || t == TFailure }
 
 // known reports whether t is a type of this version.
-func (t Type) known() bool { return !strings.HasPrefix(t.String(), "type-") }
-
-func crc32c(p []byte) uint32 { return tmpfs.UpdateCRC(0, p) }
+func (t Type) known() bool { return typeNames[t] != "" }
 
 // Header is a frame header. Layout (big endian):
 //
@@ -201,7 +181,7 @@ func (h Header) Put(b []byte) {
 	binary.BigEndian.PutUint32(b[12:16], h.Length)
 	binary.BigEndian.PutUint64(b[16:24], h.Arg)
 	binary.BigEndian.PutUint32(b[24:28], h.CRC)
-	binary.BigEndian.PutUint32(b[28:32], crc32c(b[:28]))
+	binary.BigEndian.PutUint32(b[28:32], crc32c.Checksum(b[:28]))
 }
 
 // ParseHeader decodes and checks a header. Every field is checked before
@@ -215,7 +195,7 @@ func ParseHeader(b []byte) (Header, error) {
 	if m := binary.BigEndian.Uint32(b[0:4]); m != Magic {
 		return Header{}, fmt.Errorf("%w: got 0x%08x", ErrMagic, m)
 	}
-	if want, got := binary.BigEndian.Uint32(b[28:32]), crc32c(b[:28]); want != got {
+	if want, got := binary.BigEndian.Uint32(b[28:32]), crc32c.Checksum(b[:28]); want != got {
 		return Header{}, fmt.Errorf("%w: recorded 0x%08x, computed 0x%08x", ErrHeaderCRC, want, got)
 	}
 	h := Header{
@@ -262,7 +242,7 @@ func Decode(r io.Reader) (Frame, error) {
 	if _, err := io.ReadFull(r, f.Payload); err != nil {
 		return f, noEOF(err)
 	}
-	if got := crc32c(f.Payload); got != h.CRC {
+	if got := crc32c.Checksum(f.Payload); got != h.CRC {
 		return f, fmt.Errorf("%w: %s frame id %d: recorded 0x%08x, computed 0x%08x", ErrPayload, h.Type, h.ID, h.CRC, got)
 	}
 	return f, nil
@@ -281,7 +261,7 @@ func AppendFrame(b []byte, t Type, id uint32, arg uint64, p []byte) ([]byte, err
 		return b, fmt.Errorf("%w: %s payload of %d bytes > %d", ErrTooLarge, t, len(p), maxLength(t))
 	}
 	var hb [HeaderSize]byte
-	Header{Version: Version, Type: t, ID: id, Length: uint32(len(p)), Arg: arg, CRC: crc32c(p)}.Put(hb[:])
+	Header{Version: Version, Type: t, ID: id, Length: uint32(len(p)), Arg: arg, CRC: crc32c.Checksum(p)}.Put(hb[:])
 	b = append(b, hb[:]...)
 	return append(b, p...), nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"io"
 	"math"
 	"testing"
@@ -51,7 +52,7 @@ func TestFrameRejects(t *testing.T) {
 		b := bytes.Clone(good)
 		f(b)
 		if reseal {
-			binary.BigEndian.PutUint32(b[28:32], crc32c(b[:28]))
+			binary.BigEndian.PutUint32(b[28:32], crc32c.Checksum(b[:28]))
 		}
 		return b
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"hash/fnv"
 	"sync"
 	"sync/atomic"
@@ -61,7 +62,7 @@ func (m *memSource) add(k GenKey, cs int64, bufs map[string][]byte) {
 	for name, b := range bufs {
 		bi := BufferInfo{Name: name, Size: int64(len(b))}
 		for lo := int64(0); lo < int64(len(b)); lo += cs {
-			bi.CRC32C = append(bi.CRC32C, crc32c(b[lo:min(lo+cs, int64(len(b)))]))
+			bi.CRC32C = append(bi.CRC32C, crc32c.Checksum(b[lo:min(lo+cs, int64(len(b)))]))
 		}
 		g.info.Buffers = append(g.info.Buffers, bi)
 		g.data[name] = b

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"io"
 	"math"
 	"net"
@@ -43,7 +44,7 @@ func fetchFrame(v uint8, id uint32, payload []byte) []byte {
 	}
 	if v != Version {
 		b[4] = v
-		binary.BigEndian.PutUint32(b[28:32], crc32c(b[:28]))
+		binary.BigEndian.PutUint32(b[28:32], crc32c.Checksum(b[:28]))
 	}
 	return b
 }
@@ -82,7 +83,7 @@ func (r *rawConn) readServed(t *testing.T, id uint32, buffer string, count int) 
 			i := int(f.Arg)
 			lo := int64(i) * storeChunk
 			want := data[lo:min(lo+storeChunk, int64(len(data)))]
-			if !bytes.Equal(f.Payload, want) || f.CRC != crc32c(want) {
+			if !bytes.Equal(f.Payload, want) || f.CRC != crc32c.Checksum(want) {
 				t.Fatalf("chunk %d of %s: %d bytes under CRC 0x%08x, not the stored chunk", i, buffer, len(f.Payload), f.CRC)
 			}
 			s.chunks = append(s.chunks, i)
@@ -262,7 +263,7 @@ func TestHostileDialer(t *testing.T) {
 		{name: "header version 0", id: 0, code: CodeVersion, msg: "unsupported peer protocol version 0 (this agent speaks 1)", closed: true,
 			frame: fetchFrame(0, 1, reqJSON(good))},
 		{name: "payload checksum", id: 1, code: CodeMalformed, closed: true,
-			msg: fmt.Sprintf("payload checksum mismatch: fetch frame id 1: recorded 0x%08x, computed 0x%08x", crc32c(reqJSON(good)), crc32c(append([]byte{'['}, reqJSON(good)[1:]...))),
+			msg: fmt.Sprintf("payload checksum mismatch: fetch frame id 1: recorded 0x%08x, computed 0x%08x", crc32c.Checksum(reqJSON(good)), crc32c.Checksum(append([]byte{'['}, reqJSON(good)[1:]...))),
 			frame: func() []byte {
 				b := fetchFrame(1, 1, reqJSON(good))
 				b[HeaderSize] = '['
@@ -272,7 +273,7 @@ func TestHostileDialer(t *testing.T) {
 			frame: func() []byte {
 				b := fetchFrame(1, 1, reqJSON(good))
 				b[6] = 1
-				binary.BigEndian.PutUint32(b[28:32], crc32c(b[:28]))
+				binary.BigEndian.PutUint32(b[28:32], crc32c.Checksum(b[:28]))
 				return b
 			}()},
 		{name: "a chunk frame sent to the listener", id: 4, code: CodeUnknownType, msg: "a listener does not take chunk frames",

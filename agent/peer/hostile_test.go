@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"io"
 	"math"
 	"net"
@@ -133,7 +134,7 @@ func hostileChunk(i uint64) []byte {
 func hostileCRCs() []uint32 {
 	out := make([]uint32, hostileN)
 	for i := range out {
-		out[i] = crc32c(hostileChunk(uint64(i)))
+		out[i] = crc32c.Checksum(hostileChunk(uint64(i)))
 	}
 	return out
 }
@@ -213,10 +214,10 @@ func (r *scriptRun) exec(sc []byte) (serve bool) {
 			case 2:
 				p = nil
 			}
-			err = r.frame(TError, r.pickID(a[1]), 0, crc32c(p), p)
+			err = r.frame(TError, r.pickID(a[1]), 0, crc32c.Checksum(p), p)
 		case opPing:
 			p := bytes.Repeat([]byte{'p'}, int(a[1]))
-			err = r.frame(TPing, 0, 0, crc32c(p), p)
+			err = r.frame(TPing, 0, 0, crc32c.Checksum(p), p)
 		case opReply:
 			p := []byte("{}")
 			switch a[3] % 3 {
@@ -225,10 +226,10 @@ func (r *scriptRun) exec(sc []byte) (serve bool) {
 			case 2:
 				p = bytes.Repeat([]byte{' '}, MaxControl)
 			}
-			err = r.frame(hostileReplies[int(a[2])%len(hostileReplies)], r.pickID(a[1]), 0, crc32c(p), p)
+			err = r.frame(hostileReplies[int(a[2])%len(hostileReplies)], r.pickID(a[1]), 0, crc32c.Checksum(p), p)
 		case opType:
 			p := bytes.Repeat([]byte{'t'}, int(a[3]))
-			err = r.frame(Type(a[1]), r.pickID(a[2]), 0, crc32c(p), p)
+			err = r.frame(Type(a[1]), r.pickID(a[2]), 0, crc32c.Checksum(p), p)
 		case opRaw:
 			k := min(int(a[1]), len(sc))
 			err = r.write(sc[:k])
@@ -237,7 +238,7 @@ func (r *scriptRun) exec(sc []byte) (serve bool) {
 			for i := uint64(r.req.First); i < uint64(r.req.First+r.req.Count) && err == nil; i++ {
 				if !r.sent[i] {
 					d := hostileChunk(i)
-					err = r.frame(TChunk, r.id, i, crc32c(d), d)
+					err = r.frame(TChunk, r.id, i, crc32c.Checksum(d), d)
 					r.sent[i] = true
 				}
 			}
@@ -276,11 +277,11 @@ func (r *scriptRun) chunk(a [recSize]byte) error {
 	var crc uint32
 	switch a[4] % 3 {
 	case crcSent:
-		crc = crc32c(p)
+		crc = crc32c.Checksum(p)
 	case crcTrue:
-		crc = crc32c(data)
+		crc = crc32c.Checksum(data)
 	case crcWrong:
-		crc = crc32c(p) ^ 1
+		crc = crc32c.Checksum(p) ^ 1
 	}
 	length := uint32(len(p))
 	if lenMode == lenHuge {
@@ -288,7 +289,7 @@ func (r *scriptRun) chunk(a [recSize]byte) error {
 	}
 	var hb [HeaderSize]byte
 	Header{Version: Version, Type: TChunk, ID: id, Length: length, Arg: idx, CRC: crc}.Put(hb[:])
-	reseal := func() { binary.BigEndian.PutUint32(hb[28:32], crc32c(hb[:28])) }
+	reseal := func() { binary.BigEndian.PutUint32(hb[28:32], crc32c.Checksum(hb[:28])) }
 	switch a[6] % numHdrs {
 	case hdrCRC:
 		hb[9] ^= 1
@@ -687,15 +688,15 @@ var hostileCases = []hostileCase{
 		conn: true, is: ErrMagic, msg: text("got 0x48545450")},
 	{name: "bytes changed at rest (stored CRC)", script: script{}.chunk(rel(4), co{corrupt: 8, crc: crcTrue}).rest(), failed: []int{4}, is: ErrChecksum,
 		msg: func(addr string) string {
-			return fmt.Sprintf("chunk 4 from %s: CRC-32C 0x%08x, source's stored 0x%08x", addr, crc32c(flipped(4, 7)), crc32c(hostileChunk(4)))
+			return fmt.Sprintf("chunk 4 from %s: CRC-32C 0x%08x, source's stored 0x%08x", addr, crc32c.Checksum(flipped(4, 7)), crc32c.Checksum(hostileChunk(4)))
 		}},
 	{name: "wrong bytes under their own CRC (manifest CRC)", mode: modeDeliver, script: script{}.chunk(rel(4), co{corrupt: 1}).rest(), failed: []int{4}, is: ErrChecksum,
 		msg: func(addr string) string {
-			return fmt.Sprintf("chunk 4 from %s: CRC-32C 0x%08x, expected 0x%08x", addr, crc32c(flipped(4, 0)), crc32c(hostileChunk(4)))
+			return fmt.Sprintf("chunk 4 from %s: CRC-32C 0x%08x, expected 0x%08x", addr, crc32c.Checksum(flipped(4, 0)), crc32c.Checksum(hostileChunk(4)))
 		}},
 	{name: "right bytes, wrong CRC field", script: script{}.chunk(rel(0), co{crc: crcWrong}).rest(), failed: []int{0}, is: ErrChecksum,
 		msg: func(addr string) string {
-			return fmt.Sprintf("chunk 0 from %s: CRC-32C 0x%08x, source's stored 0x%08x", addr, crc32c(hostileChunk(0)), crc32c(hostileChunk(0))^1)
+			return fmt.Sprintf("chunk 0 from %s: CRC-32C 0x%08x, source's stored 0x%08x", addr, crc32c.Checksum(hostileChunk(0)), crc32c.Checksum(hostileChunk(0))^1)
 		}},
 	{name: "chunk for a request never made", script: script{}.chunk(rel(0), co{id: idNever}).rest(), failed: span(0, 10), conn: true,
 		msg:       text("peer sent chunk 0 for request 2, which this connection never made"),

@@ -301,11 +301,11 @@ func (s *Server) authenticated(host string) {
 // track serves a new connection with serve on a goroutine of its own,
 // closed by Close; false (nc closed) when the server is closed.
 func (s *Server) track(nc net.Conn, serve func(*conn)) bool {
-	c := newConn(nc, s.cfg.Timeout)
+	c := newConn(nc, s.cfg.Timeout, s.cfg.Counters)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		nc.Close()
+		c.close(nil)
 		return false
 	}
 	s.conns[c] = struct{}{}
@@ -443,86 +443,109 @@ func (sc *serverConn) readLoop() error {
 		}
 		switch h.Type {
 		case TPing:
-			if err := c.discard(h.Length); err != nil {
-				return err
-			}
+			err = c.discard(h.Length)
 		case TCredit, TCancel:
-			if err := c.discard(h.Length); err != nil {
-				return err
-			}
-			sc.mu.Lock()
-			st := sc.strs[h.ID]
-			sc.mu.Unlock()
-			if st == nil {
-				continue // the stream ended already
-			}
-			if h.Type == TCredit {
-				st.credit(int64(min(h.Arg, 1<<62)))
-			} else {
-				st.cancel()
-			}
+			err = sc.control(h)
 		case TError: // the dialer's last word, e.g. it refused our credential
-			f, err := c.readPayload(h)
-			if err != nil {
-				return err
-			}
-			e := &Error{}
-			if err := unmarshal(f, e); err != nil {
-				return err
-			}
-			return fmt.Errorf("dialer closed the connection: %w", e)
+			err = sc.dialerError(h)
 		case TWatermarks, TManifest, TFetch, TReplicate, TStatus:
-			if sc.role == RoleStatus && h.Type != TStatus {
-				// A status tool reads no snapshot data: refuse and close.
-				msg := fmt.Sprintf("a %q connection may ask for status only, not %s", RoleStatus, h.Type)
-				sc.refuse(h.ID, h.Type, CodeForbidden, msg, nil)
-				return fmt.Errorf("%w: %s", ErrAuth, msg)
-			}
-			f, err := c.readPayload(h)
-			if err != nil {
-				sc.refuse(h.ID, h.Type, CodeMalformed, err.Error(), nil)
-				return err
-			}
-			if h.ID == 0 {
-				sc.refuse(0, h.Type, CodeInvalid, fmt.Sprintf("%s request with id 0 (0 is the connection's)", h.Type), nil)
-				continue
-			}
-			if h.Type == TFetch {
-				sc.request(f) // quick: the stream runs on its own goroutine
-				continue
-			}
-			if !sc.call(f, sc.request) {
-				continue
-			}
+			err = sc.dataRequest(h)
 		case TBeat, TProbe, TFailure:
-			if sc.role == RoleStatus {
-				// A status tool must not take part in (or forge) detection.
-				msg := fmt.Sprintf("a %q connection may ask for status only, not %s", RoleStatus, h.Type)
-				sc.refuse(h.ID, h.Type, CodeForbidden, msg, nil)
-				return fmt.Errorf("%w: %s", ErrAuth, msg)
-			}
-			hd := sc.s.handler(h.Type)
-			if hd == nil {
-				if err := c.discard(h.Length); err != nil {
-					return err
-				}
-				sc.refuse(h.ID, h.Type, CodeUnknownType, fmt.Sprintf("this agent serves no %s requests (failure detection off)", h.Type), nil)
-				continue
-			}
-			f, err := c.readPayload(h)
-			if err != nil {
-				sc.refuse(h.ID, h.Type, CodeMalformed, err.Error(), nil)
-				return err
-			}
-			// A handler may call other agents: never block the reader.
-			sc.call(f, func(f Frame) { sc.handle(hd, f) })
+			err = sc.detectRequest(h)
 		default:
-			if err := c.discard(h.Length); err != nil {
-				return err
+			if err = c.discard(h.Length); err == nil {
+				sc.refuse(h.ID, h.Type, CodeUnknownType, fmt.Sprintf("a listener does not take %s frames", h.Type), nil)
 			}
-			sc.refuse(h.ID, h.Type, CodeUnknownType, fmt.Sprintf("a listener does not take %s frames", h.Type), nil)
+		}
+		if err != nil {
+			return err
 		}
 	}
+}
+
+// control applies a credit or a cancel to its stream (one that ended
+// already is ignored).
+func (sc *serverConn) control(h Header) error {
+	if err := sc.c.discard(h.Length); err != nil {
+		return err
+	}
+	sc.mu.Lock()
+	st := sc.strs[h.ID]
+	sc.mu.Unlock()
+	switch {
+	case st == nil: // the stream ended already
+	case h.Type == TCredit:
+		st.credit(int64(min(h.Arg, 1<<62)))
+	default:
+		st.cancel()
+	}
+	return nil
+}
+
+// dialerError reads the dialer's error frame, which ends the connection.
+func (sc *serverConn) dialerError(h Header) error {
+	f, err := sc.c.readPayload(h)
+	if err != nil {
+		return err
+	}
+	e := &Error{}
+	if err := unmarshal(f, e); err != nil {
+		return err
+	}
+	return fmt.Errorf("dialer closed the connection: %w", e)
+}
+
+// dataRequest takes a request for snapshot data or status: refused (and
+// the connection closed) on a status tool's connection unless it asks
+// for status; a fetch starts its stream, the others run as calls.
+func (sc *serverConn) dataRequest(h Header) error {
+	if sc.role == RoleStatus && h.Type != TStatus {
+		// A status tool reads no snapshot data: refuse and close.
+		msg := fmt.Sprintf("a %q connection may ask for status only, not %s", RoleStatus, h.Type)
+		sc.refuse(h.ID, h.Type, CodeForbidden, msg, nil)
+		return fmt.Errorf("%w: %s", ErrAuth, msg)
+	}
+	f, err := sc.c.readPayload(h)
+	if err != nil {
+		sc.refuse(h.ID, h.Type, CodeMalformed, err.Error(), nil)
+		return err
+	}
+	switch {
+	case h.ID == 0:
+		sc.refuse(0, h.Type, CodeInvalid, fmt.Sprintf("%s request with id 0 (0 is the connection's)", h.Type), nil)
+	case h.Type == TFetch:
+		sc.request(f) // quick: the stream runs on its own goroutine
+	default:
+		sc.call(f, sc.request)
+	}
+	return nil
+}
+
+// detectRequest takes a failure detector's request (beat, probe,
+// failure) to its handler, on a goroutine of its own; a status tool may
+// not take part in (or forge) detection.
+func (sc *serverConn) detectRequest(h Header) error {
+	if sc.role == RoleStatus {
+		msg := fmt.Sprintf("a %q connection may ask for status only, not %s", RoleStatus, h.Type)
+		sc.refuse(h.ID, h.Type, CodeForbidden, msg, nil)
+		return fmt.Errorf("%w: %s", ErrAuth, msg)
+	}
+	hd := sc.s.handler(h.Type)
+	if hd == nil {
+		if err := sc.c.discard(h.Length); err != nil {
+			return err
+		}
+		sc.refuse(h.ID, h.Type, CodeUnknownType, fmt.Sprintf("this agent serves no %s requests (failure detection off)", h.Type), nil)
+		return nil
+	}
+	f, err := sc.c.readPayload(h)
+	if err != nil {
+		sc.refuse(h.ID, h.Type, CodeMalformed, err.Error(), nil)
+		return err
+	}
+	// A handler may call other agents: never block the reader.
+	sc.call(f, func(f Frame) { sc.handle(hd, f) })
+	return nil
 }
 
 // call answers control request f with serve on a goroutine of its own,
@@ -558,21 +581,7 @@ func (sc *serverConn) request(f Frame) {
 		}
 		c.writeMsg(TWatermarksReply, f.ID, rep)
 	case TManifest:
-		var k GenKey
-		if err := unmarshal(f, &k); err != nil {
-			sc.refuse(f.ID, f.Type, CodeMalformed, err.Error(), nil)
-			return
-		}
-		g, err := sc.s.src.Open(k)
-		if err != nil {
-			sc.refuse(f.ID, f.Type, codeOf(err), err.Error(), nil)
-			return
-		}
-		info := g.Info()
-		g.Close()
-		if err := c.writeMsg(TManifestReply, f.ID, info); err != nil && !c.isClosed() {
-			sc.refuse(f.ID, f.Type, CodeInternal, err.Error(), nil)
-		}
+		sc.manifest(f)
 	case TFetch:
 		var req FetchRequest
 		if err := unmarshal(f, &req); err != nil {
@@ -585,20 +594,7 @@ func (sc *serverConn) request(f Frame) {
 		}
 		sc.startFetch(f.ID, req)
 	case TReplicate:
-		var req ReplicateRequest
-		if err := unmarshal(f, &req); err != nil {
-			sc.refuse(f.ID, f.Type, CodeMalformed, err.Error(), nil)
-			return
-		}
-		if sc.s.cfg.Replicate == nil {
-			sc.refuse(f.ID, f.Type, CodeUnknownType, "this agent keeps no replicas (no replicate handler)", nil)
-			return
-		}
-		if err := sc.s.cfg.Replicate(sc.node, req); err != nil {
-			sc.refuse(f.ID, f.Type, CodeInvalid, err.Error(), nil)
-			return
-		}
-		c.writeMsg(TReplicateReply, f.ID, &ReplicateReply{})
+		sc.replicate(f)
 	case TStatus:
 		if sc.s.cfg.Status == nil {
 			sc.refuse(f.ID, f.Type, CodeNotFound, sc.s.cfg.Node+" serves no status", nil)
@@ -608,6 +604,43 @@ func (sc *serverConn) request(f Frame) {
 			sc.refuse(f.ID, f.Type, CodeInternal, err.Error(), nil)
 		}
 	}
+}
+
+// manifest answers a manifest request with the generation's info.
+func (sc *serverConn) manifest(f Frame) {
+	var k GenKey
+	if err := unmarshal(f, &k); err != nil {
+		sc.refuse(f.ID, f.Type, CodeMalformed, err.Error(), nil)
+		return
+	}
+	g, err := sc.s.src.Open(k)
+	if err != nil {
+		sc.refuse(f.ID, f.Type, codeOf(err), err.Error(), nil)
+		return
+	}
+	info := g.Info()
+	g.Close()
+	if err := sc.c.writeMsg(TManifestReply, f.ID, info); err != nil && !sc.c.isClosed() {
+		sc.refuse(f.ID, f.Type, CodeInternal, err.Error(), nil)
+	}
+}
+
+// replicate hands a replicate request to the Replicate handler.
+func (sc *serverConn) replicate(f Frame) {
+	var req ReplicateRequest
+	if err := unmarshal(f, &req); err != nil {
+		sc.refuse(f.ID, f.Type, CodeMalformed, err.Error(), nil)
+		return
+	}
+	if sc.s.cfg.Replicate == nil {
+		sc.refuse(f.ID, f.Type, CodeUnknownType, "this agent keeps no replicas (no replicate handler)", nil)
+		return
+	}
+	if err := sc.s.cfg.Replicate(sc.node, req); err != nil {
+		sc.refuse(f.ID, f.Type, CodeInvalid, err.Error(), nil)
+		return
+	}
+	sc.c.writeMsg(TReplicateReply, f.ID, &ReplicateReply{})
 }
 
 // handle runs a registered handler and sends its reply.
@@ -714,6 +747,29 @@ func (sc *serverConn) startFetch(id uint32, req FetchRequest) {
 	}()
 }
 
+// fetchRefusal says why req cannot be served from the generation info
+// describes (code "" when it can): no such buffer, another chunk or
+// buffer size than the request expects, or chunks past the buffer's end.
+func fetchRefusal(req FetchRequest, info *GenInfo) (code, msg string) {
+	b := info.Buffer(req.Buffer)
+	switch {
+	case b == nil:
+		return CodeNotFound, fmt.Sprintf("%s has no buffer %q", req.GenKey, req.Buffer)
+	case req.ChunkSize != 0 && req.ChunkSize != info.ChunkSize:
+		return CodeMismatch, fmt.Sprintf("%s: chunk size here is %d, the request expects %d", req.ChunkKey, info.ChunkSize, req.ChunkSize)
+	case req.Size != 0 && req.Size != b.Size:
+		return CodeMismatch, fmt.Sprintf("%s: buffer size here is %d, the request expects %d", req.ChunkKey, b.Size, req.Size)
+	case info.ChunkSize <= 0 || info.ChunkSize > MaxPayload:
+		return CodeInternal, fmt.Sprintf("%s: chunk size %d outside (0, %d]", req.ChunkKey, info.ChunkSize, MaxPayload)
+	}
+	// req.check made First >= 0 and Count >= 1, so n-Count cannot
+	// overflow and First+Count, once inside n, cannot either.
+	if n := len(b.CRC32C); req.First > n-req.Count {
+		return CodeInvalid, fmt.Sprintf("%s: %d chunks from chunk %d run past the buffer's %d chunks", req.ChunkKey, req.Count, req.First, n)
+	}
+	return "", ""
+}
+
 // stream sends the chunks of one fetch. Errors before the first chunk
 // concern the whole request; a chunk that cannot be read ends the stream
 // with an error naming it, so the dialer can take that chunk elsewhere and
@@ -729,27 +785,8 @@ func (sc *serverConn) stream(st *sendStream) {
 		return
 	}
 	defer g.Close()
-	info := g.Info()
-	b := info.Buffer(req.Buffer)
-	switch {
-	case b == nil:
-		fail(CodeNotFound, nil, "%s has no buffer %q", req.GenKey, req.Buffer)
-		return
-	case req.ChunkSize != 0 && req.ChunkSize != info.ChunkSize:
-		fail(CodeMismatch, nil, "%s: chunk size here is %d, the request expects %d", req.ChunkKey, info.ChunkSize, req.ChunkSize)
-		return
-	case req.Size != 0 && req.Size != b.Size:
-		fail(CodeMismatch, nil, "%s: buffer size here is %d, the request expects %d", req.ChunkKey, b.Size, req.Size)
-		return
-	case info.ChunkSize <= 0 || info.ChunkSize > MaxPayload:
-		fail(CodeInternal, nil, "%s: chunk size %d outside (0, %d]", req.ChunkKey, info.ChunkSize, MaxPayload)
-		return
-	}
-	// req.check made First >= 0 and Count >= 1, so n-Count cannot
-	// overflow and First+Count, once inside n, cannot either.
-	n := len(b.CRC32C)
-	if req.First > n-req.Count {
-		fail(CodeInvalid, nil, "%s: %d chunks from chunk %d run past the buffer's %d chunks", req.ChunkKey, req.Count, req.First, n)
+	if code, msg := fetchRefusal(req, g.Info()); code != "" {
+		fail(code, nil, "%s", msg)
 		return
 	}
 	for i := req.First; i < req.First+req.Count; i++ {

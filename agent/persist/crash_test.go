@@ -38,7 +38,7 @@ func helperWrite() int {
 	if err != nil {
 		return fail(err)
 	}
-	disk, err := OpenStore(os.Getenv("REFT_DIR"), testJob, "n1", os.Getuid())
+	disk, err := OpenStore(os.Getenv("REFT_DIR"), testJob, "n1", os.Getuid(), Epoch{})
 	if err != nil {
 		return fail(err)
 	}

@@ -106,7 +106,7 @@ func persistGen(t testing.TB, st *tmpfs.Store, disk *Store, rank int, step, aban
 
 func openDisk(t testing.TB, dir string) *Store {
 	t.Helper()
-	s, err := OpenStore(dir, testJob, "n1", os.Getuid())
+	s, err := OpenStore(dir, testJob, "n1", os.Getuid(), Epoch{})
 	if err != nil {
 		t.Fatal(err)
 	}

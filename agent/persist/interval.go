@@ -7,7 +7,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/reft-hpc/reft/launcher/plan/jit"
+	"github.com/reft-hpc/reft/internal/jit"
 	"github.com/reft-hpc/reft/spank/spec"
 )
 

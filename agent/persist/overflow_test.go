@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -47,7 +48,7 @@ func TestCraftedManifestOverflow(t *testing.T) {
 			var mk marker
 			mb, _ := os.ReadFile(filepath.Join(w.Dir, markerFile))
 			json.Unmarshal(mb, &mk)
-			mk.ManifestBytes, mk.ManifestCRC = len(raw), tmpfs.CRC(raw)
+			mk.ManifestBytes, mk.ManifestCRC = len(raw), crc32c.Checksum(raw)
 			mb, _ = json.Marshal(&mk)
 			if err := os.WriteFile(filepath.Join(w.Dir, markerFile), mb, 0o600); err != nil {
 				t.Fatal(err)

@@ -15,9 +15,12 @@ import (
 
 // Options configures a Persister.
 type Options struct {
-	Dir                string // persist_dir from --reft, else [persist] dir
-	Job, Node          string
-	UID                int // the job's user, who must own every directory
+	Dir       string // persist_dir from --reft, else [persist] dir
+	Job, Node string
+	UID       int // the job's user, who must own every directory
+	// Restart is the job's SLURM_RESTART_COUNT: with the committing rank's
+	// Slurm step (Committed) the epoch of each write (see Epoch).
+	Restart            int
 	Policy             spec.Persist
 	FailuresPerNodeDay float64
 	Store              *tmpfs.Store // the node-local store the generations come from
@@ -41,12 +44,19 @@ type Persister struct {
 	closed    bool
 	busy      bool
 	busyStep  int64
-	queue     []*tmpfs.Reader
+	queue     []queued
 	roundTime time.Duration // successful writes of the running round
 	roundOK   bool          // a write of the round succeeded
 	roundErr  bool          // a write of the round failed
 	abandoned map[int]int64 // rank -> lowest step restored since its last write
+	fenced    bool          // a write was refused as stale (said once)
 	idle      *sync.Cond
+}
+
+// queued is a pinned generation waiting for the writer, and its epoch.
+type queued struct {
+	r *tmpfs.Reader
+	e Epoch
 }
 
 // New opens <dir>/<job> and starts deciding. Policy must not be PersistOff.
@@ -57,7 +67,7 @@ func New(opt Options) (*Persister, error) {
 	if opt.Store == nil {
 		return nil, errors.New("persist: no node-local store to persist from")
 	}
-	disk, err := OpenStore(opt.Dir, opt.Job, opt.Node, opt.UID)
+	disk, err := OpenStore(opt.Dir, opt.Job, opt.Node, opt.UID, Epoch{Restart: opt.Restart})
 	if err != nil {
 		return nil, err
 	}
@@ -96,10 +106,11 @@ func (p *Persister) Restored(rank int, step int64) {
 	}
 }
 
-// Committed is called after each local commit. It never blocks on I/O:
-// a due generation is pinned and queued for the background writer; while
-// a write of another step runs, the generation is skipped.
-func (p *Persister) Committed(g tmpfs.Generation) {
+// Committed is called after each local commit, with the Slurm step id of
+// the rank that committed (its epoch, with the restart count). It never
+// blocks on I/O: a due generation is pinned and queued for the background
+// writer; while a write of another step runs, the generation is skipped.
+func (p *Persister) Committed(g tmpfs.Generation, slurmStep int) {
 	now := p.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -117,7 +128,7 @@ func (p *Persister) Committed(g tmpfs.Generation) {
 			Msg("persistent write skipped: the generation left the store first")
 		return
 	}
-	p.queue = append(p.queue, r)
+	p.queue = append(p.queue, queued{r, Epoch{Restart: p.opt.Restart, Step: slurmStep}})
 	if !p.busy {
 		p.busy, p.busyStep, p.roundTime, p.roundOK, p.roundErr = true, g.Step, 0, false, false
 		p.wg.Add(1)
@@ -131,8 +142,8 @@ func (p *Persister) run() {
 	for {
 		p.mu.Lock()
 		if len(p.queue) == 0 || p.ctx.Err() != nil {
-			for _, r := range p.queue {
-				r.Close()
+			for _, q := range p.queue {
+				q.r.Close()
 			}
 			p.queue = nil
 			if retry := p.iv.Wrote(p.busyStep, p.roundTime, p.roundOK, p.roundErr, p.now()); retry > 0 {
@@ -144,7 +155,7 @@ func (p *Persister) run() {
 			p.mu.Unlock()
 			return
 		}
-		r := p.queue[0]
+		r, e := p.queue[0].r, p.queue[0].e
 		p.queue = p.queue[1:]
 		m := r.Manifest()
 		above, ok := p.abandoned[m.Rank]
@@ -154,7 +165,7 @@ func (p *Persister) run() {
 		p.mu.Unlock()
 
 		t0 := p.now()
-		w, err := p.disk.Write(p.ctx, r, above)
+		w, err := p.disk.WriteIn(p.ctx, r, above, e)
 		r.Close()
 		d := p.now().Sub(t0)
 
@@ -163,6 +174,15 @@ func (p *Persister) run() {
 		case err != nil && p.ctx.Err() != nil:
 			p.log.Info().Str("event", "persist_stopped").Int("rank", m.Rank).Int64("step", m.Step).
 				Msg("persistent write stopped: the agent is stopping; the temporary copy was removed")
+		case errors.As(err, new(*FencedError)):
+			// Not a failure to retry: this writer is stale. Said once.
+			ev := p.log.Debug()
+			if !p.fenced {
+				p.fenced = true
+				ev = p.log.Error()
+			}
+			ev.Str("event", "persist_fenced").Int("rank", m.Rank).Int64("step", m.Step).Err(err).
+				Msg("persistent write refused: a newer run of the job has written this rank's checkpoints; this agent persists nothing more for it")
 		case err != nil:
 			p.roundErr = true
 			p.log.Error().Str("event", "persist_failed").Int("rank", m.Rank).Int64("step", m.Step).Err(err).

@@ -71,15 +71,15 @@ func TestPersisterBackground(t *testing.T) {
 		p.Registered(rank, 2)
 	}
 	prealloc := st.Metrics().StoredBytes.Load()
-	p.Committed(commitGen(t, st, 0, 1)) // not due
-	p.Committed(commitGen(t, st, 0, 2)) // due: the write starts and blocks
+	p.Committed(commitGen(t, st, 0, 1), 0) // not due
+	p.Committed(commitGen(t, st, 0, 2), 0) // due: the write starts and blocks
 	<-g.reached
 	// Training goes on: commits return while the write is blocked, and
 	// saves find arenas (the spare) although step 2 stays pinned.
-	p.Committed(commitGen(t, st, 1, 2)) // same step: queued behind rank 0
-	p.Committed(commitGen(t, st, 0, 3))
-	p.Committed(commitGen(t, st, 0, 4)) // due, but step 2 is being written: skipped
-	p.Committed(commitGen(t, st, 0, 5))
+	p.Committed(commitGen(t, st, 1, 2), 0) // same step: queued behind rank 0
+	p.Committed(commitGen(t, st, 0, 3), 0)
+	p.Committed(commitGen(t, st, 0, 4), 0) // due, but step 2 is being written: skipped
+	p.Committed(commitGen(t, st, 0, 5), 0)
 	if n := st.Metrics().StoredBytes.Load(); n != prealloc {
 		t.Fatalf("saves while a generation was pinned changed the store from %d to %d bytes; the spare arena should serve them", prealloc, n)
 	}
@@ -96,8 +96,8 @@ func TestPersisterBackground(t *testing.T) {
 		t.Fatalf("no debug line for the skipped step 4:\n%s", logs.String())
 	}
 	for _, s := range []int64{6, 8} {
-		p.Committed(commitGen(t, st, 0, s-1))
-		p.Committed(commitGen(t, st, 0, s))
+		p.Committed(commitGen(t, st, 0, s-1), 0)
+		p.Committed(commitGen(t, st, 0, s), 0)
 		p.Wait()
 	}
 	gens, _ := p.Generations(0)
@@ -118,7 +118,7 @@ func TestPersisterCloseMidWrite(t *testing.T) {
 	p := newPersister(t, st, dir, "1", logs)
 	g := newGate("write:half")
 	p.disk.hook = g.hook
-	p.Committed(commitGen(t, st, 0, 1))
+	p.Committed(commitGen(t, st, 0, 1), 0)
 	<-g.reached
 	done := make(chan struct{})
 	go func() { p.Close(); close(done) }()
@@ -139,7 +139,7 @@ func TestPersisterCloseMidWrite(t *testing.T) {
 	if !strings.Contains(logs.String(), `"event":"persist_stopped"`) {
 		t.Fatalf("no persist_stopped line:\n%s", logs.String())
 	}
-	p.Committed(commitGen(t, st, 0, 2)) // after Close: ignored
+	p.Committed(commitGen(t, st, 0, 2), 0) // after Close: ignored
 	p.Wait()
 }
 
@@ -149,7 +149,7 @@ func TestPersisterLoadIntoNewStore(t *testing.T) {
 	dir := t.TempDir()
 	old := localStore(t, filepath.Join(t.TempDir(), "shm"))
 	p := newPersister(t, old, dir, "5", new(syncBuf))
-	p.Committed(commitGen(t, old, 3, 5))
+	p.Committed(commitGen(t, old, 3, 5), 0)
 	p.Wait()
 
 	fresh := localStore(t, filepath.Join(t.TempDir(), "shm"))

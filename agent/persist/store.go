@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -38,6 +39,44 @@ type marker struct {
 	DataBytes     int64     `json:"data_bytes"`
 	Node          string    `json:"node"`
 	Written       time.Time `json:"written"`
+	// Epoch is the writer's (absent before fencing: the zero epoch).
+	Epoch Epoch `json:"epoch"`
+}
+
+// Epoch orders the job's runs: a requeue (SLURM_RESTART_COUNT) starts a
+// newer one, and within it each relaunch of reft run is a new srun step,
+// with a higher Slurm step id (the committing rank's, from its hello). A
+// writer from an older epoch is stale (a node wrongly declared lost, a
+// partitioned one, a write queued before the job moved on): it must not
+// remove or replace what a newer epoch wrote.
+type Epoch struct {
+	Restart int `json:"restart"`
+	// Step is the Slurm step id of the rank that committed the generation
+	// (0 for a batch or extern step, or a client that did not say).
+	Step int `json:"slurm_step"`
+}
+
+// Before reports whether e is an older epoch than o.
+func (e Epoch) Before(o Epoch) bool {
+	return e.Restart < o.Restart || e.Restart == o.Restart && e.Step < o.Step
+}
+
+func (e Epoch) String() string { return fmt.Sprintf("restart %d step %d", e.Restart, e.Step) }
+
+// FencedError is a write refused because a newer epoch has written the
+// rank's directory: this writer is stale.
+type FencedError struct {
+	Rank         int
+	Step         int64
+	Mine, Newest Epoch
+	By           string // the node that wrote the newer generation
+	NewerStep    int64
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("persistent write of rank %d step %d refused: this agent writes for %s, but %s wrote step %d for the newer %s; "+
+		"this writer is stale (its node was declared lost or the job has moved on) and writes and removes nothing, so the newer checkpoints are safe",
+		e.Rank, e.Step, e.Mine, e.By, e.NewerStep, e.Newest)
 }
 
 // Generation is a committed persistent generation of one rank.
@@ -47,6 +86,8 @@ type Generation struct {
 	Dir      string
 	Bad      bool
 	Manifest tmpfs.Manifest
+	Epoch    Epoch  // the writer's
+	Node     string // the writer's node
 }
 
 // Bytes is the payload of the generation (the buffers, without padding).
@@ -64,19 +105,24 @@ type Store struct {
 	node string
 	dir  string
 	uid  int // the job's user: every directory must be its own
+	// epoch is Write's (WriteIn takes one per write): what a newer epoch
+	// wrote is never removed, and a rank directory a newer epoch has
+	// written is not written.
+	epoch Epoch
 
 	hook func(point string) // crash tests stop the process at named points
 }
 
-// OpenStore makes (or checks) <dir>/<job> for the job's user.
-func OpenStore(dir, job, node string, uid int) (*Store, error) {
+// OpenStore makes (or checks) <dir>/<job> for the job's user; Write
+// writes for epoch.
+func OpenStore(dir, job, node string, uid int, epoch Epoch) (*Store, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("persistent directory %q must be an absolute path", dir)
 	}
 	if job == "" || strings.ContainsAny(job, "/.") || node == "" || strings.Contains(node, "/") {
 		return nil, fmt.Errorf("persistent directory: bad job id %q or node %q", job, node)
 	}
-	s := &Store{job: job, node: node, dir: filepath.Join(dir, job), uid: uid}
+	s := &Store{job: job, node: node, dir: filepath.Join(dir, job), uid: uid, epoch: epoch}
 	created, err := s.mkdir(s.dir)
 	if err != nil {
 		return nil, err
@@ -147,6 +193,11 @@ type Written struct {
 // steps above the new one and above abandonedAbove (>= 0: a step the job
 // has restored since the last write) are removed.
 func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64) (Written, error) {
+	return s.WriteIn(ctx, r, abandonedAbove, s.epoch)
+}
+
+// WriteIn is Write for a writer of epoch e.
+func (s *Store) WriteIn(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64, e Epoch) (Written, error) {
 	m := r.Manifest()
 	rank, step := m.Rank, m.Step
 	rdir := s.rankDir(rank)
@@ -160,10 +211,13 @@ func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64
 			return Written{}, fmt.Errorf("persistent write: fsync %s: %w", s.dir, err)
 		}
 	}
+	if err := s.fence(rank, step, e); err != nil {
+		return Written{}, err
+	}
 	if old, err := s.read(rank, final, step); err == nil && !old.Bad && sameChecksums(&old.Manifest, m) {
 		// The same bytes (a deterministic job redoing the step, or an
 		// agent restart): the copy is this timeline's; only retention.
-		return Written{Dir: final, Already: true, Removed: s.prune(rank, step, abandonedAbove)}, nil
+		return Written{Dir: final, Already: true, Removed: s.prune(rank, step, abandonedAbove, e)}, nil
 	}
 	s.removeStale(rdir)
 	tmp := filepath.Join(rdir, fmt.Sprintf("%s%s-%s-%d", tmpPrefix, genName(step), s.node, os.Getpid()))
@@ -173,23 +227,30 @@ func (s *Store) Write(ctx context.Context, r *tmpfs.Reader, abandonedAbove int64
 	if _, err := s.mkdir(tmp); err != nil {
 		return Written{}, err
 	}
-	n, err := s.fill(ctx, tmp, r)
+	n, err := s.fill(ctx, tmp, r, e)
 	if err != nil {
 		os.RemoveAll(tmp)
 		return Written{}, err
 	}
 	s.at("write:synced")
+	// Again before anything becomes visible: a newer epoch may have
+	// written while this copy was filled (a shared filesystem offers no
+	// compare-and-swap; this narrows the window to the rename itself).
+	if err := s.fence(rank, step, e); err != nil {
+		os.RemoveAll(tmp)
+		return Written{}, err
+	}
 	if err := s.replace(tmp, final); err != nil {
 		os.RemoveAll(tmp)
 		return Written{}, err
 	}
 	s.at("write:renamed")
-	removed := s.prune(rank, step, abandonedAbove)
+	removed := s.prune(rank, step, abandonedAbove, e)
 	return Written{Dir: final, Bytes: n, Removed: removed}, nil
 }
 
 // fill writes data, MANIFEST and COMMITTED into the temporary directory tmp.
-func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, error) {
+func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader, e Epoch) (int64, error) {
 	m := r.Manifest()
 	fail := func(what string, err error) (int64, error) {
 		return 0, fmt.Errorf("persistent write of rank %d step %d: %s: %w", m.Rank, m.Step, what, err)
@@ -199,46 +260,24 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, e
 		return fail("create data file", err)
 	}
 	defer f.Close()
-	var off int64
-	zeros := make([]byte, 64<<10)
-	pad := func(to int64) error {
-		for off < to {
-			k := min(to-off, int64(len(zeros)))
-			if _, err := f.Write(zeros[:k]); err != nil {
-				return err
-			}
-			off += k
+	w := &dataWriter{f: f, zeros: make([]byte, 64<<10)}
+	half := func() {
+		if w.off >= m.ArenaSize/2 {
+			s.at("write:half")
 		}
-		return nil
 	}
 	for _, b := range m.Buffers {
-		if err := pad(b.Offset); err != nil {
+		if err := w.padTo(b.Offset); err != nil {
 			return fail("write data file", err)
 		}
-		for i := range b.CRC32C {
-			if err := ctx.Err(); err != nil {
-				return fail("stopped", err)
-			}
-			p, want, err := r.Chunk(b.Name, i)
-			if err != nil {
-				return fail("read arena", err)
-			}
-			if got := tmpfs.CRC(p); got != want {
-				return fail("arena", fmt.Errorf("%w: buffer %q chunk %d stored %#08x, memory now %#08x; not persisted (host memory corrupted since the commit)",
-					tmpfs.ErrCorrupt, b.Name, i, want, got))
-			}
-			if _, err := f.Write(p); err != nil {
-				return fail("write data file", err)
-			}
-			off += int64(len(p))
-			if off >= m.ArenaSize/2 {
-				s.at("write:half")
-			}
+		if what, err := copyBuffer(ctx, w, r, b, half); err != nil {
+			return fail(what, err)
 		}
 	}
-	if err := pad(m.ArenaSize); err != nil {
+	if err := w.padTo(m.ArenaSize); err != nil {
 		return fail("write data file", err)
 	}
+	off := w.off
 	if err := f.Sync(); err != nil {
 		return fail("fsync data file", err)
 	}
@@ -252,8 +291,8 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, e
 	if err := writeSynced(filepath.Join(tmp, manifestFile), raw); err != nil {
 		return fail("write manifest", err)
 	}
-	mk, _ := json.Marshal(marker{Step: m.Step, Seq: m.Seq, ManifestBytes: len(raw), ManifestCRC: tmpfs.CRC(raw),
-		DataBytes: off, Node: s.node, Written: time.Now().UTC()})
+	mk, _ := json.Marshal(marker{Step: m.Step, Seq: m.Seq, ManifestBytes: len(raw), ManifestCRC: crc32c.Checksum(raw),
+		DataBytes: off, Node: s.node, Written: time.Now().UTC(), Epoch: e})
 	if err := writeSynced(filepath.Join(tmp, markerFile), mk); err != nil {
 		return fail("write commit marker", err)
 	}
@@ -261,6 +300,51 @@ func (s *Store) fill(ctx context.Context, tmp string, r *tmpfs.Reader) (int64, e
 		return fail("fsync directory", err)
 	}
 	return off, nil
+}
+
+// dataWriter writes a generation's data file: the buffers at their arena
+// offsets, zeros between them and to the arena's end. off is where the
+// next byte goes.
+type dataWriter struct {
+	f     *os.File
+	off   int64
+	zeros []byte
+}
+
+func (w *dataWriter) padTo(to int64) error {
+	for w.off < to {
+		k := min(to-w.off, int64(len(w.zeros)))
+		if _, err := w.f.Write(w.zeros[:k]); err != nil {
+			return err
+		}
+		w.off += k
+	}
+	return nil
+}
+
+// copyBuffer writes buffer b's chunks from the arena r, each checked
+// against its CRC-32C first (memory corrupted since the commit is not
+// persisted), calling after each; what says which step failed.
+func copyBuffer(ctx context.Context, w *dataWriter, r *tmpfs.Reader, b tmpfs.Buffer, after func()) (what string, err error) {
+	for i := range b.CRC32C {
+		if err := ctx.Err(); err != nil {
+			return "stopped", err
+		}
+		p, want, err := r.Chunk(b.Name, i)
+		if err != nil {
+			return "read arena", err
+		}
+		if got := crc32c.Checksum(p); got != want {
+			return "arena", fmt.Errorf("%w: buffer %q chunk %d stored %#08x, memory now %#08x; not persisted (host memory corrupted since the commit)",
+				tmpfs.ErrCorrupt, b.Name, i, want, got)
+		}
+		if _, err := w.f.Write(p); err != nil {
+			return "write data file", err
+		}
+		w.off += int64(len(p))
+		after()
+	}
+	return "", nil
 }
 
 // replace renames tmp to final. A final of the same step from an abandoned
@@ -285,27 +369,54 @@ func (s *Store) replace(tmp, final string) error {
 	return nil
 }
 
-// removeStale removes what crashed writers left in a rank directory.
+// staleAfter is how long another node's temporary directory is left
+// alone: its writer may still be filling it (a slow write of a large
+// arena to NFS), or be of a newer epoch. Older, its writer crashed.
+const staleAfter = time.Hour
+
+// removeStale removes what crashed writers left in a rank directory: this
+// node's temporary directories (its one writer is this one), and other
+// nodes' once they are older than staleAfter.
 func (s *Store) removeStale(rdir string) {
 	ents, _ := os.ReadDir(rdir)
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), tmpPrefix) || strings.HasPrefix(e.Name(), trashPrefix) {
-			os.RemoveAll(filepath.Join(rdir, e.Name()))
+		name := e.Name()
+		if !strings.HasPrefix(name, tmpPrefix) && !strings.HasPrefix(name, trashPrefix) {
+			continue
+		}
+		if !strings.Contains(name, "-"+s.node+"-") {
+			if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < staleAfter {
+				continue
+			}
+		}
+		os.RemoveAll(filepath.Join(rdir, name))
+	}
+}
+
+// fence refuses a write of rank when a committed generation of the rank
+// is from a newer epoch than this writer's.
+func (s *Store) fence(rank int, step int64, e Epoch) error {
+	gens, _ := s.List(rank)
+	for _, g := range gens {
+		if e.Before(g.Epoch) {
+			return &FencedError{Rank: rank, Step: step, Mine: e, Newest: g.Epoch, By: g.Node, NewerStep: g.Step}
 		}
 	}
+	return nil
 }
 
 // prune keeps step and the newest good generation below it, and removes
 // everything else: older generations, newer ones (an abandoned timeline:
 // the job is at step now) and those above abandonedAbove.
-func (s *Store) prune(rank int, step, abandonedAbove int64) []int64 {
+func (s *Store) prune(rank int, step, abandonedAbove int64, e Epoch) []int64 {
 	gens, _ := s.List(rank)
 	older := false
 	var removed []int64
 	for _, g := range gens { // newest first
 		keep := false
 		switch {
-		case g.Step == step:
+		case g.Step == step, e.Before(g.Epoch):
+			// A newer epoch's generation is never this writer's to remove.
 			keep = true
 		case g.Step > step, abandonedAbove >= 0 && g.Step > abandonedAbove, g.Bad:
 		case !older:
@@ -376,10 +487,10 @@ func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
 	if err != nil {
 		return Generation{}, fmt.Errorf("no manifest: %w", err)
 	}
-	if len(raw) != mk.ManifestBytes || tmpfs.CRC(raw) != mk.ManifestCRC || mk.Step != step {
+	if len(raw) != mk.ManifestBytes || crc32c.Checksum(raw) != mk.ManifestCRC || mk.Step != step {
 		return Generation{}, errors.New("manifest does not match its commit marker (torn or altered)")
 	}
-	g := Generation{Rank: rank, Step: step, Dir: dir}
+	g := Generation{Rank: rank, Step: step, Dir: dir, Epoch: mk.Epoch, Node: mk.Node}
 	if err := json.Unmarshal(raw, &g.Manifest); err != nil {
 		return Generation{}, fmt.Errorf("unreadable manifest: %w", err)
 	}
@@ -387,21 +498,29 @@ func (s *Store) read(rank int, dir string, step int64) (Generation, error) {
 		return Generation{}, fmt.Errorf("manifest is for job %s rank %d step %d (%d bytes), found as job %s rank %d step %d (%d bytes)",
 			m.JobID, m.Rank, m.Step, m.ArenaSize, s.job, rank, step, mk.DataBytes)
 	}
-	// Every byte a restore copies must be covered by a checksum.
-	var end int64
-	for _, b := range g.Manifest.Buffers {
-		// Compared without Offset+Size, which a crafted manifest can make
-		// wrap around past the check.
-		if b.Offset < end || b.Size < 0 || b.Offset > g.Manifest.ArenaSize || b.Size > g.Manifest.ArenaSize-b.Offset ||
-			int64(len(b.CRC32C)) != numChunks(b.Size, g.Manifest.ChunkSize) {
-			return Generation{}, fmt.Errorf("manifest: buffer %q at %d+%d with %d checksums does not fit the %d-byte arena in %d-byte chunks",
-				b.Name, b.Offset, b.Size, len(b.CRC32C), g.Manifest.ArenaSize, g.Manifest.ChunkSize)
-		}
-		end = b.Offset + b.Size
+	if err := checkCoverage(&g.Manifest); err != nil {
+		return Generation{}, err
 	}
 	_, err = os.Stat(filepath.Join(dir, badFile))
 	g.Bad = err == nil
 	return g, nil
+}
+
+// checkCoverage: every byte a restore copies is covered by a checksum.
+// The buffers lie in order in the arena, each with one checksum per chunk.
+func checkCoverage(m *tmpfs.Manifest) error {
+	var end int64
+	for _, b := range m.Buffers {
+		// Compared without Offset+Size, which a crafted manifest can make
+		// wrap around past the check.
+		if b.Offset < end || b.Size < 0 || b.Offset > m.ArenaSize || b.Size > m.ArenaSize-b.Offset ||
+			int64(len(b.CRC32C)) != numChunks(b.Size, m.ChunkSize) {
+			return fmt.Errorf("manifest: buffer %q at %d+%d with %d checksums does not fit the %d-byte arena in %d-byte chunks",
+				b.Name, b.Offset, b.Size, len(b.CRC32C), m.ArenaSize, m.ChunkSize)
+		}
+		end = b.Offset + b.Size
+	}
+	return nil
 }
 
 // numChunks is how many chunks of cs bytes hold n bytes, without the
@@ -476,7 +595,7 @@ func (s *Store) Load(g Generation, dst func(name string) ([]byte, error)) error 
 			if _, err := f.ReadAt(p[lo:hi], b.Offset+lo); err != nil {
 				return fmt.Errorf("persistent restore: read %s at %d: %w", path, b.Offset+lo, err)
 			}
-			if got := tmpfs.CRC(p[lo:hi]); got != want {
+			if got := crc32c.Checksum(p[lo:hi]); got != want {
 				cerr.Chunks = append(cerr.Chunks, tmpfs.BadChunk{Buffer: b.Name, Index: i, Offset: b.Offset + lo, Length: hi - lo, Want: want, Got: got})
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -38,7 +39,7 @@ func FuzzRead(f *testing.F) {
 		_ = json.Unmarshal(raw, &m)
 		if len(marker) == 0 { // a marker that matches: reach the manifest's checks
 			var err error
-			marker, err = json.Marshal(map[string]any{"step": 5, "manifest_bytes": len(raw), "manifest_crc32c": tmpfs.CRC(raw), "data_bytes": m.ArenaSize})
+			marker, err = json.Marshal(map[string]any{"step": 5, "manifest_bytes": len(raw), "manifest_crc32c": crc32c.Checksum(raw), "data_bytes": m.ArenaSize})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -203,7 +204,7 @@ func TestPermissions(t *testing.T) {
 			if tc.want == "absolute" {
 				dir = "rel/dir"
 			}
-			_, err := OpenStore(dir, testJob, "n1", uid)
+			_, err := OpenStore(dir, testJob, "n1", uid, Epoch{})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("OpenStore = %v, want an error with %q", err, tc.want)
 			}
@@ -257,7 +258,7 @@ func TestCorruptPersisted(t *testing.T) {
 			var mk marker
 			old, _ := os.ReadFile(filepath.Join(g.Dir, markerFile))
 			json.Unmarshal(old, &mk)
-			mk.ManifestBytes, mk.ManifestCRC = len(raw), tmpfs.CRC(raw)
+			mk.ManifestBytes, mk.ManifestCRC = len(raw), crc32c.Checksum(raw)
 			newMk, _ := json.Marshal(mk)
 			os.WriteFile(filepath.Join(g.Dir, markerFile), newMk, 0o600)
 		}, false, "", nil},

@@ -62,59 +62,8 @@ func CheckAOR(bufs []BufferSpec) error {
 		if a == nil {
 			continue
 		}
-		fail := func(format string, args ...any) error {
-			return fmt.Errorf("buffer %q: aor."+format, append([]any{b.Name}, args...)...)
-		}
-		opt := a.Opt()
-		if opt.Kind == aor.SGD {
-			return fail("optimizer %q keeps no state: register no aor buffer for it", a.Optimizer)
-		}
-		if err := opt.Validate(); err != nil {
-			return fail("%v", err)
-		}
-		if !opt.HasState(a.State) {
-			return fail("state %q: optimizer %s keeps %v", a.State, a.Optimizer, opt.StateBuffers())
-		}
-		if b.Replicated {
-			return fmt.Errorf("buffer %q: an aor buffer is this rank's ZeRO-1 shard: register it with replicated false", b.Name)
-		}
-		g, ok := byName[a.Grad]
-		switch {
-		case a.Grad == "":
-			return fail("grad is empty: name the registered float32 gradient buffer")
-		case !ok:
-			return fail("grad %q is not a registered buffer: register the gradient (replicated) in the same request", a.Grad)
-		case g.AOR != nil:
-			return fail("grad %q is itself an aor buffer: name the gradient buffer", a.Grad)
-		case !g.Replicated:
-			return fail("grad %q is not replicated: the step's reduced gradient is the same on every DP rank; register it replicated", a.Grad)
-		case g.Size%4 != 0:
-			return fail("grad %q has %d bytes, not a whole number of float32 elements", a.Grad, g.Size)
-		case len(a.Shards) == 0:
-			return fail("shards is empty: give [elem_offset, elem_count] of every DP rank's ZeRO-1 shard of %q, in DP order", a.Grad)
-		}
-		next := int64(0)
-		for k, sh := range a.Shards {
-			switch {
-			case sh[1] < 0:
-				return fail("shards[%d] = %v: negative element count", k, sh)
-			case sh[0] != next:
-				return fail("shards[%d] = %v starts at element %d, want %d: shards must tile %q in DP order, each starting where the previous ends",
-					k, sh, sh[0], next, a.Grad)
-			case sh[1] > math.MaxInt64/4-next:
-				return fail("shards[%d] = %v: too large", k, sh)
-			}
-			next += sh[1]
-		}
-		if 4*next != g.Size {
-			return fail("shards cover %d elements (%d bytes), grad %q has %d bytes: they must tile it to its end", next, 4*next, a.Grad, g.Size)
-		}
-		if a.Index < 0 || a.Index >= len(a.Shards) {
-			return fail("index %d: must be this rank's DP index, in [0, %d)", a.Index, len(a.Shards))
-		}
-		if want := 4 * a.Shards[a.Index][1]; b.Size != want {
-			return fmt.Errorf("buffer %q has %d bytes, its aor shard (shards[%d] = %v) %d elements: register exactly this rank's shard, %d bytes",
-				b.Name, b.Size, a.Index, a.Shards[a.Index], a.Shards[a.Index][1], want)
+		if err := checkAORBuffer(b, byName[a.Grad]); err != nil {
+			return err
 		}
 		if f := first[a.Grad]; f == nil {
 			first[a.Grad] = b
@@ -127,7 +76,84 @@ func CheckAOR(bufs []BufferSpec) error {
 		}
 		states[a.Grad][a.State] = b.Name
 	}
-	for i := range bufs { // in registration order, for a stable message
+	return everyState(bufs, first, states)
+}
+
+// aorFail is an error about buffer b's aor object.
+func aorFail(b *BufferSpec, format string, args ...any) error {
+	return fmt.Errorf("buffer %q: aor."+format, append([]any{b.Name}, args...)...)
+}
+
+// checkAORBuffer checks one aor buffer b on its own: its optimizer and
+// state, that it is a shard, its gradient g (nil: not registered), and
+// its cut of g.
+func checkAORBuffer(b *BufferSpec, g *BufferSpec) error {
+	a := b.AOR
+	opt := a.Opt()
+	if opt.Kind == aor.SGD {
+		return aorFail(b, "optimizer %q keeps no state: register no aor buffer for it", a.Optimizer)
+	}
+	if err := opt.Validate(); err != nil {
+		return aorFail(b, "%v", err)
+	}
+	if !opt.HasState(a.State) {
+		return aorFail(b, "state %q: optimizer %s keeps %v", a.State, a.Optimizer, opt.StateBuffers())
+	}
+	if b.Replicated {
+		return fmt.Errorf("buffer %q: an aor buffer is this rank's ZeRO-1 shard: register it with replicated false", b.Name)
+	}
+	switch {
+	case a.Grad == "":
+		return aorFail(b, "grad is empty: name the registered float32 gradient buffer")
+	case g == nil:
+		return aorFail(b, "grad %q is not a registered buffer: register the gradient (replicated) in the same request", a.Grad)
+	case g.AOR != nil:
+		return aorFail(b, "grad %q is itself an aor buffer: name the gradient buffer", a.Grad)
+	case !g.Replicated:
+		return aorFail(b, "grad %q is not replicated: the step's reduced gradient is the same on every DP rank; register it replicated", a.Grad)
+	case g.Size%4 != 0:
+		return aorFail(b, "grad %q has %d bytes, not a whole number of float32 elements", a.Grad, g.Size)
+	case len(a.Shards) == 0:
+		return aorFail(b, "shards is empty: give [elem_offset, elem_count] of every DP rank's ZeRO-1 shard of %q, in DP order", a.Grad)
+	}
+	return checkShards(b, g)
+}
+
+// checkShards: b's shards tile its gradient g's elements in DP order,
+// and its index picks the shard b is the size of.
+func checkShards(b, g *BufferSpec) error {
+	a := b.AOR
+	next := int64(0)
+	for k, sh := range a.Shards {
+		switch {
+		case sh[1] < 0:
+			return aorFail(b, "shards[%d] = %v: negative element count", k, sh)
+		case sh[0] != next:
+			return aorFail(b, "shards[%d] = %v starts at element %d, want %d: shards must tile %q in DP order, each starting where the previous ends",
+				k, sh, sh[0], next, a.Grad)
+		case sh[1] > math.MaxInt64/4-next:
+			return aorFail(b, "shards[%d] = %v: too large", k, sh)
+		}
+		next += sh[1]
+	}
+	if 4*next != g.Size {
+		return aorFail(b, "shards cover %d elements (%d bytes), grad %q has %d bytes: they must tile it to its end", next, 4*next, a.Grad, g.Size)
+	}
+	if a.Index < 0 || a.Index >= len(a.Shards) {
+		return aorFail(b, "index %d: must be this rank's DP index, in [0, %d)", a.Index, len(a.Shards))
+	}
+	if want := 4 * a.Shards[a.Index][1]; b.Size != want {
+		return fmt.Errorf("buffer %q has %d bytes, its aor shard (shards[%d] = %v) %d elements: register exactly this rank's shard, %d bytes",
+			b.Name, b.Size, a.Index, a.Shards[a.Index], a.Shards[a.Index][1], want)
+	}
+	return nil
+}
+
+// everyState: each gradient's aor buffers name every state its optimizer
+// keeps (a replica of m without v restores nothing). Checked in
+// registration order, for a stable message.
+func everyState(bufs []BufferSpec, first map[string]*BufferSpec, states map[string]map[string]string) error {
+	for i := range bufs {
 		f := &bufs[i]
 		if f.AOR == nil || first[f.AOR.Grad] != f {
 			continue

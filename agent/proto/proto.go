@@ -21,6 +21,8 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Version is the protocol version this package speaks.
@@ -404,6 +406,10 @@ type RankProgress struct {
 	// trainer reports no communication phases (comm).
 	ComputeS float64 `json:"compute_s"`
 	InComm   bool    `json:"in_comm"` // in a communication phase now
+	// Where is what the rank was doing at its last report, in words: in
+	// the collective its client named, or in its own work since one
+	// ended; "" when its trainer reports no communication phases.
+	Where string `json:"where,omitempty"`
 }
 
 // RankProtection is a rank's snapshot layout, from its registration.
@@ -531,6 +537,28 @@ type MisreadChunk struct {
 // replication while any local rank is in one, and sends no reply.
 type Comm struct {
 	Active bool `json:"active"`
+	// Op names the collective the rank enters (with Active), in a few
+	// words ("gradient all-reduce"): a hang verdict names it as where the
+	// rank waited. Optional; CheckCommOp says what it may hold.
+	Op string `json:"op,omitempty"`
+}
+
+// MaxCommOp is the longest Comm.Op, in bytes: a name, not a message.
+const MaxCommOp = 96
+
+// CheckCommOp reports whether op may name a collective: at most MaxCommOp
+// bytes of printable UTF-8 (it reaches the agent's log and the recovery
+// log's cause, so no control character may forge a line).
+func CheckCommOp(op string) error {
+	if len(op) > MaxCommOp {
+		return fmt.Errorf("comm op of %d bytes is longer than %d: name the collective in a few words", len(op), MaxCommOp)
+	}
+	for i, r := range op {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return fmt.Errorf("comm op %q has an unprintable character at byte %d: name the collective in printable text", op, i)
+		}
+	}
+	return nil
 }
 
 // Commit is the payload of a commit request. CRC32C, when the client sends

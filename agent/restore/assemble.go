@@ -16,6 +16,7 @@ import (
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/sg"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -76,7 +77,7 @@ func (l StoreLocal) Read(dst []byte, c Cand) error {
 		if err != nil {
 			return err
 		}
-		if tmpfs.CRC(b) != crc {
+		if crc32c.Checksum(b) != crc {
 			return fmt.Errorf("%s section %s chunk %d: %w", c.Loc.Key, c.Sec, n, tmpfs.ErrCorrupt)
 		}
 		if off+int64(len(b)) > int64(len(dst)) {

@@ -18,6 +18,7 @@ import (
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/sg"
 	"github.com/reft-hpc/reft/agent/shard"
+	"github.com/reft-hpc/reft/internal/crc32c"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -151,7 +152,7 @@ func (p fakePeers) Manifest(ctx context.Context, n string, k peer.GenKey) (*peer
 	for name, b := range gen {
 		bi := peer.BufferInfo{Name: name, Size: int64(len(b))}
 		for lo := 0; lo < len(b); lo += chunkSize {
-			bi.CRC32C = append(bi.CRC32C, tmpfs.CRC(b[lo:min(lo+chunkSize, len(b))]))
+			bi.CRC32C = append(bi.CRC32C, crc32c.Checksum(b[lo:min(lo+chunkSize, len(b))]))
 		}
 		info.Buffers = append(info.Buffers, bi)
 	}
@@ -180,7 +181,7 @@ func (p fakePeers) Fetch(ctx context.Context, spec peer.FetchSpec) (peer.FetchSt
 			if c, ok := p.w.corrupt[n][src.Key.Buffer]; ok && c == i {
 				b[0] ^= 0xff
 			}
-			if tmpfs.CRC(b) != spec.CRC[i] {
+			if crc32c.Checksum(b) != spec.CRC[i] {
 				tries = append(tries, peer.Attempt{Source: src, Err: errors.New("checksum mismatch")})
 				continue
 			}

@@ -158,90 +158,35 @@ func parity(s spec.Spec) int {
 // count too small for the peer copies of sharded state is a warning, and
 // the copies are cut to the nodes there are.
 func NewModel(j Job) (*Model, error) {
-	if err := j.Layout.Validate(); err != nil {
+	if err := checkSpecLayout(j.Spec, j.Layout); err != nil {
 		return nil, err
 	}
 	l, s := j.Layout, j.Spec
-	for _, c := range []struct {
-		name       string
-		spec, have int
-	}{{"dp", s.DP, l.DP}, {"pp", s.PP, l.PP}, {"tp", s.TP, l.TP}} {
-		if c.spec > 0 && c.spec != c.have {
-			return nil, fmt.Errorf("--reft=%s says %s=%d but the layout has %s=%d; make them agree", s, c.name, c.spec, c.name, c.have)
-		}
-	}
 	idx, err := j.Topology.validate(l.World())
 	if err != nil {
 		return nil, err
 	}
 	md := &Model{Job: j, nodes: j.Topology.nodes(), nodeIdx: idx}
-	md.Kinds = j.Kinds
-	if md.Kinds == 0 {
-		md.Kinds = DefaultKinds(s)
-	}
-	if s.Enabled() {
-		md.arc, md.aor, md.k = s.ARC, s.AOR, parity(s)
-		md.whole = md.aor && !md.arc && md.k == 0
-	}
-	if l.DP == 1 {
-		if md.aor {
-			return nil, fmt.Errorf("--reft=%s: aor keeps each rank's ZeRO-1 optimizer shard on the next rank of its DP group, and dp=1 leaves none; use dp >= 2 or drop aor", s)
-		}
-		if md.Kinds&Replicated != 0 {
-			md.Kinds = md.Kinds&^Replicated | Sharded
-		}
-	}
-	if md.Kinds&Replicated != 0 && md.k > 0 {
-		ec, err := NewEC(l.DP, md.k, md.arc)
-		if err != nil {
-			return nil, fmt.Errorf("--reft=%s with dp=%d: %w; raise dp or lower the parity count", s, l.DP, err)
-		}
-		md.ec = &ec
-		for a := 0; a < ec.M; a++ {
-			md.stripes = append(md.stripes, ec.Stripe(a))
-		}
-	}
-
-	md.Groups, md.Warnings, err = FormGroups(l, j.Topology)
-	if err != nil {
+	var m specModes
+	if m, md.Kinds, err = modesOf(s, l.DP, j.Kinds); err != nil {
 		return nil, err
 	}
-	for i, g := range md.Groups {
-		if ring, ok := j.Rings[g.Name()]; ok {
-			if md.Groups[i], err = g.Reorder(ring); err != nil {
-				return nil, err
-			}
+	md.arc, md.aor, md.k, md.whole = m.arc, m.aor, m.k, m.whole
+	if md.Kinds&Replicated != 0 && md.k > 0 {
+		if md.ec, md.stripes, err = ecStripes(s, l.DP, md.k, md.arc); err != nil {
+			return nil, err
 		}
 	}
-	seen := map[string]bool{}
-	for _, g := range md.Groups {
-		ns := make([]int, len(g.Members))
-		for i, m := range g.Members {
-			ns[i] = idx[m.Node]
-		}
-		md.groupNodes = append(md.groupNodes, ns)
-		if key := fmt.Sprint(ns); !seen[key] {
-			seen[key] = true
-			md.patterns = append(md.patterns, ns)
-		}
+	if md.Groups, md.Warnings, err = formRings(l, j.Topology, j.Rings); err != nil {
+		return nil, err
 	}
-
-	md.nodeRanks = make([][]int, len(md.nodes))
-	for r, n := range j.Topology.RankNode {
-		md.nodeRanks[idx[n]] = append(md.nodeRanks[idx[n]], r)
-	}
+	md.groupNodes, md.patterns = groupPatterns(md.Groups, idx)
 	var stateNames []string
-	for i, rs := range md.nodeRanks {
-		if len(rs) > 0 {
-			md.stateNodes = append(md.stateNodes, i)
-			stateNames = append(stateNames, md.nodes[i])
-		}
-	}
-	md.tNet = 0
+	md.nodeRanks, md.stateNodes, stateNames = nodeRanks(j.Topology.RankNode, md.nodes, idx)
+	md.tNet = md.k
 	if md.arc {
 		md.tNet++
 	}
-	md.tNet += md.k
 	md.copies = md.tNet
 	if md.copies > len(stateNames)-1 {
 		md.copies = len(stateNames) - 1
@@ -251,18 +196,136 @@ func NewModel(j Job) (*Model, error) {
 				s, plural(md.tNet, "peer copy", "peer copies"), plural(len(stateNames), "node", "nodes"), md.copies)})
 		}
 	}
-	md.Placement, err = PlaceSpread(stateNames, j.Topology.Domain, md.copies+1)
-	if err != nil {
+	if md.Placement, err = PlaceSpread(stateNames, j.Topology.Domain, md.copies+1); err != nil {
 		return nil, fmt.Errorf("placement of sharded state: %w", err)
 	}
-	md.holders = make([][]int, len(md.nodes))
-	for x, hs := range md.Placement.Holders {
-		for _, h := range hs {
-			md.holders[idx[x]] = append(md.holders[idx[x]], idx[h])
-		}
-	}
+	md.holders = holderIndexes(md.Placement.Holders, idx, len(md.nodes))
 	md.Protection = md.protection()
 	return md, nil
+}
+
+// specModes are the protection modes a spec turns on: arc, aor, the
+// parity count k, and whole (aor alone: the state is kept whole).
+type specModes struct {
+	arc, aor, whole bool
+	k               int
+}
+
+// modesOf reads the spec's modes, and the kinds of state they protect
+// (kinds, or the spec's default): with dp=1 no state is replicated, so
+// Replicated counts as Sharded, and aor has no DP neighbour.
+func modesOf(s spec.Spec, dp int, kinds Kind) (specModes, Kind, error) {
+	var m specModes
+	if kinds == 0 {
+		kinds = DefaultKinds(s)
+	}
+	if s.Enabled() {
+		m.arc, m.aor, m.k = s.ARC, s.AOR, parity(s)
+		m.whole = m.aor && !m.arc && m.k == 0
+	}
+	if dp != 1 {
+		return m, kinds, nil
+	}
+	if m.aor {
+		return m, kinds, fmt.Errorf("--reft=%s: aor keeps each rank's ZeRO-1 optimizer shard on the next rank of its DP group, and dp=1 leaves none; use dp >= 2 or drop aor", s)
+	}
+	if kinds&Replicated != 0 {
+		kinds = kinds&^Replicated | Sharded
+	}
+	return m, kinds, nil
+}
+
+// checkSpecLayout: the dp, pp and tp the spec names (0: not named) are
+// the layout's.
+func checkSpecLayout(s spec.Spec, l Layout) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		name       string
+		spec, have int
+	}{{"dp", s.DP, l.DP}, {"pp", s.PP, l.PP}, {"tp", s.TP, l.TP}} {
+		if c.spec > 0 && c.spec != c.have {
+			return fmt.Errorf("--reft=%s says %s=%d but the layout has %s=%d; make them agree", s, c.name, c.spec, c.name, c.have)
+		}
+	}
+	return nil
+}
+
+// ecStripes is the erasure code of a group of dp members with k parity
+// units (and ARC), and its stripes.
+func ecStripes(s spec.Spec, dp, k int, arc bool) (*EC, []Stripe, error) {
+	ec, err := NewEC(dp, k, arc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--reft=%s with dp=%d: %w; raise dp or lower the parity count", s, dp, err)
+	}
+	var stripes []Stripe
+	for a := 0; a < ec.M; a++ {
+		stripes = append(stripes, ec.Stripe(a))
+	}
+	return &ec, stripes, nil
+}
+
+// formRings forms the sharding groups, each on the ring rings gives it
+// (by name), if any.
+func formRings(l Layout, t Topology, rings map[string][]int) ([]Group, []Warning, error) {
+	groups, warns, err := FormGroups(l, t)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, g := range groups {
+		if ring, ok := rings[g.Name()]; ok {
+			if groups[i], err = g.Reorder(ring); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	return groups, warns, nil
+}
+
+// groupPatterns are each group's member nodes (indexes, ring order) and
+// the distinct ones among them.
+func groupPatterns(groups []Group, idx map[string]int) (groupNodes, patterns [][]int) {
+	seen := map[string]bool{}
+	for _, g := range groups {
+		ns := make([]int, len(g.Members))
+		for i, m := range g.Members {
+			ns[i] = idx[m.Node]
+		}
+		groupNodes = append(groupNodes, ns)
+		if key := fmt.Sprint(ns); !seen[key] {
+			seen[key] = true
+			patterns = append(patterns, ns)
+		}
+	}
+	return groupNodes, patterns
+}
+
+// nodeRanks are the ranks of each node (by index), the nodes that host
+// ranks (indexes and names, in node-list order).
+func nodeRanks(rankNode, nodes []string, idx map[string]int) (ranks [][]int, state []int, stateNames []string) {
+	ranks = make([][]int, len(nodes))
+	for r, n := range rankNode {
+		ranks[idx[n]] = append(ranks[idx[n]], r)
+	}
+	for i, rs := range ranks {
+		if len(rs) > 0 {
+			state = append(state, i)
+			stateNames = append(stateNames, nodes[i])
+		}
+	}
+	return ranks, state, stateNames
+}
+
+// holderIndexes is the placement's holders by node index.
+func holderIndexes(holders map[string][]string, idx map[string]int, n int) [][]int {
+	out := make([][]int, n)
+	for x, hs := range holders {
+		for _, h := range hs {
+			out[idx[x]] = append(out[idx[x]], idx[h])
+		}
+	}
+	return out
 }
 
 // placedKinds are the kinds protected by peer copies.
@@ -302,29 +365,14 @@ func (md *Model) protection() []Protection {
 	if md.Kinds&Replicated != 0 {
 		p := Protection{Kind: Replicated, Modes: md.repModes(), Unit: "members per SG"}
 		p.Tolerance = md.repTolerance()
-		var parts []string
 		if md.whole {
 			p.Modes = "aor"
-			parts = append(parts, fmt.Sprintf("aor without arc or aec: each of the %d members of an SG keeps the whole slice (it is not sharded)", m))
-		} else {
-			parts = append(parts, fmt.Sprintf("each of the %d members of an SG keeps its 1/%d shard of the slice", m, m))
 		}
-		if md.arc {
-			parts = append(parts, "arc: and the next member's shard (ARC copy)")
-		}
+		ecPieces := 0
 		if md.ec != nil {
-			kind := "rotated XOR parity"
-			if md.k > 1 {
-				kind = fmt.Sprintf("Reed-Solomon parity (%d pieces per stripe)", md.k)
-			}
-			parts = append(parts, fmt.Sprintf("%s: and %s (each parity piece 1/%d of a shard)", strings.TrimPrefix(md.repModes(), "arc+"), kind, md.ec.DataPieces()))
+			ecPieces = md.ec.DataPieces()
 		}
-		if p.Tolerance == 0 {
-			parts = append(parts, "nothing else (arc or aec protect replicated state): a failed member's shard comes from the persistent tier")
-		} else {
-			parts = append(parts, fmt.Sprintf("survives any %s per SG", plural(p.Tolerance, "failed member", "failed members")))
-		}
-		p.Text = strings.Join(parts, "; ")
+		p.Text = replicatedText(m, md.whole, md.arc, md.k, ecPieces, md.repModes(), p.Tolerance)
 		out = append(out, p)
 	}
 	if md.Kinds&Optimizer != 0 && md.aor {
@@ -339,25 +387,58 @@ func (md *Model) protection() []Protection {
 		if md.tNet > 0 {
 			p.Modes = md.repModes()
 		}
-		what := "per-rank state"
-		if m == 1 {
-			what = "per-rank state (dp=1: nothing is replicated, so each rank's slice is too)"
-		}
-		if k == Optimizer {
-			what = "ZeRO-1 optimizer shards (no aor: per-rank state)"
-		}
-		switch {
-		case md.copies == 0 && md.tNet == 0:
-			p.Text = what + ": no peer copies (only arc and aec add them): a failed node's state comes from the persistent tier"
-		case md.copies == 0:
-			p.Text = what + ": no peer copies fit on a single node"
-		default:
-			p.Text = fmt.Sprintf("%s: %s on other nodes, over the network, by GEMINI %s placement; survives any %s",
-				what, plural(md.copies, "peer copy", "peer copies"), md.Placement.Strategy, plural(md.copies, "failed node", "failed nodes"))
-		}
+		p.Text = placedText(k, m, md.copies, md.tNet, md.Placement.Strategy)
 		out = append(out, p)
 	}
 	return out
+}
+
+// replicatedText says how replicated state of a group of m members is
+// protected: whole or sharded, the ARC copy, the parity (ecPieces 0:
+// none), and the tolerance.
+func replicatedText(m int, whole, arc bool, k, ecPieces int, modes string, tolerance int) string {
+	var parts []string
+	if whole {
+		parts = append(parts, fmt.Sprintf("aor without arc or aec: each of the %d members of an SG keeps the whole slice (it is not sharded)", m))
+	} else {
+		parts = append(parts, fmt.Sprintf("each of the %d members of an SG keeps its 1/%d shard of the slice", m, m))
+	}
+	if arc {
+		parts = append(parts, "arc: and the next member's shard (ARC copy)")
+	}
+	if ecPieces > 0 {
+		kind := "rotated XOR parity"
+		if k > 1 {
+			kind = fmt.Sprintf("Reed-Solomon parity (%d pieces per stripe)", k)
+		}
+		parts = append(parts, fmt.Sprintf("%s: and %s (each parity piece 1/%d of a shard)", strings.TrimPrefix(modes, "arc+"), kind, ecPieces))
+	}
+	if tolerance == 0 {
+		parts = append(parts, "nothing else (arc or aec protect replicated state): a failed member's shard comes from the persistent tier")
+	} else {
+		parts = append(parts, fmt.Sprintf("survives any %s per SG", plural(tolerance, "failed member", "failed members")))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// placedText says how state of kind k placed on other nodes is protected:
+// copies peer copies of the tNet the spec asks for, by strategy.
+func placedText(k Kind, dp, copies, tNet int, strategy string) string {
+	what := "per-rank state"
+	if dp == 1 {
+		what = "per-rank state (dp=1: nothing is replicated, so each rank's slice is too)"
+	}
+	if k == Optimizer {
+		what = "ZeRO-1 optimizer shards (no aor: per-rank state)"
+	}
+	switch {
+	case copies == 0 && tNet == 0:
+		return what + ": no peer copies (only arc and aec add them): a failed node's state comes from the persistent tier"
+	case copies == 0:
+		return what + ": no peer copies fit on a single node"
+	}
+	return fmt.Sprintf("%s: %s on other nodes, over the network, by GEMINI %s placement; survives any %s",
+		what, plural(copies, "peer copy", "peer copies"), strategy, plural(copies, "failed node", "failed nodes"))
 }
 
 // repTolerance is the guaranteed failed members per SG for replicated state.

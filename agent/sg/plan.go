@@ -170,11 +170,15 @@ func (md *Model) survives(dead []bool) bool {
 			}
 		}
 	}
-	if md.Kinds&md.placedKinds() != 0 {
-		for _, x := range md.stateNodes {
-			if dead[x] && !anyAlive(md.holders[x], dead) {
-				return false
-			}
+	return md.Kinds&md.placedKinds() == 0 || placedSurvive(md.stateNodes, md.holders, dead)
+}
+
+// placedSurvive: every dead node of state has a live holder of its
+// copies.
+func placedSurvive(state []int, holders [][]int, dead []bool) bool {
+	for _, x := range state {
+		if dead[x] && !anyAlive(holders[x], dead) {
+			return false
 		}
 	}
 	return true
@@ -272,14 +276,7 @@ func (md *Model) planGroups(p *Plan, dead []bool, kind Kind, shards bool) {
 			if kind == Replicated {
 				s.Source = md.repSource(f, pos)
 			} else {
-				switch {
-				case !f[pos]:
-					s.Source = SourceLocal
-				case !f[pred(pos, m)]:
-					s.Source = SourceAOR
-				default:
-					s.Source = SourcePersistent
-				}
+				s.Source = aorSource(f, pos)
 			}
 			switch s.Source {
 			case SourceARC, SourceAOR:
@@ -287,11 +284,7 @@ func (md *Model) planGroups(p *Plan, dead []bool, kind Kind, shards bool) {
 			case SourceAEC:
 				s.From = md.decodeNodes(g, f, pos)
 			case SourcePeer:
-				for q := 1; q < m; q++ { // every surviving member, ring order from the owner on
-					if o := (pos + q) % m; !f[o] && !slices.Contains(s.From, g.Members[o].Node) {
-						s.From = append(s.From, g.Members[o].Node)
-					}
-				}
+				s.From = survivorNodes(g, f, pos)
 			case SourcePersistent:
 				s.Reason = md.shardReason(g, f, pos, kind)
 				lost = append(lost, s.Reason)
@@ -304,6 +297,32 @@ func (md *Model) planGroups(p *Plan, dead []bool, kind Kind, shards bool) {
 			p.Reasons = append(p.Reasons, md.groupReason(g, f, kind, lost))
 		}
 	}
+}
+
+// aorSource is where an optimizer shard under aor comes from, f marking
+// the group's failed ring positions: its own node, else its ring
+// predecessor's AOR replica, else the persistent tier.
+func aorSource(f []bool, pos int) Source {
+	switch {
+	case !f[pos]:
+		return SourceLocal
+	case !f[pred(pos, len(f))]:
+		return SourceAOR
+	}
+	return SourcePersistent
+}
+
+// survivorNodes are the nodes of g's surviving members, in ring order
+// from pos on, each once.
+func survivorNodes(g Group, f []bool, pos int) []string {
+	var out []string
+	m := len(f)
+	for q := 1; q < m; q++ {
+		if o := (pos + q) % m; !f[o] && !slices.Contains(out, g.Members[o].Node) {
+			out = append(out, g.Members[o].Node)
+		}
+	}
+	return out
 }
 
 // decodeNodes lists the nodes an AEC decode of pos's shard reads: for each

@@ -110,8 +110,18 @@ func (s *reftSnap) Close() error {
 func (s *reftSnap) Hint(d time.Duration) { s.c.Hint(d) }
 
 // CommPhase passes the trainer's all-reduce to the client: the agent
-// pauses its background replication meanwhile (train.CommPhaser).
-func (s *reftSnap) CommPhase(active bool) { s.c.CommPhase(active) }
+// pauses its background replication meanwhile, and names the collective
+// if the rank hangs in it (train.CommPhaser). The trainer's names are
+// constants that CheckCommOp accepts, so an error is a bug: it panics.
+func (s *reftSnap) CommPhase(active bool, op string) {
+	if !active || op == "" {
+		s.c.CommPhase(active)
+		return
+	}
+	if err := s.c.Collective(op); err != nil {
+		panic(err)
+	}
+}
 
 type saveWaiter struct{ h *client.Handle }
 

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/reft-hpc/reft/launcher/plan/jit"
+	"github.com/reft-hpc/reft/internal/jit"
 )
 
 const secondsPerDay = jit.SecondsPerDay

@@ -95,6 +95,38 @@ type Event struct {
 	// life (a hang: the ranks' last progress) to the confirmation.
 	DetectedBy string   `json:"detected_by,omitempty"`
 	DetectionS *float64 `json:"detection_s,omitempty"`
+
+	// resumed: where the time from the failure to the restore went.
+	Phases *Phases `json:"phases,omitempty"`
+}
+
+// Phases splits a recovery's time, the resumed event's duration_s from
+// the failure to every rank restored, into what reft run did in turn;
+// each phase runs from the end of the one before, so they add up to it.
+// Times come from reft run's clock except the two ends (the failure's
+// time and the ranks' registrations and restores come from the agents'
+// records): across hosts a skew moves time between the first and last
+// phases and their neighbours, and a phase that would be negative is 0.
+type Phases struct {
+	// StopS: the failure to srun's exit (the failed step ended; for the
+	// agents' verdict, the cancel and srun's grace).
+	StopS float64 `json:"stop_s"`
+	// ProbeS: srun's exit to reft run knowing what failed and what was
+	// committed (waiting out further verdicts, asking the agents, the
+	// probe step when they did not answer).
+	ProbeS float64 `json:"probe_s"`
+	// ReplaceS: spares put in the lost nodes' places, lost nodes given
+	// back to Slurm.
+	ReplaceS float64 `json:"replace_s"`
+	// BackoffS: the wait before the relaunch (run.backoff).
+	BackoffS float64 `json:"backoff_s"`
+	// LaunchS: the relaunch's srun start to its last rank's registration
+	// with its agent (Slurm's launch, the agents' start, the trainer's
+	// start-up and MPI init).
+	LaunchS float64 `json:"launch_s"`
+	// RestoreS: the last registration to the last rank restored (the
+	// ranks' agreement on the step, and the copies).
+	RestoreS float64 `json:"restore_s"`
 }
 
 // Path is the recovery log of a job.
@@ -190,6 +222,12 @@ func (w *Writer) Write(e Event) error {
 	}
 	if e.ExitCode != nil {
 		ev = ev.Int("exit_code", *e.ExitCode)
+	}
+	if p := e.Phases; p != nil {
+		r := func(s float64) float64 { return math.Round(s*1e6) / 1e6 }
+		ev = ev.Dict("phases", zerolog.Dict().Float64("stop_s", r(p.StopS)).Float64("probe_s", r(p.ProbeS)).
+			Float64("replace_s", r(p.ReplaceS)).Float64("backoff_s", r(p.BackoffS)).Float64("launch_s", r(p.LaunchS)).
+			Float64("restore_s", r(p.RestoreS)))
 	}
 	ev.Str("time", e.Time.UTC().Format(time.RFC3339Nano)).Msg(e.Message)
 	if w.w.err != nil {

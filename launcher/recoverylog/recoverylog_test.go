@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -359,6 +360,10 @@ func TestCommand(t *testing.T) {
 	}
 	w.Write(Event{Time: time.Date(2026, 11, 21, 21, 58, 30, 168e6, time.Local), Job: "174", Step: "174.0", Event: FailureDetected,
 		Kind: KindRank, Nodes: []string{"n3"}, Ranks: []int{2}, Cause: "task 2 on n3: Killed", Generation: 6})
+	lost := int64(1)
+	w.Write(Event{Time: time.Date(2026, 11, 21, 21, 58, 31, 568e6, time.Local), Job: "174", Step: "174.2", Event: Resumed, Relaunch: 1,
+		Generation: 5, DurationS: 1.4, LostSteps: &lost, Cause: "all 4 ranks restored step 5",
+		Phases: &Phases{StopS: 0.1, ProbeS: 0.3, ReplaceS: 0, BackoffS: 0.5, LaunchS: 0.4, RestoreS: 0.1}})
 	w.Close()
 	sacct, scontrol := fakeTools(t, "cat <<'EOF'\n"+sacctOut+"EOF\n",
 		`echo "JobId=174 JobState=COMPLETED Restarts=0 NodeList=n[1-4] Comment=reft: 1 failure (rank 2 on n3), resumed from step 5 in 1.4 s, lost 1 step StdErr=/x"`)
@@ -374,6 +379,7 @@ func TestCommand(t *testing.T) {
 		"comment: reft: 1 failure (rank 2 on n3), resumed from step 5 in 1.4 s, lost 1 step\n",
 		"reft   failure_detected    failure: rank 2 on n3: task 2 on n3: Killed; newest committed snapshot: step 6 [step 174.0]",
 		"slurm  step_end            step 174.0 ended CANCELLED, exit 0:15, after 00:00:01",
+		"reft   resumed             resumed from step 5, 1.4 s after the failure, lost 1 step (stop 0.1 s, probe 0.3 s, replace 0.0 s, backoff 0.5 s, launch 0.4 s, restore 0.1 s) [step 174.2]",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)
@@ -388,20 +394,26 @@ func TestCommand(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("--json output: %v\n%s", err, out.String())
 	}
-	if rep.Job != "174" || rep.State != "COMPLETED" || rep.Restarts == nil || *rep.Restarts != 0 || len(rep.Timeline) != 8 {
+	if rep.Job != "174" || rep.State != "COMPLETED" || rep.Restarts == nil || *rep.Restarts != 0 || len(rep.Timeline) != 9 {
 		t.Errorf("report %+v", rep)
 	}
-	var reftEntries int
+	var reft []string
 	for _, e := range rep.Timeline {
-		if e.Source == "reft" {
-			reftEntries++
-			if e.Recovery == nil || e.Recovery.Kind != KindRank {
-				t.Errorf("reft entry %+v", e)
-			}
+		if e.Source != "reft" {
+			continue
+		}
+		reft = append(reft, e.Event)
+		switch {
+		case e.Recovery == nil:
+			t.Errorf("reft entry %+v", e)
+		case e.Event == FailureDetected && e.Recovery.Kind != KindRank:
+			t.Errorf("failure entry %+v", e.Recovery)
+		case e.Event == Resumed && (e.Recovery.Phases == nil || *e.Recovery.Phases != Phases{StopS: 0.1, ProbeS: 0.3, BackoffS: 0.5, LaunchS: 0.4, RestoreS: 0.1}):
+			t.Errorf("resumed entry's phases %+v", e.Recovery.Phases)
 		}
 	}
-	if reftEntries != 1 {
-		t.Errorf("%d reft entries", reftEntries)
+	if !slices.Equal(reft, []string{FailureDetected, Resumed}) {
+		t.Errorf("reft entries %v, want the failure and the resume", reft)
 	}
 
 	// slurmctld has forgotten the job: state from sacct, restarts unknown.

@@ -165,6 +165,10 @@ func Format(e Event) string {
 			if e.LostSteps != nil {
 				s += ", lost " + plural(*e.LostSteps, "step")
 			}
+			if p := e.Phases; p != nil {
+				s += fmt.Sprintf(" (stop %s, probe %s, replace %s, backoff %s, launch %s, restore %s)", seconds(p.StopS), seconds(p.ProbeS),
+					seconds(p.ReplaceS), seconds(p.BackoffS), seconds(p.LaunchS), seconds(p.RestoreS))
+			}
 		}
 	case JobRequeued:
 		s = "requeued the job: " + e.Cause

@@ -87,18 +87,19 @@ func FuzzScan(f *testing.F) {
 	})
 }
 
-// FuzzWatcher: the agents' logs live in the shared log directory: whatever
-// a .jsonl file there holds, the watcher reads it without panicking, and
-// what it reports names a node.
+// FuzzWatcher: the agents' run records live in the shared log directory:
+// whatever a .record file there holds, the watcher reads it without
+// panicking, and what it reports names a node. (agent/runrecord's
+// FuzzDecode holds the decoder to its rules.)
 func FuzzWatcher(f *testing.F) {
-	f.Add([]byte(`{"time":"2026-01-01T00:00:00Z","node":"n1","event":"failure_detected","failed_node":"n2","class":"node","ranks":[1],"latency_s":1.5}`+"\n"+
-		`{"node":"n1","event":"client_hello","peer_pid":7,"client_step":"42.0"}`+"\n"+
-		`{"node":"n1","event":"rank_registered","peer_pid":7,"rank":3}`+"\n"+
-		`{"node":"n1","event":"restore_local","peer_pid":7,"rank":3,"generation":5,"bytes":100,"verify":1e308}`+"\n{partial"), []byte("}\n"))
-	f.Add([]byte(`{"event":"restore_peer","rank":-1,"generation":-9223372036854775808,"duration":-1e308}`+"\n"), []byte(nil))
+	f.Add([]byte(`{"v":1,"kind":"failure","time":"2026-01-01T00:00:00Z","node":"n1","failure":{"failed_node":"n2","class":"node","ranks":[1],"latency_ns":1500000000}}`+"\n"+
+		`{"v":1,"kind":"registered","node":"n1","pid":7,"step":"42.0","rank":3}`+"\n"+
+		`{"v":1,"kind":"restored","node":"n1","pid":7,"step":"42.0","event":"restore_local","rank":3,"generation":5,"bytes":100,"duration_ns":9223372036854775807}`+"\n{partial"), []byte("}\n"))
+	f.Add([]byte(`{"v":1,"kind":"restored","node":"n1","event":"restore_peer","rank":-1,"generation":-9223372036854775808,"duration_ns":-1}`+"\n"+
+		`{"v":2,"kind":"failure","node":"n1"}`+"\n"+`{"v":1,"kind":"later","node":"n1"}`+"\n"), []byte(nil))
 	f.Fuzz(func(t *testing.T, first, more []byte) {
 		dir := t.TempDir()
-		path := filepath.Join(dir, "n1.jsonl")
+		path := filepath.Join(dir, "n1.record")
 		w := NewWatcher(dir, []string{"n1", "n2"})
 		for _, b := range [][]byte{first, more} {
 			fh, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
@@ -119,6 +120,11 @@ func FuzzWatcher(f *testing.F) {
 			}
 		}
 		_ = w.Registered("42.0")
+		for _, r := range w.Restores("") {
+			if r.Node != "n1" || r.Rank < 0 || r.Generation < 0 || r.Bytes < 0 || r.Duration < 0 {
+				t.Fatalf("restore taken against the record's rules: %+v", r)
+			}
+		}
 		_ = RestoreSummaries(w.Restores(""))
 		_ = w.MissingNodes([]string{"n1", "n2"})
 	})

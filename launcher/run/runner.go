@@ -35,8 +35,8 @@ type Runner struct {
 	// 22.05's command line.
 	SlurmRelease Release
 	Command      []string
-	// JobLogDir is <log dir>/<job>: the agents' logs are read there, and
-	// the hostfiles written.
+	// JobLogDir is <log dir>/<job>: the agents' run records
+	// (agent/runrecord) are read there, and the hostfiles written.
 	JobLogDir string
 	Signals   <-chan os.Signal
 	// Tick is how often a running step is looked at (step id, restores).
@@ -88,9 +88,34 @@ type attempt struct {
 	// shrunk: the lost node was given back to Slurm, and the job now
 	// holds these nodes.
 	shrunk []string
+	// ended: when srun exited; marks: for a relaunch, when its failed
+	// attempt's phases ended (the resumed event's Phases).
+	ended time.Time
+	marks recoveryMarks
 }
 
-// stepSuffix is the step part of "42.3", as the agents' logs have it.
+// recoveryMarks are the ends of the phases of a recovery that happen
+// before the relaunch starts: srun's exit, the failure known (probe), the
+// nodes replaced. Zero for a first launch, or a requeued job's.
+type recoveryMarks struct {
+	stopped, probed, replaced time.Time
+}
+
+// phases splits the recovery of a, whose ranks all registered at
+// registered and all restored at restored (the agents' records).
+func (a *attempt) phases(registered, restored time.Time) *recoverylog.Phases {
+	m := a.marks
+	if m.stopped.IsZero() || a.failedAt.IsZero() {
+		return nil
+	}
+	d := func(from, to time.Time) float64 { return max(0, to.Sub(from).Seconds()) }
+	return &recoverylog.Phases{
+		StopS: d(a.failedAt, m.stopped), ProbeS: d(m.stopped, m.probed), ReplaceS: d(m.probed, m.replaced),
+		BackoffS: d(m.replaced, a.start), LaunchS: d(a.start, registered), RestoreS: d(registered, restored),
+	}
+}
+
+// stepSuffix is the step part of "42.3", as the agents' records have it.
 func stepSuffix(id string) string {
 	_, s, _ := strings.Cut(id, ".")
 	return s
@@ -216,6 +241,7 @@ func (r *Runner) Run(ctx context.Context) int {
 		if a.agentFailure == nil { // published while srun was ending, or the probe ran
 			r.checkAgents(ctx, a, watcher)
 		}
+		marks := recoveryMarks{stopped: a.ended}
 		f := Classify(a.outcome, r.Plan, h)
 		detectedBy := "srun"
 		if af := a.agentFailure; af != nil {
@@ -243,6 +269,7 @@ func (r *Runner) Run(ctx context.Context) int {
 			fe.Node = f.Nodes[0]
 		}
 		fe.Level = "warn"
+		marks.probed = r.now()
 		r.emit(ctx, fe)
 		next = &attempt{failedAt: failedAt, newestAtFailure: newest, committedKnown: known, why: relaunchWhy(f)}
 		if af := a.agentFailure; af != nil && af.Suspect {
@@ -275,6 +302,8 @@ func (r *Runner) Run(ctx context.Context) int {
 			}
 			next.why = why
 		}
+		marks.replaced = r.now()
+		next.marks = marks
 
 		delay := Backoff(r.Policy.Backoff.D(), r.Policy.BackoffMax.D(), stalled)
 		if sig := r.wait(delay); sig != nil {
@@ -346,7 +375,7 @@ func (r *Runner) runAttempt(ctx context.Context, a *attempt, w *Watcher) (code i
 			r.stopStep(ctx, a, proc, done, s)
 			return 0, s, nil
 		case c := <-done:
-			outcome.Exit = c
+			outcome.Exit, a.ended = c, r.now()
 			r.follow(ctx, a, w, before, serr == nil, true)
 			return c, nil, nil
 		case <-tick.C:
@@ -383,14 +412,24 @@ func stale(f AgentFailure, start time.Time) bool {
 	return f.Class != recoverylog.KindNode && !f.LastHeard.IsZero() && f.LastHeard.Before(start)
 }
 
+// sayBadLines says once that the agents' run records held lines reft run
+// refused (another reft release's agents, or a damaged file), and the
+// first one's fault: what they said is not acted on.
+func (r *Runner) sayBadLines(w *Watcher) {
+	if err, n, fresh := w.BadLine(); fresh {
+		r.warnOnce("badrecord", "%v; that line and others like it (%d so far) are skipped", err, n)
+	}
+}
+
 // checkAgents looks for a failure the agents published since the attempt
 // began that concerns the step (a node or agent of the step, or its hung
 // ranks) and records it in a; a lost spare leaves the plan at once.
 func (r *Runner) checkAgents(ctx context.Context, a *attempt, w *Watcher) bool {
 	if err := w.Poll(); err != nil {
 		// What could be read is used; what not is said once.
-		r.warnOnce("watch", "%v; failures in those logs are seen only when srun reports them", err)
+		r.warnOnce("watch", "%v; failures in those records are seen only when srun reports them", err)
 	}
+	r.sayBadLines(w)
 	fs := w.Failures()
 	for ; a.seenFailures < len(fs); a.seenFailures++ {
 		f := fs[a.seenFailures]
@@ -551,7 +590,7 @@ func (r *Runner) failStep(ctx context.Context, a *attempt, proc Proc) {
 }
 
 // follow learns the step's id, announces the launch, and for a relaunch
-// watches the agents' logs until every rank has restored.
+// watches the agents' run records until every rank has restored.
 func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[string]string, canList, ended bool) {
 	failedAt, newestAtFailure := a.failedAt, a.newestAtFailure
 	if a.stepID == "" && canList && !ended && r.now().Sub(a.start) < 30*time.Second {
@@ -576,8 +615,9 @@ func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[
 		return
 	}
 	if err := w.Poll(); err != nil {
-		r.warnOnce("watch", "%v; resumption in those logs will not be observed", err)
+		r.warnOnce("watch", "%v; resumption in those records will not be observed", err)
 	}
+	r.sayBadLines(w)
 	step := stepSuffix(a.stepID)
 	world := r.Plan.Ranks()
 	restores := w.Restores(step)
@@ -605,6 +645,9 @@ func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[
 		e := r.event(recoverylog.Resumed, a.relaunch)
 		e.Time, e.Step, e.Generation, e.Bytes = last, a.stepID, gen, bytes
 		e.DurationS = last.Sub(failedAt).Seconds()
+		if reg, ok := w.AllRegistered(step, world); ok {
+			e.Phases = a.phases(reg, last)
+		}
 		e.Cause = fmt.Sprintf("all %d ranks restored step %d", world, gen)
 		if len(gens) > 1 {
 			e.Cause = fmt.Sprintf("the %d ranks restored different steps (%v); the oldest is %d", world, keys(gens), gen)
@@ -628,7 +671,7 @@ func (r *Runner) follow(ctx context.Context, a *attempt, w *Watcher, before map[
 	}
 	if ended && !a.resumed {
 		if miss := w.MissingNodes(r.Plan.Slots); len(miss) > 0 {
-			r.warnOnce("agentlogs", "no agent log of %s in %s: reft run cannot see restores unless log.dir is on a filesystem this node shares",
+			r.warnOnce("agentlogs", "no agent run record of %s in %s: reft run cannot see restores unless log.dir is on a filesystem this node shares",
 				strings.Join(miss, ","), r.JobLogDir)
 		}
 	}

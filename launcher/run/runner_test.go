@@ -15,6 +15,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/launcher/recoverylog"
 	"github.com/reft-hpc/reft/pmix/hostlist"
 )
@@ -152,6 +153,10 @@ type fakeProc struct {
 	exit int
 	wait chan struct{} // closed when srun "exits"
 	once sync.Once
+	// stderrDone is closed once the scripted stderr lines are handed
+	// over: Wait waits for it, as the real Exec's does for srun's stderr
+	// (runAttempt reads the Outcome they write after Wait).
+	stderrDone chan struct{}
 }
 
 // end makes srun "exit" (once: a signal may come first).
@@ -159,6 +164,7 @@ func (p *fakeProc) end() { p.once.Do(func() { close(p.wait) }) }
 
 func (p *fakeProc) Wait() int {
 	<-p.wait
+	<-p.stderrDone
 	p.f.mu.Lock()
 	p.f.running = ""
 	p.f.mu.Unlock()
@@ -189,22 +195,28 @@ func (f *fakeSlurm) Start(l Launch) (Proc, error) {
 	f.listed = listed
 	f.mu.Unlock()
 	for node, lines := range at.agentLog {
-		fh, err := os.OpenFile(filepath.Join(f.logDir, node+".jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		fh, err := os.OpenFile(filepath.Join(f.logDir, runrecord.FileName(node)), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			return nil, err
 		}
 		fh.WriteString(strings.ReplaceAll(strings.Join(lines, "\n")+"\n", nowMark, time.Now().Format(time.RFC3339Nano)))
 		fh.Close()
 	}
-	p := &fakeProc{f: f, exit: at.exit, wait: make(chan struct{})}
+	p := &fakeProc{f: f, exit: at.exit, wait: make(chan struct{}), stderrDone: make(chan struct{})}
 	if at.block {
 		p.exit = 143
 	}
 	go func() {
-		<-listed // srun lives until reft run has seen the step
+		select {
+		case <-listed: // srun lives until reft run has seen the step
+		case <-p.wait: // or until a signal ends it first: no stderr
+			close(p.stderrDone)
+			return
+		}
 		for _, line := range at.stderr {
 			l.OnStderr(line, time.Now())
 		}
+		close(p.stderrDone)
 		if !at.block {
 			time.Sleep(at.linger)
 			p.end()
@@ -221,11 +233,10 @@ func (f *fakeSlurm) Start(l Launch) (Proc, error) {
 func restoreLog(node string, rank int, step string, gen int64) []string {
 	pid := 1000 + rank
 	lines := []string{
-		fmt.Sprintf(`{"level":"info","job":"42","step":"agent","node":%q,"peer_pid":%d,"client":"reft-go/0.1","client_step":%q,"rank":%d,"time":"2026-05-01T12:00:01Z","message":"hello"}`, node, pid, step, rank),
-		fmt.Sprintf(`{"level":"info","job":"42","node":%q,"peer_pid":%d,"event":"rank_registered","rank":%d,"world":4,"time":"2026-05-01T12:00:02Z","message":"rank registered"}`, node, pid, rank),
+		fmt.Sprintf(`{"v":1,"kind":"registered","node":%q,"pid":%d,"step":%q,"rank":%d,"time":"2026-05-01T12:00:02Z"}`, node, pid, step, rank),
 	}
 	if gen >= 0 {
-		lines = append(lines, fmt.Sprintf(`{"level":"info","job":"42","node":%q,"peer_pid":%d,"event":"restore_local","rank":%d,"generation":%d,"seq":4,"bytes":100,"verify":0.25,"time":"2026-05-01T12:00:03.%dZ","message":"serving a local restore"}`, node, pid, rank, gen, rank))
+		lines = append(lines, fmt.Sprintf(`{"v":1,"kind":"restored","node":%q,"pid":%d,"step":%q,"event":"restore_local","rank":%d,"generation":%d,"bytes":100,"duration_ns":250000,"time":"2026-05-01T12:00:03.%dZ"}`, node, pid, step, rank, gen, rank))
 	}
 	return lines
 }
@@ -341,6 +352,12 @@ func TestRunRankFailureResumes(t *testing.T) {
 	if res.Generation != 5 || res.LostSteps == nil || *res.LostSteps != 1 || res.Bytes != 400 || res.Step != "42.2" ||
 		!res.Time.Equal(time.Date(2026, 5, 1, 12, 0, 3, 3e8, time.UTC)) {
 		t.Errorf("resumed %+v", res)
+	}
+	// The phases: the records' registrations (12:00:02) to the last
+	// restore (12:00:03.3); the rest is on this test's clock, now, which
+	// the records' times precede (clamped to 0, not negative).
+	if p := res.Phases; p == nil || p.RestoreS != 1.3 || p.StopS < 0 || p.ProbeS < 0 || p.ReplaceS < 0 || p.BackoffS < 0 || p.LaunchS != 0 {
+		t.Errorf("resumed phases %+v", res.Phases)
 	}
 	// Same nodes, the job's SPEC, --kill-on-bad-exit, --overlap (the failed
 	// step may still hold CPUs), the user's options, and the hostfile in
@@ -734,8 +751,8 @@ func agentFailureLineQuorum(coord, failed, class string, ranks string, latency f
 	if quorum {
 		r += `"quorum":true,"votes":3,"agents":4,`
 	}
-	return fmt.Sprintf(`{"level":"warn","job":"42","step":"agent","node":%q,"component":"detect","event":"failure_detected","failed_node":%q,"class":%q,%s"latency_s":%g,"last_heard":%q,"detected_at":%q,"reporter":"n3","coordinator":%q,"confirmed_by":["n4"],"time":%q,"message":"the agent of %s is unreachable"}`,
-		coord, failed, class, r, latency, heard, nowMark, coord, nowMark, failed)
+	return fmt.Sprintf(`{"v":1,"kind":"failure","node":%q,"time":%q,"failure":{"failed_node":%q,"class":%q,%s"latency_ns":%d,"last_heard":%q,"detected_at":%q,"reporter":"n3","coordinator":%q,"confirmed_by":["n4"],"cause":"the agent of %s is unreachable"}}`,
+		coord, nowMark, failed, class, r, int64(latency*1e9), heard, nowMark, coord, failed)
 }
 
 // notResponding is Slurm calling node not responding (from the first
@@ -898,7 +915,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 // TestRunIgnoresForgedVerdict: the log directory is shared by every
 // user, so another user's failure_detected line in a log not named after
 // a node of the allocation must not stop, shrink or requeue the job
-// (issue 14, finding 4). The forged verdict (n2 lost) is in n0.jsonl,
+// (issue 14, finding 4). The forged verdict (n2 lost) is in n0.record,
 // read before the real one (a hang on n3, from n1's agent): reft run acts
 // on the real one only, relaunching on the same nodes.
 func TestRunIgnoresForgedVerdict(t *testing.T) {
@@ -922,5 +939,42 @@ func TestRunIgnoresForgedVerdict(t *testing.T) {
 	}
 	if rl := find(h.events(), recoverylog.StepRelaunched); len(rl) != 1 || !slices.Equal(rl[0].Nodes, four) {
 		t.Fatalf("relaunched %+v, want the same four nodes", rl)
+	}
+}
+
+// TestRecoveryPhases: a recovery's phases run end to end from the failure
+// to the last restore, so they add up to the resumed event's duration; a
+// phase the clocks make negative is 0; without the failed attempt's marks
+// (a first launch, a requeued job's) there are none.
+func TestRecoveryPhases(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 9, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	for _, tc := range []struct {
+		name                string
+		a                   attempt
+		registered, restore time.Time
+		want                *recoverylog.Phases
+	}{
+		{"node lost, spare", attempt{failedAt: at(0), start: at(4.5),
+			marks: recoveryMarks{stopped: at(2), probed: at(3.25), replaced: at(3.5)}}, at(7), at(7.5),
+			&recoverylog.Phases{StopS: 2, ProbeS: 1.25, ReplaceS: 0.25, BackoffS: 1, LaunchS: 2.5, RestoreS: 0.5}},
+		{"a skewed agent clock: its registration before the launch", attempt{failedAt: at(0), start: at(4),
+			marks: recoveryMarks{stopped: at(1), probed: at(2), replaced: at(2)}}, at(3.5), at(5),
+			&recoverylog.Phases{StopS: 1, ProbeS: 1, ReplaceS: 0, BackoffS: 2, LaunchS: 0, RestoreS: 1.5}},
+		{"first launch", attempt{start: at(0)}, at(1), at(2), nil},
+		{"requeued job", attempt{failedAt: at(0), start: at(30)}, at(31), at(32), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.a.phases(tc.registered, tc.restore)
+			if (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
+				t.Fatalf("phases %+v, want %+v", got, tc.want)
+			}
+			if got != nil && tc.registered.After(tc.a.start) {
+				sum := got.StopS + got.ProbeS + got.ReplaceS + got.BackoffS + got.LaunchS + got.RestoreS
+				if d := tc.restore.Sub(tc.a.failedAt).Seconds(); sum != d {
+					t.Errorf("phases add up to %g s, the recovery took %g s", sum, d)
+				}
+			}
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/peerconfig"
 	"github.com/reft-hpc/reft/launcher/recoverylog"
 	"github.com/reft-hpc/reft/launcher/status"
 )
@@ -93,7 +94,7 @@ func (r *Runner) recordStragglers(ctx context.Context, a *attempt, w *stragglerW
 // status` does (same configuration, the job's user).
 func AgentStragglers(cfg config.Config, job string) (StragglerSource, error) {
 	host, _ := os.Hostname()
-	pc, err := peer.FromAgentConfig(cfg, peer.Config{Job: job, UID: os.Getuid(), Node: "reft-run@" + host, Role: peer.RoleStatus, Log: zerolog.Nop()})
+	pc, err := peerconfig.FromAgentConfig(cfg, peer.Config{Job: job, UID: os.Getuid(), Node: "reft-run@" + host, Role: peer.RoleStatus, Log: zerolog.Nop()})
 	if err != nil {
 		return nil, err
 	}

@@ -54,7 +54,9 @@ func TestRunRecordsStragglers(t *testing.T) {
 func TestRunStragglerAskFails(t *testing.T) {
 	h := newHarness(t, four, 0, fastPolicy(), fakeAttempt{exit: 0, linger: 100 * time.Millisecond})
 	h.r.StragglerEvery = 5 * time.Millisecond
-	h.r.Stragglers = func(context.Context) ([]status.Straggler, error) { return nil, errors.New("squeue: connection refused") }
+	h.r.Stragglers = func(context.Context) ([]status.Straggler, error) {
+		return nil, errors.New("squeue: connection refused")
+	}
 	if code := h.r.Run(context.Background()); code != ExitOK {
 		t.Fatalf("exit %d\n%s", code, h.out.String())
 	}

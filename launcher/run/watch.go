@@ -2,7 +2,6 @@ package run
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,25 +15,32 @@ import (
 
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/logging"
+	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/launcher/recoverylog"
 )
 
-// Watcher follows the agents' logs (<log dir>/<job>/<node>.jsonl) to see
-// the ranks of a relaunched step register and restore. The agents log
+// Watcher follows the agents' run records (agent/runrecord:
+// <log dir>/<job>/<node>.record) to see the agents' failure verdicts and
+// the ranks of a relaunched step register and restore. The agents record
 // every restore they serve with the rank and the generation; that, not the
 // trainer's output, is how reft run learns that the step has resumed and
-// from which step. It needs log.dir on a filesystem that the node running
-// reft run sees (as `reft log` does); MissingNodes says when it is not.
+// from which step. It reads the records, written for it, never the
+// agents' logs, which are for people. It needs log.dir on a filesystem
+// that the node running reft run sees (as `reft log` does); MissingNodes
+// says when it is not.
 type Watcher struct {
-	dir     string
-	nodes   []string // the allocation's: only their logs are read
-	uid     int      // the job's: only its files are read
-	offsets map[string]int64
-	partial map[string][]byte
-	// step maps (node, client pid) to the Slurm step id its hello gave.
-	step     map[pidKey]string
+	dir      string
+	nodes    []string // the allocation's: only their logs are read
+	uid      int      // the job's: only its files are read
+	offsets  map[string]int64
+	partial  map[string][]byte
 	recs     []agentRecord
 	failures []AgentFailure
+	// bad is the first record line refused since the watcher began, and
+	// where (BadLine); later ones are counted only.
+	bad    error
+	badN   int
+	badMsg bool
 }
 
 // AgentFailure is a failure the agents' detector published (agent/detect:
@@ -60,12 +66,7 @@ type AgentFailure struct {
 	Suspect bool
 }
 
-type pidKey struct {
-	node string
-	pid  int
-}
-
-// agentRecord is a registration or a restore that an agent logged.
+// agentRecord is a registration or a restore that an agent recorded.
 type agentRecord struct {
 	Event      string // event.RankRegistered or one of event.Restores
 	Node       string
@@ -80,7 +81,7 @@ type agentRecord struct {
 	Reason string
 }
 
-// NewWatcher follows the agent logs in dir (<log dir>/<job>) of nodes,
+// NewWatcher follows the run records in dir (<log dir>/<job>) of nodes,
 // the allocation's. The log directory is shared by every user of the
 // cluster, so the watcher reads only what the job's user alone could
 // have written: dir must be a directory of this process's uid (the
@@ -89,11 +90,11 @@ type agentRecord struct {
 // else there is ignored, however it looks.
 func NewWatcher(dir string, nodes []string) *Watcher {
 	return &Watcher{dir: dir, nodes: slices.Clone(nodes), uid: os.Getuid(),
-		offsets: map[string]int64{}, partial: map[string][]byte{}, step: map[pidKey]string{}}
+		offsets: map[string]int64{}, partial: map[string][]byte{}}
 }
 
 // files opens the job's log directory, checked, and lists the agents'
-// logs in it; the caller closes d. A directory that does not exist yet
+// run records in it; the caller closes d. A directory that does not exist yet
 // lists nothing (d nil).
 func (w *Watcher) files() (d *os.File, names []string, err error) {
 	d, err = logging.OpenJobDir(w.dir, w.uid)
@@ -101,7 +102,7 @@ func (w *Watcher) files() (d *os.File, names []string, err error) {
 		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("not reading the agents' logs: %w", err)
+		return nil, nil, fmt.Errorf("not reading the agents' run records: %w", err)
 	}
 	ents, err := d.ReadDir(-1)
 	if err != nil {
@@ -110,15 +111,15 @@ func (w *Watcher) files() (d *os.File, names []string, err error) {
 	}
 	for _, e := range ents {
 		n := e.Name()
-		if node, ok := strings.CutSuffix(n, ".jsonl"); ok && n != recoverylog.FileName && e.Type().IsRegular() && slices.Contains(w.nodes, node) {
+		if node, ok := strings.CutSuffix(n, runrecord.Suffix); ok && e.Type().IsRegular() && slices.Contains(w.nodes, node) {
 			names = append(names, n)
 		}
 	}
 	return d, names, nil
 }
 
-// Mark skips what the logs hold now, and forgets what was read: Poll then
-// sees only what the agents log from here on.
+// Mark skips what the records hold now, and forgets what was read: Poll
+// then sees only what the agents record from here on.
 func (w *Watcher) Mark() error {
 	w.recs, w.failures = nil, nil
 	d, names, err := w.files()
@@ -137,15 +138,16 @@ func (w *Watcher) Mark() error {
 	return nil
 }
 
-// Poll reads what the agents logged since the last call. Its error says
-// which logs it could not read; what the others held is read all the same.
+// Poll reads what the agents recorded since the last call. Its error says
+// which records it could not read; what the others held is read all the
+// same. Lines it refuses are skipped and told by BadLine.
 func (w *Watcher) Poll() error {
 	d, names, err := w.files()
 	if err != nil || d == nil {
 		return err
 	}
 	defer d.Close()
-	// One unreadable log does not hide the others' lines.
+	// One unreadable record does not hide the others' lines.
 	var errs []error
 	for _, n := range names {
 		if err := w.readFile(d, n); err != nil {
@@ -158,18 +160,18 @@ func (w *Watcher) Poll() error {
 func (w *Watcher) readFile(d *os.File, name string) error {
 	f, err := logging.OpenIn(d, name, os.O_RDONLY, w.uid)
 	if err != nil {
-		return fmt.Errorf("reading an agent log: %w", err)
+		return fmt.Errorf("reading an agent's run record: %w", err)
 	}
 	defer f.Close()
 	if st, err := f.Stat(); err == nil && st.Size() < w.offsets[name] {
 		w.offsets[name], w.partial[name] = 0, nil // truncated: start over
 	}
 	if _, err := f.Seek(w.offsets[name], io.SeekStart); err != nil {
-		return fmt.Errorf("reading an agent log: %w", err)
+		return fmt.Errorf("reading an agent's run record: %w", err)
 	}
 	data, err := io.ReadAll(io.LimitReader(f, 64<<20))
 	if err != nil {
-		return fmt.Errorf("reading an agent log: %w", err)
+		return fmt.Errorf("reading an agent's run record: %w", err)
 	}
 	w.offsets[name] += int64(len(data))
 	data = append(w.partial[name], data...)
@@ -179,45 +181,60 @@ func (w *Watcher) readFile(d *os.File, name string) error {
 		return nil
 	}
 	w.partial[name] = slices.Clone(data[end+1:])
-	node := strings.TrimSuffix(name, ".jsonl")
+	node := strings.TrimSuffix(name, runrecord.Suffix)
 	for _, line := range bytes.Split(data[:end], []byte{'\n'}) {
 		w.line(node, line)
 	}
 	return nil
 }
 
-// line takes one line of node's log. An agent writes only its own
-// node's name: a line naming another is not an agent's.
+// line takes one line of node's record. An agent records only its own
+// node's name: a line naming another is not that agent's.
 func (w *Watcher) line(node string, b []byte) {
-	var l event.Line
-	if json.Unmarshal(b, &l) != nil || l.Node != node {
-		return // not ours to judge: the agent's log, not reft run's
+	if len(bytes.TrimSpace(b)) == 0 {
+		return
 	}
-	if l.Event == event.FailureDetected && l.FailedNode != "" {
-		at := l.DetectedAt
-		if at.IsZero() {
-			at = l.Time
+	r, err := runrecord.Decode(b)
+	switch {
+	case errors.Is(err, runrecord.ErrUnknownKind):
+		return // a newer agent's: the contract says skip it
+	case err == nil && r.Node != node:
+		err = fmt.Errorf("a line of %s%s names node %q", node, runrecord.Suffix, r.Node)
+	case err != nil:
+		err = fmt.Errorf("%s%s: %w", node, runrecord.Suffix, err)
+	}
+	if err != nil {
+		w.badN++
+		if w.bad == nil {
+			w.bad = err
 		}
-		w.failures = append(w.failures, AgentFailure{Node: l.FailedNode, Class: l.Class, Ranks: l.Ranks, Cause: l.Message,
-			Coordinator: l.Coordinator, Reporter: l.Reporter, ConfirmedBy: l.ConfirmedBy,
-			Latency: time.Duration(l.LatencyS * float64(time.Second)), LastHeard: l.LastHeard, DetectedAt: at,
-			Quorum: l.Quorum, Votes: l.Votes, Agents: l.Agents})
 		return
 	}
-	key := pidKey{l.Node, l.PeerPID}
-	if l.ClientStep != nil && l.PeerPID != 0 {
-		w.step[key] = *l.ClientStep
-	}
-	isRestore := slices.Contains(event.Restores, l.Event)
-	if (l.Event != event.RankRegistered && !isRestore) || l.Rank == nil {
+	if r.Kind == runrecord.KindFailure {
+		f := r.Failure
+		w.failures = append(w.failures, AgentFailure{Node: f.FailedNode, Class: f.Class, Ranks: f.Ranks, Cause: f.Cause,
+			Coordinator: f.Coordinator, Reporter: f.Reporter, ConfirmedBy: f.ConfirmedBy,
+			Latency: f.Latency, LastHeard: f.LastHeard, DetectedAt: f.DetectedAt,
+			Quorum: f.Quorum, Votes: f.Votes, Agents: f.Agents})
 		return
 	}
-	r := agentRecord{Event: l.Event, Node: l.Node, Step: w.step[key], Rank: *l.Rank, Bytes: l.Bytes, Time: l.Time,
-		Generation: -1, Duration: time.Duration((l.VerifyMS + l.DurationMS) * float64(time.Millisecond)), Reason: l.Reason}
-	if l.Generation != nil {
-		r.Generation = *l.Generation
+	ev, gen := r.Event, r.Generation
+	if r.Kind == runrecord.KindRegistered {
+		ev, gen = event.RankRegistered, -1
 	}
-	w.recs = append(w.recs, r)
+	w.recs = append(w.recs, agentRecord{Event: ev, Node: r.Node, Step: r.Step, Rank: r.Rank, Bytes: r.Bytes, Time: r.Time,
+		Generation: gen, Duration: r.Duration, Reason: r.Reason})
+}
+
+// BadLine is the first record line refused since the watcher began (nil:
+// none) and how many were; fresh is true the first time it is asked after
+// one was, so that the caller says it once.
+func (w *Watcher) BadLine() (first error, n int, fresh bool) {
+	fresh = w.bad != nil && !w.badMsg
+	if fresh {
+		w.badMsg = true
+	}
+	return w.bad, w.badN, fresh
 }
 
 // Failures lists the failures the agents published since Mark, in the
@@ -241,6 +258,27 @@ func (w *Watcher) Registered(step string) int {
 	return len(seen)
 }
 
+// AllRegistered is when the world-th distinct rank of step first
+// registered (the last rank's first registration); false while fewer did.
+func (w *Watcher) AllRegistered(step string, world int) (time.Time, bool) {
+	first := map[int]time.Time{}
+	for _, r := range w.recs {
+		if t, ok := first[r.Rank]; r.Event == event.RankRegistered && matches(r, step) && (!ok || r.Time.Before(t)) {
+			first[r.Rank] = r.Time
+		}
+	}
+	if len(first) < world || world <= 0 {
+		return time.Time{}, false
+	}
+	var last time.Time
+	for _, t := range first {
+		if t.After(last) {
+			last = t
+		}
+	}
+	return last, true
+}
+
 // Restores returns the latest restore of every rank of step.
 func (w *Watcher) Restores(step string) map[int]agentRecord {
 	out := map[int]agentRecord{}
@@ -252,7 +290,7 @@ func (w *Watcher) Restores(step string) map[int]agentRecord {
 	return out
 }
 
-// MissingNodes lists the nodes that have no agent log in the directory.
+// MissingNodes lists the nodes that have no run record in the directory.
 func (w *Watcher) MissingNodes(nodes []string) []string {
 	d, names, _ := w.files()
 	if d != nil {
@@ -260,7 +298,7 @@ func (w *Watcher) MissingNodes(nodes []string) []string {
 	}
 	var out []string
 	for _, n := range nodes {
-		if !slices.Contains(names, n+".jsonl") {
+		if !slices.Contains(names, runrecord.FileName(n)) {
 			out = append(out, n)
 		}
 	}

@@ -25,7 +25,7 @@ func appendLines(t *testing.T, path string, text string) {
 
 func TestWatcher(t *testing.T) {
 	dir := t.TempDir()
-	n1, n2 := filepath.Join(dir, "n1.jsonl"), filepath.Join(dir, "n2.jsonl")
+	n1, n2 := filepath.Join(dir, "n1.record"), filepath.Join(dir, "n2.record")
 	// Before the relaunch: the first step's restores, which must not count.
 	appendLines(t, n1, strings.Join(restoreLog("n1", 0, "0", 3), "\n")+"\n")
 	appendLines(t, filepath.Join(dir, recoverylog.FileName), `{"event":"restore_local","rank":0,"node":"n1"}`+"\n")
@@ -38,9 +38,12 @@ func TestWatcher(t *testing.T) {
 	}
 
 	// The relaunch (step 2): n1 completely, n2 with a torn last line.
+	// The agents' logs are not read, only their records: a restore of
+	// rank 5 logged (not recorded) on n1 is not seen.
+	appendLines(t, filepath.Join(dir, "n1.jsonl"), `{"event":"restore_local","rank":5,"node":"n1","generation":5,"time":"2026-05-01T12:00:03Z"}`+"\n")
 	appendLines(t, n1, strings.Join(restoreLog("n1", 0, "2", 5), "\n")+"\n")
 	n2lines := restoreLog("n2", 1, "2", 5)
-	appendLines(t, n2, strings.Join(n2lines[:2], "\n")+"\n"+n2lines[2][:40])
+	appendLines(t, n2, n2lines[0]+"\n"+n2lines[1][:40])
 	// Another step's client on n2 (an unrelated srun of the job).
 	appendLines(t, n1, strings.Join(restoreLog("n1", 7, "9", 1), "\n")+"\n")
 	if err := w.Poll(); err != nil {
@@ -52,7 +55,7 @@ func TestWatcher(t *testing.T) {
 	if w.Registered("2") != 2 || w.Registered("") != 3 {
 		t.Errorf("registered: step 2 %d, all %d", w.Registered("2"), w.Registered(""))
 	}
-	appendLines(t, n2, n2lines[2][40:]+"\n")
+	appendLines(t, n2, n2lines[1][40:]+"\n")
 	if err := w.Poll(); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +104,7 @@ func TestRestoreSummaries(t *testing.T) {
 	// A persistent-tier restore carries the agent's reason: why memory
 	// could not serve it is what the operator reads in the log.
 	w := NewWatcher(t.TempDir(), []string{"n4"})
-	w.line("n4", []byte(`{"time":"2026-05-01T12:00:00Z","node":"n4","event":"restore_persistent","rank":1,"generation":10,"bytes":5,"duration":2,"reason":"SG (pp=0,tp=0) lost ranks 1 and 2"}`))
+	w.line("n4", []byte(`{"v":1,"kind":"restored","time":"2026-05-01T12:00:00Z","node":"n4","event":"restore_persistent","rank":1,"generation":10,"bytes":5,"duration_ns":2000000,"reason":"SG (pp=0,tp=0) lost ranks 1 and 2"}`))
 	ps := RestoreSummaries(w.Restores(""))
 	if len(ps) != 1 || ps[0].Event != recoverylog.RestorePersistent || ps[0].Cause != "memory could not serve it: SG (pp=0,tp=0) lost ranks 1 and 2" {
 		t.Errorf("persistent restore summary %+v", ps)
@@ -114,7 +117,7 @@ func TestRestoreSummaries(t *testing.T) {
 // name the file's node (issue 14, finding 4).
 func TestWatcherTrustsOnlyTheJobsOwnLogs(t *testing.T) {
 	verdict := func(node, failed string) string {
-		return `{"time":"2026-05-01T12:00:00Z","node":"` + node + `","event":"failure_detected","failed_node":"` + failed + `","class":"node","message":"forged"}` + "\n"
+		return `{"v":1,"kind":"failure","time":"2026-05-01T12:00:00Z","node":"` + node + `","failure":{"failed_node":"` + failed + `","class":"node","cause":"forged"}}` + "\n"
 	}
 	cases := []struct {
 		name  string
@@ -123,22 +126,22 @@ func TestWatcherTrustsOnlyTheJobsOwnLogs(t *testing.T) {
 		want  []string                       // failed nodes read
 		err   string                         // Poll's error
 	}{
-		{"the allocation's agent", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n1.jsonl"), verdict("n1", "n2")) },
+		{"the allocation's agent", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n1.record"), verdict("n1", "n2")) },
 			os.Getuid(), []string{"n2"}, ""},
-		{"a node outside the allocation", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n9.jsonl"), verdict("n9", "n2")) },
+		{"a node outside the allocation", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n9.record"), verdict("n9", "n2")) },
 			os.Getuid(), nil, ""},
-		{"not a node's log", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "evil.jsonl"), verdict("n1", "n2")) },
+		{"not a node's log", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "evil.record"), verdict("n1", "n2")) },
 			os.Getuid(), nil, ""},
-		{"a line naming another node", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n1.jsonl"), verdict("n3", "n2")) },
+		{"a line naming another node", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n1.record"), verdict("n3", "n2")) },
 			os.Getuid(), nil, ""},
 		{"a node's log is a link", func(t *testing.T, d string) {
 			other := filepath.Join(t.TempDir(), "forged.jsonl")
 			appendLines(t, other, verdict("n1", "n2"))
-			if err := os.Symlink(other, filepath.Join(d, "n1.jsonl")); err != nil {
+			if err := os.Symlink(other, filepath.Join(d, "n1.record")); err != nil {
 				t.Fatal(err)
 			}
 		}, os.Getuid(), nil, ""},
-		{"the directory is another user's", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n1.jsonl"), verdict("n1", "n2")) },
+		{"the directory is another user's", func(t *testing.T, d string) { appendLines(t, filepath.Join(d, "n1.record"), verdict("n1", "n2")) },
 			os.Getuid() + 1, nil, "belongs to uid"},
 	}
 	for _, tc := range cases {

@@ -21,6 +21,7 @@ import (
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/metrics"
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/peerconfig"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/hostmem"
 )
@@ -88,7 +89,7 @@ func Command(args []string, stdout, stderr io.Writer) int {
 	}
 	host, _ := os.Hostname()
 	uid := os.Getuid()
-	pc, err := peer.FromAgentConfig(c, peer.Config{Job: job, UID: uid, Node: "reft-status@" + host, Role: peer.RoleStatus, Log: zerolog.Nop()})
+	pc, err := peerconfig.FromAgentConfig(c, peer.Config{Job: job, UID: uid, Node: "reft-status@" + host, Role: peer.RoleStatus, Log: zerolog.Nop()})
 	if err != nil {
 		fmt.Fprintf(stderr, "reft status: %v\n", err)
 		return 1

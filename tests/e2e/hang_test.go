@@ -94,6 +94,13 @@ var hangCommentRe = regexp.MustCompile(`^reft: 1 failure \(hang of rank\(s\) 2 o
 // tornCommentRe is hangCommentRe when a torn all-reduce cost a second step.
 var tornCommentRe = regexp.MustCompile(`^reft: 1 failure \(hang of rank\(s\) 2 on n3\), resumed from step \d+ in \d+\.\d s, lost 2 steps$`)
 
+// hangWhereRe is where a hang verdict says the frozen rank was, with
+// either trainer: inside the collective its client named (reft-train's
+// gradient all-reduce; reft.torch's DDP backward pass), or in its own
+// work after the last one ended (the stop can land on either side).
+var hangWhereRe = regexp.MustCompile(`, last seen (in the collective (gradient all-reduce|DDP backward pass and gradient all-reduce)|` +
+	`outside its collectives \(its own computation or I/O\) since its last collective \((gradient all-reduce|DDP backward pass and gradient all-reduce)\) ended), silent `)
+
 // tornSteps reports whether the ranks' newest committed steps before the
 // relaunch (their agents' committed events) differ.
 func tornSteps(t *testing.T, job string, relaunch time.Time, ranks ...int) bool {
@@ -141,6 +148,9 @@ func checkHangResume(t *testing.T, job, dir, refHash string, jitSaveLines func(o
 	msg, _ := af[0]["message"].(string)
 	if !strings.Contains(msg, "rank 2 at step ") || !strings.Contains(msg, "process stopped") {
 		t.Errorf("the verdict's cause %q does not name rank 2 and its stopped process", msg)
+	}
+	if !hangWhereRe.MatchString(msg) {
+		t.Errorf("the verdict's cause %q does not say where rank 2 stopped (in its trainer's named collective, or in its own work after it)", msg)
 	}
 	t.Logf("the agents' verdict, %.2f s after rank 2's last progress: %s", af[0]["latency_s"], msg)
 
@@ -319,8 +329,12 @@ func TestReftStatusStraggler(t *testing.T) {
 			t.Fatalf("reft status never named a straggler:\n%s", raw)
 		}
 	}
-	if s := rep.Stragglers; len(s) != 1 || s[0].Rank != 2 || s[0].Node != "n3" || s[0].ComputeS-s[0].MedianS < 0.08 {
-		t.Fatalf("stragglers %+v; want rank 2 on n3 alone, about 100 ms above the median\n%s", s, raw)
+	// Rank 2 sleeps 100 ms outside its collectives every step. The others'
+	// compute time grows with the machine's load (a CI run: 39 ms median,
+	// rank 2 at 111 ms), so the check is the sleep and the 1.5x rule, not
+	// a fixed gap.
+	if s := rep.Stragglers; len(s) != 1 || s[0].Rank != 2 || s[0].Node != "n3" || s[0].ComputeS < 0.1 || s[0].ComputeS < 1.5*s[0].MedianS {
+		t.Fatalf("stragglers %+v; want rank 2 on n3 alone, at 100 ms or more and 1.5x the median\n%s", s, raw)
 	}
 	t.Logf("rank 2 works %.0f ms per step outside its collectives, the job's median %.0f ms", rep.Stragglers[0].ComputeS*1000, rep.Stragglers[0].MedianS*1000)
 	if r := run(t, time.Minute, alice, bin("reft"), "status", "--config", conf, job); !strings.Contains(r.Stdout, "straggler: rank 2 on n3 works ") {
@@ -329,7 +343,7 @@ func TestReftStatusStraggler(t *testing.T) {
 	// reft run asks the agents every 30 s and logs the straggler once.
 	var ev []recoveryEvent
 	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(time.Second) {
-		ev = recoveryEvents(t, job)
+		ev = allRecoveryEvents(t, job)
 		if len(eventsNamed(ev, "straggler")) > 0 || time.Now().After(deadline) {
 			break
 		}

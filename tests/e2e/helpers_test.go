@@ -13,6 +13,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -25,8 +26,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/reft-hpc/reft/tests/netbench"
 )
 
 // Test users that `cluster up` creates. Jobs that root submits run as root,
@@ -120,6 +124,12 @@ func command(ctx context.Context, user string, args ...string) *exec.Cmd {
 		cmd.Env = env
 		cmd.Dir = home
 	}
+	// Its own process group, killed whole at the timeout: killing runuser
+	// alone left its srun running (seen: a timed-out reference run's srun
+	// outlived the test, the cluster and the run, holding the cluster
+	// lock's inherited descriptor).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }
@@ -342,4 +352,40 @@ func lines(s string) []string {
 		}
 	}
 	return out
+}
+
+// netResult logs one network-fault run for make bench-net's table
+// (tests/netbench): the verdicts expected (about which nodes) and those
+// the job's agents published (from the logs of nodes), and for a loss the
+// seconds from the fault to the first verdict. It only logs: each test
+// asserts its outcome itself; call it before those assertions, so that a
+// failed run is counted too.
+func netResult(t *testing.T, scenario string, expected []string, job string, fault time.Time, passed bool, nodes ...string) {
+	t.Helper()
+	res := netbench.Result{Scenario: scenario, Expected: append([]string{}, expected...), Seen: []string{}, DetectS: -1, Passed: passed}
+	var first time.Time
+	for _, f := range agentsFailures(t, job, nodes...) {
+		n, _ := f["failed_node"].(string)
+		res.Seen = append(res.Seen, n)
+		if ts, ok := f["time"].(string); ok {
+			if at, err := time.Parse(time.RFC3339Nano, ts); err == nil && (first.IsZero() || at.Before(first)) {
+				first = at
+			}
+		}
+	}
+	if len(expected) > 0 && !first.IsZero() && !fault.IsZero() {
+		res.DetectS = first.Sub(fault).Seconds()
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s%s", netbench.Marker, b)
+}
+
+// clusterNet says whether the test cluster runs with its own networks
+// (tests/cluster/cluster up --net).
+func clusterNet() bool {
+	b, err := os.ReadFile(filepath.Join(clusterDir, "etc", "net"))
+	return err == nil && strings.TrimSpace(string(b)) == "netns"
 }

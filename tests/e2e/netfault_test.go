@@ -7,13 +7,18 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
+
+var relayedRe = regexp.MustCompile(`relayed (\d+) frames from the node`)
 
 // needNet fails the test unless the cluster runs with --net.
 func needNet(t *testing.T) {
@@ -24,10 +29,11 @@ func needNet(t *testing.T) {
 }
 
 // TestNetFaultsNoVerdict: a fault shorter than the detector's watch window
-// (a 3 s flap of n2, a 3 s stall of n3's every process) costs no verdict
-// and no relaunch: the job completes with an uninterrupted run's bits, the
-// recovery log shows one launch and the completion, and no agent logged a
-// failure (nor fenced itself for long: at most n2 during its own flap).
+// (a 3 s flap of n2, a 3 s stall of n3's every process), or one that only
+// slows a node (200 ms added to n2's every round trip, held while the job
+// trains ten steps through it), costs no verdict and no relaunch: the job
+// completes with an uninterrupted run's bits, the recovery log shows one
+// launch and the completion, and no agent logged a failure.
 func TestNetFaultsNoVerdict(t *testing.T) {
 	needNet(t)
 	enableReft(t)
@@ -37,14 +43,47 @@ func TestNetFaultsNoVerdict(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		fault []string // cluster command
+		at    int      // the step after which the fault starts
+		// With through, the fault lasts while the job trains that many
+		// more steps, and undo ends it (else the fault command ends it
+		// itself).
+		through int
+		undo    []string
 	}{
-		{"3 s flap of n2", []string{"flap", "n2", "3"}},
-		{"3 s stall of n3", []string{"stall", "n3", "3"}},
+		{name: "3 s flap of n2", fault: []string{"flap", "n2", "3"}, at: 20},
+		{name: "3 s stall of n3", fault: []string{"stall", "n3", "3"}, at: 20},
+		// Early: the job must still be training once the delay is on.
+		{name: "200 ms delay on n2", fault: []string{"delay", "n2", "200"}, at: 5, through: 10, undo: []string{"delay", "n2", "0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			job, dir := reftRunJobWith(t, "-N4 --reft=arc --requeue", flags...)
-			waitOutput(t, dir, job, "\nstep 20 loss")
+			// On n1-n4, so that the faulted node is the job's (-N4 alone
+			// may leave out a node still completing the last job: the
+			// first delay run did, and its frames never went through the
+			// delay line).
+			job, dir := reftRunJobWith(t, "-N4 -w n[1-4] --reft=arc --requeue", flags...)
+			defer func() { netResult(t, tc.name, nil, job, time.Time{}, !t.Failed(), "n1", "n2", "n3", "n4") }()
+			waitOutput(t, dir, job, fmt.Sprintf("\nstep %d loss", tc.at))
+			if tc.undo != nil {
+				t.Cleanup(func() { cluster(t, tc.undo...) })
+			}
 			cluster(t, tc.fault...)
+			if tc.through > 0 {
+				// Training goes on through the fault: the next steps with it.
+				m := lossRe.FindAllStringSubmatch(jobOutput(t, dir, job), -1)
+				last, _ := strconv.Atoi(m[len(m)-1][1])
+				if last+tc.through >= 60 {
+					t.Fatalf("the job was at step %d of 60 when %v took effect: too late to train %d steps through it", last, tc.fault, tc.through)
+				}
+				waitOutput(t, dir, job, fmt.Sprintf("\nstep %d loss", last+tc.through))
+				cluster(t, tc.undo...)
+			}
+			if tc.fault[0] == "delay" {
+				// The job's traffic really went through the delay line.
+				b, _ := os.ReadFile(filepath.Join(clusterDir, "log", "delay-"+tc.fault[1]+".log"))
+				if m := relayedRe.FindSubmatch(b); m == nil || string(m[1]) == "0" {
+					t.Errorf("the delay line relayed no frame from %s:\n%s", tc.fault[1], b)
+				}
+			}
 			waitJobEnd(t, job, 5*time.Minute)
 			completedSame(t, dir, job, refHash)
 			if names := eventNames(recoveryEvents(t, job)); !slices.Equal(names, []string{"step_launched", "completed"}) {
@@ -84,11 +123,81 @@ func TestNetPartitionFromAgents(t *testing.T) {
 		stop()
 		return job, dir
 	})
+	defer func() {
+		netResult(t, "n2 cut off from the other nodes, not from slurmctld", []string{"n2"}, nl.job, nl.killed, !t.Failed(), "n1", "n2", "n3", "n4", "n5")
+	}()
 	ev := checkNodeLossSpare(t, nl, refHash)
 	if af := agentsFailures(t, nl.job, "n2"); len(af) != 0 {
 		t.Errorf("n2, cut off, published %v; want nothing", af)
 	}
 	if !strings.Contains(ev[1].Cause, "a quorum") {
 		t.Errorf("failure_detected cause %q does not name the agents' quorum", ev[1].Cause)
+	}
+}
+
+// TestNetPartitionFromAll: n2 is cut off from everything, slurmctld
+// included, for good, its processes running on: a live node that no one
+// can reach, not a dead one. The other agents make a quorum and publish
+// n2's loss, one verdict; n2's own agent, alone, reaches no quorum and
+// fences itself (detect_fenced) rather than condemn the others; reft run
+// acts on n2 alone: the spare n5 takes its slot and the job ends with an
+// uninterrupted run's bits. Healed afterwards, n2 comes back to Slurm.
+func TestNetPartitionFromAll(t *testing.T) {
+	needNet(t)
+	enableReft(t)
+	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
+	flags = append(flags, "--steps", "150")
+	refHash := reference(t, flags)
+	t.Cleanup(func() { healAndWaitUp(t, "n2") })
+	var nl spareLoss
+	untilNoInitCrash(t, func() (string, string) {
+		healAndWaitUp(t, "n2")
+		job, dir := reftRunCmd(t, "-N5 --no-kill --reft=arc,spares=1 --requeue", bin("reft-train")+" "+strings.Join(append(flags, "--dp", "4"), " "))
+		nl = spareLoss{job: job, dir: dir, killStep: 30}
+		waitOutput(t, dir, job, "\nstep 30 loss")
+		stop := watchFirstStep(dir, job, &nl)
+		cluster(t, "partition", "n2")
+		nl.killed = time.Now()
+		waitJobEnd(t, job, 5*time.Minute)
+		stop()
+		return job, dir
+	})
+	defer func() {
+		netResult(t, "n2 cut off from everything, slurmctld included", []string{"n2"}, nl.job, nl.killed, !t.Failed(), "n1", "n2", "n3", "n4", "n5")
+	}()
+	ev := checkNodeLossSpare(t, nl, refHash)
+	if !strings.Contains(ev[1].Cause, "a quorum") {
+		t.Errorf("failure_detected cause %q does not name the agents' quorum", ev[1].Cause)
+	}
+	if af := agentsFailures(t, nl.job, "n2"); len(af) != 0 {
+		t.Errorf("n2, cut off, published %v; want nothing", af)
+	}
+	if f := agentEvents(t, nl.job, "n2")["detect_fenced"]; len(f) == 0 {
+		t.Errorf("n2's agent, alone, never fenced itself (no detect_fenced event)")
+	} else {
+		t.Logf("n2's agent: %v", f[0]["message"])
+	}
+}
+
+// healAndWaitUp heals node's partitions and waits until Slurm schedules
+// on it again (idle, or running something: ReturnToService=2 takes it
+// back once it re-registers; a state with a flag such as "*", not
+// responding, or down, drained, completing, is not back yet), so that the
+// next scenario starts with every node.
+func healAndWaitUp(t *testing.T, node string) {
+	t.Helper()
+	cluster(t, "heal", node)
+	reviveIfDead(t, node)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		st := strings.TrimSpace(run(t, 30*time.Second, root, "sinfo", "-h", "-n", node, "-o", "%t").Stdout)
+		if st == "idle" || st == "mix" || st == "alloc" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is %q 2 min after it was healed, want it back in service:\n%s\n%s", node, st,
+				run(t, 30*time.Second, root, "scontrol", "show", "node", node).Stdout, run(t, 30*time.Second, root, "squeue", "-w", node).Stdout)
+		}
+		time.Sleep(time.Second)
 	}
 }

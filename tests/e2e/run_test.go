@@ -12,6 +12,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/user"
@@ -23,6 +24,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/reft-hpc/reft/launcher/recoverylog"
 )
 
 // recoveryEvent is the part of a recovery.jsonl line the tests read.
@@ -47,6 +50,8 @@ type recoveryEvent struct {
 	ExitCode    *int      `json:"exit_code"`
 	DetectedBy  string    `json:"detected_by"`
 	DetectionS  *float64  `json:"detection_s"`
+
+	Phases *recoverylog.Phases `json:"phases"`
 }
 
 // agentsFailures lists the failure_detected events the job's agents logged
@@ -60,7 +65,29 @@ func agentsFailures(t *testing.T, job string, nodes ...string) []map[string]any 
 	return out
 }
 
+// recoveryEvents is job's recovery log without its straggler reports:
+// the failure and recovery story the tests check event by event. A
+// straggler report is an observation that nothing acts on, and on this
+// 2-core machine an uneven rank is common enough to land anywhere in the
+// story (a CI run: TestReftRunNodeLossSpareTorch's PyTorch ranks); each
+// dropped one is logged. TestReftStatusStraggler reads them with
+// allRecoveryEvents.
 func recoveryEvents(t *testing.T, job string) []recoveryEvent {
+	t.Helper()
+	var out []recoveryEvent
+	for _, e := range allRecoveryEvents(t, job) {
+		if e.Event == "straggler" {
+			t.Logf("job %s: a straggler report, not part of the story under test: %s", job, e.Cause)
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// allRecoveryEvents is job's recovery log, every line checked for the
+// common fields.
+func allRecoveryEvents(t *testing.T, job string) []recoveryEvent {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(clusterDir, "log", "reft", job, "recovery.jsonl"))
 	if err != nil {
@@ -173,13 +200,27 @@ func jobComment(t *testing.T, job string) string {
 // test.
 const mpiInitCrash = "_Cfunc_MPI_Init"
 
+// mpiStartSegv is how Open MPI 5's start-up crash shows on the trixie lane:
+// UCX's handler (Open MPI loads UCX's libraries) reports a rank's SIGSEGV at
+// 0xe0 in ob1's match callback, a peer's first message come before MPI_Init
+// added MPI_COMM_WORLD, because the PMIx barrier fences under srun do not
+// hold (docs/BENCHMARKS.md, test lanes: about one launch in four under
+// load; the setting that avoids it breaks a relaunch after a shrink).
+const mpiStartSegv = "Caught signal 11 (Segmentation fault: address not mapped to object at address 0xe0)"
+
+// mpiCrashed reports whether out shows either lane's Open MPI start-up
+// crash.
+func mpiCrashed(out string) bool {
+	return strings.Contains(out, mpiInitCrash) || strings.Contains(out, mpiStartSegv)
+}
+
 // untilNoInitCrash runs scenario (which submits a job and returns once it
 // has ended) again when a rank crashed in MPI_Init, at most three times.
 func untilNoInitCrash(t *testing.T, scenario func() (job, dir string)) (job, dir string) {
 	t.Helper()
 	for i := 1; ; i++ {
 		job, dir = scenario()
-		if out := jobOutput(t, dir, job); !strings.Contains(out, mpiInitCrash) || i == 3 {
+		if out := jobOutput(t, dir, job); !mpiCrashed(out) || i == 3 {
 			return job, dir
 		}
 		t.Logf("job %s: a rank crashed in MPI_Init (an OpenMPI flake under load, not the failure under test); running the scenario again", job)
@@ -568,7 +609,41 @@ func jobDiag(t *testing.T, job string) string {
 			b.Write(out)
 		}
 	}
+	b.WriteString(stepdThreads(job))
 	return b.String()
+}
+
+// stepdThreads describes every slurmstepd of job (all nodes share this
+// kernel): each thread's state, wait channel, system call (number, then
+// the user stack and program counter) and kernel stack. A job stuck
+// COMPLETING has a step daemon that does not end; this says where it
+// waits.
+func stepdThreads(job string) string {
+	var b strings.Builder
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range procs {
+		cmd, err := os.ReadFile(p + "/cmdline")
+		if err != nil || !strings.HasPrefix(string(cmd), "slurmstepd: ["+job+".") {
+			continue
+		}
+		fmt.Fprintf(&b, "%s: %s\n", filepath.Base(p), strings.TrimRight(strings.ReplaceAll(string(cmd), "\x00", " "), " "))
+		tasks, _ := filepath.Glob(p + "/task/[0-9]*")
+		for _, tk := range tasks {
+			read := func(f string) string { x, _ := os.ReadFile(tk + "/" + f); return strings.TrimSpace(string(x)) }
+			stat := read("stat")
+			if i := strings.LastIndexByte(stat, ')'); i >= 0 && i+3 <= len(stat) {
+				stat = stat[i+2 : i+3]
+			}
+			fmt.Fprintf(&b, "  thread %s %s state %s wchan %s syscall %s\n", filepath.Base(tk), read("comm"), stat, read("wchan"), read("syscall"))
+			if ks := read("stack"); ks != "" {
+				b.WriteString("    " + strings.ReplaceAll(ks, "\n", "\n    ") + "\n")
+			}
+		}
+	}
+	if b.Len() == 0 {
+		return "no slurmstepd of job " + job + " is running\n"
+	}
+	return "slurmstepd threads of job " + job + ":\n" + b.String()
 }
 
 func ptrVal(p *float64) any {
@@ -658,7 +733,7 @@ func checkNodeLossSpare(t *testing.T, nl spareLoss, refHash string) []recoveryEv
 	names := eventNames(ev)
 	if len(names) < 5 || !slices.Equal(names[:4], []string{"step_launched", "failure_detected", "node_excluded", "step_relaunched"}) ||
 		names[len(names)-1] != "completed" || len(eventsNamed(ev, "failure_detected")) != 1 {
-		t.Fatalf("recovery events %v", names)
+		t.Fatalf("recovery events %v\n%s", names, out)
 	}
 	if f := ev[1]; f.Kind != "node" || f.Node != "n2" || !slices.Equal(f.Nodes, []string{"n2"}) ||
 		f.DetectedBy != "agents" || f.DetectionS == nil || !strings.Contains(f.Cause, "the agents' failure detector") {
@@ -706,11 +781,23 @@ func checkNodeLossSpare(t *testing.T, nl spareLoss, refHash string) []recoveryEv
 	if lost > 1 {
 		t.Errorf("the trainer finished step %d before the failure and resumed from step %d: %d steps lost, want at most 1", last, resumed.Generation, lost)
 	}
-	// reft run counts from the newest step any rank committed; a rank
-	// commits a step before it prints the step's loss line, so the node's
-	// death can fall between the two: one more step than the log shows.
-	if resumed.LostSteps != nil && (*resumed.LostSteps < lost || *resumed.LostSteps > lost+1) {
-		t.Errorf("reft run says %d steps lost, the trainer's log %d", *resumed.LostSteps, lost)
+	// reft run's count is exact by its definition (docs/RECOVERY.md): the
+	// newest step any surviving rank had committed when the agents were
+	// asked, minus the step restored. It differs from the log's count by
+	// at most one either way, because rank 0 prints step L's loss line
+	// after Save(L) has only started (the copy and the commit run in the
+	// background) and after its Save(L-1) committed: so the newest
+	// committed step N at the failure is L-1 (L's commit in flight when
+	// the node died: the log's step L is redone, reft counts it not),
+	// L, or L+1 (a faster rank committed L+1 before rank 0 printed it;
+	// L+2 needs rank 0 in step L+2's allreduce, after it printed L+1).
+	if resumed.LostSteps != nil {
+		if n := ev[1].Generation; *resumed.LostSteps != n-resumed.Generation || n < last-1 || n > last+1 {
+			t.Errorf("reft run says %d step(s) lost (step %d committed at the failure, step %d restored); the trainer logged step %d last: "+
+				"want the committed step minus the restored one, and the committed step within one of the log's", *resumed.LostSteps, n, resumed.Generation, last)
+		} else if d := n - last; d != 0 {
+			t.Logf("reft run's lost steps (%d) and the log's (%d) differ by %d: step %d was committed when the trainer had logged step %d", *resumed.LostSteps, lost, d, n, last)
+		}
 	}
 	if resumed.LostSteps == nil {
 		t.Logf("reft run did not know the newest committed step at the failure (failure_detected: %s); lost work from the trainer's log", ev[1].Cause)
@@ -727,6 +814,18 @@ func checkNodeLossSpare(t *testing.T, nl spareLoss, refHash string) []recoveryEv
 		"every rank restored step %d +%.2f s; first step after the resume (step %d) +%.2f s after the kill; %d step(s) lost",
 		job, nl.killStep, ev[1].Time.Sub(nl.killed).Seconds(), ev[1].Generation, resumed.Generation, resumed.Time.Sub(nl.killed).Seconds(),
 		nl.first, nl.firstStep.Sub(nl.killed).Seconds(), lost)
+	// Where the recovery's time went (issue 21): the resumed event's
+	// phases, end to end from the failure to the last restore; with every
+	// clock this machine's, they add up to its duration.
+	if p := resumed.Phases; p == nil {
+		t.Errorf("resumed %+v: no phases", resumed)
+	} else {
+		sum := p.StopS + p.ProbeS + p.ReplaceS + p.BackoffS + p.LaunchS + p.RestoreS
+		if math.Abs(sum-resumed.DurationS) > 0.01 {
+			t.Errorf("phases %+v add up to %.3f s, the resume took %.3f s after the failure", *p, sum, resumed.DurationS)
+		}
+		logPhases(t, nl.killed, ev[1], resumed, nl.firstStep)
+	}
 	if c := jobComment(t, job); !strings.HasPrefix(c, "reft: 1 failure (node n2 lost, replaced by n5), ") {
 		t.Errorf("Comment %q", c)
 	} else {
@@ -747,6 +846,11 @@ func TestReftRunNodeLossSpare(t *testing.T) {
 	flags = append(flags, "--steps", "150")
 	refHash := reference(t, flags)
 	nl := runNodeLossSpare(t, bin("reft-train")+" "+strings.Join(append(flags, "--dp", "4"), " "), 5, 30)
+	if clusterNet() { // a row of make bench-net's table
+		defer func() {
+			netResult(t, "n2 killed: a silent host on --net", []string{"n2"}, nl.job, nl.killed, !t.Failed(), "n1", "n2", "n3", "n4", "n5")
+		}()
+	}
 	ev := checkNodeLossSpare(t, nl, refHash)
 	if b, err := os.ReadFile(filepath.Join(clusterDir, "log", "reft", nl.job, "hostfile.1")); err != nil || string(b) != "n1\nn5\nn3\nn4\n" {
 		t.Errorf("the relaunch's hostfile %q (%v): want rank 1 on n5", b, err)
@@ -823,8 +927,8 @@ func TestReftRunNodeLossRequeue(t *testing.T) {
 	t.Logf("job %s: n3 killed; requeued %.1f s later", job, ev[n-1].Time.Sub(killed).Seconds())
 
 	// The second run: Restarts=1 in accounting, and completion.
-	if st := waitJob(t, job, 5*time.Minute); st != "COMPLETED" {
-		t.Fatalf("job %s ended %s after its requeue:\n%s", job, st, jobOutput(t, dir, job))
+	if st := waitJobEnd(t, job, 5*time.Minute); st != "COMPLETED" {
+		t.Fatalf("job %s ended %s after its requeue:\n%s", job, st, jobDiag(t, job))
 	}
 	out := jobOutput(t, dir, job)
 	// (The requeue kills the first run's batch script, often before it
@@ -882,4 +986,26 @@ func TestReftRunNodeLossRequeue(t *testing.T) {
 	if !strings.HasPrefix(c, "reft: 1 failure (node n3 lost), requeued, resumed from step "+strconv.FormatInt(resumed[0].Generation, 10)) {
 		t.Errorf("Comment %q: want the failure, the requeue and the resume", c)
 	}
+}
+
+// phaseMarker starts a log line with a recovery's phases as JSON (a
+// row of docs/BENCHMARKS.md's kill-to-resume table, from a go test -v
+// log).
+const phaseMarker = "PHASES "
+
+// logPhases logs a node-loss recovery's phases, from the kill to the
+// first training step after the resume.
+func logPhases(t *testing.T, killed time.Time, failed, resumed recoveryEvent, firstStep time.Time) {
+	t.Helper()
+	p := resumed.Phases
+	row := map[string]any{
+		"test": t.Name(), "detect_s": failed.Time.Sub(killed).Seconds(),
+		"stop_s": p.StopS, "probe_s": p.ProbeS, "replace_s": p.ReplaceS, "backoff_s": p.BackoffS, "launch_s": p.LaunchS,
+		"restore_s": p.RestoreS, "first_step_s": firstStep.Sub(resumed.Time).Seconds(), "kill_to_step_s": firstStep.Sub(killed).Seconds(),
+	}
+	b, err := json.Marshal(row)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s%s", phaseMarker, b)
 }

@@ -14,7 +14,15 @@ import (
 // TestMPIAllReduce: srun -N4 -n8 --mpi=pmix runs the empi program and
 // AllReduce gives n(n+1)/2 on every rank, across four separate nodes.
 func TestMPIAllReduce(t *testing.T) {
-	r := mustRun(t, 3*time.Minute, alice, "srun", "-N4", "-n8", "--mpi=pmix", bin("reft-mpi-smoke"))
+	args := []string{"srun", "-N4", "-n8", "--mpi=pmix", bin("reft-mpi-smoke")}
+	r := run(t, 3*time.Minute, alice, args...)
+	for i := 1; r.Code != 0 && mpiStartCrash(r) && i < 3; i++ {
+		t.Logf("a rank died of SIGSEGV in Open MPI's start-up before any rank reported (an Open MPI flake under load, not the MPI result under test; docs/BENCHMARKS.md, test lanes); launching again:\n%s", r)
+		r = run(t, 3*time.Minute, alice, args...)
+	}
+	if r.Code != 0 {
+		t.Fatalf("%s failed:\n%s", strings.Join(args, " "), r)
+	}
 	re := regexp.MustCompile(`^rank (\d+)/8 host (n\d+) allreduce-sum 36 ok$`)
 	ranks, hosts := map[string]bool{}, map[string]bool{}
 	for _, l := range lines(r.Stdout) {
@@ -31,6 +39,16 @@ func TestMPIAllReduce(t *testing.T) {
 	if len(hosts) != 4 {
 		t.Errorf("ranks ran on hosts %v, want 4 distinct nodes", hosts)
 	}
+}
+
+// mpiStartCrash reports whether a failed reft-mpi-smoke launch is Open MPI's
+// start-up crash rather than a wrong result: no rank printed its line, and
+// a rank died as mpiCrashed knows. On the trixie lane (Open MPI 5, PMIx 5):
+// address 0xe0 in ob1's match callback inside MPI_Init (Go's handler
+// forwarded the signal to UCX's, from runtime.sigfwd); its cause is in
+// docs/BENCHMARKS.md, test lanes.
+func mpiStartCrash(r result) bool {
+	return !strings.Contains(r.Stdout, "allreduce-sum") && mpiCrashed(r.Stderr)
 }
 
 // TestShmPrivatePerNode: a file a task writes to /dev/shm on n1 is invisible

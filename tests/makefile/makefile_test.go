@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -138,21 +139,28 @@ func TestClusterAlwaysTakenDown(t *testing.T) {
 		name, target, goCmd string
 		upRC, downRC        int
 		wantOK              bool
-		wantMsg             string // in make's output
+		wantMsg             string   // in make's output
+		wantCalls           []string // the cluster tool's, in order
 	}{
-		{"e2e passes", "e2e", "true", 0, 0, true, ""},
-		{"e2e tests fail", "e2e", "false", 0, 0, false, ""},
-		{"e2e up fails halfway", "e2e", "true", 7, 0, false, "Error 7"},
-		{"e2e down fails", "e2e", "true", 0, 3, false, "Error 1"},
-		{"bench passes", "bench", "true", 0, 0, true, ""},
-		{"bench up fails halfway", "bench", "true", 7, 0, false, "Error 7"},
+		// e2e's second phase brings up a --net cluster after the first
+		// is down; a failed first phase stops make before it.
+		{"e2e passes", "e2e", "true", 0, 0, true, "", []string{"up --no-reft", "down", "up --no-reft --net", "down"}},
+		{"e2e tests fail", "e2e", "false", 0, 0, false, "", []string{"up --no-reft", "down"}},
+		{"e2e up fails halfway", "e2e", "true", 7, 0, false, "Error 7", []string{"up --no-reft", "down"}},
+		{"e2e down fails", "e2e", "true", 0, 3, false, "Error 1", []string{"up --no-reft", "down"}},
+		{"e2e-net passes", "e2e-net", "true", 0, 0, true, "", []string{"up --no-reft --net", "down"}},
+		{"e2e-net tests fail", "e2e-net", "false", 0, 0, false, "", []string{"up --no-reft --net", "down"}},
+		{"bench passes", "bench", "true", 0, 0, true, "", []string{"up --no-reft", "down"}},
+		{"bench up fails halfway", "bench", "true", 7, 0, false, "Error 7", []string{"up --no-reft", "down"}},
+		{"bench-net passes", "bench-net", "true", 0, 0, true, "", []string{"up --no-reft --net", "down"}},
+		{"bench-net tests fail", "bench-net", "false", 0, 0, false, "", []string{"up --no-reft --net", "down"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			calls := filepath.Join(dir, "calls")
 			tool := filepath.Join(dir, "cluster")
-			script := fmt.Sprintf("#!/bin/sh\necho \"$1\" >>%s\ncase $1 in up) exit %d ;; down) exit %d ;; esac\n", calls, c.upRC, c.downRC)
+			script := fmt.Sprintf("#!/bin/sh\necho \"$*\" >>%s\ncase $1 in up) exit %d ;; down) exit %d ;; esac\n", calls, c.upRC, c.downRC)
 			if err := os.WriteFile(tool, []byte(script), 0o755); err != nil {
 				t.Fatal(err)
 			}
@@ -164,8 +172,8 @@ func TestClusterAlwaysTakenDown(t *testing.T) {
 				t.Errorf("make %s: output lacks %q:\n%s", c.target, c.wantMsg, out)
 			}
 			b, _ := os.ReadFile(calls)
-			if got := strings.Fields(string(b)); strings.Join(got, " ") != "up down" {
-				t.Errorf("make %s: cluster tool called with %v, want up, then down", c.target, got)
+			if got := strings.Split(strings.TrimSpace(string(b)), "\n"); !slices.Equal(got, c.wantCalls) {
+				t.Errorf("make %s: cluster tool called with %q, want %q", c.target, got, c.wantCalls)
 			}
 		})
 	}

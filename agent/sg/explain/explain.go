@@ -169,54 +169,17 @@ type domainResult struct {
 }
 
 func explain(o options) (*report, error) {
-	if strings.TrimSpace(o.spec) == "" {
-		return nil, fmt.Errorf("--spec is required: give the value you pass to --reft, as in --spec arc+aec")
-	}
-	s, err := spec.Parse(o.spec)
+	s, nodes, order, err := parseJob(o)
 	if err != nil {
-		return nil, fmt.Errorf("--spec: %w", err)
-	}
-	if strings.TrimSpace(o.nodes) == "" {
-		return nil, fmt.Errorf("--nodes is required: the job's node list, as in --nodes n[1-8]")
-	}
-	nodes, err := hostlist.Expand(o.nodes)
-	if err != nil {
-		return nil, fmt.Errorf("--nodes %q: %w; write a Slurm host list such as n[1-8] or a,b,c", o.nodes, err)
-	}
-	order, err := sg.ParseOrder(o.order)
-	if err != nil {
-		return nil, fmt.Errorf("--order: %w", err)
-	}
-	if o.maxSets < 1 {
-		return nil, fmt.Errorf("--max-sets must be >= 1; got %d", o.maxSets)
+		return nil, err
 	}
 	l, rankNode, err := layout(o, s, nodes, order)
 	if err != nil {
 		return nil, err
 	}
-	domains, err := parseDomains(o.domains, nodes)
+	domains, err := siteDomains(o, nodes)
 	if err != nil {
 		return nil, err
-	}
-	if domains == nil && o.config != "" {
-		// The site's labels, as the agents see them (a missing default
-		// file is no error: then there are none).
-		cfg, err := config.Load(o.config, !o.configGiven && config.MissingOK(o.config))
-		if err != nil {
-			return nil, fmt.Errorf("--config: %w", err)
-		}
-		if domains, err = cfg.Topology.DomainsOf(nodes); err != nil {
-			return nil, err
-		}
-		if len(domains) == 0 {
-			domains = nil
-		} else {
-			for _, n := range nodes { // a node without a label is a domain of its own
-				if domains[n] == "" {
-					domains[n] = n
-				}
-			}
-		}
 	}
 	var kinds sg.Kind
 	if o.buffers != "" {
@@ -228,7 +191,73 @@ func explain(o options) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
+	rep := newReport(md, s, l, order, nodes)
+	if err := rep.countFailures(md, o); err != nil {
+		return nil, err
+	}
+	if domains != nil {
+		if rep.Domains, err = domainResults(md, nodes, domains); err != nil {
+			return nil, err
+		}
+	}
+	return rep, nil
+}
 
+// parseJob reads --spec, --nodes, --order and --max-sets.
+func parseJob(o options) (spec.Spec, []string, sg.Order, error) {
+	var order sg.Order
+	if strings.TrimSpace(o.spec) == "" {
+		return spec.Spec{}, nil, order, fmt.Errorf("--spec is required: give the value you pass to --reft, as in --spec arc+aec")
+	}
+	s, err := spec.Parse(o.spec)
+	if err != nil {
+		return s, nil, order, fmt.Errorf("--spec: %w", err)
+	}
+	if strings.TrimSpace(o.nodes) == "" {
+		return s, nil, order, fmt.Errorf("--nodes is required: the job's node list, as in --nodes n[1-8]")
+	}
+	nodes, err := hostlist.Expand(o.nodes)
+	if err != nil {
+		return s, nil, order, fmt.Errorf("--nodes %q: %w; write a Slurm host list such as n[1-8] or a,b,c", o.nodes, err)
+	}
+	if order, err = sg.ParseOrder(o.order); err != nil {
+		return s, nil, order, fmt.Errorf("--order: %w", err)
+	}
+	if o.maxSets < 1 {
+		return s, nil, order, fmt.Errorf("--max-sets must be >= 1; got %d", o.maxSets)
+	}
+	return s, nodes, order, nil
+}
+
+// siteDomains are the failure domains of nodes: --domains, else the
+// site's labels as the agents see them (--config; a missing default file
+// is no error: then there are none), a node without a label a domain of
+// its own. nil: none.
+func siteDomains(o options, nodes []string) (map[string]string, error) {
+	domains, err := parseDomains(o.domains, nodes)
+	if err != nil || domains != nil || o.config == "" {
+		return domains, err
+	}
+	cfg, err := config.Load(o.config, !o.configGiven && config.MissingOK(o.config))
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	if domains, err = cfg.Topology.DomainsOf(nodes); err != nil {
+		return nil, err
+	}
+	if len(domains) == 0 {
+		return nil, nil
+	}
+	for _, n := range nodes { // a node without a label is a domain of its own
+		if domains[n] == "" {
+			domains[n] = n
+		}
+	}
+	return domains, nil
+}
+
+// newReport is the report of md's job, without its failure counts.
+func newReport(md *sg.Model, s spec.Spec, l sg.Layout, order sg.Order, nodes []string) *report {
 	rep := &report{
 		Spec:         s.String(),
 		Layout:       layoutJSON{DP: l.DP, PP: l.PP, TP: l.TP, Order: order.String(), World: l.World()},
@@ -244,7 +273,6 @@ func explain(o options) (*report, error) {
 	if rep.Warnings == nil {
 		rep.Warnings = []sg.Warning{}
 	}
-	state := md.StateNodes()
 	for _, n := range nodes {
 		if k := len(md.NodeRanks(n)); k > 0 {
 			rep.RanksPerNode[n] = k
@@ -252,21 +280,29 @@ func explain(o options) (*report, error) {
 			rep.Spares = append(rep.Spares, n)
 		}
 	}
+	return rep
+}
+
+// countFailures checks the failure sets of 1 up to --failures state
+// nodes (default: one more than the tolerance) and finds how many
+// failures every set survives.
+func (rep *report) countFailures(md *sg.Model, o options) error {
+	state := md.StateNodes()
 	k := o.failures
 	if k < 0 {
 		k = rep.Tolerance + 1
 	}
 	k = min(k, len(state))
+	// Explaining a failing set costs a full plan: only as many as printed.
+	keep := textFailing
+	if o.json {
+		keep = jsonFailing
+	}
 	rep.AllSurvive = -1
 	for size := 1; size <= k; size++ {
-		// Explaining a failing set costs a full plan: only as many as printed.
-		keep := textFailing
-		if o.json {
-			keep = jsonFailing
-		}
 		fc, err := countFailures(md, state, size, o.maxSets, keep)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		rep.Failures = append(rep.Failures, fc)
 		if rep.AllSurvive < 0 && fc.Survived < fc.Checked {
@@ -276,30 +312,72 @@ func explain(o options) (*report, error) {
 	if rep.AllSurvive < 0 {
 		rep.AllSurvive = k
 	}
-	if domains != nil {
-		byDomain := map[string][]string{}
-		var labels []string
-		for _, n := range nodes {
-			d := domains[n]
-			if _, ok := byDomain[d]; !ok {
-				labels = append(labels, d)
-			}
-			byDomain[d] = append(byDomain[d], n)
+	return nil
+}
+
+// domainResults plans the loss of each failure domain's nodes at once, in
+// the order the domains first appear in nodes.
+func domainResults(md *sg.Model, nodes []string, domains map[string]string) ([]domainResult, error) {
+	byDomain := map[string][]string{}
+	var labels []string
+	for _, n := range nodes {
+		d := domains[n]
+		if _, ok := byDomain[d]; !ok {
+			labels = append(labels, d)
 		}
-		for _, d := range labels {
-			p, err := md.Plan(byDomain[d])
-			if err != nil {
-				return nil, err
-			}
-			rep.Domains = append(rep.Domains, domainResult{Domain: d, Nodes: byDomain[d], Survives: p.Survives, Reasons: p.Reasons})
-		}
+		byDomain[d] = append(byDomain[d], n)
 	}
-	return rep, nil
+	var out []domainResult
+	for _, d := range labels {
+		p, err := md.Plan(byDomain[d])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, domainResult{Domain: d, Nodes: byDomain[d], Survives: p.Survives, Reasons: p.Reasons})
+	}
+	return out, nil
 }
 
 // layout settles dp, pp, tp and the rank-to-node map from the flags, the
 // spec's keys and the node list.
 func layout(o options, s spec.Spec, nodes []string, order sg.Order) (sg.Layout, []string, error) {
+	dp, pp, tp, err := dims(o, s)
+	if err != nil {
+		return sg.Layout{}, nil, err
+	}
+	if o.rpn != 0 && o.mapFile != "" {
+		return sg.Layout{}, nil, fmt.Errorf("--ranks-per-node and --map both given; use one")
+	}
+	if o.rpn < 0 {
+		return sg.Layout{}, nil, fmt.Errorf("--ranks-per-node must be >= 1; got %d", o.rpn)
+	}
+	var rankNode []string
+	if o.mapFile != "" {
+		if rankNode, err = readMap(o.mapFile, nodes); err != nil {
+			return sg.Layout{}, nil, err
+		}
+	}
+	world, err := worldSize(o, dp, pp, tp, rankNode, len(nodes))
+	if err != nil {
+		return sg.Layout{}, nil, err
+	}
+	l := sg.Layout{DP: world / (pp * tp), PP: pp, TP: tp, Order: order}
+	if err := l.Validate(); err != nil {
+		return sg.Layout{}, nil, err
+	}
+	if rankNode != nil {
+		if len(rankNode) != world {
+			return sg.Layout{}, nil, fmt.Errorf("--map %s lists %d ranks but dp*pp*tp = %d; list every rank 0..%d once", o.mapFile, len(rankNode), world, world-1)
+		}
+		return l, rankNode, nil
+	}
+	rankNode, err = spreadRanks(o.rpn, nodes, world)
+	return l, rankNode, err
+}
+
+// dims are dp, pp and tp from the flags or the spec's keys (dp 0: not
+// given; pp and tp at least 1).
+func dims(o options, s spec.Spec) (dp, pp, tp int, err error) {
 	pick := func(name string, flagV, specV int) (int, error) {
 		switch {
 		case flagV < 0:
@@ -311,74 +389,57 @@ func layout(o options, s spec.Spec, nodes []string, order sg.Order) (sg.Layout, 
 		}
 		return specV, nil
 	}
-	dp, err := pick("dp", o.dp, s.DP)
-	if err != nil {
-		return sg.Layout{}, nil, err
+	if dp, err = pick("dp", o.dp, s.DP); err != nil {
+		return 0, 0, 0, err
 	}
-	pp, err := pick("pp", o.pp, s.PP)
-	if err != nil {
-		return sg.Layout{}, nil, err
+	if pp, err = pick("pp", o.pp, s.PP); err != nil {
+		return 0, 0, 0, err
 	}
-	tp, err := pick("tp", o.tp, s.TP)
-	if err != nil {
-		return sg.Layout{}, nil, err
+	if tp, err = pick("tp", o.tp, s.TP); err != nil {
+		return 0, 0, 0, err
 	}
-	pp, tp = max(pp, 1), max(tp, 1)
-	if o.rpn != 0 && o.mapFile != "" {
-		return sg.Layout{}, nil, fmt.Errorf("--ranks-per-node and --map both given; use one")
-	}
-	if o.rpn < 0 {
-		return sg.Layout{}, nil, fmt.Errorf("--ranks-per-node must be >= 1; got %d", o.rpn)
-	}
+	return dp, max(pp, 1), max(tp, 1), nil
+}
 
-	var rankNode []string
-	if o.mapFile != "" {
-		if rankNode, err = readMap(o.mapFile, nodes); err != nil {
-			return sg.Layout{}, nil, err
-		}
-	}
+// worldSize is the job's rank count: dp*pp*tp, else the map's ranks, else
+// --ranks-per-node on every node; a multiple of pp*tp.
+func worldSize(o options, dp, pp, tp int, rankNode []string, nodes int) (int, error) {
 	world := dp * pp * tp
 	switch {
 	case dp > 0 && world > sg.MaxWorld:
-		return sg.Layout{}, nil, fmt.Errorf("dp*pp*tp = %d ranks is more than %d", world, sg.MaxWorld)
-	case rankNode != nil && dp == 0:
+		return 0, fmt.Errorf("dp*pp*tp = %d ranks is more than %d", world, sg.MaxWorld)
+	case dp > 0:
+		return world, nil
+	case rankNode != nil:
 		world = len(rankNode)
-	case rankNode == nil && dp == 0 && o.rpn > 0:
-		world = o.rpn * len(nodes)
-	case rankNode == nil && dp == 0:
-		return sg.Layout{}, nil, fmt.Errorf("give --dp (or dp= in --spec), or --ranks-per-node or --map so the rank count is known")
+	case o.rpn > 0:
+		world = o.rpn * nodes
+	default:
+		return 0, fmt.Errorf("give --dp (or dp= in --spec), or --ranks-per-node or --map so the rank count is known")
 	}
-	if dp == 0 {
-		if world%(pp*tp) != 0 {
-			return sg.Layout{}, nil, fmt.Errorf("%d ranks are not a multiple of pp*tp = %d; give --dp, or fix --pp/--tp", world, pp*tp)
-		}
-		dp = world / (pp * tp)
+	if world%(pp*tp) != 0 {
+		return 0, fmt.Errorf("%d ranks are not a multiple of pp*tp = %d; give --dp, or fix --pp/--tp", world, pp*tp)
 	}
-	l := sg.Layout{DP: dp, PP: pp, TP: tp, Order: order}
-	if err := l.Validate(); err != nil {
-		return sg.Layout{}, nil, err
-	}
-	if rankNode != nil {
-		if len(rankNode) != world {
-			return sg.Layout{}, nil, fmt.Errorf("--map %s lists %d ranks but dp*pp*tp = %d; list every rank 0..%d once", o.mapFile, len(rankNode), world, world-1)
-		}
-		return l, rankNode, nil
-	}
-	rpn := o.rpn
+	return world, nil
+}
+
+// spreadRanks puts world ranks on nodes in order, rpn per node (0: as
+// many as fill the nodes evenly).
+func spreadRanks(rpn int, nodes []string, world int) ([]string, error) {
 	if rpn == 0 {
 		if world%len(nodes) != 0 {
-			return sg.Layout{}, nil, fmt.Errorf("%d ranks (dp*pp*tp) do not fill %d nodes evenly; give --ranks-per-node or --map", world, len(nodes))
+			return nil, fmt.Errorf("%d ranks (dp*pp*tp) do not fill %d nodes evenly; give --ranks-per-node or --map", world, len(nodes))
 		}
 		rpn = world / len(nodes)
 	}
 	if rpn*len(nodes) < world {
-		return sg.Layout{}, nil, fmt.Errorf("--ranks-per-node %d on %d nodes gives %d slots for %d ranks (dp*pp*tp); add nodes or raise --ranks-per-node", rpn, len(nodes), rpn*len(nodes), world)
+		return nil, fmt.Errorf("--ranks-per-node %d on %d nodes gives %d slots for %d ranks (dp*pp*tp); add nodes or raise --ranks-per-node", rpn, len(nodes), rpn*len(nodes), world)
 	}
-	rankNode = make([]string, world)
+	rankNode := make([]string, world)
 	for r := range rankNode {
 		rankNode[r] = nodes[r/rpn]
 	}
-	return l, rankNode, nil
+	return rankNode, nil
 }
 
 // readMap reads a rank-to-node map file; every rank must appear once and
@@ -402,31 +463,8 @@ func readMap(path string, nodes []string) ([]string, error) {
 		if len(fields) == 0 {
 			continue
 		}
-		fail := func(format string, a ...any) ([]string, error) {
-			return nil, fmt.Errorf("--map %s line %d: %s", path, line, fmt.Sprintf(format, a...))
-		}
-		if len(fields) != 2 {
-			return fail("%q: want RANK NODE, RANK: NODE or FIRST-LAST NODE", strings.TrimSpace(text))
-		}
-		ranks, node := strings.TrimSuffix(fields[0], ":"), fields[1]
-		lo, hi, isRange := strings.Cut(ranks, "-")
-		if !isRange {
-			hi = lo
-		}
-		a, err1 := strconv.Atoi(lo)
-		b, err2 := strconv.Atoi(hi)
-		if err1 != nil || err2 != nil || a < 0 || b < a || b >= sg.MaxWorld {
-			return fail("%q is not a rank or a rank range FIRST-LAST", ranks)
-		}
-		if !known[node] {
-			return fail("node %s is not in --nodes; add it there or fix the map", node)
-		}
-		for r := a; r <= b; r++ {
-			if prev, dup := byRank[r]; dup {
-				return fail("rank %d is mapped twice (to %s and %s)", r, prev, node)
-			}
-			byRank[r] = node
-			maxRank = max(maxRank, r)
+		if err := mapLine(byRank, &maxRank, text, fields, known); err != nil {
+			return nil, fmt.Errorf("--map %s line %d: %w", path, line, err)
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -444,6 +482,35 @@ func readMap(path string, nodes []string) ([]string, error) {
 		out[r] = n
 	}
 	return out, nil
+}
+
+// mapLine takes one map line (text, split into fields): RANK NODE,
+// RANK: NODE or FIRST-LAST NODE, a node of known, each rank once.
+func mapLine(byRank map[int]string, maxRank *int, text string, fields []string, known map[string]bool) error {
+	if len(fields) != 2 {
+		return fmt.Errorf("%q: want RANK NODE, RANK: NODE or FIRST-LAST NODE", strings.TrimSpace(text))
+	}
+	ranks, node := strings.TrimSuffix(fields[0], ":"), fields[1]
+	lo, hi, isRange := strings.Cut(ranks, "-")
+	if !isRange {
+		hi = lo
+	}
+	a, err1 := strconv.Atoi(lo)
+	b, err2 := strconv.Atoi(hi)
+	if err1 != nil || err2 != nil || a < 0 || b < a || b >= sg.MaxWorld {
+		return fmt.Errorf("%q is not a rank or a rank range FIRST-LAST", ranks)
+	}
+	if !known[node] {
+		return fmt.Errorf("node %s is not in --nodes; add it there or fix the map", node)
+	}
+	for r := a; r <= b; r++ {
+		if prev, dup := byRank[r]; dup {
+			return fmt.Errorf("rank %d is mapped twice (to %s and %s)", r, prev, node)
+		}
+		byRank[r] = node
+		*maxRank = max(*maxRank, r)
+	}
+	return nil
 }
 
 // parseDomains reads "n[1-4]=rackA,n[5-8]=rackB". Hosts written without a
@@ -473,20 +540,37 @@ func parseDomains(list string, nodes []string) (map[string]string, error) {
 		if label == "" || strings.ContainsAny(label, "=[], \t") {
 			return nil, fmt.Errorf("--domains item %q: the label after '=' must be a plain name, as in rackA", item)
 		}
-		for _, h := range pending {
-			if !known[h] {
-				return nil, fmt.Errorf("--domains names %s, which is not in --nodes; fix the host list", h)
-			}
-			if prev, dup := out[h]; dup && prev != label {
-				return nil, fmt.Errorf("--domains puts %s in both %s and %s; a node belongs to one domain", h, prev, label)
-			}
-			out[h] = label
+		if err := labelHosts(out, pending, label, known); err != nil {
+			return nil, err
 		}
 		pending = nil
 	}
 	if len(pending) > 0 {
 		return nil, fmt.Errorf("--domains ends with hosts %s without a label; finish with =LABEL, as in %s=rackC", hostlist.Compress(pending), hostlist.Compress(pending))
 	}
+	if err := everyNodeLabelled(out, nodes); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// labelHosts puts hosts, each one of --nodes (known), in domain label,
+// which none of them may already be in under another.
+func labelHosts(out map[string]string, hosts []string, label string, known map[string]bool) error {
+	for _, h := range hosts {
+		if !known[h] {
+			return fmt.Errorf("--domains names %s, which is not in --nodes; fix the host list", h)
+		}
+		if prev, dup := out[h]; dup && prev != label {
+			return fmt.Errorf("--domains puts %s in both %s and %s; a node belongs to one domain", h, prev, label)
+		}
+		out[h] = label
+	}
+	return nil
+}
+
+// everyNodeLabelled: each of nodes has a domain in out.
+func everyNodeLabelled(out map[string]string, nodes []string) error {
 	var missing []string
 	for _, n := range nodes {
 		if _, ok := out[n]; !ok {
@@ -494,9 +578,9 @@ func parseDomains(list string, nodes []string) (map[string]string, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("--domains gives no domain for %s; label every node, as in %s=rackC", hostlist.Compress(missing), hostlist.Compress(missing))
+		return fmt.Errorf("--domains gives no domain for %s; label every node, as in %s=rackC", hostlist.Compress(missing), hostlist.Compress(missing))
 	}
-	return out, nil
+	return nil
 }
 
 // countFailures checks the k-node failure sets among state: all of them
@@ -504,80 +588,96 @@ func parseDomains(list string, nodes []string) (map[string]string, error) {
 // so output is reproducible).
 func countFailures(md *sg.Model, state []string, k, maxSets, keep int) (failureCount, error) {
 	total := new(big.Int).Binomial(int64(len(state)), int64(k))
-	fc := failureCount{Nodes: k, Sets: total.String(), Exact: total.IsInt64() && total.Int64() <= int64(maxSets)}
+	fc := failureCount{Nodes: k, Sets: total.String(), Exact: total.IsInt64() && total.Int64() <= int64(maxSets), Failing: []failingSet{}}
 	set := make([]string, k)
 	check := func(idx []int) error {
 		for i, j := range idx {
 			set[i] = state[j]
 		}
-		ok, err := md.Survives(set)
-		if err != nil {
-			return err
-		}
-		fc.Checked++
-		if ok {
-			fc.Survived++
-			return nil
-		}
-		if len(fc.Failing) < keep {
-			reasons, err := md.Reasons(set)
-			if err != nil {
-				return err
-			}
-			names := append([]string(nil), set...)
-			sortByList(names, state)
-			fc.Failing = append(fc.Failing, failingSet{Nodes: names, Reasons: reasons})
-		}
-		return nil
+		return fc.check(md, set, state, keep)
 	}
 	idx := make([]int, k)
 	if fc.Exact {
 		for i := range idx {
 			idx[i] = i
 		}
-		for {
-			if err := check(idx); err != nil {
-				return fc, err
-			}
-			// next combination in lexicographic order
-			i := k - 1
-			for i >= 0 && idx[i] == len(state)-k+i {
-				i--
-			}
-			if i < 0 {
-				break
-			}
-			idx[i]++
-			for j := i + 1; j < k; j++ {
-				idx[j] = idx[j-1] + 1
-			}
-		}
-	} else {
-		rng := rand.New(rand.NewSource(1))
-		for n := 0; n < maxSets; n++ {
-			// Floyd's algorithm: k distinct indices, uniformly.
-			chosen := map[int]bool{}
-			for j := len(state) - k; j < len(state); j++ {
-				t := rng.Intn(j + 1)
-				if chosen[t] {
-					t = j
-				}
-				chosen[t] = true
-			}
-			i := 0
-			for x := range chosen {
-				idx[i] = x
-				i++
-			}
+		for more := true; more; more = nextCombination(idx, len(state)) {
 			if err := check(idx); err != nil {
 				return fc, err
 			}
 		}
+		return fc, nil
 	}
-	if fc.Failing == nil {
-		fc.Failing = []failingSet{}
+	rng := rand.New(rand.NewSource(1))
+	for n := 0; n < maxSets; n++ {
+		sample(rng, len(state), idx)
+		if err := check(idx); err != nil {
+			return fc, err
+		}
 	}
 	return fc, nil
+}
+
+// check counts the failure of the nodes of set; a set not survived is
+// explained (its reasons, the nodes in state's order) while fewer than
+// keep are.
+func (fc *failureCount) check(md *sg.Model, set, state []string, keep int) error {
+	ok, err := md.Survives(set)
+	if err != nil {
+		return err
+	}
+	fc.Checked++
+	if ok {
+		fc.Survived++
+		return nil
+	}
+	if len(fc.Failing) < keep {
+		reasons, err := md.Reasons(set)
+		if err != nil {
+			return err
+		}
+		names := append([]string(nil), set...)
+		sortByList(names, state)
+		fc.Failing = append(fc.Failing, failingSet{Nodes: names, Reasons: reasons})
+	}
+	return nil
+}
+
+// nextCombination moves idx, len(idx) increasing indexes below n, to the
+// next combination in lexicographic order; false after the last.
+func nextCombination(idx []int, n int) bool {
+	k := len(idx)
+	i := k - 1
+	for i >= 0 && idx[i] == n-k+i {
+		i--
+	}
+	if i < 0 {
+		return false
+	}
+	idx[i]++
+	for j := i + 1; j < k; j++ {
+		idx[j] = idx[j-1] + 1
+	}
+	return true
+}
+
+// sample fills idx with len(idx) distinct indexes below n, uniformly
+// (Floyd's algorithm).
+func sample(rng *rand.Rand, n int, idx []int) {
+	k := len(idx)
+	chosen := map[int]bool{}
+	for j := n - k; j < n; j++ {
+		t := rng.Intn(j + 1)
+		if chosen[t] {
+			t = j
+		}
+		chosen[t] = true
+	}
+	i := 0
+	for x := range chosen {
+		idx[i] = x
+		i++
+	}
 }
 
 // sortByList orders names as they appear in list.

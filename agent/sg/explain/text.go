@@ -14,6 +14,15 @@ import (
 )
 
 func writeText(w io.Writer, r *report) {
+	for _, section := range []func(io.Writer, *report){
+		writeHeader, writeProtection, writeGroups, writePlacement, writeWarnings, writeFailures, writeDomainFailures,
+	} {
+		section(w, r)
+	}
+}
+
+// writeHeader writes the first lines: the SPEC, the layout, the ranks per node, the spare nodes.
+func writeHeader(w io.Writer, r *report) {
 	perNode := map[int]int{}
 	for _, k := range r.RanksPerNode {
 		perNode[k]++
@@ -29,7 +38,10 @@ func writeText(w io.Writer, r *report) {
 	if len(r.Spares) > 0 {
 		fmt.Fprintf(w, "spare nodes (no ranks, their failure changes nothing): %s\n", hostlist.Compress(r.Spares))
 	}
+}
 
+// writeProtection writes how each kind of buffer is protected.
+func writeProtection(w io.Writer, r *report) {
 	fmt.Fprintf(w, "\nProtection (buffers: %s)\n", r.Buffers)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, p := range r.Protection {
@@ -40,7 +52,10 @@ func writeText(w io.Writer, r *report) {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", p.Kind, modes, p.Text)
 	}
 	tw.Flush()
+}
 
+// writeGroups writes the sharding groups (at most textGroups) and who keeps whose copies.
+func writeGroups(w io.Writer, r *report) {
 	if r.Buffers&(sg.Replicated|sg.Optimizer) != 0 && len(r.Groups) > 0 {
 		keeps := "ring order"
 		switch sp, _ := spec.Parse(r.Spec); {
@@ -52,7 +67,7 @@ func writeText(w io.Writer, r *report) {
 			keeps = "ring order: each member keeps the next one's AOR replica"
 		}
 		fmt.Fprintf(w, "\nSharding groups (%d; %s)\n", len(r.Groups), keeps)
-		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		withDomains := len(r.Domains) > 0
 		for i, g := range r.Groups {
 			if i == textGroups {
@@ -73,7 +88,10 @@ func writeText(w io.Writer, r *report) {
 		}
 		tw.Flush()
 	}
+}
 
+// writePlacement writes where GEMINI placement puts each node's per-rank state (at most textHolders).
+func writePlacement(w io.Writer, r *report) {
 	if pl := r.Placement; pl.Replicas > 1 {
 		var parts []string
 		for _, g := range pl.Groups {
@@ -104,7 +122,10 @@ func writeText(w io.Writer, r *report) {
 			fmt.Fprintf(w, "  %s -> copies on %s\n", n, strings.Join(pl.Holders[n], ","))
 		}
 	}
+}
 
+// writeWarnings writes the warnings (at most textWarnings).
+func writeWarnings(w io.Writer, r *report) {
 	fmt.Fprintf(w, "\nWarnings\n")
 	if len(r.Warnings) == 0 {
 		fmt.Fprintf(w, "  none\n")
@@ -116,7 +137,10 @@ func writeText(w io.Writer, r *report) {
 		}
 		fmt.Fprintf(w, "  %s\n", x.Msg)
 	}
+}
 
+// writeFailures writes the node failure sets checked, and those not survived.
+func writeFailures(w io.Writer, r *report) {
 	fmt.Fprintf(w, "\nFailures (a set of failed nodes is survived when every shard keeps an in-memory source)\n")
 	if r.Tolerance > 0 {
 		fmt.Fprintf(w, "  guaranteed by the layout: any %s\n", nodesWord(r.Tolerance))
@@ -142,6 +166,10 @@ func writeText(w io.Writer, r *report) {
 			fmt.Fprintf(w, "    ... %d more (--json lists up to %d)\n", fails-len(shown), jsonFailing)
 		}
 	}
+}
+
+// writeDomainFailures writes what a whole failure domain's loss does.
+func writeDomainFailures(w io.Writer, r *report) {
 	if len(r.Domains) > 0 {
 		fmt.Fprintf(w, "\nDomain failures (every node of one domain at once)\n")
 		for _, d := range r.Domains {

@@ -121,6 +121,25 @@ def _check_step(what, step):
         raise Error("%s: step %d is negative; steps are >= 0" % (what, step))
 
 
+MAX_COMM_OP = 96  # bytes; the agent's proto.MaxCommOp
+
+
+def check_comm_op(op):
+    """op, if it can name a collective for the agent (proto.CheckCommOp): a
+    str of at most MAX_COMM_OP bytes of UTF-8, printable (it reaches the
+    agent's log and the recovery log, so no control character may forge a
+    line). Else ValueError naming the cause."""
+    if not isinstance(op, str):
+        raise ValueError("comm op %r is not a str: name the collective in a few words" % (op,))
+    n = len(op.encode("utf-8", "surrogatepass"))
+    if n > MAX_COMM_OP:
+        raise ValueError("comm op of %d bytes is longer than %d: name the collective in a few words" % (n, MAX_COMM_OP))
+    for i, ch in enumerate(op):
+        if not ch.isprintable() and ch != " ":
+            raise ValueError("comm op %r has an unprintable character at character %d: name the collective in printable text" % (op, i))
+    return op
+
+
 def _stderr_log(msg):
     print("reft: " + msg, file=sys.stderr, flush=True)
 
@@ -721,23 +740,29 @@ class Session:
             self._window_end = max(self._window_end, time.monotonic() + ms / 1000.0)
             self._cv.notify_all()
 
-    def comm_phase(self, active):
+    def comm_phase(self, active, op=None):
         """Say that this rank enters (True) or leaves (False) a communication
         phase, such as its gradient all-reduce. The agent pauses its background
         replication (the network copies of unreplicated buffers) while any
         rank of the node is in one, so that it uses the network in the gaps
-        (GEMINI's interleaving). One small frame the agent does not answer,
-        sent only when the phase changes: cheap enough around every
-        collective. A broken connection shows at the next save or restore."""
+        (GEMINI's interleaving). op, on entry, names the collective in a few
+        words ("gradient all-reduce"): if a rank hangs, the agent's verdict
+        says which collective it waited in. One small frame the agent does
+        not answer, sent only when the phase changes: cheap enough around
+        every collective. A broken connection shows at the next save or
+        restore; an op that cannot name anything raises ValueError."""
         self._check_usable("comm_phase()")
         active = bool(active)
+        msg = {"active": active}
+        if op is not None:
+            msg["op"] = check_comm_op(op)
         if not self.enabled:
             return
         with self._comm_lock:
             if self._comm == active:
                 return
             try:
-                self._conn.notify(W.T_COMM, {"active": active})
+                self._conn.notify(W.T_COMM, msg)
             except Error:
                 return  # the next request reports the broken connection
             self._comm = active

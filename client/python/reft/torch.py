@@ -201,6 +201,10 @@ _MAGIC = 0x7265667430746368  # "reft0tch": marks a generation written by this mo
 _META_VERSION = 2  # 2: a fifth word, the sharding layout's fingerprint
 _MAX_NAME = 256  # bytes, the agent's limit on a buffer name
 
+# What a rank waits in between a DDP training forward pass and the
+# optimizer step: a hang verdict names it (Session.comm_phase's op).
+DDP_COMM_OP = "DDP backward pass and gradient all-reduce"
+
 
 def _dist():
     """torch.distributed when it is initialized, else None."""
@@ -727,7 +731,8 @@ class Checkpointer:
             ck = ref()
             if ck is not None and not ck._closed:
                 ck._fence()
-                ck._comm(False)  # the backward pass, and DDP's all-reduce, are over
+                if ck._unhook_comm is not None:
+                    ck._comm(False)  # the backward pass, and DDP's all-reduce, are over
                 ck.session.updating()  # waits while a JIT flush copies the state
 
         if hasattr(opt, "register_step_pre_hook"):  # torch >= 2.0
@@ -778,16 +783,16 @@ class Checkpointer:
         def after_forward(module, inputs, output):
             ck = ref()
             if ck is not None and module.training and torch.is_grad_enabled():
-                ck._comm(True)
+                ck._comm(True, DDP_COMM_OP)
 
         self._unhook_comm = self.model.register_forward_hook(after_forward).remove
 
-    def _comm(self, active):
+    def _comm(self, active, op=None):
         """comm_phase, never raising into the trainer's forward or step."""
         if self._closed:
             return
         try:
-            self.session.comm_phase(active)
+            self.session.comm_phase(active, op)
         except Error:
             pass  # a closed session; the next save or restore says why
 

@@ -40,6 +40,26 @@ class CommPhase(AgentCase):
             time.sleep(0.005)
         self.assertEqual(self.comm_log(), [True])
 
+    def test_named_collective(self):
+        s = self.session()
+        s.register("w", pattern(100, 1))
+        s.comm_phase(True, "gradient all-reduce")
+        s.comm_phase(False)
+        self.assertEqual(s.generations(), [])
+        with self.agent.lock:
+            got = [p for name, p in self.agent.log if name == "comm"]
+        self.assertEqual(got, [{"active": True, "op": "gradient all-reduce"}, {"active": False}])
+
+    def test_bad_op_is_refused_and_not_sent(self):
+        s = self.session()
+        s.register("w", pattern(100, 1))
+        for op, cause in (("x" * 97, "longer than 96"), ("a\nforged", "unprintable character at character 1"),
+                          (b"allreduce", "is not a str")):
+            with self.assertRaisesRegex(ValueError, cause):
+                s.comm_phase(True, op)
+        self.assertEqual(s.generations(), [])
+        self.assertEqual(self.comm_log(), [])
+
     def test_disabled_session_does_nothing(self):
         s = self.session(socket_path=None, optional=True)
         s.comm_phase(True)

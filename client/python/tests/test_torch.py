@@ -610,13 +610,16 @@ class TestDDPCommPhase(TorchCase):
         for step in range(1, 6):
             loss = model(torch.ones(2, 4) * step).sum()
             if step > 1:  # the agent watches a rank from its first save
-                self.assertTrue(progress()["in_comm"], "step %d: no communication phase after forward" % step)
+                p = progress()
+                self.assertTrue(p["in_comm"], "step %d: no communication phase after forward" % step)
+                self.assertEqual(p["where"], "in the collective DDP backward pass and gradient all-reduce", p)
             loss.backward()
             opt.step()
             ck.save(step).wait()
             self.assertFalse(progress()["in_comm"], "step %d: the phase outlived the optimizer step" % step)
         p = progress()
         self.assertEqual(p["step"], 5)
+        self.assertRegex(p["where"], r"^outside its collectives .* since its last collective \(DDP backward pass and gradient all-reduce\) ended$")
         self.assertGreater(p["compute_s"], 0, p)  # four spans between phases measured
         model.eval()
         with torch.no_grad():

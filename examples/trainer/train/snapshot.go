@@ -42,9 +42,11 @@ type Hinter interface {
 // it enters (true) and leaves (false) a communication phase, its gradient
 // all-reduce, so that a backend that copies snapshots over the network in
 // the background (reft's replication of unreplicated buffers) keeps out of
-// its way. It is called twice a step and must not block.
+// its way, and so that a hang verdict can say which collective a rank
+// waited in (op names it on entry, "" on exit). It is called twice a step
+// and must not block.
 type CommPhaser interface {
-	CommPhase(active bool)
+	CommPhase(active bool, op string)
 }
 
 // AORSnapshotter is an optional interface of a Snapshotter whose backend

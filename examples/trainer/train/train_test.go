@@ -299,10 +299,12 @@ func TestCrashResume(t *testing.T) {
 // phaseSnap records the communication phases a trainer reports.
 type phaseSnap struct {
 	Snapshotter
-	phases []bool
+	phases []string
 }
 
-func (p *phaseSnap) CommPhase(active bool) { p.phases = append(p.phases, active) }
+func (p *phaseSnap) CommPhase(active bool, op string) {
+	p.phases = append(p.phases, fmt.Sprintf("%v %s", active, op))
+}
 
 // TestCommPhases: every step's gradient all-reduce is bracketed by a
 // communication phase, on every rank, and nothing else is.
@@ -312,9 +314,9 @@ func TestCommPhases(t *testing.T) {
 	store := NewMemStore(2)
 	snaps := []*phaseSnap{{Snapshotter: store.Rank(0)}, {Snapshotter: store.Rank(1)}}
 	runOK(t, c, 2, func(r int) Options { return Options{Snap: snaps[r]} })
-	want := make([]bool, 0, 2*c.Steps)
+	want := make([]string, 0, 2*c.Steps)
 	for range c.Steps {
-		want = append(want, true, false)
+		want = append(want, "true gradient all-reduce", "false ")
 	}
 	for r, s := range snaps {
 		if fmt.Sprint(s.phases) != fmt.Sprint(want) {

@@ -272,11 +272,11 @@ func (t *trainer) run(o Options) (*Result, error) {
 			time.Sleep(cfg.SlowRankBy)
 		}
 		if t.comm != nil {
-			t.comm.CommPhase(true)
+			t.comm.CommPhase(true, "gradient all-reduce")
 		}
 		err := t.dpc.AllReduceSumI64(t.acc)
 		if t.comm != nil {
-			t.comm.CommPhase(false)
+			t.comm.CommPhase(false, "")
 		}
 		if err != nil {
 			return nil, fmt.Errorf("step %d: gradient allreduce: %w", step, err)

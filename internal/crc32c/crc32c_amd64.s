@@ -2,7 +2,7 @@
 // VPCLMULQDQ. Adapted from Go's hash/crc32 ieeeCLMUL (crc32_amd64.s,
 // BSD-style licence, Copyright 2011 The Go Authors), which is based on
 // Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ",
-// with the Castagnoli constants (tmpfs/crc32c_amd64.go says how they are
+// with the Castagnoli constants (internal/crc32c/crc32c_amd64.go says how they are
 // derived; TestCRC32CConstants recomputes them) and four 512-bit
 // accumulators instead of one, so the folds do not wait on each other.
 

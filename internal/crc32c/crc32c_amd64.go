@@ -1,4 +1,4 @@
-package tmpfs
+package crc32c
 
 import (
 	"hash/crc32"

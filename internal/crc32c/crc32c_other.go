@@ -1,6 +1,6 @@
 //go:build !amd64
 
-package tmpfs
+package crc32c
 
 import "hash/crc32"
 

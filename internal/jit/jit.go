@@ -1,7 +1,8 @@
 // Package jit is the Just-in-time checkpointing paper's optimal periodic
-// checkpoint frequency (section 5, Eq. 3), without plan's plotting
-// dependencies, so that the agent can compute its persistent interval with
-// the same math as `reft plan interval`.
+// checkpoint frequency (section 5, Eq. 3): a neutral model package, which
+// imports only math, so that the agent (agent/persist) computes its
+// persistent interval with the same math as `reft plan interval`
+// (launcher/plan) without either importing the other.
 package jit
 
 import "math"
