@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/reft-hpc/reft/launcher/status"
 )
 
 // hangConf is the hang tests' [detect] section: a 2.5 s floor (above
@@ -286,9 +288,16 @@ func TestReftRunSlowStepNoHang(t *testing.T) {
 // TestReftStatusStraggler: rank 2 of reft-train computes 100 ms longer in
 // every step (--slow-rank), and the other ranks wait for it in the
 // gradient all-reduce. The agents measure each rank's work between its
-// communication phases; `reft status` names rank 2 on n3 as the one
-// straggler, in JSON and in the table; reft run logs it in the recovery
-// log once and does nothing about it.
+// communication phases; `reft status` names rank 2 on n3 as the slowest
+// straggler, in JSON and in the table; reft run logs each straggler in the
+// recovery log once and does nothing about it.
+//
+// Rank 2 is the only straggler by construction, not the only one a loaded
+// machine makes: a CI run saw rank 0 on n1 (the node that also runs the
+// batch script, reft run and srun) at 49 ms against a 28 ms median, which
+// the rule names too. So the test checks the rule against the agents' own
+// per-rank numbers in the same reply: every rank it names meets it, every
+// rank it leaves out does not, and rank 2 is named first.
 func TestReftStatusStraggler(t *testing.T) {
 	enableReft(t)
 	conf := filepath.Join(clusterDir, "etc", "reft-e2e.toml")
@@ -304,14 +313,7 @@ func TestReftStatusStraggler(t *testing.T) {
 		u, _ := user.Lookup(alice)
 		run(t, time.Minute, alice, "srun", "-N4", "--ntasks-per-node=1", "-w", "n[1-4]", "rm", "-rf", filepath.Join(reftStoreRoot, u.Uid, job))
 	}()
-	var rep struct {
-		Stragglers []struct {
-			Rank     int     `json:"rank"`
-			Node     string  `json:"node"`
-			ComputeS float64 `json:"compute_s"`
-			MedianS  float64 `json:"median_s"`
-		} `json:"stragglers"`
-	}
+	var rep status.Report
 	var raw string
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
 		r := run(t, time.Minute, alice, bin("reft"), "status", "--json", "--config", conf, job)
@@ -319,6 +321,7 @@ func TestReftStatusStraggler(t *testing.T) {
 			t.Fatalf("reft status --json:\n%s", r)
 		}
 		raw = r.Stdout
+		rep = status.Report{}
 		if err := json.Unmarshal([]byte(raw), &rep); err != nil {
 			t.Fatalf("reft status --json: %v\n%s", err, raw)
 		}
@@ -329,29 +332,100 @@ func TestReftStatusStraggler(t *testing.T) {
 			t.Fatalf("reft status never named a straggler:\n%s", raw)
 		}
 	}
+	checkStragglerRule(t, rep, raw)
 	// Rank 2 sleeps 100 ms outside its collectives every step. The others'
 	// compute time grows with the machine's load (a CI run: 39 ms median,
 	// rank 2 at 111 ms), so the check is the sleep and the 1.5x rule, not
 	// a fixed gap.
-	if s := rep.Stragglers; len(s) != 1 || s[0].Rank != 2 || s[0].Node != "n3" || s[0].ComputeS < 0.1 || s[0].ComputeS < 1.5*s[0].MedianS {
-		t.Fatalf("stragglers %+v; want rank 2 on n3 alone, at 100 ms or more and 1.5x the median\n%s", s, raw)
+	if s := rep.Stragglers[0]; s.Rank != 2 || s.Node != "n3" || s.ComputeS < 0.1 || s.ComputeS < 1.5*s.MedianS {
+		t.Fatalf("slowest straggler %+v; want rank 2 on n3, at 100 ms or more and 1.5x the median\n%s", s, raw)
 	}
-	t.Logf("rank 2 works %.0f ms per step outside its collectives, the job's median %.0f ms", rep.Stragglers[0].ComputeS*1000, rep.Stragglers[0].MedianS*1000)
+	t.Logf("rank 2 works %.0f ms per step outside its collectives, the job's median %.0f ms; %d straggler(s) named", rep.Stragglers[0].ComputeS*1000, rep.Stragglers[0].MedianS*1000, len(rep.Stragglers))
 	if r := run(t, time.Minute, alice, bin("reft"), "status", "--config", conf, job); !strings.Contains(r.Stdout, "straggler: rank 2 on n3 works ") {
 		t.Errorf("reft status's table does not name the straggler:\n%s", r)
 	}
-	// reft run asks the agents every 30 s and logs the straggler once.
+	// reft run asks the agents every 30 s and logs each straggler once.
 	var ev []recoveryEvent
 	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(time.Second) {
 		ev = allRecoveryEvents(t, job)
-		if len(eventsNamed(ev, "straggler")) > 0 || time.Now().After(deadline) {
+		if slices.ContainsFunc(ev, func(e recoveryEvent) bool { return e.Event == "straggler" && slices.Equal(e.Ranks, []int{2}) }) || time.Now().After(deadline) {
 			break
 		}
 	}
-	if names := eventNames(ev); !slices.Equal(names, []string{"step_launched", "straggler"}) {
-		t.Fatalf("recovery events %v; want the launch and one straggler, nothing acted on\n%s", names, jobOutput(t, dir, job))
+	names := eventNames(ev)
+	if len(names) < 2 || names[0] != "step_launched" || slices.ContainsFunc(names[1:], func(n string) bool { return n != "straggler" }) {
+		t.Fatalf("recovery events %v; want the launch and straggler reports, nothing acted on\n%s", names, jobOutput(t, dir, job))
 	}
-	if s := ev[1]; s.Node != "n3" || !slices.Equal(s.Ranks, []int{2}) || !strings.HasPrefix(s.Cause, "straggler: rank 2 on n3") {
-		t.Errorf("straggler event %+v; want rank 2 on n3", s)
+	seen := map[int]bool{}
+	var two bool
+	for _, s := range ev[1:] {
+		if len(s.Ranks) != 1 || seen[s.Ranks[0]] || !strings.HasPrefix(s.Cause, "straggler: rank ") {
+			t.Errorf("straggler event %+v: want one rank each, each rank once", s)
+			continue
+		}
+		seen[s.Ranks[0]] = true
+		if s.Ranks[0] == 2 {
+			two = true
+			if s.Node != "n3" || !strings.HasPrefix(s.Cause, "straggler: rank 2 on n3") {
+				t.Errorf("straggler event %+v; want rank 2 on n3", s)
+			}
+		}
+	}
+	if !two {
+		t.Errorf("reft run never logged rank 2 as a straggler: %+v", ev)
+	}
+}
+
+// checkStragglerRule checks a status reply's stragglers against its own
+// per-rank numbers, with the rule written out here (status.FindStragglers'
+// doc): among at least StragglerRanks measured ranks, a straggler works
+// StragglerRatio times the median and StragglerMin more; named slowest
+// first.
+func checkStragglerRule(t *testing.T, rep status.Report, raw string) {
+	t.Helper()
+	type rk struct {
+		node    string
+		compute float64
+	}
+	measured := map[int]rk{}
+	var cs []float64
+	for _, n := range rep.Nodes {
+		if n.Status == nil {
+			continue
+		}
+		for _, r := range n.Status.Ranks {
+			if r.Progress != nil && r.Progress.ComputeS > 0 {
+				measured[r.Rank] = rk{n.Node, r.Progress.ComputeS}
+				cs = append(cs, r.Progress.ComputeS)
+			}
+		}
+	}
+	if len(cs) != 4 {
+		t.Fatalf("%d ranks measured; want all 4\n%s", len(cs), raw)
+	}
+	slices.Sort(cs)
+	med := (cs[1] + cs[2]) / 2
+	named := map[int]bool{}
+	for i, s := range rep.Stragglers {
+		m, ok := measured[s.Rank]
+		switch {
+		case !ok || m.node != s.Node || m.compute != s.ComputeS:
+			t.Errorf("straggler %+v: the agents measured %+v", s, m)
+		case s.MedianS != med:
+			t.Errorf("straggler %+v: the median of %v is %v", s, cs, med)
+		case s.ComputeS < status.StragglerRatio*med || s.ComputeS-med < status.StragglerMin.Seconds():
+			t.Errorf("straggler %+v does not meet the rule (%.1fx and %v over the median %v)", s, status.StragglerRatio, status.StragglerMin, med)
+		case i > 0 && s.ComputeS > rep.Stragglers[i-1].ComputeS:
+			t.Errorf("stragglers not slowest first: %+v", rep.Stragglers)
+		}
+		named[s.Rank] = true
+	}
+	for r, m := range measured {
+		if !named[r] && m.compute >= status.StragglerRatio*med && m.compute-med >= status.StragglerMin.Seconds() {
+			t.Errorf("rank %d on %s works %v s against the median %v s and is not named", r, m.node, m.compute, med)
+		}
+	}
+	if t.Failed() {
+		t.Fatalf("status reply:\n%s", raw)
 	}
 }
