@@ -158,3 +158,38 @@ func TestBackgroundClientPause(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+type countGate struct{ admitted, sent int64 }
+
+func (g *countGate) Admit(_ context.Context, n int64) error { g.admitted += n; return nil }
+func (g *countGate) Sent(n int64, _ time.Duration)          { g.sent += n }
+
+// TestLimiterGate: a Wait for bytes passes the gate after the bucket; a
+// wait for the pause alone (n = 0) does not; Sent reaches the gate.
+func TestLimiterGate(t *testing.T) {
+	tests := []struct {
+		name         string
+		waits        []int64
+		sent         int64
+		wantAdmitted int64
+	}{
+		{"bytes", []int64{10, 20}, 5, 30},
+		{"pause only", []int64{0, 0}, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := &countGate{}
+			l := NewLimiter(0, 0)
+			l.SetGate(g)
+			for _, n := range tt.waits {
+				if err := l.Wait(t.Context(), n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l.Sent(tt.sent, time.Millisecond)
+			if g.admitted != tt.wantAdmitted || g.sent != tt.sent {
+				t.Errorf("gate admitted %d sent %d, want %d and %d", g.admitted, g.sent, tt.wantAdmitted, tt.sent)
+			}
+		})
+	}
+}

@@ -803,8 +803,12 @@ func (sc *serverConn) stream(st *sendStream) {
 				return
 			}
 		}
+		t0 := time.Now()
 		if err := c.writeChunk(st.id, i, data, crc); err != nil {
 			return
+		}
+		if req.Background {
+			s.cfg.Background.Sent(int64(len(data)), time.Since(t0))
 		}
 		s.stats.ChunksSent.Add(1)
 		s.stats.BytesSent.Add(uint64(len(data)))
