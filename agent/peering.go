@@ -77,8 +77,7 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	if err != nil {
 		return nil, err
 	}
-	srv.SetBackgroundRate(int64(cfg.Protect.BackgroundRate), int64(cfg.Protect.BackgroundBurst))
-	if err := srv.SetSchedule(cfg.Protect.BackgroundSchedule, int64(cfg.Protect.BackgroundRate)); err != nil {
+	if err := srv.SetBackground(cfg.Protect); err != nil {
 		return nil, err
 	}
 	if cfg.Protect.BackgroundSchedule == config.ScheduleIdle {

@@ -138,12 +138,11 @@ func logSchedStats(e *zerolog.Event, st netsched.Stats) *zerolog.Event {
 		Int64("phases_overrun", st.Overran).Int64("chunks_oversize", st.Oversize).Int64("reprofiles", st.Reprofiles)
 }
 
-// SetSchedule sets [protect] background_schedule (config.Schedule*);
+// setSchedule sets [protect] background_schedule (config.Schedule*);
 // rate, the configured background rate (0: unlimited), is the idle
 // schedule's bandwidth until one is measured. Call it before peering
 // starts.
-func (s *Server) SetSchedule(policy string, rate int64) error {
-	r := s.repl
+func (r *replicator) setSchedule(policy string, rate int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch policy {
@@ -165,9 +164,13 @@ func (s *Server) SetSchedule(policy string, rate int64) error {
 	return nil
 }
 
-// SetBackgroundRate sets the pace of background replication (reft.toml
-// [protect]); rate 0 is unlimited.
-func (s *Server) SetBackgroundRate(rate, burst int64) { s.repl.lim.SetRate(rate, burst) }
+// SetBackground sets the pace (background_rate, 0: unlimited;
+// background_burst) and the schedule (background_schedule) of background
+// replication from reft.toml [protect]. Call it before peering starts.
+func (s *Server) SetBackground(p config.Protect) error {
+	s.repl.lim.SetRate(int64(p.BackgroundRate), int64(p.BackgroundBurst))
+	return s.repl.setSchedule(p.BackgroundSchedule, int64(p.BackgroundRate))
+}
 
 // PeerHooks fills what the peer transport needs from the server: the
 // background limiter and the handler of replicate requests. Call it on the

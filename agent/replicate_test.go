@@ -264,7 +264,7 @@ func TestReplicaSchedules(t *testing.T) {
 		t.Run(tc.policy, func(t *testing.T) {
 			j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, map[string]string{}, "")
 			for _, n := range j.nodes {
-				if err := n.srv.SetSchedule(tc.policy, 0); err != nil {
+				if err := n.srv.SetBackground(config.Protect{BackgroundBurst: 8 << 20, BackgroundSchedule: tc.policy}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -493,7 +493,9 @@ func BenchmarkReplication(b *testing.B) {
 			}
 			j := startJob(b, "arc", []string{"n1", "n2"}, map[string]string{}, "", shOpts{chunk: 4 << 20, bufs: bufs})
 			for _, n := range j.nodes {
-				n.srv.SetBackgroundRate(tc.rate, 8<<20)
+				if err := n.srv.SetBackground(config.Protect{BackgroundRate: config.Rate(tc.rate), BackgroundBurst: 8 << 20, BackgroundSchedule: config.SchedulePaused}); err != nil {
+					b.Fatal(err)
+				}
 			}
 			b.SetBytes(2 * size)
 			b.ResetTimer()
