@@ -17,6 +17,7 @@ import (
 	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/netsched"
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/sg"
 	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -129,6 +130,21 @@ func (r *replicator) stop() {
 		logSchedStats(r.s.log.Info(), sched.Stats()).Str("event", "replication_schedule_stats").
 			Msg("what the idle-span schedule of background replication did")
 	}
+}
+
+// schedMetrics adds the idle-span schedule's counts to the status reply's
+// metrics section m (nil: none).
+func (r *replicator) schedMetrics(m *proto.Metrics) *proto.Metrics {
+	r.mu.Lock()
+	sched := r.sched
+	r.mu.Unlock()
+	if m == nil || sched == nil {
+		return m
+	}
+	st := sched.Stats()
+	m.ReplicationSchedule = &proto.ReplicationSchedule{Chunks: uint64(st.Chunks), Unplanned: uint64(st.Unplanned), Oversize: uint64(st.Oversize),
+		SpansSkipped: uint64(st.Skipped), PhasesOverrun: uint64(st.Overran), Reprofiles: uint64(st.Reprofiles)}
+	return m
 }
 
 func logSchedStats(e *zerolog.Event, st netsched.Stats) *zerolog.Event {
