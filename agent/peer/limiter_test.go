@@ -3,6 +3,8 @@ package peer
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"testing"
 	"time"
 )
@@ -192,4 +194,47 @@ func TestLimiterGate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDeliveryRate: a TCP connection that carried data has a delivery
+// rate; a pipe has none.
+func TestDeliveryRate(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if _, ok := deliveryRate(a); ok {
+		t.Error("a pipe has a delivery rate")
+	}
+	buf := make([]byte, 1<<20)
+	for range 8 { // the rate is sampled as acknowledgements come back
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 100 {
+		if r, ok := deliveryRate(c); ok && r > 0 {
+			return
+		}
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Error("no delivery rate after 108 MiB over loopback")
 }

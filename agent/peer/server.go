@@ -803,12 +803,13 @@ func (sc *serverConn) stream(st *sendStream) {
 				return
 			}
 		}
-		t0 := time.Now()
 		if err := c.writeChunk(st.id, i, data, crc); err != nil {
 			return
 		}
 		if req.Background {
-			s.cfg.Background.Sent(int64(len(data)), time.Since(t0))
+			if rate, ok := deliveryRate(c.nc); ok {
+				s.cfg.Background.Sent(int64(len(data)), time.Duration(float64(len(data))/rate*float64(time.Second)))
+			}
 		}
 		s.stats.ChunksSent.Add(1)
 		s.stats.BytesSent.Add(uint64(len(data)))
