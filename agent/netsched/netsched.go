@@ -170,7 +170,7 @@ type Scheduler struct {
 	spans   []span // the recent spans, oldest first (bounded)
 	n       int64  // index of spans[len(spans)-1] among all spans seen
 	inComm  bool
-	changed chan struct{} // closed and replaced on every Comm change and Sent
+	changed chan struct{} // closed and replaced on every Comm change
 
 	prof    *Profile
 	base    int64     // a span index at cycle position 0
