@@ -81,7 +81,7 @@ type replicator struct {
 	// ("idle" only), fed the node's phase changes under mu.
 	policy string
 	sched  *netsched.Scheduler
-	once sync.Map            // warnings said once, by key
+	once   sync.Map // warnings said once, by key
 
 	hosts  rankHosts // where the job's ranks run, for the placement
 	placed string    // the placement last logged (replica_placement)
