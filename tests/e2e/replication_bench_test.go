@@ -19,9 +19,11 @@ import (
 // where the network is the bottleneck. Four nodes of a --net cluster, each
 // link capped by tc (cluster rate, BENCH_GEMINI_RATE), run reft-train with
 // DP 4, ZeRO-1 AdamW (the moments are unreplicated: each rank's shard is
-// copied to its GEMINI placement peer after every commit) and
-// --save-every 1, so replication and the gradient all-reduce compete on
-// every step. Variants, each round in a rotated order:
+// copied to its GEMINI placement peer after every commit), --save-every 1
+// and --compute (a GPU's forward and backward passes stand-in: an idle
+// network span before each all-reduce), so replication and the gradient
+// all-reduce compete on every step. Variants, each round in a rotated
+// order:
 //
 //   - --reft=off: the baseline;
 //   - --reft=arc with [protect] background_schedule = "unscheduled",
@@ -37,7 +39,7 @@ func BenchmarkReplicationInterference(b *testing.B) {
 	}
 	rate := envOr("BENCH_GEMINI_RATE", "200mbit")
 	rounds, _ := strconv.Atoi(envOr("BENCH_GEMINI_ROUNDS", "3"))
-	flags := strings.Fields(envOr("BENCH_GEMINI_FLAGS", "--size 2MiB --steps 40 --zero1 --optimizer adamw --save-every 1 --log-every 40 --batch 64 --micro 8"))
+	flags := strings.Fields(envOr("BENCH_GEMINI_FLAGS", "--size 8MiB --compute 200ms --steps 40 --zero1 --optimizer adamw --save-every 1 --log-every 40 --batch 64 --micro 8"))
 	nodes := []string{"n1", "n2", "n3", "n4"}
 	for _, n := range nodes {
 		cluster(b, "rate", n, rate)
