@@ -235,7 +235,7 @@ bench: all
 # cluster with n1-n4's links capped by tc, reft-train's step time with
 # background replication unscheduled, paused and scheduled into idle spans,
 # against --reft=off, paired in rotated rounds. BENCH_GEMINI_RATE (200mbit),
-# BENCH_GEMINI_ROUNDS (3) and BENCH_GEMINI_FLAGS (reft-train's) tune it.
+# BENCH_GEMINI_ROUNDS (2) and BENCH_GEMINI_FLAGS (reft-train's) tune it.
 BENCH_GEMINI = $(WITH_NET_CLUSTER); \
 	$(GO) test -count=1 -tags 'e2e e2enet' -timeout 40m -run '^$$' -bench ReplicationInterference -benchtime 1x -v ./tests/e2e/
 bench-gemini: all

@@ -38,8 +38,8 @@ func BenchmarkReplicationInterference(b *testing.B) {
 		b.Fatal("needs the nodes' own networks: bring the cluster up with 'tests/cluster/cluster up --net --no-reft'")
 	}
 	rate := envOr("BENCH_GEMINI_RATE", "200mbit")
-	rounds, _ := strconv.Atoi(envOr("BENCH_GEMINI_ROUNDS", "3"))
-	flags := strings.Fields(envOr("BENCH_GEMINI_FLAGS", "--size 8MiB --compute 100ms --steps 40 --zero1 --optimizer adamw --save-every 1 --log-every 40 --batch 64 --micro 8"))
+	rounds, _ := strconv.Atoi(envOr("BENCH_GEMINI_ROUNDS", "2"))
+	flags := strings.Fields(envOr("BENCH_GEMINI_FLAGS", "--size 4MiB --compute 60ms --steps 24 --zero1 --optimizer adamw --save-every 1 --log-every 24 --batch 64 --micro 8"))
 	nodes := []string{"n1", "n2", "n3", "n4"}
 	for _, n := range nodes {
 		cluster(b, "rate", n, rate)
