@@ -91,6 +91,7 @@ type replicator struct {
 	pausedWaits atomic.Int64 // copies that found the limiter paused before a section
 	fetching    atomic.Int64 // sections whose fetch started
 	committed   atomic.Int64 // replicas committed
+	statsLogged atomic.Bool  // replication_schedule_stats said
 }
 
 type pendingOut struct {
@@ -126,7 +127,7 @@ func (r *replicator) stop() {
 	sched := r.sched
 	r.mu.Unlock()
 	r.wg.Wait()
-	if sched != nil {
+	if sched != nil && r.statsLogged.CompareAndSwap(false, true) { // the server stops it more than once
 		logSchedStats(r.s.log.Info(), sched.Stats()).Str("event", "replication_schedule_stats").
 			Msg("what the idle-span schedule of background replication did")
 	}
