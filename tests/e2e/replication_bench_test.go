@@ -73,7 +73,14 @@ func BenchmarkReplicationInterference(b *testing.B) {
 				ratios[v] = append(ratios[v], ms[v]/ms[0])
 			}
 		}
-		med := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
+		med := func(v []float64) float64 {
+			v = slices.Clone(v)
+			slices.Sort(v)
+			if len(v)%2 == 0 {
+				return (v[len(v)/2-1] + v[len(v)/2]) / 2
+			}
+			return v[len(v)/2]
+		}
 		var sum []string
 		for v := 1; v < len(variants); v++ {
 			b.ReportMetric(med(ratios[v]), "x_"+variants[v].name)
