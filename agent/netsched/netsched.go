@@ -25,8 +25,9 @@
 // Stats says which state it is in.
 //
 // Memory: the Scheduler keeps the last (ProfileSteps+1)*MaxSpans+1 spans
-// (two time.Time each, 48 bytes) and two durations per cycle position:
-// with the defaults (5 steps, 8 spans) under 3 KiB per Scheduler. The
+// (two time.Time each, 48 bytes), two durations per cycle position and 8
+// bandwidth samples: with the defaults (5 steps, 8 spans) under 3 KiB per
+// Scheduler. The
 // data it admits is not buffered here: the caller's window (the peer
 // fetch's in-flight chunks) is the pipeline's buffer.
 //
@@ -179,7 +180,8 @@ type Scheduler struct {
 	busy    time.Time // when the chunks admitted so far are done, at bw
 	drifted int       // successive drifted steps
 	bw      float64
-	meas    bool // bw is measured
+	meas    bool      // bw is measured
+	rates   []float64 // the last rateSamples measurements
 
 	waiting  int  // Admit calls blocked
 	sentSpan bool // a chunk was admitted in the current idle span
@@ -342,8 +344,14 @@ func fit(win []span, k int, tol float64) (Profile, bool) {
 	return p, true
 }
 
-// Sent records that n bytes took d to send: the bandwidth estimate is a
-// moving average of these.
+// rateSamples is how many recent Sent samples the bandwidth estimate is
+// the best of.
+const rateSamples = 8
+
+// Sent records that n bytes took d to send. The bandwidth estimate is the
+// best of the last rateSamples: a chunk that shared the link with the
+// trainer's traffic got through slower than the link can carry, and one
+// that had it to itself shows what an idle span holds.
 func (s *Scheduler) Sent(n int64, d time.Duration) {
 	if n <= 0 || d <= 0 {
 		return
@@ -351,11 +359,11 @@ func (s *Scheduler) Sent(n int64, d time.Duration) {
 	r := float64(n) / d.Seconds()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.meas {
-		s.bw, s.meas = r, true
-	} else {
-		s.bw = 0.7*s.bw + 0.3*r
+	if len(s.rates) == rateSamples {
+		s.rates = append(s.rates[:0], s.rates[1:]...)
 	}
+	s.rates = append(s.rates, r)
+	s.bw, s.meas = slices.Max(s.rates), true
 }
 
 // fitBytes is how many bytes can start at now and be done, at the

@@ -283,3 +283,39 @@ func TestAdmitCancelled(t *testing.T) {
 		}
 	})
 }
+
+// TestBandwidthEstimate: the best of the recent samples, so chunks slowed
+// by the trainer's traffic do not shrink the plan, and a link that got
+// slower for good shows after rateSamples samples.
+func TestBandwidthEstimate(t *testing.T) {
+	const mib = 1 << 20
+	tests := []struct {
+		name  string
+		sents []time.Duration // each of 1 MiB
+		want  float64
+	}{
+		{"none: the configured rate", nil, 7 * mib},
+		{"one", []time.Duration{10 * ms}, 100 * mib},
+		{"a slow one after a fast one", []time.Duration{10 * ms, 50 * ms}, 100 * mib},
+		{"the fast one aged out", append([]time.Duration{10 * ms}, slicesRepeat(50*ms, rateSamples)...), 20 * mib},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := New(Config{Bandwidth: 7 * mib})
+			for _, d := range tt.sents {
+				s.Sent(mib, d)
+			}
+			if got := s.Stats().Bandwidth; got < tt.want*0.999 || got > tt.want*1.001 {
+				t.Errorf("bandwidth %.0f, want %.0f", got, tt.want)
+			}
+		})
+	}
+}
+
+func slicesRepeat(d time.Duration, n int) []time.Duration {
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = d
+	}
+	return out
+}

@@ -196,8 +196,8 @@ func TestLimiterGate(t *testing.T) {
 	}
 }
 
-// TestDeliveryRate: a TCP connection that carried data has a delivery
-// rate; a pipe has none.
+// TestDeliveryRate: a TCP connection that carried data has a rate; a
+// pipe has none.
 func TestDeliveryRate(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -219,7 +219,8 @@ func TestDeliveryRate(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	if _, ok := deliveryRate(a); ok {
+	var pm, m rateMeter
+	if _, ok := pm.sample(a); ok {
 		t.Error("a pipe has a delivery rate")
 	}
 	buf := make([]byte, 1<<20)
@@ -229,7 +230,7 @@ func TestDeliveryRate(t *testing.T) {
 		}
 	}
 	for range 100 {
-		if r, ok := deliveryRate(c); ok && r > 0 {
+		if r, ok := m.sample(c); ok && r > 0 {
 			return
 		}
 		if _, err := c.Write(buf); err != nil {

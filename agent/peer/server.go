@@ -807,7 +807,7 @@ func (sc *serverConn) stream(st *sendStream) {
 			return
 		}
 		if req.Background {
-			if rate, ok := deliveryRate(c.nc); ok {
+			if rate, ok := c.rate.sample(c.nc); ok {
 				s.cfg.Background.Sent(int64(len(data)), time.Duration(float64(len(data))/rate*float64(time.Second)))
 			}
 		}
