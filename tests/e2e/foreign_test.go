@@ -26,22 +26,22 @@ import (
 func TestForeignJobAgentGetsNothing(t *testing.T) {
 	enableReft(t)
 	ja := allocateAs(t, alice, "--reft=arc", "-N2", "-n2", "-w", "n1,n2")
-	jb := allocateAs(t, bob, "--reft=arc", "-N2", "-n2", "-w", "n1,n2")
-
-	// A span where bob's n2 (index 1) collides with one of alice's first
-	// candidates, and nothing else collides.
 	const lo = 47000
+	var jb string
 	var hi, collide int
-	for span := 2 * mesh.NumCandidates; span < 600 && hi == 0; span++ {
-		h := lo + span - 1
-		aPorts := []int{mesh.Candidates(ja, lo, h, 0, 2)[0], mesh.Candidates(ja, lo, h, 1, 2)[0]}
-		b0, b1 := mesh.Candidates(jb, lo, h, 0, 2), mesh.Candidates(jb, lo, h, 1, 2)
-		if slices.Contains(aPorts, b1[0]) && !slices.Contains(aPorts, b1[1]) && !slices.Contains(aPorts, b0[0]) {
-			hi, collide = h, b1[0]
+	// For about one pair of job ids in 25 no span collides as wanted
+	// (a CI run: jobs 2969 and 2970); bob then takes another allocation,
+	// whose new id gives another chance, at most three in all.
+	for try := 1; hi == 0; try++ {
+		jb = allocateAs(t, bob, "--reft=arc", "-N2", "-n2", "-w", "n1,n2")
+		hi, collide = collidingRange(ja, jb, lo, 600)
+		if hi == 0 {
+			if try == 3 {
+				t.Fatalf("no port range in [%d, %d] makes bob's n2 agent collide with job %s's (bob's last job %s)", lo, lo+600, ja, jb)
+			}
+			t.Logf("no port range in [%d, %d] makes job %s's n2 agent collide with job %s's; bob allocates again", lo, lo+600, jb, ja)
+			run(t, time.Minute, root, "scancel", jb)
 		}
-	}
-	if hi == 0 {
-		t.Fatalf("no port range in [%d, %d] makes job %s's n2 agent collide with job %s's", lo, lo+600, jb, ja)
 	}
 	conf := filepath.Join(clusterDir, "etc", "reft-e2e.toml")
 	b, err := os.ReadFile(conf)
@@ -112,6 +112,23 @@ refused:
 }
 
 // allocateAs is allocate for any user.
+// collidingRange finds a port range [lo, hi] (span under max) in which
+// job jb's n2 agent (index 1 of 2) has for its first candidate port one
+// of job ja's agents' first candidates, and nothing else collides: bob's
+// n2 agent's second candidate and his n1 agent's first are free. hi is 0
+// when there is none.
+func collidingRange(ja, jb string, lo, max int) (hi, collide int) {
+	for span := 2 * mesh.NumCandidates; span < max; span++ {
+		h := lo + span - 1
+		aPorts := []int{mesh.Candidates(ja, lo, h, 0, 2)[0], mesh.Candidates(ja, lo, h, 1, 2)[0]}
+		b0, b1 := mesh.Candidates(jb, lo, h, 0, 2), mesh.Candidates(jb, lo, h, 1, 2)
+		if slices.Contains(aPorts, b1[0]) && !slices.Contains(aPorts, b1[1]) && !slices.Contains(aPorts, b0[0]) {
+			return h, b1[0]
+		}
+	}
+	return 0, 0
+}
+
 func allocateAs(t *testing.T, who string, args ...string) string {
 	t.Helper()
 	r := mustRun(t, 3*time.Minute, who, append([]string{"salloc", "--no-shell", "--time=15"}, args...)...)
