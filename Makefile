@@ -177,7 +177,7 @@ e2e: all
 # rest of the suite ran on the plain cluster above (docs/BENCHMARKS.md has
 # the phase's wall time). n2 cut off from everything, slurmctld included
 # (TestNetPartitionFromAll), runs in make bench-net only: its relaunch hung
-# once in two runs (docs/BENCHMARKS.md, network faults), not yet understood.
+# once in three runs (docs/BENCHMARKS.md, network faults), not yet understood.
 E2E_NET_TESTS := ^(TestNetFaultsNoVerdict|TestNetPartitionFromAgents|TestReftRunNodeLossSpare)$$
 BENCH_NET_TESTS := ^(TestNetFaultsNoVerdict|TestNetPartitionFromAgents|TestNetPartitionFromAll|TestReftRunNodeLossSpare)$$
 E2E_NET = $(WITH_NET_CLUSTER); \
