@@ -103,36 +103,11 @@ func TestNetFaultsNoVerdict(t *testing.T) {
 // Slurm still calling n2 healthy) and acts on n2 alone: the spare n5 takes
 // its slot, and the job ends with an uninterrupted run's bits.
 func TestNetPartitionFromAgents(t *testing.T) {
-	needNet(t)
-	enableReft(t)
-	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
-	flags = append(flags, "--steps", "150")
-	refHash := reference(t, flags)
-	t.Cleanup(func() { cluster(t, "heal", "n2") })
-	var nl spareLoss
-	untilNoInitCrash(t, func() (string, string) {
-		cluster(t, "heal", "n2")
-		reviveIfDead(t, "n2")
-		job, dir := reftRunCmd(t, "-N5 --no-kill --reft=arc,spares=1 --requeue", bin("reft-train")+" "+strings.Join(append(flags, "--dp", "4"), " "))
-		nl = spareLoss{job: job, dir: dir, killStep: 30}
-		waitOutput(t, dir, job, "\nstep 30 loss")
-		stop := watchFirstStep(dir, job, &nl)
-		cluster(t, "partition", "n2", "--from", "n1,n3,n4,n5")
-		nl.killed = time.Now()
-		waitJobEnd(t, job, 5*time.Minute)
-		stop()
-		return job, dir
-	})
+	nl, refHash := partitionN2(t, func() { cluster(t, "heal", "n2"); reviveIfDead(t, "n2") }, "--from", "n1,n3,n4,n5")
 	defer func() {
 		netResult(t, "n2 cut off from the other nodes, not from slurmctld", []string{"n2"}, nl.job, nl.killed, !t.Failed(), "n1", "n2", "n3", "n4", "n5")
 	}()
-	ev := checkNodeLossSpare(t, nl, refHash)
-	if af := agentsFailures(t, nl.job, "n2"); len(af) != 0 {
-		t.Errorf("n2, cut off, published %v; want nothing", af)
-	}
-	if !strings.Contains(ev[1].Cause, "a quorum") {
-		t.Errorf("failure_detected cause %q does not name the agents' quorum", ev[1].Cause)
-	}
+	checkQuorumOnN2(t, nl, refHash)
 }
 
 // TestNetPartitionFromAll: n2 is cut off from everything, slurmctld
@@ -143,39 +118,58 @@ func TestNetPartitionFromAgents(t *testing.T) {
 // acts on n2 alone: the spare n5 takes its slot and the job ends with an
 // uninterrupted run's bits. Healed afterwards, n2 comes back to Slurm.
 func TestNetPartitionFromAll(t *testing.T) {
+	nl, refHash := partitionN2(t, func() { healAndWaitUp(t, "n2") })
+	defer func() {
+		netResult(t, "n2 cut off from everything, slurmctld included", []string{"n2"}, nl.job, nl.killed, !t.Failed(), "n1", "n2", "n3", "n4", "n5")
+	}()
+	checkQuorumOnN2(t, nl, refHash)
+	if f := agentEvents(t, nl.job, "n2")["detect_fenced"]; len(f) == 0 {
+		t.Errorf("n2's agent, alone, never fenced itself (no detect_fenced event)")
+	} else {
+		t.Logf("n2's agent: %v", f[0]["message"])
+	}
+}
+
+// partitionN2 runs the partition scenarios' job: -N5 with a spare, DP=4
+// on n1-n4, and n2 partitioned (`cluster partition n2 partArgs...`) for
+// good once rank 0 logged step 30. heal brings n2 back before each try
+// and when the test ends. It returns the run and the uninterrupted run's
+// hash.
+func partitionN2(t *testing.T, heal func(), partArgs ...string) (spareLoss, string) {
+	t.Helper()
 	needNet(t)
 	enableReft(t)
 	flags := append(append([]string{}, trainFlags...), reftTrainFlags...)
 	flags = append(flags, "--steps", "150")
 	refHash := reference(t, flags)
-	t.Cleanup(func() { healAndWaitUp(t, "n2") })
+	t.Cleanup(heal)
 	var nl spareLoss
 	untilNoInitCrash(t, func() (string, string) {
-		healAndWaitUp(t, "n2")
+		heal()
 		job, dir := reftRunCmd(t, "-N5 --no-kill --reft=arc,spares=1 --requeue", bin("reft-train")+" "+strings.Join(append(flags, "--dp", "4"), " "))
 		nl = spareLoss{job: job, dir: dir, killStep: 30}
 		waitOutput(t, dir, job, "\nstep 30 loss")
 		stop := watchFirstStep(dir, job, &nl)
-		cluster(t, "partition", "n2")
+		cluster(t, append([]string{"partition", "n2"}, partArgs...)...)
 		nl.killed = time.Now()
 		waitJobEnd(t, job, 5*time.Minute)
 		stop()
 		return job, dir
 	})
-	defer func() {
-		netResult(t, "n2 cut off from everything, slurmctld included", []string{"n2"}, nl.job, nl.killed, !t.Failed(), "n1", "n2", "n3", "n4", "n5")
-	}()
+	return nl, refHash
+}
+
+// checkQuorumOnN2 checks a partition of n2: the node-loss story with the
+// spare in n2's place and the uninterrupted run's bits (checkNodeLossSpare),
+// the verdict the other agents' quorum's, and nothing published by n2.
+func checkQuorumOnN2(t *testing.T, nl spareLoss, refHash string) {
+	t.Helper()
 	ev := checkNodeLossSpare(t, nl, refHash)
 	if !strings.Contains(ev[1].Cause, "a quorum") {
 		t.Errorf("failure_detected cause %q does not name the agents' quorum", ev[1].Cause)
 	}
 	if af := agentsFailures(t, nl.job, "n2"); len(af) != 0 {
 		t.Errorf("n2, cut off, published %v; want nothing", af)
-	}
-	if f := agentEvents(t, nl.job, "n2")["detect_fenced"]; len(f) == 0 {
-		t.Errorf("n2's agent, alone, never fenced itself (no detect_fenced event)")
-	} else {
-		t.Logf("n2's agent: %v", f[0]["message"])
 	}
 }
 
