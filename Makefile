@@ -25,7 +25,7 @@ BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/r
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
 BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
-.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e e2e-net bench-net demo demo-trixie bench install clean
+.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e e2e-net bench-net bench-gemini demo demo-trixie bench install clean
 all: $(BINARIES)
 
 $(BUILD):
@@ -238,6 +238,18 @@ bench: all
 	REFT_SCALE_N=$(SCALE_N) nice -n 10 $(GO) test -timeout 30m -run '^$$' -bench '^BenchmarkAgentScale$$' -benchtime 1x ./agent/
 	@$(WITH_CLUSTER); \
 	$(GO) test -count=1 -tags e2e -timeout 30m -run '^$$' -bench StepLaunch -benchtime 1x ./tests/e2e/
+	@$(BENCH_GEMINI)
+
+# GEMINI's interference benchmark (issue 19; docs/BENCHMARKS.md): on a --net
+# cluster with n1-n4's links capped by tc, reft-train's step time with
+# background replication unscheduled, paused and scheduled into idle spans,
+# against --reft=off, paired in rotated rounds. BENCH_GEMINI_RATE (200mbit),
+# BENCH_GEMINI_ROUNDS (2) and BENCH_GEMINI_FLAGS (reft-train's) tune it.
+BENCH_GEMINI = $(WITH_NET_CLUSTER); \
+	$(GO) test -count=1 -tags 'e2e e2enet' -timeout 40m -run '^$$' -bench ReplicationInterference -benchtime 1x -v ./tests/e2e/
+bench-gemini: all
+	@echo "make bench-gemini on: $$(lscpu | sed -n 's/^Model name: *//p' | head -1), $$(nproc) cores, $$(uname -r), load $$(cut -d' ' -f1-3 /proc/loadavg)"
+	@$(BENCH_GEMINI)
 
 # The shipped plugstack line and reft.toml name /usr/local and /etc: install
 # rewrites them for PREFIX and SYSCONFDIR (DESTDIR is only where the files

@@ -14,6 +14,7 @@ import (
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/agent/netsched"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/peerconfig"
 	"github.com/reft-hpc/reft/agent/proto"
@@ -76,7 +77,14 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	if err != nil {
 		return nil, err
 	}
-	srv.SetBackgroundRate(int64(cfg.Protect.BackgroundRate), int64(cfg.Protect.BackgroundBurst))
+	if err := srv.SetBackground(cfg.Protect); err != nil {
+		return nil, err
+	}
+	if cfg.Protect.BackgroundSchedule == config.ScheduleIdle {
+		d := netsched.Default
+		log.Info().Str("event", "replication_schedule").Str("schedule", config.ScheduleIdle).
+			Msgf("background replication is scheduled into the network's idle spans once the communication timeline is learned (%d repetitions of the step's phases, from the ranks' comm_phase reports); until then, and in a job that reports no phases, it only pauses during phases", d.ProfileSteps)
+	}
 	srv.PeerHooks(&pc)
 	// `reft status` asks every agent for this over the mesh port.
 	pc.Status = func() any { return srv.Status() }

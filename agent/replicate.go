@@ -15,7 +15,9 @@ import (
 
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/agent/netsched"
 	"github.com/reft-hpc/reft/agent/peer"
+	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/sg"
 	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/tmpfs"
@@ -46,9 +48,12 @@ import (
 // each other, so a slow peer skips steps instead of queueing them.
 //
 // The traffic is paced by one peer.Limiter per agent (reft.toml [protect]),
-// on both ends of every fetch, and paused while any local rank reports a
-// communication phase (the `comm` message): replication fills the gaps
-// between the trainer's collectives.
+// on both ends of every fetch, and scheduled around the local ranks'
+// communication phases (the `comm` message) by [protect]
+// background_schedule: "paused" (the default) stops it while any rank is
+// in a phase; "idle" learns the node's communication timeline and admits
+// a chunk only if it fits the predicted idle span (agent/netsched, the
+// limiter's gate); "unscheduled" ignores the phases.
 
 // replicaShard is the store key's shard of the replicas a node keeps of
 // other nodes' ranks.
@@ -72,7 +77,11 @@ type replicator struct {
 	out  map[int]*pendingOut // owner side, per local rank
 	in   map[int]*pendingIn  // peer side, per owner rank
 	comm int                 // connections in a communication phase
-	once sync.Map            // warnings said once, by key
+	// policy is [protect] background_schedule; sched its schedule
+	// ("idle" only), fed the node's phase changes under mu.
+	policy string
+	sched  *netsched.Scheduler
+	once   sync.Map // warnings said once, by key
 
 	hosts  rankHosts // where the job's ranks run, for the placement
 	placed string    // the placement last logged (replica_placement)
@@ -82,6 +91,7 @@ type replicator struct {
 	pausedWaits atomic.Int64 // copies that found the limiter paused before a section
 	fetching    atomic.Int64 // sections whose fetch started
 	committed   atomic.Int64 // replicas committed
+	statsLogged atomic.Bool  // replication_schedule_stats said
 }
 
 type pendingOut struct {
@@ -104,23 +114,80 @@ type replicaReq struct {
 func newReplicator(s *Server) *replicator {
 	d := config.Default().Protect
 	r := &replicator{s: s, lim: peer.NewLimiter(int64(d.BackgroundRate), int64(d.BackgroundBurst)),
-		out: map[int]*pendingOut{}, in: map[int]*pendingIn{}}
+		out: map[int]*pendingOut{}, in: map[int]*pendingIn{}, policy: d.BackgroundSchedule}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	return r
 }
 
 // stop cancels the copies and requests in flight and waits for them (the
-// store must outlive them).
+// store must outlive them), and logs what the idle-span schedule did.
 func (r *replicator) stop() {
 	r.mu.Lock() // no goroutine starts after this: they start under mu, after checking ctx
 	r.cancel()
+	sched := r.sched
 	r.mu.Unlock()
 	r.wg.Wait()
+	if sched != nil && r.statsLogged.CompareAndSwap(false, true) { // the server stops it more than once
+		logSchedStats(r.s.log.Info(), sched.Stats()).Str("event", "replication_schedule_stats").
+			Msg("what the idle-span schedule of background replication did")
+	}
 }
 
-// SetBackgroundRate sets the pace of background replication (reft.toml
-// [protect]); rate 0 is unlimited.
-func (s *Server) SetBackgroundRate(rate, burst int64) { s.repl.lim.SetRate(rate, burst) }
+// schedMetrics adds the idle-span schedule's counts to the status reply's
+// metrics section m (nil: none).
+func (r *replicator) schedMetrics(m *proto.Metrics) *proto.Metrics {
+	r.mu.Lock()
+	sched := r.sched
+	r.mu.Unlock()
+	if m == nil || sched == nil {
+		return m
+	}
+	st := sched.Stats()
+	m.ReplicationSchedule = &proto.ReplicationSchedule{Chunks: uint64(st.Chunks), Unplanned: uint64(st.Unplanned), Oversize: uint64(st.Oversize),
+		SpansSkipped: uint64(st.Skipped), PhasesOverrun: uint64(st.Overran), Reprofiles: uint64(st.Reprofiles)}
+	return m
+}
+
+func logSchedStats(e *zerolog.Event, st netsched.Stats) *zerolog.Event {
+	return e.Bool("profiled", st.Profiled).Float64("bandwidth_bytes_per_s", st.Bandwidth).
+		Int64("chunks_in_idle_spans", st.Chunks).Int64("bytes_in_idle_spans", st.Bytes).
+		Int64("chunks_unplanned", st.Unplanned).Int64("idle_spans_skipped", st.Skipped).
+		Int64("phases_overrun", st.Overran).Int64("chunks_oversize", st.Oversize).Int64("reprofiles", st.Reprofiles)
+}
+
+// setSchedule sets [protect] background_schedule (config.Schedule*);
+// rate, the configured background rate (0: unlimited), is the idle
+// schedule's bandwidth until one is measured. Call it before peering
+// starts.
+func (r *replicator) setSchedule(policy string, rate int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch policy {
+	case config.SchedulePaused, config.ScheduleUnscheduled:
+		r.sched = nil
+		r.lim.SetGate(nil)
+	case config.ScheduleIdle:
+		r.sched = netsched.New(netsched.Config{Bandwidth: float64(rate)})
+		r.lim.SetGate(r.sched)
+	default:
+		return fmt.Errorf("background replication schedule %q: want %q, %q or %q", policy, config.SchedulePaused, config.ScheduleIdle, config.ScheduleUnscheduled)
+	}
+	if r.comm > 0 && policy != config.SchedulePaused {
+		r.lim.Resume()
+	} else if r.comm > 0 {
+		r.lim.Pause()
+	}
+	r.policy = policy
+	return nil
+}
+
+// SetBackground sets the pace (background_rate, 0: unlimited;
+// background_burst) and the schedule (background_schedule) of background
+// replication from reft.toml [protect]. Call it before peering starts.
+func (s *Server) SetBackground(p config.Protect) error {
+	s.repl.lim.SetRate(int64(p.BackgroundRate), int64(p.BackgroundBurst))
+	return s.repl.setSchedule(p.BackgroundSchedule, int64(p.BackgroundRate))
+}
 
 // PeerHooks fills what the peer transport needs from the server: the
 // background limiter and the handler of replicate requests. Call it on the
@@ -143,15 +210,41 @@ func (s *Server) commPhase(rc *rankConn, active bool, log zerolog.Logger) {
 	if active {
 		r.comm++
 		if r.comm == 1 {
-			r.lim.Pause()
-			log.Trace().Str("event", "background_paused").Int("rank", rc.key.Rank).Msg("a communication phase began: background replication paused")
+			r.nodePhase(true, rc.key.Rank, log)
 		}
 		return
 	}
 	r.comm--
 	if r.comm == 0 {
-		r.lim.Resume()
-		log.Trace().Str("event", "background_resumed").Int("rank", rc.key.Rank).Msg("communication phases ended: background replication resumed")
+		r.nodePhase(false, rc.key.Rank, log)
+	}
+}
+
+// nodePhase applies the schedule to the node entering (active) or
+// leaving its communication phase (the first rank in, the last out).
+// Called under mu, so the scheduler sees the changes in order.
+func (r *replicator) nodePhase(active bool, rank int, log zerolog.Logger) {
+	switch r.policy {
+	case config.SchedulePaused:
+		if active {
+			r.lim.Pause()
+			log.Trace().Str("event", "background_paused").Int("rank", rank).Msg("a communication phase began: background replication paused")
+		} else {
+			r.lim.Resume()
+			log.Trace().Str("event", "background_resumed").Int("rank", rank).Msg("communication phases ended: background replication resumed")
+		}
+	case config.ScheduleIdle:
+		ev := r.sched.Comm(time.Now(), active)
+		switch ev.Kind {
+		case netsched.Learned:
+			logSchedStats(log.Info(), r.sched.Stats()).Str("event", "replication_schedule_learned").Stringer("profile", ev.Profile).
+				Msgf("learned the job's communication timeline (%s): background replication now sends only chunks that fit its idle spans", ev.Profile)
+		case netsched.Reprofiled:
+			logSchedStats(log.Info(), r.sched.Stats()).Str("event", "replication_schedule_reprofile").Dur("profiled_step", ev.Profile.Step).
+				Dur("measured_step", ev.Measured).Float64("change", ev.Change()).
+				Msgf("the step time changed by %+.0f%% (%s -> %s): learning the communication timeline again; meanwhile background replication pauses only during phases",
+					100*ev.Change(), ev.Profile.Step, ev.Measured)
+		}
 	}
 }
 

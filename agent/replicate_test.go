@@ -252,6 +252,56 @@ func TestReplicaPausedDuringCommPhase(t *testing.T) {
 	}
 }
 
+// TestReplicaSchedules: [protect] background_schedule on both nodes.
+// "unscheduled" copies during a holder's communication phase; "idle",
+// before it has learned a timeline, holds the copy in its gate (not the
+// limiter's pause) until the phase ends. The schedule itself is
+// agent/netsched's tests.
+func TestReplicaSchedules(t *testing.T) {
+	cases := []struct {
+		policy string
+		held   bool // no replica commits during the phase
+	}{
+		{config.ScheduleUnscheduled, false},
+		{config.ScheduleIdle, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.policy, func(t *testing.T) {
+			j := startJob(t, "arc", []string{"n1", "n2", "n3", "n4"}, map[string]string{}, "")
+			for _, n := range j.nodes {
+				if err := n.srv.SetBackground(config.Protect{BackgroundBurst: 8 << 20, BackgroundSchedule: tc.policy}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h := j.node(j.replicaHolders("n1", 1)[0])
+			side := sideClient(t, h)
+			side.CommPhase(true)
+			waitFor(t, h.name+"'s phase", func() bool { h.srv.repl.mu.Lock(); defer h.srv.repl.mu.Unlock(); return h.srv.repl.comm == 1 })
+			j.saveSteps(1, true)
+			if !tc.held {
+				waitFor(t, h.name+"'s replica of rank 0 during the phase", func() bool { return replicaStep(h, 0) == 1 })
+				if h.srv.repl.lim.Paused() {
+					t.Errorf("%s's limiter paused under %q", h.name, tc.policy)
+				}
+				side.CommPhase(false)
+				return
+			}
+			waitFor(t, h.name+"'s fetch to start", func() bool { return h.srv.repl.fetching.Load() > 0 })
+			if got := replicaStep(h, 0); got != -1 {
+				t.Fatalf("%s committed rank 0's replica of step %d during the communication phase", h.name, got)
+			}
+			if h.srv.repl.lim.Paused() {
+				t.Errorf("%s's limiter paused under %q: the gate holds the copy, not the pause", h.name, tc.policy)
+			}
+			side.CommPhase(false)
+			waitFor(t, h.name+"'s replica of rank 0 after the phase", func() bool { return replicaStep(h, 0) == 1 })
+			if st := h.srv.repl.sched.Stats(); st.Profiled || st.Unplanned == 0 {
+				t.Errorf("%s's schedule %+v: want no profile from one phase, and the copy's chunks admitted unplanned", h.name, st)
+			}
+		})
+	}
+}
+
 // TestHolders: the agent's placement peers are those of reft explain's
 // model (sg.Model.Placement) over the nodes that host ranks: spares keep
 // no copies wherever they sit in the allocation, placement groups span
@@ -448,7 +498,9 @@ func BenchmarkReplication(b *testing.B) {
 			}
 			j := startJob(b, "arc", []string{"n1", "n2"}, map[string]string{}, "", shOpts{chunk: 4 << 20, bufs: bufs})
 			for _, n := range j.nodes {
-				n.srv.SetBackgroundRate(tc.rate, 8<<20)
+				if err := n.srv.SetBackground(config.Protect{BackgroundRate: config.Rate(tc.rate), BackgroundBurst: 8 << 20, BackgroundSchedule: config.SchedulePaused}); err != nil {
+					b.Fatal(err)
+				}
 			}
 			b.SetBytes(2 * size)
 			b.ResetTimer()

@@ -253,7 +253,7 @@ func (s *Server) Status() proto.Status {
 		Clients: int(s.ls.Clients()), Connections: s.ls.Accepted(), BadFrames: s.ls.BadFrames(),
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
 		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.rings.placementWarnings(), Memory: s.memoryStatus(),
-		Store: s.storeCounters(), LostNodes: s.notes.lostNodes(), Metrics: s.met.Status(),
+		Store: s.storeCounters(), LostNodes: s.notes.lostNodes(), Metrics: s.repl.schedMetrics(s.met.Status()),
 	}
 }
 

@@ -140,7 +140,23 @@ type Protect struct {
 	// BackgroundBurst is the token bucket's depth: how many bytes may pass
 	// at once after an idle spell.
 	BackgroundBurst Size `toml:"background_burst"`
+	// BackgroundSchedule is when background replication may use the
+	// network: one of the Schedule* values.
+	BackgroundSchedule string `toml:"background_schedule"`
 }
+
+// The values of protect.background_schedule.
+const (
+	// SchedulePaused pauses replication while any local rank reports a
+	// communication phase (comm_phase) and sends at once otherwise.
+	SchedulePaused = "paused"
+	// ScheduleIdle learns the job's communication timeline from those
+	// reports and sends only chunks that fit the predicted idle spans
+	// (agent/netsched, GEMINI section 5).
+	ScheduleIdle = "idle"
+	// ScheduleUnscheduled ignores the phases: only the rate limits.
+	ScheduleUnscheduled = "unscheduled"
+)
 
 // Detect is the agents' failure detector (agent/detect): heartbeats to
 // the watched peers, suspicion, confirmation by other agents, and rank
@@ -312,7 +328,7 @@ func Default() Config {
 			Interval: Duration(500 * time.Millisecond),
 			Timeout:  Duration(2 * time.Second),
 		},
-		Protect: Protect{BackgroundRate: 2 << 30, BackgroundBurst: 64 << 20},
+		Protect: Protect{BackgroundRate: 2 << 30, BackgroundBurst: 64 << 20, BackgroundSchedule: SchedulePaused},
 		Detect: Detect{Enabled: true, Interval: Duration(250 * time.Millisecond), Timeout: Duration(time.Second),
 			Confirm: Duration(500 * time.Millisecond), Window: Duration(3 * time.Second), Hang: Duration(10 * time.Minute), HangFactor: 10},
 		Log: Log{Dir: "/var/log/reft", Level: "info"},
@@ -471,6 +487,12 @@ func (p Protect) validate() error {
 	}
 	if p.BackgroundBurst <= 0 {
 		return fmt.Errorf("protect.background_burst = %d: want a positive size (\"64MiB\")", int64(p.BackgroundBurst))
+	}
+	switch p.BackgroundSchedule {
+	case SchedulePaused, ScheduleIdle, ScheduleUnscheduled:
+	default:
+		return fmt.Errorf("protect.background_schedule = %q: want %q (pause during the ranks' communication phases, the default), %q (fit chunks into the predicted idle spans) or %q (ignore the phases)",
+			p.BackgroundSchedule, SchedulePaused, ScheduleIdle, ScheduleUnscheduled)
 	}
 	return nil
 }

@@ -73,6 +73,9 @@ func TestParseValid(t *testing.T) {
 			return c.Protect.BackgroundRate == 1000 && c.Protect.BackgroundBurst == 4096
 		}},
 		{"background unlimited", "[protect]\nbackground_rate = \"unlimited\"", func(c Config) bool { return c.Protect.BackgroundRate == 0 }},
+		{"schedule default", "[protect]\nbackground_rate = 1000", func(c Config) bool { return c.Protect.BackgroundSchedule == SchedulePaused }},
+		{"schedule idle", "[protect]\nbackground_schedule = \"idle\"", func(c Config) bool { return c.Protect.BackgroundSchedule == ScheduleIdle }},
+		{"schedule unscheduled", "[protect]\nbackground_schedule = \"unscheduled\"", func(c Config) bool { return c.Protect.BackgroundSchedule == ScheduleUnscheduled }},
 		{"failure rate", "[persist]\nfailures_per_node_day = 0.5", func(c Config) bool { return c.Persist.FailuresPerNodeDay == 0.5 }},
 		{"failure rate int", "[persist]\nfailures_per_node_day = 2", func(c Config) bool { return c.Persist.FailuresPerNodeDay == 2 }},
 		{"log", "[log]\nlevel = \"debug\"\ndir = \"/l\"", func(c Config) bool { return c.Log.Level == "debug" && c.Log.Dir == "/l" }},
@@ -150,6 +153,7 @@ func TestParseInvalid(t *testing.T) {
 		{"rate without per second", "[protect]\nbackground_rate = \"2GiB\"", "not a rate"},
 		{"negative rate", "[protect]\nbackground_rate = -5", "not a rate"},
 		{"rate word", "[protect]\nbackground_rate = \"fast\"", "not a rate"},
+		{"bad schedule", "[protect]\nbackground_schedule = \"gemini\"", `protect.background_schedule = "gemini": want "paused"`},
 		{"zero burst", "[protect]\nbackground_burst = 0", "not a size"},
 		{"burst word", "[protect]\nbackground_burst = \"big\"", "not a size"},
 		{"protect key miscased", "[protect]\nBackground_Rate = \"1GiB/s\"", `unknown key "protect.Background_Rate"`},

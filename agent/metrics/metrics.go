@@ -181,6 +181,9 @@ var (
 	fEncode       = fam("reft_redundancy_encode_seconds", "histogram", "A commit's redundancy encode (ARC copy, AEC parity).")
 	fReplBytes    = fam("reft_replication_bytes_total", "counter", "Payload bytes of background replicas of other nodes' ranks committed on this node.")
 	fReplDur      = fam("reft_replication_duration_seconds", "histogram", "A background replica's copy, request to commit on this node.")
+	fSchedChunks  = fam("reft_replication_scheduled_chunks_total", "counter", "Background replication chunks the idle-span schedule (background_schedule = \"idle\") admitted on this node, by how: into a predicted idle span (idle_span), before a timeline was learned (unplanned), or larger than any idle span (oversize).", "how")
+	fSchedSkipped = fam("reft_replication_idle_spans_skipped_total", "counter", "Idle spans that ended with a background chunk waiting and none admitted (too short for it).")
+	fSchedOverrun = fam("reft_replication_phases_overrun_total", "counter", "Communication phases that began before the admitted background chunks were done, at the estimated bandwidth.")
 	fPeers        = fam("reft_peers", "gauge", "The job's other nodes this agent knows.")
 	fPeersConn    = fam("reft_peers_connected", "gauge", "The job's other agents this agent is connected to.")
 	fLost         = fam("reft_lost_nodes", "gauge", "The job's nodes the failure detector published lost.")
@@ -195,7 +198,7 @@ var (
 )
 
 var all = []*family{fInfo, fUptime, fSnapDur, fSnapBytes, fCommitted, fCommits, fSaveFail, fDegraded, fDegradedWhy,
-	fEncode, fReplBytes, fReplDur, fPeers, fPeersConn, fLost, fFailures, fDetectLat, fRestoreDur,
+	fEncode, fReplBytes, fReplDur, fSchedChunks, fSchedSkipped, fSchedOverrun, fPeers, fPeersConn, fLost, fFailures, fDetectLat, fRestoreDur,
 	fMemBudget, fMemUsed, fMemHeld, fMemPinned, fChecksumFail}
 
 // Families lists the exported family names and their types (counter,
@@ -343,6 +346,15 @@ func collect(ch chan<- prometheus.Metric, st *proto.Status) {
 	h(fEncode, m.EncodeSeconds)
 	h(fReplDur, m.ReplicationSeconds)
 	c(fReplBytes, float64(m.ReplicationBytes))
+	rs := m.ReplicationSchedule
+	if rs == nil {
+		rs = &proto.ReplicationSchedule{} // another schedule: zero, so rate() sees the first chunk of a later job
+	}
+	c(fSchedChunks, float64(rs.Chunks), "idle_span")
+	c(fSchedChunks, float64(rs.Unplanned), "unplanned")
+	c(fSchedChunks, float64(rs.Oversize), "oversize")
+	c(fSchedSkipped, float64(rs.SpansSkipped))
+	c(fSchedOverrun, float64(rs.PhasesOverrun))
 	h(fDetectLat, m.DetectionSeconds)
 	for _, cl := range sortedKeys(m.FailuresDetected) {
 		c(fFailures, float64(m.FailuresDetected[cl]), cl)

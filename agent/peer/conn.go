@@ -49,6 +49,8 @@ type conn struct {
 	// lastData is when chunk bytes last arrived (unix nanoseconds): a
 	// connection busy with other streams' chunks excuses a quiet one.
 	lastData atomic.Int64
+	// rate samples the link's rate after background chunks.
+	rate rateMeter
 
 	once   sync.Once
 	closed chan struct{}

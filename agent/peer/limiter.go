@@ -21,6 +21,36 @@ type Limiter struct {
 	last   time.Time
 	paused bool
 	resume chan struct{} // closed by Resume
+	gate   Gate          // nil: none
+}
+
+// Gate decides when a background chunk may start after the token bucket
+// has passed it (agent/netsched's idle-span schedule). Admit blocks until
+// n bytes may start; Sent reports that n bytes took d to write.
+type Gate interface {
+	Admit(ctx context.Context, n int64) error
+	Sent(n int64, d time.Duration)
+}
+
+// SetGate makes every later Wait also pass g (nil: none). Set it before
+// traffic starts.
+func (l *Limiter) SetGate(g Gate) {
+	l.mu.Lock()
+	l.gate = g
+	l.mu.Unlock()
+}
+
+// Sent tells the gate, if any, that n background bytes took d to write.
+func (l *Limiter) Sent(n int64, d time.Duration) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	g := l.gate
+	l.mu.Unlock()
+	if g != nil {
+		g.Sent(n, d)
+	}
 }
 
 // NewLimiter allows rate bytes per second with bursts of burst bytes;
@@ -100,18 +130,32 @@ func (l *Limiter) waitResume(ctx context.Context) error {
 }
 
 // Wait takes n bytes' worth of tokens, blocking while paused and until the
-// bucket has them. A nil Limiter never blocks.
+// bucket has them, then until the gate (if any) admits them (n > 0: a wait
+// for the pause alone does not ask the gate). A nil Limiter never blocks.
 func (l *Limiter) Wait(ctx context.Context, n int64) error {
 	if l == nil {
 		return nil
 	}
+	if err := l.wait(ctx, n); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	g := l.gate
+	l.mu.Unlock()
+	if g == nil || n <= 0 {
+		return nil
+	}
+	return g.Admit(ctx, n)
+}
+
+func (l *Limiter) wait(ctx context.Context, n int64) error {
 	if err := l.waitResume(ctx); err != nil {
 		return err
 	}
 	l.mu.Lock()
 	if l.paused { // paused between the check and the lock: start over
 		l.mu.Unlock()
-		return l.Wait(ctx, n)
+		return l.wait(ctx, n)
 	}
 	now := time.Now()
 	l.refill(now)

@@ -3,6 +3,8 @@ package peer
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"testing"
 	"time"
 )
@@ -157,4 +159,83 @@ func TestBackgroundClientPause(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+type countGate struct{ admitted, sent int64 }
+
+func (g *countGate) Admit(_ context.Context, n int64) error { g.admitted += n; return nil }
+func (g *countGate) Sent(n int64, _ time.Duration)          { g.sent += n }
+
+// TestLimiterGate: a Wait for bytes passes the gate after the bucket; a
+// wait for the pause alone (n = 0) does not; Sent reaches the gate.
+func TestLimiterGate(t *testing.T) {
+	tests := []struct {
+		name         string
+		waits        []int64
+		sent         int64
+		wantAdmitted int64
+	}{
+		{"bytes", []int64{10, 20}, 5, 30},
+		{"pause only", []int64{0, 0}, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := &countGate{}
+			l := NewLimiter(0, 0)
+			l.SetGate(g)
+			for _, n := range tt.waits {
+				if err := l.Wait(t.Context(), n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l.Sent(tt.sent, time.Millisecond)
+			if g.admitted != tt.wantAdmitted || g.sent != tt.sent {
+				t.Errorf("gate admitted %d sent %d, want %d and %d", g.admitted, g.sent, tt.wantAdmitted, tt.sent)
+			}
+		})
+	}
+}
+
+// TestDeliveryRate: a TCP connection that carried data has a rate; a
+// pipe has none.
+func TestDeliveryRate(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	var pm, m rateMeter
+	if _, ok := pm.sample(a); ok {
+		t.Error("a pipe has a delivery rate")
+	}
+	buf := make([]byte, 1<<20)
+	for range 8 { // the rate is sampled as acknowledgements come back
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 100 {
+		if r, ok := m.sample(c); ok && r > 0 {
+			return
+		}
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Error("no delivery rate after 108 MiB over loopback")
 }

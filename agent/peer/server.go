@@ -806,6 +806,11 @@ func (sc *serverConn) stream(st *sendStream) {
 		if err := c.writeChunk(st.id, i, data, crc); err != nil {
 			return
 		}
+		if req.Background {
+			if rate, ok := c.rate.sample(c.nc); ok {
+				s.cfg.Background.Sent(int64(len(data)), time.Duration(float64(len(data))/rate*float64(time.Second)))
+			}
+		}
 		s.stats.ChunksSent.Add(1)
 		s.stats.BytesSent.Add(uint64(len(data)))
 	}

@@ -295,6 +295,27 @@ type Metrics struct {
 	// nodes' ranks committed here; ReplicationSeconds the time each took.
 	ReplicationBytes   uint64     `json:"replication_bytes"`
 	ReplicationSeconds *Histogram `json:"replication_seconds,omitempty"`
+	// ReplicationSchedule is what the idle-span schedule of background
+	// replication did ([protect] background_schedule = "idle"); nil
+	// under the other schedules.
+	ReplicationSchedule *ReplicationSchedule `json:"replication_schedule,omitempty"`
+}
+
+// ReplicationSchedule counts the idle-span schedule's decisions on this
+// node (agent/netsched), both ends of its fetches together.
+type ReplicationSchedule struct {
+	// Chunks admitted into a predicted idle span; Unplanned ones admitted
+	// with no timeline learned (outside phases, as "paused" does);
+	// Oversize ones larger than any idle span (each started alone).
+	Chunks    uint64 `json:"chunks"`
+	Unplanned uint64 `json:"unplanned"`
+	Oversize  uint64 `json:"oversize"`
+	// SpansSkipped: idle spans that ended with a chunk waiting and none
+	// admitted; PhasesOverrun: phases that began before the admitted
+	// chunks were done at the estimated bandwidth.
+	SpansSkipped  uint64 `json:"spans_skipped"`
+	PhasesOverrun uint64 `json:"phases_overrun"`
+	Reprofiles    uint64 `json:"reprofiles"`
 }
 
 // Histogram is a distribution of observations: Count and Sum of them, and

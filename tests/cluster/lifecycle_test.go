@@ -166,6 +166,9 @@ func TestErrors(t *testing.T) {
 		{[]string{"flap", "n1", "soon"}, "SECONDS must be a number"},
 		{[]string{"stall", "n1", "-1"}, "SECONDS must be a number"},
 		{[]string{"delay", "n1", "1.5"}, "MS must be a whole number"},
+		{[]string{"rate", "n1", "fast"}, "RATE must be a whole number followed by kbit, mbit or gbit"},
+		{[]string{"rate", "n1", "0mbit"}, "use 'rate NODE off' to lift a cap"},
+		{[]string{"rate", "n1"}, "usage: cluster rate NODE RATE|off"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, "_"), func(t *testing.T) {
@@ -416,6 +419,20 @@ func TestNetFaults(t *testing.T) {
 	}
 	// A delayed node that is killed and revived comes back undelayed and
 	// connected, and down stops a relay still running (the cleanup checks).
+	// rate caps both ends of a node's veth with tbf; off lifts both.
+	qdiscs := func(n string) string {
+		host, _ := exec.Command("tc", "qdisc", "show", "dev", "rftv27800-"+n[1:]).Output()
+		node, _ := exec.Command("nsenter", "--net=/proc/"+pid(n)+"/ns/net", "tc", "qdisc", "show", "dev", "rftn"+n[1:]).Output()
+		return string(host) + string(node)
+	}
+	must("rate", "n2", "8mbit")
+	if q := qdiscs("n2"); strings.Count(q, "qdisc tbf") != 2 || strings.Count(q, "rate 8Mbit") != 2 {
+		t.Errorf("rate n2 8mbit: want a tbf at 8Mbit on both ends of n2's veth, got\n%s", q)
+	}
+	must("rate", "n2", "off")
+	if q := qdiscs("n2"); strings.Contains(q, "tbf") {
+		t.Errorf("rate n2 off: a tbf is left\n%s", q)
+	}
 	must("delay", "n2", strconv.Itoa(delayMS))
 	must("kill-node", "n2")
 	must("revive", "n2")

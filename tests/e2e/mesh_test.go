@@ -50,7 +50,7 @@ type peeringStatus struct {
 }
 
 // agentEvents reads a node's agent log for job: lines by event.
-func agentEvents(t *testing.T, job, node string) map[string][]map[string]any {
+func agentEvents(t testing.TB, job, node string) map[string][]map[string]any {
 	t.Helper()
 	out := map[string][]map[string]any{}
 	f, err := os.Open(filepath.Join(clusterDir, "log", "reft", job, node+".jsonl"))

@@ -61,6 +61,13 @@ type Config struct {
 	// its end: a stand-in for a bigger model, so that a demo or a failure
 	// test can hit a chosen step. It changes no result.
 	MinStep time.Duration
+	// Compute makes every rank's every step compute Compute longer
+	// (sleeping) before its gradient all-reduce: a stand-in for a GPU's
+	// forward and backward passes, which leave the network idle, so that
+	// a benchmark can give the step idle spans of a chosen length. Unlike
+	// MinStep it adds to the step, so a slower all-reduce shows in the
+	// step time. It changes no result.
+	Compute time.Duration
 	// SlowStep makes step SlowAt take SlowStep longer on every rank (after
 	// the MinStep padding): a deliberately slow step, which hang
 	// detection must not call a hang. It changes no result.
@@ -117,6 +124,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	fs.Int64Var(&c.LogEvery, "log-every", c.LogEvery, "log the loss every N steps")
 	fs.DurationVar(&c.MinStep, "min-step", c.MinStep, "pad every step to at least this wall time by sleeping (e.g. 500ms): "+
 		"a stand-in for a bigger model in demos and failure tests; results are unchanged")
+	fs.DurationVar(&c.Compute, "compute", c.Compute, "every rank computes this much longer in every step, before the all-reduce, by sleeping (e.g. 200ms): "+
+		"a stand-in for a GPU's forward and backward passes, which leave the network idle; it adds to the step time; results are unchanged")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute goroutines per rank (0: GOMAXPROCS)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -205,6 +214,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("--steps %d: must be >= 1", c.Steps)
 	case c.MinStep < 0:
 		return fmt.Errorf("--min-step %v: must not be negative", c.MinStep)
+	case c.Compute < 0:
+		return fmt.Errorf("--compute %v: must not be negative", c.Compute)
 	case c.Optimizer != SGD && c.Optimizer != Momentum && c.Optimizer != Adam && c.Optimizer != AdamW:
 		return fmt.Errorf("--optimizer %q: use sgd, momentum, adam or adamw", c.Optimizer)
 	case !(c.LR > 0) || math.IsInf(c.LR, 0):

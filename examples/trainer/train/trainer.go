@@ -268,6 +268,9 @@ func (t *trainer) run(o Options) (*Result, error) {
 		if err := t.computeGradients(step); err != nil {
 			return nil, fmt.Errorf("step %d: %w", step, err)
 		}
+		if cfg.Compute > 0 {
+			time.Sleep(cfg.Compute)
+		}
 		if cfg.SlowRankBy > 0 && t.rank == cfg.SlowRank {
 			time.Sleep(cfg.SlowRankBy)
 		}

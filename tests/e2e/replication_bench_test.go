@@ -1,0 +1,173 @@
+//go:build e2e && e2enet
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkReplicationInterference (make bench-gemini; docs/BENCHMARKS.md):
+// GEMINI's question, whether background replication slows training down
+// where the network is the bottleneck. Four nodes of a --net cluster, each
+// link capped by tc (cluster rate, BENCH_GEMINI_RATE), run reft-train with
+// DP 4, ZeRO-1 AdamW (the moments are unreplicated: each rank's shard is
+// copied to its GEMINI placement peer after every commit), --save-every 1
+// and --compute (a GPU's forward and backward passes stand-in: an idle
+// network span before each all-reduce), so replication and the gradient
+// all-reduce compete on every step. Variants, each round in a rotated
+// order:
+//
+//   - --reft=off: the baseline;
+//   - --reft=arc with [protect] background_schedule = "unscheduled",
+//     "paused" (the default) and "idle" (agent/netsched).
+//
+// It reports each variant's median over the rounds of the per-round ratio
+// of rank 0's mean step time to the baseline's, and checks that every
+// --reft=arc run committed replicas (else it measured nothing), and that
+// "idle" learned a timeline.
+func BenchmarkReplicationInterference(b *testing.B) {
+	if !clusterNet() {
+		b.Fatal("needs the nodes' own networks: bring the cluster up with 'tests/cluster/cluster up --net --no-reft'")
+	}
+	rate := envOr("BENCH_GEMINI_RATE", "200mbit")
+	rounds, _ := strconv.Atoi(envOr("BENCH_GEMINI_ROUNDS", "2"))
+	flags := strings.Fields(envOr("BENCH_GEMINI_FLAGS", "--size 4MiB --compute 60ms --steps 24 --zero1 --optimizer adamw --save-every 1 --log-every 24 --batch 64 --micro 8"))
+	nodes := []string{"n1", "n2", "n3", "n4"}
+	for _, n := range nodes {
+		cluster(b, "rate", n, rate)
+		b.Cleanup(func() { cluster(b, "rate", n, "off") })
+	}
+	conf := filepath.Join(clusterDir, "etc", "reft-gemini-bench.toml")
+	enableReftArgs(b, "config="+conf)
+	variants := []struct{ name, reft, schedule string }{
+		{"off", "--reft=off", ""},
+		{"unscheduled", "--reft=arc", "unscheduled"},
+		{"paused", "--reft=arc", "paused"},
+		{"idle", "--reft=arc", "idle"},
+	}
+	for i := 0; i < b.N; i++ {
+		ratios := make([][]float64, len(variants))
+		for r := range rounds {
+			ms := make([]float64, len(variants))
+			for k := range variants {
+				v := (r + k) % len(variants)
+				vr := variants[v]
+				writeBenchConf(b, conf, vr.schedule)
+				job, stepMs := benchTrain(b, nodes, vr.reft, flags)
+				ms[v] = stepMs
+				if vr.schedule != "" {
+					b.Logf("round %d %s (job %s): %.1f ms/step; %s", r, vr.name, job, stepMs, replicationSummary(b, job, nodes, vr.schedule))
+				} else {
+					b.Logf("round %d %s (job %s): %.1f ms/step", r, vr.name, job, stepMs)
+				}
+			}
+			for v := range variants {
+				ratios[v] = append(ratios[v], ms[v]/ms[0])
+			}
+		}
+		med := func(v []float64) float64 {
+			v = slices.Clone(v)
+			slices.Sort(v)
+			if len(v)%2 == 0 {
+				return (v[len(v)/2-1] + v[len(v)/2]) / 2
+			}
+			return v[len(v)/2]
+		}
+		var sum []string
+		for v := 1; v < len(variants); v++ {
+			b.ReportMetric(med(ratios[v]), "x_"+variants[v].name)
+			sum = append(sum, fmt.Sprintf("%s %.3f %.3f", variants[v].name, med(ratios[v]), ratios[v]))
+		}
+		b.Logf("links capped at %s; reft-train %s; step time against --reft=off, median of %d rounds (per round): %s",
+			rate, strings.Join(flags, " "), rounds, strings.Join(sum, "; "))
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// writeBenchConf writes the e2e reft.toml with background_schedule
+// (empty: the default); the agents read it at the job's start.
+func writeBenchConf(t testing.TB, path, schedule string) {
+	t.Helper()
+	base, err := os.ReadFile(writeReftConf(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if schedule != "" {
+		base = append(base, fmt.Sprintf("[protect]\nbackground_schedule = %q\n", schedule)...)
+	}
+	if err := os.WriteFile(path, base, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var meanStepRe = regexp.MustCompile(`(?m)^mean-step-ms: ([0-9.]+)$`)
+var benchJobRe = regexp.MustCompile(`(?m)^job=(\d+)$`)
+
+// benchTrain runs reft-train on nodes, one rank each, and returns the job
+// id and rank 0's mean step time.
+func benchTrain(t testing.TB, nodes []string, reft string, flags []string) (string, float64) {
+	t.Helper()
+	sh := `[ "$SLURM_PROCID" = 0 ] && echo job=$SLURM_JOB_ID; exec "$0" "$@"`
+	args := append([]string{"srun", "--mpi=pmix", reft, "-w", strings.Join(nodes, ","), "-N" + strconv.Itoa(len(nodes)), "-n" + strconv.Itoa(len(nodes)),
+		"sh", "-c", sh, bin("reft-train")}, flags...)
+	r := mustRun(t, 5*time.Minute, alice, args...)
+	j := benchJobRe.FindStringSubmatch(r.Stdout)
+	m := meanStepRe.FindAllStringSubmatch(r.Stdout, -1)
+	if j == nil || len(m) == 0 {
+		t.Fatalf("no job id or mean-step-ms line:\n%s", r)
+	}
+	var worst float64
+	for _, x := range m { // every rank prints one: take the slowest, which the job waits for
+		v, _ := strconv.ParseFloat(x[1], 64)
+		worst = max(worst, v)
+	}
+	return j[1], worst
+}
+
+// replicationSummary checks that job's agents committed replicas and, for
+// "idle", learned a timeline, and says what they did.
+func replicationSummary(t testing.TB, job string, nodes []string, schedule string) string {
+	t.Helper()
+	var committed, learned int
+	var stats []string
+	deadline := time.Now().Add(30 * time.Second)
+	for _, n := range nodes {
+		var ev map[string][]map[string]any
+		for { // the agent logs its schedule's stats as it exits, after the job
+			ev = agentEvents(t, job, n)
+			if schedule != "idle" || len(ev["replication_schedule_stats"]) > 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		committed += len(ev["replica_committed"])
+		learned += len(ev["replication_schedule_learned"])
+		for _, s := range ev["replication_schedule_stats"] {
+			stats = append(stats, fmt.Sprintf("%s: %v chunks in idle spans, %v unplanned, %v spans skipped, %v phases overrun, %v oversize, %v re-profiles, %.0f MB/s",
+				n, s["chunks_in_idle_spans"], s["chunks_unplanned"], s["idle_spans_skipped"], s["phases_overrun"], s["chunks_oversize"], s["reprofiles"], num(s["bandwidth_bytes_per_s"])/1e6))
+		}
+	}
+	if committed == 0 {
+		t.Errorf("job %s (%s): no replica committed: the run measured no replication", job, schedule)
+	}
+	if schedule == "idle" && learned == 0 {
+		t.Errorf("job %s (idle): no agent learned a communication timeline", job)
+	}
+	return fmt.Sprintf("%d replicas committed, %d timelines learned; %s", committed, learned, strings.Join(stats, "; "))
+}
+
+func num(v any) float64 { f, _ := v.(float64); return f }
