@@ -59,6 +59,9 @@ type Runner struct {
 	events  []recoverylog.Event
 	comment string
 	warned  map[string]bool
+	// held: the nodes the job holds after reft run's last shrink (nil:
+	// none yet); later launches get the resized environment (resizedEnv).
+	held []string
 }
 
 // attempt is one launch of the step.
@@ -569,7 +572,7 @@ func (r *Runner) giveBack(ctx context.Context, a *attempt) {
 		r.say("warning: cannot give lost node(s) %s back to Slurm (%v); the relaunch may wait until Slurm calls them down", strings.Join(lost, ","), err)
 		return
 	}
-	a.shrunk = keep
+	a.shrunk, r.held = keep, keep
 	r.say("gave lost node(s) %s back to Slurm: the job now holds %s", strings.Join(lost, ","), strings.Join(keep, ","))
 }
 
@@ -759,6 +762,13 @@ func (r *Runner) argv(relaunch int) ([]string, []string, error) {
 	env := slices.DeleteFunc(slices.Clone(r.Env), func(kv string) bool {
 		return strings.HasPrefix(kv, "SLURM_HOSTFILE=") || strings.HasPrefix(kv, "REFT_RUN=")
 	})
+	if r.held != nil {
+		if renv, err := resizedEnv(env, r.held); err != nil {
+			r.warnOnce("resizedenv", "cannot give the step the shrunk allocation's environment (%v); its ranks see the allocation as it was submitted, lost nodes included", err)
+		} else {
+			env = renv
+		}
+	}
 	// REFT_RUN marks the step as reft run's for the SPANK plugin's
 	// step-end hold (spank/stepend), which waits for reft run's shrink.
 	return argv, append(env, "SLURM_HOSTFILE="+hostfile, "REFT_RUN="+strconv.Itoa(relaunch)), nil

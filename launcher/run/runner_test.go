@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -860,9 +861,13 @@ func TestRunAgentsVerdict(t *testing.T) {
 			h := newHarness(t, al, spares, fastPolicy(), tc.first,
 				fakeAttempt{exit: 0, agentLog: resumeLogs("2", 5, tc.relaunch...)})
 			h.f.states = tc.states
+			// The batch script's allocation variables, as sbatch sets them.
+			h.r.Env = append(h.r.Env, "SLURM_JOB_NODELIST="+hostlist.Compress(al), "SLURM_NNODES="+strconv.Itoa(len(al)),
+				"SLURM_JOB_CPUS_PER_NODE=2(x"+strconv.Itoa(len(al))+")", "SLURM_TASKS_PER_NODE=1(x"+strconv.Itoa(len(al))+")", "SLURM_NTASKS="+strconv.Itoa(len(al)))
 			if code := h.r.Run(context.Background()); code != want {
 				t.Fatalf("exit %d, want %d\n%s", code, want, h.out.String())
 			}
+			checkResizedEnv(t, h.f.envs, al, tc.shrunk)
 			ev := h.events()
 			fs := find(ev, recoverylog.FailureDetected)
 			if len(fs) != 1 {
@@ -976,5 +981,94 @@ func TestRecoveryPhases(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkResizedEnv: the first launch gets the allocation's variables as
+// sbatch set them; a relaunch after a shrink gets the kept nodes' (as
+// Slurm's resize script sets them), and without a shrink the same as the
+// first.
+func checkResizedEnv(t *testing.T, envs [][]string, alloc, shrunk []string) {
+	t.Helper()
+	get := func(env []string, k string) (string, bool) {
+		for _, kv := range env {
+			if v, ok := strings.CutPrefix(kv, k+"="); ok {
+				return v, true
+			}
+		}
+		return "", false
+	}
+	for i, env := range envs {
+		nodes, ntasks, tasks := alloc, true, true
+		if i > 0 && shrunk != nil {
+			nodes, ntasks, tasks = shrunk, false, false
+		}
+		sorted := slices.Clone(nodes)
+		slices.Sort(sorted) // n1..n6: Slurm's order is the names'
+		want := map[string]string{"SLURM_JOB_NODELIST": hostlist.Compress(sorted), "SLURM_NNODES": strconv.Itoa(len(nodes)),
+			"SLURM_JOB_CPUS_PER_NODE": "2(x" + strconv.Itoa(len(nodes)) + ")"}
+		for k, w := range want {
+			if v, _ := get(env, k); v != w {
+				t.Errorf("launch %d: %s=%q, want %q", i, k, v, w)
+			}
+		}
+		if _, ok := get(env, "SLURM_NTASKS"); ok != ntasks {
+			t.Errorf("launch %d: SLURM_NTASKS set %v, want %v", i, ok, ntasks)
+		}
+		if _, ok := get(env, "SLURM_TASKS_PER_NODE"); ok != tasks {
+			t.Errorf("launch %d: SLURM_TASKS_PER_NODE set %v, want %v", i, ok, tasks)
+		}
+		if _, ok := get(env, "SLURM_NODELIST"); ok {
+			t.Errorf("launch %d: SLURM_NODELIST set; only variables already set are rewritten", i)
+		}
+	}
+}
+
+func TestResizedEnv(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  []string
+		held []string
+		want []string // nil: an error
+		err  string
+	}{
+		{name: "sbatch's variables",
+			env:  []string{"A=1", "SLURM_JOB_NODELIST=n[1-5]", "SLURM_NODELIST=n[1-5]", "SLURM_NNODES=5", "SLURM_JOB_NUM_NODES=5", "SLURM_JOB_CPUS_PER_NODE=2(x5)", "SLURM_TASKS_PER_NODE=1(x5)", "SLURM_NTASKS=5", "SLURM_NPROCS=5"},
+			held: []string{"n5", "n1", "n3", "n4"},
+			want: []string{"A=1", "SLURM_JOB_NODELIST=n[1,3-5]", "SLURM_NODELIST=n[1,3-5]", "SLURM_NNODES=4", "SLURM_JOB_NUM_NODES=4", "SLURM_JOB_CPUS_PER_NODE=2(x4)"}},
+		{name: "unequal CPUs keep their nodes'",
+			env:  []string{"SLURM_JOB_NODELIST=a1,b[1-3]", "SLURM_JOB_CPUS_PER_NODE=8,4(x2),2"},
+			held: []string{"a1", "b3"},
+			want: []string{"SLURM_JOB_NODELIST=a1,b3", "SLURM_JOB_CPUS_PER_NODE=8,2"}},
+		{name: "only what is set",
+			env:  []string{"SLURM_NODELIST=n[1-3]", "PATH=/bin"},
+			held: []string{"n2"},
+			want: []string{"SLURM_NODELIST=n2", "PATH=/bin"}},
+		{name: "a node not in the list", env: []string{"SLURM_JOB_NODELIST=n[1-3]"}, held: []string{"n9"}, err: "node n9 is not in SLURM_JOB_NODELIST=n[1-3]"},
+		{name: "no list", env: []string{"PATH=/bin"}, held: []string{"n1"}, err: "neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set"},
+		{name: "bad CPU counts", env: []string{"SLURM_JOB_NODELIST=n[1-2]", "SLURM_JOB_CPUS_PER_NODE=2(xz)"}, held: []string{"n1"}, err: "not a positive number"},
+		{name: "CPU counts of another list", env: []string{"SLURM_JOB_NODELIST=n[1-3]", "SLURM_JOB_CPUS_PER_NODE=2(x2)"}, held: []string{"n1"}, err: "counts 2 nodes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := resizedEnv(tc.env, tc.held)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("resizedEnv: %v, want an error saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Fatalf("resizedEnv = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCountsRoundTrip(t *testing.T) {
+	for _, s := range []string{"1", "2(x5)", "8,4(x2),2", "0(x3),1"} {
+		c, err := expandCounts(s)
+		if err != nil || compressCounts(c) != s {
+			t.Errorf("%q: expanded %v (%v), compressed back %q", s, c, err, compressCounts(c))
+		}
 	}
 }
