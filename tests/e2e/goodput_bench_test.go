@@ -101,6 +101,12 @@ func BenchmarkGoodput(b *testing.B) {
 		b.ReportMetric(sq.goodput(steps), "steps/s_statusquo")
 		b.ReportMetric(rf.goodput(steps), "steps/s_reft")
 		b.ReportMetric(ratio, "x_goodput")
+		if h := sq.held(); h > 0 {
+			// What the ratio would be against a status quo that waited for
+			// no requeue hold (resubmission instead of requeue): computed,
+			// not run.
+			b.ReportMetric(rf.goodput(steps)*(sq.wall-h).Seconds()/float64(steps), "x_goodput_nohold")
+		}
 		b.Logf("goodput reft / status quo: %.2f (%d steps, kills after steps %v, checkpoint every %d steps at C = %.1f ms)", ratio, steps, kills, every, c*1e3)
 	}
 }
@@ -114,6 +120,17 @@ type goodputResult struct {
 	blockedMs      float64   // the last run's save-blocked-ms (per save)
 	stepMs         float64   // the last run's mean-step-ms
 	recoveries     []goodputRecovery
+	// requeues are the status quo's job's requeues, by restart count.
+	requeues map[int]requeue
+}
+
+// requeue is when slurmctld requeued a job (its new SubmitTime), when the
+// job became eligible to start again (EligibleTime: Slurm holds a requeued
+// job, whatever the free nodes) and when it started (StartTime, once
+// running), to scontrol's second.
+type requeue struct {
+	restarts                  int
+	submit, eligible, started time.Time
 }
 
 // goodputRecovery is one failure: the node killed, rank 0's last step
@@ -121,6 +138,7 @@ type goodputResult struct {
 // the first step logged after the resume.
 type goodputRecovery struct {
 	node           string
+	killed         time.Time
 	killStep, last int64
 	resumed        int64
 	toStep         time.Duration
@@ -128,19 +146,41 @@ type goodputRecovery struct {
 
 func (g goodputResult) goodput(steps int64) float64 { return float64(steps) / g.wall.Seconds() }
 
+// held is the sum of Slurm's requeue holds.
+func (g goodputResult) held() time.Duration {
+	var h time.Duration
+	for _, q := range g.requeues {
+		h += q.eligible.Sub(q.submit)
+	}
+	return h
+}
+
 func (g goodputResult) summary(steps int64) string {
 	var lost int64
 	var rec []string
 	for _, r := range g.recoveries {
 		lost += r.last - r.resumed
-		rec = append(rec, fmt.Sprintf("%s killed after step %d: resumed from step %d (%d lost), first step %.1f s after the kill", r.node, r.killStep, r.resumed, r.last-r.resumed, r.toStep.Seconds()))
+		rec = append(rec, fmt.Sprintf("%s killed at %s after step %d: resumed from step %d (%d lost), first step %.1f s after the kill", r.node, r.killed.Format("15:04:05.0"), r.killStep, r.resumed, r.last-r.resumed, r.toStep.Seconds()))
 	}
 	blocked := fmt.Sprintf("%.1f ms blocked per snapshot", g.blockedMs)
 	if len(g.saveMs) > 0 {
 		blocked = fmt.Sprintf("%.1f ms blocked per checkpoint (median of %d; %.1f ms mean in the last run)", median(g.saveMs), len(g.saveMs), g.blockedMs)
 	}
-	return fmt.Sprintf("%s (job %s): %d steps in %.1f s = %.3f steps/s; %d steps lost; %s; mean step %.1f ms; %s",
-		g.name, g.job, steps, g.wall.Seconds(), g.goodput(steps), lost, blocked, g.stepMs, strings.Join(rec, "; "))
+	held := ""
+	if h := g.held(); h > 0 {
+		held = fmt.Sprintf(" (%.0f s of it Slurm's hold on %d requeues: %.3f steps/s without it)", h.Seconds(), len(g.requeues), float64(steps)/(g.wall-h).Seconds())
+	}
+	for k := 1; k <= len(g.requeues); k++ {
+		if q, ok := g.requeues[k]; ok {
+			started := "not seen running"
+			if !q.started.IsZero() {
+				started = fmt.Sprintf("started %.0f s after that", q.started.Sub(q.eligible).Seconds())
+			}
+			rec = append(rec, fmt.Sprintf("requeue %d at %s: eligible %.0f s later, %s", k, q.submit.Format("15:04:05"), q.eligible.Sub(q.submit).Seconds(), started))
+		}
+	}
+	return fmt.Sprintf("%s (job %s): %d steps in %.1f s%s = %.3f steps/s; %d steps lost; %s; mean step %.1f ms; %s",
+		g.name, g.job, steps, g.wall.Seconds(), held, g.goodput(steps), lost, blocked, g.stepMs, strings.Join(rec, "; "))
 }
 
 var (
@@ -190,7 +230,7 @@ exit $rc
 	}
 	submitted := time.Now()
 	job := sbatchIn(b, dir, script)
-	res := goodputResult{name: name, job: job}
+	res := goodputResult{name: name, job: job, requeues: map[int]requeue{}}
 	var killed []string
 	defer func() {
 		for _, n := range killed {
@@ -261,8 +301,8 @@ exit $rc
 		}
 		if k := len(killed); !finished && pending == nil && k < len(kills) && newest >= kills[k] {
 			node := rankNode(b, job, every == 0, k+1)
-			pending, restarted = &goodputRecovery{node: node, killStep: newest}, false
 			killTime = time.Now()
+			pending, restarted = &goodputRecovery{node: node, killStep: newest, killed: killTime}, false
 			cluster(b, "kill-node", node)
 			killed = append(killed, node)
 		}
@@ -270,10 +310,14 @@ exit $rc
 			b.Fatalf("%s (job %s) ended %s before its final line:\n%s", name, job, ended, data)
 		}
 		// NODE_FAIL is not an end here: the status quo's job is requeued.
-		if !finished && time.Since(polled) > 2*time.Second {
+		if !finished && time.Since(polled) > time.Second {
 			polled = time.Now()
 			if st := strings.Fields(jobState(b, job) + " x")[0]; st != "NODE_FAIL" && finalStates[st] {
 				ended = st
+			} else if every > 0 {
+				if q, ok := requeueTimes(b, job); ok && q.restarts > 0 {
+					res.requeues[q.restarts] = q
+				}
 			}
 		}
 	}
@@ -285,6 +329,38 @@ exit $rc
 	}
 	res.out = jobOutput(b, dir, job)
 	return res
+}
+
+var (
+	restartsRe = regexp.MustCompile(` Restarts=(\d+) `)
+	jobStateRe = regexp.MustCompile(` JobState=(\S+) `)
+	submitRe   = regexp.MustCompile(` SubmitTime=(\S+) `)
+	eligibleRe = regexp.MustCompile(` EligibleTime=(\S+) `)
+	startRe    = regexp.MustCompile(` StartTime=(\S+) `)
+)
+
+// requeueTimes reads a job's restart count and requeue times from
+// scontrol; ok is false when it does not say. started is zero until the
+// job runs.
+func requeueTimes(b *testing.B, job string) (q requeue, ok bool) {
+	b.Helper()
+	info := run(b, 30*time.Second, root, "scontrol", "-o", "show", "job", job).Stdout
+	r, st, s, e, a := restartsRe.FindStringSubmatch(info), jobStateRe.FindStringSubmatch(info), submitRe.FindStringSubmatch(info), eligibleRe.FindStringSubmatch(info), startRe.FindStringSubmatch(info)
+	if r == nil || st == nil || s == nil || e == nil || a == nil {
+		return q, false
+	}
+	q.restarts, _ = strconv.Atoi(r[1])
+	parse := func(v string) (time.Time, bool) {
+		t, err := time.ParseInLocation("2006-01-02T15:04:05", v, time.Local)
+		return t, err == nil
+	}
+	var ok1, ok2 bool
+	q.submit, ok1 = parse(s[1])
+	q.eligible, ok2 = parse(e[1])
+	if st[1] == "RUNNING" {
+		q.started, _ = parse(a[1])
+	}
+	return q, ok1 && ok2
 }
 
 // rankNode is the node that holds rank of job now: under reft run the
