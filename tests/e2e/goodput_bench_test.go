@@ -19,18 +19,19 @@ import (
 // BenchmarkGoodput (make bench-goodput, part of make bench;
 // docs/BENCHMARKS.md, "Goodput against the status quo"): how much more
 // training a job gets through node failures with reft than with what jobs
-// do without it. The same reft-train run (DP 3, one rank per node, the
-// same flags, so both arms must end with the same final parameters), the
-// same two node kills, run twice on this cluster:
+// do without it. For each trainer (go: reft-train; torch:
+// examples/torch_ddp.py, DDP over gloo), the same run (DP 3, one rank per
+// node, the same flags, so both arms must end with the same final
+// parameters) and the same two node kills, twice on this cluster:
 //
 //   - the status quo: a synchronous, fsynced checkpoint to files on the
 //     host's disk (the scratch directory, standing in for a shared
-//     filesystem; reft-train --ckpt-dir) every N steps, N the
-//     Young/Daly optimum sqrt(2*C*MTBF) for the checkpoint cost C
-//     measured first and the schedule's failure rate; a node loss makes
-//     Slurm requeue the batch job (--requeue; the script also requeues
-//     itself when srun fails first, as users' scripts do), and the rerun
-//     loads the newest complete checkpoint;
+//     filesystem; --ckpt-dir: reft-train's per-rank files, torch.save on
+//     rank 0) every N steps, N the Young/Daly optimum sqrt(2*C*MTBF) for
+//     the checkpoint cost C measured first and the schedule's failure
+//     rate; a node loss makes Slurm requeue the batch job (--requeue; the
+//     script also requeues itself when srun fails first, as users' scripts
+//     do), and the rerun loads the newest complete checkpoint;
 //   - reft: --reft=arc,spares=2 under reft run, -N5 with two spare nodes
 //     (a snapshot every step, --save-every 1).
 //
@@ -45,10 +46,24 @@ import (
 // It reports each arm's goodput (steps per wall-clock second from sbatch
 // to the final line), steps lost (work redone), time blocked per
 // checkpoint or snapshot and each kill's time to the first step after the
-// resume, and the ratio of reft's goodput to the status quo's.
+// resume, and the ratio of reft's goodput to the status quo's. Each
+// trainer takes about 11 minutes (make bench-goodput
+// BENCH_GOODPUT=BenchmarkGoodput/go runs one).
 func BenchmarkGoodput(b *testing.B) {
 	enableReft(b)
-	flags := strings.Fields(goodputEnv("BENCH_GOODPUT_FLAGS", "--size 8MiB --layers 4 --compute 150ms --batch 24 --micro 8 --optimizer adam --seed 5 --log-every 1"))
+	b.Run("go", func(b *testing.B) {
+		flags := strings.Fields(goodputEnv("BENCH_GOODPUT_GO_FLAGS", "--size 8MiB --layers 4 --compute 150ms --batch 24 --micro 8 --optimizer adam --seed 5 --log-every 1"))
+		goodputBench(b, flags, func(f ...string) []string { return append([]string{bin("reft-train")}, f...) })
+	})
+	b.Run("torch", func(b *testing.B) {
+		flags := strings.Fields(goodputEnv("BENCH_GOODPUT_TORCH_FLAGS", "--size 1024 --layers 4 --batch 32 --optimizer adam --seed 5 --log-every 1"))
+		goodputBench(b, flags, torchTask)
+	})
+}
+
+// goodputBench calibrates, then runs both arms of one trainer; task makes
+// a rank's command line from the trainer's flags.
+func goodputBench(b *testing.B, flags []string, task func(flags ...string) []string) {
 	length, err := time.ParseDuration(goodputEnv("BENCH_GOODPUT_LENGTH", "100s"))
 	if err != nil || length <= 0 {
 		b.Fatalf("BENCH_GOODPUT_LENGTH %q: want a duration, the failure-free run's length (e.g. 100s)", os.Getenv("BENCH_GOODPUT_LENGTH"))
@@ -71,7 +86,7 @@ func BenchmarkGoodput(b *testing.B) {
 
 	// The checkpoint's cost C and the step time without it, from a
 	// failure-free run that checkpoints every 5 steps.
-	cal := goodputArm(b, "calibration", append(slices.Clone(flags), "--steps", "30"), 5, nil)
+	cal := goodputArm(b, "calibration", task(append(slices.Clone(flags), "--steps", "30")...), 5, nil)
 	if len(cal.saveMs) == 0 || cal.stepMs <= 0 {
 		b.Fatalf("the calibration run logged no checkpoint or step time:\n%s", cal.out)
 	}
@@ -89,8 +104,8 @@ func BenchmarkGoodput(b *testing.B) {
 	flags = append(flags, "--steps", strconv.FormatInt(steps, 10))
 
 	for i := 0; i < b.N; i++ {
-		sq := goodputArm(b, "status quo", flags, every, kills)
-		rf := goodputArm(b, "reft", flags, 0, kills)
+		sq := goodputArm(b, "status quo", task(flags...), every, kills)
+		rf := goodputArm(b, "reft", task(flags...), 0, kills)
 		if sq.hash != rf.hash {
 			b.Errorf("the arms ended with different parameters: status quo %s, reft %s", sq.hash, rf.hash)
 		}
@@ -118,6 +133,7 @@ type goodputResult struct {
 	hash           string
 	saveMs         []float64 // the status quo's per-checkpoint lines
 	blockedMs      float64   // the last run's save-blocked-ms (per save)
+	blockedSeen    bool      // a save-blocked-ms line was seen
 	stepMs         float64   // the last run's mean-step-ms
 	recoveries     []goodputRecovery
 	// requeues are the status quo's job's requeues, by restart count.
@@ -162,7 +178,10 @@ func (g goodputResult) summary(steps int64) string {
 		lost += r.last - r.resumed
 		rec = append(rec, fmt.Sprintf("%s killed at %s after step %d: resumed from step %d (%d lost), first step %.1f s after the kill", r.node, r.killed.Format("15:04:05.0"), r.killStep, r.resumed, r.last-r.resumed, r.toStep.Seconds()))
 	}
-	blocked := fmt.Sprintf("%.1f ms blocked per snapshot", g.blockedMs)
+	blocked := "time blocked per snapshot not reported by this trainer"
+	if g.blockedSeen {
+		blocked = fmt.Sprintf("%.1f ms blocked per snapshot", g.blockedMs)
+	}
 	if len(g.saveMs) > 0 {
 		blocked = fmt.Sprintf("%.1f ms blocked per checkpoint (median of %d; %.1f ms mean in the last run)", median(g.saveMs), len(g.saveMs), g.blockedMs)
 	}
@@ -187,16 +206,16 @@ var (
 	goodputStepRe  = regexp.MustCompile(`^step (\d+) loss `)
 	goodputSaveRe  = regexp.MustCompile(`^checkpoint step \d+: \d+ bytes to \S+, blocked ([0-9.]+) ms$`)
 	goodputBlockRe = regexp.MustCompile(`^save-blocked-ms: ([0-9.]+) per save`)
-	goodputStartRe = regexp.MustCompile(`^reft-train: \d+ layers`)
+	goodputStartRe = regexp.MustCompile(`^(reft-train: \d+ layers|torch_ddp: \d+ ranks on)`)
 	goodputMeanRe  = regexp.MustCompile(`^mean-step-ms: ([0-9.]+)$`)
 )
 
-// goodputArm runs one arm to its end: every > 0 is the status quo
+// goodputArm runs one arm of cmd (a rank's command line) to its end: every > 0 is the status quo
 // (--ckpt-dir, a checkpoint every that many steps), 0 reft. kills lists
 // the steps after which the node of rank 1, 2, ... dies. It watches rank
 // 0's output (polled every 20 ms), kills on schedule and returns the
 // figures; the killed nodes are revived after the run.
-func goodputArm(b *testing.B, name string, flags []string, every int64, kills []int64) goodputResult {
+func goodputArm(b *testing.B, name string, cmd []string, every int64, kills []int64) goodputResult {
 	b.Helper()
 	dir := sharedDir(b, alice)
 	u, err := user.Lookup(alice)
@@ -211,22 +230,22 @@ func goodputArm(b *testing.B, name string, flags []string, every int64, kills []
 		script = fmt.Sprintf(`#!/bin/bash
 #SBATCH -N%d --ntasks-per-node=1 --requeue --open-mode=append
 echo "run ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST"
-srun --reft=off --mpi=pmix -K1 -N%d -n%d %s %s --ckpt-dir %s --save-every %d
+srun --reft=off --mpi=pmix -K1 -N%d -n%d %s --ckpt-dir %s --save-every %d
 rc=$?
 echo "srun exit $rc"
 if [ $rc != 0 ]; then scontrol requeue $SLURM_JOB_ID; sleep 600; fi
 exit $rc
-`, 3, 3, 3, bin("reft-train"), strings.Join(flags, " "), ckpt, every)
+`, 3, 3, 3, strings.Join(cmd, " "), ckpt, every)
 	} else {
 		conf := filepath.Join(clusterDir, "etc", "reft-e2e.toml")
 		script = fmt.Sprintf(`#!/bin/bash
 #SBATCH -N%d --ntasks-per-node=1 --reft=arc,spares=%d --no-kill --requeue --open-mode=append
-%s run --config %s --backoff 500ms -- %s %s --save-every 1
+%s run --config %s --backoff 500ms -- %s --save-every 1
 rc=$?
 echo "reft run exit $rc"
 [ $rc = 5 ] || srun --reft=off -N "$(squeue -h -j $SLURM_JOB_ID -o %%D)" --ntasks-per-node=1 rm -rf %s
 exit $rc
-`, len(clusterNodes), len(clusterNodes)-3, bin("reft"), conf, bin("reft-train"), strings.Join(flags, " "), filepath.Join(reftStoreRoot, u.Uid, "$SLURM_JOB_ID"))
+`, len(clusterNodes), len(clusterNodes)-3, bin("reft"), conf, strings.Join(cmd, " "), filepath.Join(reftStoreRoot, u.Uid, "$SLURM_JOB_ID"))
 	}
 	submitted := time.Now()
 	job := sbatchIn(b, dir, script)
@@ -291,6 +310,7 @@ exit $rc
 				res.saveMs = append(res.saveMs, v)
 			case goodputBlockRe.MatchString(line):
 				res.blockedMs, _ = strconv.ParseFloat(goodputBlockRe.FindStringSubmatch(line)[1], 64)
+				res.blockedSeen = true
 			case goodputMeanRe.MatchString(line):
 				res.stepMs, _ = strconv.ParseFloat(goodputMeanRe.FindStringSubmatch(line)[1], 64)
 			case hashRe.MatchString(line + "\n"):
