@@ -175,8 +175,10 @@ func (g goodputResult) summary(steps int64) string {
 	var lost int64
 	var rec []string
 	for _, r := range g.recoveries {
-		lost += r.last - r.resumed
-		rec = append(rec, fmt.Sprintf("%s killed at %s after step %d: resumed from step %d (%d lost), first step %.1f s after the kill", r.node, r.killed.Format("15:04:05.0"), r.killStep, r.resumed, r.last-r.resumed, r.toStep.Seconds()))
+		// A JIT flush may save a step newer than the last one logged.
+		l := max(0, r.last-r.resumed)
+		lost += l
+		rec = append(rec, fmt.Sprintf("%s killed at %s after step %d: resumed from step %d (%d lost), first step %.1f s after the kill", r.node, r.killed.Format("15:04:05.0"), r.killStep, r.resumed, l, r.toStep.Seconds()))
 	}
 	blocked := "time blocked per snapshot not reported by this trainer"
 	if g.blockedSeen {
@@ -210,11 +212,12 @@ var (
 	goodputMeanRe  = regexp.MustCompile(`^mean-step-ms: ([0-9.]+)$`)
 )
 
-// goodputArm runs one arm of cmd (a rank's command line) to its end: every > 0 is the status quo
-// (--ckpt-dir, a checkpoint every that many steps), 0 reft. kills lists
-// the steps after which the node of rank 1, 2, ... dies. It watches rank
-// 0's output (polled every 20 ms), kills on schedule and returns the
-// figures; the killed nodes are revived after the run.
+// goodputArm runs one arm of cmd (a rank's command line) to its end:
+// every > 0 is the status quo (--ckpt-dir, a checkpoint every that many
+// steps), 0 reft. kills lists the steps after which the node of rank 1,
+// 2, ... dies. It watches rank 0's output (polled every 20 ms), kills on
+// schedule and returns the figures; the killed nodes are revived after
+// the run.
 func goodputArm(b *testing.B, name string, cmd []string, every int64, kills []int64) goodputResult {
 	b.Helper()
 	dir := sharedDir(b, alice)
