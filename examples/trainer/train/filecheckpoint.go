@@ -197,8 +197,8 @@ func (f *FileCheckpoint) list() ([]int64, map[int64]bool) {
 			continue
 		}
 		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n < 1 {
-			continue
+		if err != nil || n < 1 || e.Name() != filepath.Base(stepDir(f.dir, n)) {
+			continue // only the one form Save writes
 		}
 		steps = append(steps, n)
 		if _, err := os.Stat(filepath.Join(f.dir, e.Name(), completeMark)); err == nil {
