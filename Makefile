@@ -25,7 +25,7 @@ BINARIES := $(BUILD)/reft $(BUILD)/reft-agent $(BUILD)/reft-mpi-smoke $(BUILD)/r
 # The SPANK plugin: C shim + Go c-shared library, installed side by side.
 BINARIES += $(BUILD)/spank_reft.so $(BUILD)/libreft_spank.so
 
-.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e e2e-net bench-net bench-gemini demo demo-trixie bench install clean
+.PHONY: all deps deps-host deps-trixie build-trixie test unit unit-trixie e2e-trixie fuzz e2e e2e-net bench-net bench-gemini bench-goodput demo demo-trixie bench install clean
 all: $(BINARIES)
 
 $(BUILD):
@@ -238,7 +238,25 @@ bench: all
 	REFT_SCALE_N=$(SCALE_N) nice -n 10 $(GO) test -timeout 30m -run '^$$' -bench '^BenchmarkAgentScale$$' -benchtime 1x ./agent/
 	@$(WITH_CLUSTER); \
 	$(GO) test -count=1 -tags e2e -timeout 30m -run '^$$' -bench StepLaunch -benchtime 1x ./tests/e2e/
+	@$(BENCH_GOODPUT_RUN)
 	@$(BENCH_GEMINI)
+
+# Goodput against the status quo (issue 21; docs/BENCHMARKS.md): the same
+# reft-train run and the same two node kills, once with file checkpoints
+# every N steps (N the Young/Daly optimum for the measured checkpoint cost)
+# and Slurm's requeue, once under reft run with --reft=arc and two spares;
+# prints each arm's goodput and the ratio reft / status quo (x_goodput).
+# For reft-train and for PyTorch (examples/torch_ddp.py), about 11 minutes
+# each; BENCH_GOODPUT=BenchmarkGoodput/go (or /torch) runs one.
+# BENCH_GOODPUT_LENGTH (the failure-free run, 100s), BENCH_GOODPUT_KILLS
+# (when, as fractions of the steps: 0.3,0.65), BENCH_GOODPUT_GO_FLAGS and
+# BENCH_GOODPUT_TORCH_FLAGS (the trainers') tune it.
+BENCH_GOODPUT ?= ^BenchmarkGoodput$$
+BENCH_GOODPUT_RUN = $(WITH_CLUSTER); \
+	$(GO) test -count=1 -tags e2e -timeout 60m -run '^$$' -bench '$(BENCH_GOODPUT)' -benchtime 1x -v ./tests/e2e/
+bench-goodput: all
+	@echo "make bench-goodput on: $$(lscpu | sed -n 's/^Model name: *//p' | head -1), $$(nproc) cores, $$(uname -r), load $$(cut -d' ' -f1-3 /proc/loadavg)"
+	@$(BENCH_GOODPUT_RUN)
 
 # GEMINI's interference benchmark (issue 19; docs/BENCHMARKS.md): on a --net
 # cluster with n1-n4's links capped by tc, reft-train's step time with

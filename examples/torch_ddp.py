@@ -27,6 +27,11 @@ the job fails (the agent's notice) or the step is killed (SIGTERM), the
 state of the last finished step is saved at once (JIT flush): at most the
 step in progress is lost whatever --save-every is.
 
+--ckpt-dir DIR replaces reft's snapshots with what jobs do without reft:
+rank 0 torch.saves the model and optimizer state to DIR (a shared
+filesystem) every --save-every steps, synchronously, and every rank resumes
+from the newest one (the goodput benchmark's status quo).
+
 Rank and world come from SLURM_PROCID and SLURM_NTASKS. The rendezvous is
 MASTER_ADDR:MASTER_PORT when set; else the first node of the step, or its
 Slurm NodeAddr when its name does not resolve (as on the test cluster, where
@@ -73,6 +78,10 @@ def parse_args(argv):
     p.add_argument("--log-every", type=int, default=1, help="print rank 0's loss every N steps (default 1)")
     p.add_argument("--fail-at", default="", metavar="STEP:RANK",
                    help="that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
+    p.add_argument("--ckpt-dir", default="", metavar="DIR",
+                   help="instead of reft's snapshots, what jobs do without reft: every --save-every steps rank 0 "
+                   "torch.saves the model and optimizer state to DIR (shared by every node; fsynced, then renamed "
+                   "into place) while the other ranks wait at a barrier; at start-up every rank loads the newest one")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
@@ -240,6 +249,87 @@ def allreduce_per_parameter(_, bucket):
     return torch.futures.collect_all(futs).then(average)
 
 
+class FileCheckpoint:
+    """The status quo the goodput benchmark measures reft against (make
+    bench; docs/BENCHMARKS.md): rank 0 saves the DDP job's whole state (the
+    replicas are identical) with torch.save, synchronously, to
+    DIR/ckpt-<step>.pt, fsynced and renamed into place, so a file with that
+    name is complete; the other ranks wait for it at a barrier. The two
+    newest are kept. Every rank restores the newest; the ranks must agree
+    on which (a directory that every node sees)."""
+
+    PREFIX, SUFFIX = "ckpt-", ".pt"
+
+    def __init__(self, d, model, opt, rank, world, dev, log):
+        self.d, self.model, self.opt, self.rank, self.world, self.dev, self.log = d, model, opt, rank, world, dev, log
+        os.makedirs(d, exist_ok=True)
+
+    def steps(self):
+        out = []
+        for name in os.listdir(self.d):
+            if name.startswith(self.PREFIX) and name.endswith(self.SUFFIX):
+                try:
+                    out.append(int(name[len(self.PREFIX):-len(self.SUFFIX)]))
+                except ValueError:
+                    pass
+        return sorted(out)
+
+    def path(self, step):
+        return os.path.join(self.d, "%s%09d%s" % (self.PREFIX, step, self.SUFFIX))
+
+    def restore(self):
+        steps = self.steps()
+        step = steps[-1] if steps else None
+        if self.world > 1:
+            seen = [None] * self.world
+            dist.all_gather_object(seen, step)
+            if len(set(seen)) != 1:
+                raise reft.Error("ranks see different newest checkpoints in %s (%s): --ckpt-dir must be a directory "
+                                 "that every node shares" % (self.d, seen))
+        if step is None:
+            return None
+        state = torch.load(self.path(step), map_location=self.dev, weights_only=True)
+        if state.get("step") != step:
+            raise reft.Error("%s holds step %r, its name says %d: remove it or point --ckpt-dir elsewhere"
+                             % (self.path(step), state.get("step"), step))
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict({"state": state["optimizer_state"],
+                                  "param_groups": self.opt.state_dict()["param_groups"]})
+        return step
+
+    def save(self, step):
+        t0 = time.perf_counter()
+        size = 0
+        if self.rank == 0:
+            path = self.path(step)
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as f:
+                # The optimizer's hyperparameters (param_groups, floats that
+                # this torch's weights_only loader refuses) come from the
+                # flags; its per-parameter state is tensors.
+                torch.save({"step": step, "model": self.model.state_dict(),
+                            "optimizer_state": self.opt.state_dict()["state"]}, f)
+                f.flush()
+                os.fsync(f.fileno())
+                size = f.tell()
+            os.replace(tmp, path)
+            fd = os.open(self.d, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            for old in self.steps()[:-2]:
+                try:
+                    os.remove(self.path(old))
+                except OSError:
+                    pass  # the next save tries again
+        if self.world > 1:
+            dist.barrier()  # nobody trains on until the checkpoint is complete
+        blocked = time.perf_counter() - t0
+        self.log("checkpoint step %d: %d bytes to %s, blocked %.1f ms" % (step, size, self.d, blocked * 1000))
+        return blocked
+
+
 def params_sha256(module):
     h = hashlib.sha256()
     for p in module.parameters():
@@ -258,8 +348,19 @@ def train(a, rank, world, dev):
     data = Data(a, rank, dev)
 
     ck = None
+    fck = None
     resumed = None
-    if os.environ.get("REFT_AGENT_SOCKET"):
+    if a.ckpt_dir:
+        if os.environ.get("REFT_AGENT_SOCKET"):
+            raise reft.Error("--ckpt-dir and reft snapshots (srun --reft) are exclusive: drop --ckpt-dir or launch "
+                             "with --reft=off")
+        fck = FileCheckpoint(a.ckpt_dir, model, opt, rank, world, dev, log)
+        resumed = fck.restore()
+        if resumed is not None:
+            if resumed > a.steps:
+                raise reft.Error("restored step %d is past --steps %d" % (resumed, a.steps))
+            log("resumed from step %d" % resumed)
+    elif os.environ.get("REFT_AGENT_SOCKET"):
         ck = Checkpointer(ddp, opt)  # rank and world from torch.distributed; JIT flush on notices
         ck.flush_on_signal()  # and at Slurm's SIGTERM, within its KillWait
         resumed = ck.restore()
@@ -274,6 +375,7 @@ def train(a, rank, world, dev):
            a.lr, a.batch))
 
     total, ran = 0.0, 0
+    blocked, saves = 0.0, 0  # time training waited in the file checkpoint's saves
     for step in range((resumed or 0) + 1, a.steps + 1):
         if resumed is None and step == a.fail_step and rank == a.fail_rank:
             print("%s: rank %d: --fail-at %d:%d: SIGKILL" % (PROG, rank, step, rank), file=sys.stderr, flush=True)
@@ -288,6 +390,9 @@ def train(a, rank, world, dev):
             ck.save(step)  # copies in the background during the next forward/backward
         elif ck is not None:
             ck.consistent(step)  # a JIT flush after a failure saves this step
+        if fck is not None and a.save_every and step % a.save_every == 0:
+            blocked += fck.save(step)
+            saves += 1
         if step % a.log_every == 0 or step == a.steps:
             log("step %d loss %.9g" % (step, loss.item()))
         total += time.perf_counter() - t0
@@ -305,6 +410,8 @@ def train(a, rank, world, dev):
             raise RuntimeError("replicas differ: ranks %s end with other parameters than rank %d" % (bad, rank))
     if ran:
         log("mean-step-ms: %.3f" % (total * 1000 / ran))
+    if saves:
+        log("save-blocked-ms: %.3f per save, %d saves" % (blocked * 1000 / saves, saves))
     log("final-params-sha256: %s" % digest)
 
 

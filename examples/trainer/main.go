@@ -23,6 +23,11 @@
 // the overhead). Without reft it trains without snapshots and rank 0 says so
 // once.
 //
+// --ckpt-dir DIR replaces reft's snapshots with what jobs do without reft:
+// a synchronous, fsynced checkpoint to per-rank files in DIR (a shared
+// filesystem) every --save-every steps, and a resume from the newest
+// complete one (train.FileCheckpoint; the goodput benchmark's status quo).
+//
 // Memory per rank is about 6x the stage's parameter bytes with adam/adamw
 // (parameters, float32 gradients, int64 fixed-point gradients, two moments),
 // less the moments' (dp-1)/dp under --zero1.
@@ -38,6 +43,8 @@ import (
 	"syscall"
 
 	"github.com/emer/empi/mpi"
+
+	"github.com/reft-hpc/reft/client"
 
 	"github.com/reft-hpc/reft/examples/trainer/train"
 )
@@ -72,7 +79,20 @@ func run() int {
 		mpi.Finalize()
 		return 2
 	}
-	snap, err := openSnapshotter(world, cfg)
+	var snap train.Snapshotter
+	if cfg.CkptDir != "" {
+		// The status quo (FileCheckpoint); never both it and reft.
+		if os.Getenv(client.SocketEnv) != "" {
+			if rank0 {
+				fmt.Fprintf(os.Stderr, "reft-train: --ckpt-dir and reft snapshots (srun --reft) are exclusive: drop --ckpt-dir or launch with --reft=off\n")
+			}
+			mpi.Finalize()
+			return 2
+		}
+		snap = train.NewFileCheckpoint(cfg.CkptDir, os.Stdout)
+	} else {
+		snap, err = openSnapshotter(world, cfg)
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "reft-train: rank %d: snapshots: %v\n", world.Rank(), err)
 		abortWorld()

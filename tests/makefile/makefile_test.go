@@ -150,9 +150,11 @@ func TestClusterAlwaysTakenDown(t *testing.T) {
 		{"e2e down fails", "e2e", "true", 0, 3, false, "Error 1", []string{"up --no-reft", "down"}},
 		{"e2e-net passes", "e2e-net", "true", 0, 0, true, "", []string{"up --no-reft --net", "down"}},
 		{"e2e-net tests fail", "e2e-net", "false", 0, 0, false, "", []string{"up --no-reft --net", "down"}},
-		// bench's last phase, GEMINI's interference benchmark, runs on a
-		// --net cluster of its own.
-		{"bench passes", "bench", "true", 0, 0, true, "", []string{"up --no-reft", "down", "up --no-reft --net", "down"}},
+		// bench's goodput benchmark runs on a cluster of its own, and its
+		// last phase, GEMINI's interference benchmark, on a --net one.
+		{"bench passes", "bench", "true", 0, 0, true, "", []string{"up --no-reft", "down", "up --no-reft", "down", "up --no-reft --net", "down"}},
+		{"bench-goodput passes", "bench-goodput", "true", 0, 0, true, "", []string{"up --no-reft", "down"}},
+		{"bench-goodput fails", "bench-goodput", "false", 0, 0, false, "", []string{"up --no-reft", "down"}},
 		{"bench-gemini passes", "bench-gemini", "true", 0, 0, true, "", []string{"up --no-reft --net", "down"}},
 		{"bench-gemini fails", "bench-gemini", "false", 0, 0, false, "", []string{"up --no-reft --net", "down"}},
 		{"bench up fails halfway", "bench", "true", 7, 0, false, "Error 7", []string{"up --no-reft", "down"}},

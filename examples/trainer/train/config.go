@@ -78,6 +78,10 @@ type Config struct {
 	// other ranks wait for in the all-reduce. It changes no result.
 	SlowRank   int
 	SlowRankBy time.Duration
+	// CkptDir, when set, makes reft-train checkpoint to files there every
+	// SaveEvery steps instead of snapshotting with reft (FileCheckpoint:
+	// the status quo of the goodput benchmark).
+	CkptDir string
 }
 
 // Defaults returns the configuration that ParseArgs starts from.
@@ -126,6 +130,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 		"a stand-in for a bigger model in demos and failure tests; results are unchanged")
 	fs.DurationVar(&c.Compute, "compute", c.Compute, "every rank computes this much longer in every step, before the all-reduce, by sleeping (e.g. 200ms): "+
 		"a stand-in for a GPU's forward and backward passes, which leave the network idle; it adds to the step time; results are unchanged")
+	fs.StringVar(&c.CkptDir, "ckpt-dir", c.CkptDir, "checkpoint to per-rank files in this directory, shared by every node, every --save-every steps "+
+		"(synchronous, fsynced; resume from the newest complete one), instead of reft's snapshots: what jobs do without reft")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute goroutines per rank (0: GOMAXPROCS)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

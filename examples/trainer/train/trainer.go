@@ -28,12 +28,15 @@ type Options struct {
 
 // Result is what a rank reports after training.
 type Result struct {
-	Hash        string      // final-params-sha256 (rank 0 only)
-	Losses      []StepLoss  // logged losses (rank 0 only)
-	ResumedFrom int64       // generation restored from; 0 when none
-	MeanStepMs  float64     // mean wall time per step run here
-	Clamped     int64       // gradient values clamped to the fixed-point range, whole job
-	Params      [][]float32 // this rank's stage parameters, one slice per tensor
+	Hash        string     // final-params-sha256 (rank 0 only)
+	Losses      []StepLoss // logged losses (rank 0 only)
+	ResumedFrom int64      // generation restored from; 0 when none
+	MeanStepMs  float64    // mean wall time per step run here
+	// SaveBlockedMs is the mean time training waited per save (Save and
+	// the wait for its copy), over the saves run here; 0 without saves.
+	SaveBlockedMs float64
+	Clamped       int64       // gradient values clamped to the fixed-point range, whole job
+	Params        [][]float32 // this rank's stage parameters, one slice per tensor
 }
 
 // StepLoss is one logged loss.
@@ -222,6 +225,9 @@ func (t *trainer) run(o Options) (*Result, error) {
 			t.hint, _ = o.Snap.(Hinter)
 		}
 		t.comm, _ = o.Snap.(CommPhaser)
+		if c, ok := o.Snap.(Collective); ok {
+			c.Join(t.world, t.dpIdx, t.pipe)
+		}
 		if err := t.register(o.Snap); err != nil {
 			return nil, fmt.Errorf("register snapshot buffers: %w", err)
 		}
@@ -254,6 +260,11 @@ func (t *trainer) run(o Options) (*Result, error) {
 	var pending Waiter
 	var total time.Duration
 	var ran int64
+	// What training waited for its snapshots or checkpoints: Save plus
+	// the wait for the previous one before the update (the goodput
+	// benchmark's time blocked per save).
+	var blocked time.Duration
+	var saves int64
 	for step := start; step <= cfg.Steps; step++ {
 		if res.ResumedFrom == 0 && step == cfg.FailStep && t.rank == cfg.FailRank {
 			fmt.Fprintf(t.log, "fail-at: rank %d kills itself at step %d\n", t.rank, step)
@@ -286,9 +297,11 @@ func (t *trainer) run(o Options) (*Result, error) {
 		}
 		// The previous save must have read the buffers before they change.
 		if pending != nil {
+			tw := time.Now()
 			if err := pending.Wait(); err != nil {
 				return nil, fmt.Errorf("step %d: wait for snapshot: %w", step, err)
 			}
+			blocked += time.Since(tw)
 			pending = nil
 		}
 		if cons != nil {
@@ -302,10 +315,13 @@ func (t *trainer) run(o Options) (*Result, error) {
 			cons.Consistent(step)
 		}
 		if o.Snap != nil && cfg.SaveEvery > 0 && step%cfg.SaveEvery == 0 {
+			ts := time.Now()
 			w, err := o.Snap.Save(step)
 			if err != nil {
 				return nil, fmt.Errorf("step %d: save: %w", step, err)
 			}
+			blocked += time.Since(ts)
+			saves++
 			pending = w
 		}
 		if step%cfg.LogEvery == 0 || step == cfg.Steps {
@@ -326,9 +342,11 @@ func (t *trainer) run(o Options) (*Result, error) {
 		ran++
 	}
 	if pending != nil {
+		tw := time.Now()
 		if err := pending.Wait(); err != nil {
 			return nil, fmt.Errorf("wait for last snapshot: %w", err)
 		}
+		blocked += time.Since(tw)
 	}
 	clamped := []int64{t.clamped}
 	if err := t.world.AllReduceSumI64(clamped); err != nil {
@@ -350,6 +368,10 @@ func (t *trainer) run(o Options) (*Result, error) {
 		res.Params = append(res.Params, l.w, l.b)
 	}
 	fmt.Fprintf(t.log, "mean-step-ms: %.3f\n", res.MeanStepMs)
+	if saves > 0 {
+		res.SaveBlockedMs = float64(blocked.Microseconds()) / 1e3 / float64(saves)
+		fmt.Fprintf(t.log, "save-blocked-ms: %.3f per save, %d saves\n", res.SaveBlockedMs, saves)
+	}
 	if t.rank == 0 {
 		fmt.Fprintf(t.log, "final-params-sha256: %s\n", hash)
 	} else {
