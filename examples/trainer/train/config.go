@@ -52,7 +52,12 @@ type Config struct {
 	// when the agent reports a failed node or the step is killed
 	// (SIGTERM), so a failure loses at most the step in progress whatever
 	// SaveEvery is.
-	JIT      bool
+	JIT bool
+	// Undo records what undoing each optimizer update needs (undo.go), so
+	// that an update interrupted part way (some tensors at step t, some at
+	// t-1) is returned to step t-1 and the JIT flush saves a consistent
+	// state. It changes no result.
+	Undo     bool
 	FailStep int64 // --fail-at STEP:RANK; 0: off
 	FailRank int
 	LogEvery int64
@@ -121,6 +126,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 		"rather than as soon as it is taken (--hints=false); the copy of step N then finishes during step N+1")
 	fs.BoolVar(&c.JIT, "jit", c.JIT, "when reft reports a failed node, or the step is killed (SIGTERM), save the newest consistent step at once "+
 		"(JIT flush), so at most the step in progress is lost whatever --save-every is")
+	fs.BoolVar(&c.Undo, "undo", c.Undo, "record what undoing each optimizer update needs, so that an update interrupted by a failure "+
+		"is undone and the JIT flush saves the previous step (with --save-every 0: no snapshot on the step path)")
 	fs.Int64Var(&c.LogEvery, "log-every", c.LogEvery, "log the loss every N steps")
 	fs.DurationVar(&c.MinStep, "min-step", c.MinStep, "pad every step to at least this wall time by sleeping (e.g. 500ms): "+
 		"a stand-in for a bigger model in demos and failure tests; results are unchanged")
@@ -244,6 +251,11 @@ func (c *Config) check() error {
 		return fmt.Errorf("--threads %d: must be >= 0", c.Threads)
 	case c.FailStep < 0 || c.FailRank < 0:
 		return fmt.Errorf("--fail-at %d:%d: must be STEP:RANK with STEP >= 1", c.FailStep, c.FailRank)
+	}
+	if c.Undo {
+		if err := checkUndo(c); err != nil {
+			return err
+		}
 	}
 	if c.Width() < 2 {
 		return fmt.Errorf("--size %d bytes is too small for %d layers: use at least %d bytes", c.SizeBytes, c.Layers, 4*c.Layers*6)
