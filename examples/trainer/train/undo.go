@@ -14,25 +14,18 @@ import (
 // snapshot on the step path.
 //
 // Exactness. The inverse of x' = x - d is x = x' + d, but float32 rounding
-// makes float32(x' + d) differ from x in a few elements, and the moment
-// updates m' = b*m + t lose information outright (two m can round to the
-// same m'). The undo is made exact by construction: while applying the
-// update, each element's inverse is computed (in float64, then the float32
-// neighbour, if any, that the forward expression maps to the updated value)
-// and compared with the original; the elements where they differ are kept
-// as exceptions (index and original bits) and written back by Undo. The
-// undo data is thus the step's gradient (which the trainer holds anyway)
-// plus the exceptions; docs/UNDO.md has the measured exception rates.
-
-// undoSearch is how many float32 neighbours on each side of the float64
-// estimate the inverse tries.
-const undoSearch = 2
-
-// undoBlock is how many elements are updated at a time while recording:
-// their originals are copied to the stack, the trainer's own update code
-// runs on them, and the inverse is checked against the copies, so that the
-// recorded update is the same code, bit for bit, as the unrecorded one.
-const undoBlock = 256
+// makes float32(x' + d) differ from x in some elements, and the moment
+// updates m' = b*m + t lose bits of m outright when t is the larger term.
+// The undo is exact by construction: while applying the update, each
+// element's inverse is estimated in float64 from the updated values (the
+// same expression undo evaluates later), and the difference between the
+// original's bit pattern and the estimate's is kept, as an int8 per
+// element and buffer, or, when it does not fit, as an exception (index and
+// original bits). Undo adds the difference back to the estimate's bits:
+// integer arithmetic, so the original returns whatever the rounding. The
+// undo data is the step's gradient (which the trainer holds anyway), one
+// byte per element per buffer (p, m, v: a quarter of a copy) and the rare
+// exceptions; docs/UNDO.md has the measured rates and cost.
 
 // undoLog is what undoing one update needs, over the optimizer's range
 // [lo, lo+n) of the flat parameters. Segments are the parameter tensors
@@ -43,6 +36,8 @@ const undoBlock = 256
 type undoLog struct {
 	segs    [][2]int // [start, end) within the range
 	applied []bool
+	dp      []int8     // per element: bits(original) - bits(estimate), parameter
+	dm, dv  []int8     // the same for m and v (nil when the optimizer has none)
 	exc     [][]uint64 // per segment: uint64(buf)<<62 | index<<32 | original bits
 	g       []float32  // the step's gradient over the range (not owned)
 	bc1     float32    // the step's bias corrections (adam, adamw)
@@ -87,6 +82,7 @@ func newUndoLog(lo, hi int, bounds []int) *undoLog {
 	u.segs = append(u.segs, [2]int{start - lo, hi - lo})
 	u.applied = make([]bool, len(u.segs))
 	u.exc = make([][]uint64, len(u.segs))
+	u.dp = make([]int8, hi-lo)
 	return u
 }
 
@@ -97,6 +93,12 @@ func newUndoLog(lo, hi int, bounds []int) *undoLog {
 // applied. o.prepare must have been called for the step.
 func (u *undoLog) apply(o *optimizer, p, g []float32, threads int, before func(seg int) error) error {
 	u.g, u.bc1, u.bc2, u.active = g, o.bc1, o.bc2, true
+	if o.m != nil && u.dm == nil {
+		u.dm = make([]int8, len(u.dp))
+	}
+	if o.v != nil && u.dv == nil {
+		u.dv = make([]int8, len(u.dp))
+	}
 	clear(u.applied)
 	for s, sg := range u.segs {
 		if before != nil {
@@ -107,7 +109,7 @@ func (u *undoLog) apply(o *optimizer, p, g []float32, threads int, before func(s
 		var mu sync.Mutex
 		exc := u.exc[s][:0]
 		parallelFor(sg[1]-sg[0], threads, 32, func(a, b int) {
-			e := o.updateRecord(p, g, sg[0]+a, sg[0]+b, nil)
+			e := o.updateRecord(p, g, u, sg[0]+a, sg[0]+b)
 			if len(e) > 0 {
 				mu.Lock()
 				exc = append(exc, e...)
@@ -135,7 +137,7 @@ func (u *undoLog) undo(o *optimizer, p []float32, threads int) int {
 			continue
 		}
 		parallelFor(sg[1]-sg[0], threads, 32, func(a, b int) {
-			o.invert(p, u.g, sg[0]+a, sg[0]+b, u.bc1, u.bc2)
+			o.invert(p, u, sg[0]+a, sg[0]+b)
 		})
 		for _, e := range u.exc[s] {
 			i, bits := int(e>>32&(1<<30-1)), math.Float32frombits(uint32(e))
@@ -175,111 +177,144 @@ func (u *undoLog) exceptions() (p, m, v int) {
 	return
 }
 
-// updateRecord applies o.update to [lo, hi) block by block and returns the
-// exceptions: the elements whose inverse is not their original bits. The
-// update is o.update itself, so the bits are the unrecorded run's.
-func (o *optimizer) updateRecord(p, g []float32, lo, hi int, exc []uint64) []uint64 {
-	var op, om, ov [undoBlock]float32
-	for a := lo; a < hi; a += undoBlock {
-		b := min(a+undoBlock, hi)
-		copy(op[:], p[a:b])
-		if o.m != nil {
-			copy(om[:], o.m[a:b])
-		}
-		if o.v != nil {
-			copy(ov[:], o.v[a:b])
-		}
-		o.update(p, g, a, b)
-		for i := a; i < b; i++ {
-			rp, rm, rv := o.inverse(p[i], g[i], i, o.bc1, o.bc2)
-			if math.Float32bits(rp) != math.Float32bits(op[i-a]) {
-				exc = append(exc, excP<<62|uint64(i)<<32|uint64(math.Float32bits(op[i-a])))
+// corr is bits(x) - bits(c) when it fits an int8; ok false otherwise.
+func corr(x, c float32) (int8, bool) {
+	d := int64(math.Float32bits(x)) - int64(math.Float32bits(c))
+	if d < math.MinInt8 || d > math.MaxInt8 {
+		return 0, false
+	}
+	return int8(d), true
+}
+
+// uncorr is corr's inverse: the original from the estimate c and d.
+func uncorr(c float32, d int8) float32 {
+	return math.Float32frombits(uint32(int64(math.Float32bits(c)) + int64(d)))
+}
+
+// updateRecord applies the update to [lo, hi), writes the corrections of
+// the elements into u's dense arrays and returns the exceptions. The
+// update's expressions are optimizer.update's, operand for operand
+// (TestUndoSameBits checks the bits); the estimates are estimate's, inlined
+// per kind (the undo tests fail if they ever differ).
+func (o *optimizer) updateRecord(p, g []float32, u *undoLog, lo, hi int) (exc []uint64) {
+	miss := func(buf uint64, i int, x float32) {
+		exc = append(exc, buf<<62|uint64(i)<<32|uint64(math.Float32bits(x)))
+	}
+	dp := u.dp[lo:hi:hi]
+	switch o.kind {
+	case SGD:
+		lr := o.lr
+		for i := lo; i < hi; i++ {
+			x := p[i]
+			d := float32(lr * g[i])
+			y := x - d
+			p[i] = y
+			var ok bool
+			if dp[i-lo], ok = corr(x, float32(float64(y)+float64(d))); !ok {
+				miss(excP, i, x)
 			}
-			if o.m != nil && math.Float32bits(rm) != math.Float32bits(om[i-a]) {
-				exc = append(exc, excM<<62|uint64(i)<<32|uint64(math.Float32bits(om[i-a])))
+		}
+	case Momentum:
+		lr, mu, m, imu := o.lr, o.mu, o.m, 1/float64(o.mu)
+		dm := u.dm[lo:hi:hi]
+		for i := lo; i < hi; i++ {
+			x, gi, mo := p[i], g[i], m[i]
+			mn := float32(mu*mo) + gi // agent/aor's momentumM
+			m[i] = mn
+			d := float32(lr * mn)
+			y := x - d
+			p[i] = y
+			var ok bool
+			if dp[i-lo], ok = corr(x, float32(float64(y)+float64(d))); !ok {
+				miss(excP, i, x)
 			}
-			if o.v != nil && math.Float32bits(rv) != math.Float32bits(ov[i-a]) {
-				exc = append(exc, excV<<62|uint64(i)<<32|uint64(math.Float32bits(ov[i-a])))
+			if dm[i-lo], ok = corr(mo, float32((float64(mn)-float64(gi))*imu)); !ok {
+				miss(excM, i, mo)
+			}
+		}
+	case Adam, AdamW:
+		m, v, b1, b2 := o.m, o.v, o.b1, o.b2
+		lr, eps, bc1, bc2, decay := o.lr, o.eps, o.bc1, o.bc2, o.lrDecay
+		ib1, ib2, idecay := 1/float64(b1), 1/float64(b2), 1/float64(decay)
+		adamw := o.kind == AdamW
+		dm, dv := u.dm[lo:hi:hi], u.dv[lo:hi:hi]
+		for i := lo; i < hi; i++ {
+			x, gi, mo, vo := p[i], g[i], m[i], v[i]
+			t1 := float32((1 - b1) * gi)
+			t2 := float32(float32((1-b2)*gi) * gi)
+			mn := float32(b1*mo) + t1 // aor's adamM
+			vn := float32(b2*vo) + t2 // aor's adamV
+			m[i], v[i] = mn, vn
+			pi := x
+			if adamw {
+				pi = float32(pi * decay)
+			}
+			mh := mn / bc1
+			vh := vn / bc2
+			den := float32(math.Sqrt(float64(vh))) + eps
+			d := float32(lr*mh) / den
+			y := pi - d
+			p[i] = y
+			e := float64(y) + float64(d)
+			if adamw {
+				e *= idecay
+			}
+			var ok bool
+			if dp[i-lo], ok = corr(x, float32(e)); !ok {
+				miss(excP, i, x)
+			}
+			if dm[i-lo], ok = corr(mo, float32((float64(mn)-float64(t1))*ib1)); !ok {
+				miss(excM, i, mo)
+			}
+			if dv[i-lo], ok = corr(vo, float32((float64(vn)-float64(t2))*ib2)); !ok {
+				miss(excV, i, vo)
 			}
 		}
 	}
 	return exc
 }
 
-// invert writes the inverse of element i's update over [lo, hi): the
-// parameter first (its update reads the updated moments), then m and v.
-func (o *optimizer) invert(p, g []float32, lo, hi int, bc1, bc2 float32) {
+// invert writes the estimates of [lo, hi) corrected by u's dense arrays;
+// undo then writes the exceptions.
+func (o *optimizer) invert(p []float32, u *undoLog, lo, hi int) {
 	for i := lo; i < hi; i++ {
-		rp, rm, rv := o.inverse(p[i], g[i], i, bc1, bc2)
-		p[i] = rp
+		cp, cm, cv := o.estimate(p[i], u.g[i], i, u.bc1, u.bc2)
+		p[i] = uncorr(cp, u.dp[i])
 		if o.m != nil {
-			o.m[i] = rm
+			o.m[i] = uncorr(cm, u.dm[i])
 		}
 		if o.v != nil {
-			o.v[i] = rv
+			o.v[i] = uncorr(cv, u.dv[i])
 		}
 	}
 }
 
-// inverse computes element i's values before the update from the updated
-// parameter pu, the state in o.m, o.v (updated) and the gradient gi. Every
-// expression is the inverse of the one in optimizer.update, operand for
-// operand.
-func (o *optimizer) inverse(pu, gi float32, i int, bc1, bc2 float32) (p, m, v float32) {
+// estimate computes element i's values before the update, in float64 (the
+// divisions by the factors as products with their float64 reciprocals)
+// and rounded once, from the updated parameter pu, the updated state in o.m,
+// o.v and the gradient gi: the inverse of each expression of
+// optimizer.update. It must be a pure function of its inputs: apply and
+// undo both call it.
+func (o *optimizer) estimate(pu, gi float32, i int, bc1, bc2 float32) (p, m, v float32) {
 	switch o.kind {
 	case SGD:
-		p = preSub(pu, float32(o.lr*gi))
+		p = float32(float64(pu) + float64(float32(o.lr*gi)))
 	case Momentum:
 		mu := o.m[i]
-		p = preSub(pu, float32(o.lr*mu))
-		m = preMulAdd(mu, o.mu, gi)
+		p = float32(float64(pu) + float64(float32(o.lr*mu)))
+		m = float32((float64(mu) - float64(gi)) * (1 / float64(o.mu)))
 	case Adam, AdamW:
 		mu, vu := o.m[i], o.v[i]
 		mh := mu / bc1
 		vh := vu / bc2
 		den := float32(math.Sqrt(float64(vh))) + o.eps
-		p = preSub(pu, float32(o.lr*mh)/den)
+		x := float64(pu) + float64(float32(o.lr*mh)/den)
 		if o.kind == AdamW {
-			p = preMul(p, o.lrDecay)
+			x *= 1 / float64(o.lrDecay)
 		}
-		m = preMulAdd(mu, o.b1, float32((1-o.b1)*gi))
-		v = preMulAdd(vu, o.b2, float32(float32((1-o.b2)*gi)*gi))
+		p = float32(x)
+		m = float32((float64(mu) - float64(float32((1-o.b1)*gi))) * (1 / float64(o.b1)))
+		v = float32((float64(vu) - float64(float32(float32((1-o.b2)*gi)*gi))) * (1 / float64(o.b2)))
 	}
 	return
-}
-
-// neighbours visits c, then the float32 values k = 1..undoSearch steps
-// above and below it, until ok returns true; it returns that value, or c.
-func neighbours(c float32, ok func(x float32) bool) float32 {
-	if ok(c) {
-		return c
-	}
-	up, dn := c, c
-	for k := 0; k < undoSearch; k++ {
-		up = math.Nextafter32(up, float32(math.Inf(1)))
-		if ok(up) {
-			return up
-		}
-		dn = math.Nextafter32(dn, float32(math.Inf(-1)))
-		if ok(dn) {
-			return dn
-		}
-	}
-	return c
-}
-
-// preSub returns an x with x - d == y in float32 (forward: p -= d).
-func preSub(y, d float32) float32 {
-	return neighbours(float32(float64(y)+float64(d)), func(x float32) bool { return x-d == y })
-}
-
-// preMul returns an x with float32(x*a) == y (forward: adamw's decay).
-func preMul(y, a float32) float32 {
-	return neighbours(float32(float64(y)/float64(a)), func(x float32) bool { return float32(x*a) == y })
-}
-
-// preMulAdd returns an x with float32(a*x) + t == y (forward: the moment
-// updates of agent/aor, m = mu*m + g and m = b*m + t).
-func preMulAdd(y, a, t float32) float32 {
-	return neighbours(float32((float64(y)-float64(t))/float64(a)), func(x float32) bool { return float32(a*x)+t == y })
 }
