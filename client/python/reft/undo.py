@@ -18,15 +18,17 @@ AdamW and for SGD without momentum (the decay zeroes the parameter), and
 every other optimizer class.
 
 Exactness: the inverse of torch's expressions (p' = p - lr*d; m' = b1*m +
-(1-b1)*g; v' = b2*v + (1-b2)*g*g; AdamW's p*(1-lr*wd)) is computed in
-float64 and rounded to the tensor's dtype. Rounding in the forward makes
-it differ from the original in some elements (and m' = b1*m + ... loses
-bits of m outright when |(1-b1)*g| is the larger term); those elements
-are found right after each tensor's update, by comparing the inverse with
-a copy of the tensor taken before it, and kept (flat index and original
-value). Undo writes the inverse and then those values: it is exact by
-construction. The copy is one tensor's at a time (its parameter and
-state), freed once compared. docs/UNDO.md has the measured rates.
+(1-b1)*g; v' = b2*v + (1-b2)*g*g; AdamW's p*(1-lr*wd)) is estimated in
+float32 (float64 for float64 tensors) from the updated values. Rounding in
+the forward makes the estimate differ from the original in some elements
+(and m' = b1*m + ... loses bits of m outright when |(1-b1)*g| is the larger
+term), so right after each tensor's update the difference of the bit
+patterns, original minus estimate, is kept: one int8 per element and
+buffer, and, where it does not fit, the flat index and original value.
+Undo adds it back to the estimate's bits: integer arithmetic, exact
+whatever the rounding. The originals are copied one tensor at a time
+(parameter and state) and freed once compared. docs/UNDO.md has the
+measured rates and cost.
 
 Ordering: step() runs on the training thread. request_stop() may be called
 from any thread (a JIT flush's); the training thread honours it at the
@@ -118,10 +120,6 @@ class _Rec:
         self.applied, self.exc, self.new_buf = False, {}, False
         self.created, self.had_state = (), True  # state keys the step created
         self.plain = {}  # the state's non-tensor values before the step (SGD's None buffer)
-
-
-def _f64(t):
-    return t.detach().to(torch.float64)
 
 
 class UpdateUndo:
@@ -295,19 +293,27 @@ class UpdateUndo:
                 raise UndoUnsupported("update-undo: a non-contiguous %s tensor; undo keeps flat indices "
                                       "and needs contiguous parameters and state" % name)
             rec.exc[name] = _encode(c, o)
-            if self.measure and rec.exc[name][0]:
-                err = (c.double() - o.double()).abs().reshape(-1)
-                err = err[(_bits(c) != _bits(o)).reshape(-1)]
-                self.stats["max_abs"] = max(self.stats.get("max_abs", 0.0), float(err.max()))
+            if self.measure:  # the estimate alone: how many differ, by how much
+                diff = (_bits(c) != _bits(o)).reshape(-1)
+                self.stats[name] = self.stats.get(name, 0) + int(diff.sum())
+                if diff.any():
+                    err = (c.double() - o.double()).abs().reshape(-1)[diff]
+                    self.stats["max_abs"] = max(self.stats.get("max_abs", 0.0), float(err.max()))
 
     @torch.no_grad()
     def _inverse(self, rec, st):
-        """The values before the update, from the updated ones: a dict
-        name -> tensor (the dtype of the tensor it inverts), "p" and the
-        state tensors; "step" is handled by undo. PyTorch's expressions
-        (torch/optim/sgd.py, adam.py, adamw.py), inverted operand for
-        operand, in float64."""
+        """The estimates of the values before the update, from the updated
+        ones: a dict name -> tensor (the dtype of the tensor it inverts),
+        "p" and the state tensors; "step" is handled by undo. PyTorch's
+        expressions (torch/optim/sgd.py, adam.py, adamw.py), inverted
+        operand for operand, in float32 (float64 for float64 tensors). A
+        pure function of the updated values: record and undo both call it."""
         g, p = rec.group, rec.p
+        work = torch.float64 if p.dtype == torch.float64 else torch.float32
+
+        def w(t):  # a float32 tensor is itself: only out-of-place ops on it
+            return t.detach().to(work)
+
         lr, wd = float(g["lr"]), float(g.get("weight_decay", 0) or 0)
         grad = rec.grad if not g.get("maximize", False) else -rec.grad
         out = {}
@@ -315,21 +321,25 @@ class UpdateUndo:
             mom, damp = float(g.get("momentum", 0)), float(g.get("dampening", 0))
             if mom == 0:
                 # p' = p - lr*(g + wd*p)
-                x = (_f64(p) + lr * _f64(grad)) / (1 - lr * wd)
+                x = w(grad).mul(lr).add_(w(p))
+                if wd != 0:
+                    x.div_(1 - lr * wd)
                 out["p"] = x.to(p.dtype)
                 return out
             buf = st["momentum_buffer"]
             if g.get("nesterov", False):
                 # d = g + wd*p; buf' = mom*buf + (1-damp)*d; p' = p - lr*(d + mom*buf')
-                x = (_f64(p) + lr * (_f64(grad) + mom * _f64(buf))) / (1 - lr * wd)
+                x = w(buf).mul(mom).add_(w(grad)).mul_(lr).add_(w(p))
+                if wd != 0:
+                    x.div_(1 - lr * wd)
             else:
-                x = _f64(p) + lr * _f64(buf)  # p' = p - lr*buf'
+                x = w(buf).mul(lr).add_(w(p))  # p' = p - lr*buf'
             pp = x.to(p.dtype)
             out["p"] = pp
             if rec.new_buf:
                 return out  # the buffer is dropped: it did not exist before
             d = grad.add(pp, alpha=wd) if wd != 0 else grad
-            out["momentum_buffer"] = ((_f64(buf) - (1 - damp) * _f64(d)) / mom).to(buf.dtype)
+            out["momentum_buffer"] = w(d).mul(-(1 - damp)).add_(w(buf)).div_(mom).to(buf.dtype)
             return out
         b1, b2 = (float(b) for b in g["betas"])
         eps = float(g["eps"])
@@ -338,14 +348,15 @@ class UpdateUndo:
         bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
         step_size = lr / bc1
         denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)  # as adam.py computes it
-        x = _f64(p) + step_size * (_f64(m) / _f64(denom))  # p' = p - step_size*m'/denom
+        x = w(m).div(w(denom)).mul_(step_size).add_(w(p))  # p' = p - step_size*m'/denom
         if self.kind == "adamw":
-            x = x / (1 - lr * wd)  # p*(1 - lr*wd) came first
+            x.div_(1 - lr * wd)  # p*(1 - lr*wd) came first
         pp = x.to(p.dtype)
         out["p"] = pp
         ge = grad.add(pp, alpha=wd) if self.kind == "adam" and wd != 0 else grad
-        out["exp_avg"] = ((_f64(m) - (1 - b1) * _f64(ge)) / b1).to(m.dtype)
-        out["exp_avg_sq"] = ((_f64(v) - (1 - b2) * _f64(ge) * _f64(ge)) / b2).to(v.dtype)
+        gw = w(ge)
+        out["exp_avg"] = gw.mul(-(1 - b1)).add_(w(m)).div_(b1).to(m.dtype)
+        out["exp_avg_sq"] = gw.mul(gw).mul_(-(1 - b2)).add_(w(v)).div_(b2).to(v.dtype)
         return out
 
     @torch.no_grad()
@@ -378,51 +389,41 @@ class UpdateUndo:
         return n
 
     def _summarize(self):
-        s = {"elements": 0, "bytes": 0}
-        if "max_abs" in self.stats:
-            s["max_abs"] = self.stats["max_abs"]
+        s = {"elements": 0, "bytes": 0, "exceptions": 0}
+        for k in ("max_abs", "p", "exp_avg", "exp_avg_sq", "momentum_buffer"):
+            if k in self.stats:
+                s[k] = self.stats[k]
         for rec in self._recs:
             s["elements"] += rec.p.numel()
-            for name, (n, dense, idx, vals) in rec.exc.items():
-                s[name] = s.get(name, 0) + n
-                s["bytes"] += idx.numel() * (idx.element_size() + vals.element_size()) + \
-                    (dense.numel() if dense is not None else 0)
+            for name, (dense, idx, vals) in rec.exc.items():
+                s["exceptions"] += idx.numel()
+                s["bytes"] += idx.numel() * (idx.element_size() + vals.element_size()) + dense.numel()
         self.stats = s
 
 
-# The corrections: where the inverse c differs from the original o. Few
-# differences are kept sparse (flat index and original value, 8 + the
-# element's bytes each); many as a dense int8 difference of the bit
-# patterns, o = c + d (exact as integers), with the elements whose
-# difference does not fit kept sparse.
-_DENSE_MAX = 127
+# The corrections: the difference of the bit patterns, original minus
+# estimate, as one int8 per element (integer arithmetic: c + d is o again),
+# and the elements whose difference does not fit an int8 as flat index and
+# original value.
 
 
 def _encode(c, o):
-    ci, oi = _bits(c).reshape(-1).to(torch.int64), _bits(o).reshape(-1).to(torch.int64)
-    d = oi - ci  # modulo 2**64 for 8-byte elements: c + d is o again
-    nz = d != 0
-    n = int(nz.sum())
-    per = 8 + o.element_size()
-    flat = o.reshape(-1)
-    if n * per <= o.numel():
-        idx = nz.nonzero().squeeze(1)
-        return n, None, idx, flat[idx].clone()
-    small = d.abs() <= _DENSE_MAX
-    dense = torch.where(small, d, torch.zeros_like(d)).to(torch.int8)
-    idx = (~small).nonzero().squeeze(1)
-    return n, dense, idx, flat[idx].clone()
+    ci, oi = _bits(c).reshape(-1), _bits(o).reshape(-1)
+    d = oi - ci  # wraps like the addition in _decode
+    d8 = d.to(torch.int8)
+    big = d8.to(d.dtype) != d
+    idx = big.nonzero().squeeze(1)
+    if idx.numel():
+        d8.masked_fill_(big, 0)
+    return d8, idx, o.reshape(-1)[idx].clone()
 
 
-def _decode(c, n, dense, idx, vals):
+def _decode(c, dense, idx, vals):
     """The original of c from its corrections (a new tensor)."""
-    if n == 0:
-        return c
     out = c.clone()
     flat = out.view(-1)
-    if dense is not None:
-        b = _bits(flat)
-        b.copy_((b.to(torch.int64) + dense.to(torch.int64)).to(b.dtype))
+    b = _bits(flat)
+    b.add_(dense.to(b.dtype))
     if idx.numel():
         flat[idx] = vals
     return out
