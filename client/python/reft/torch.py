@@ -167,6 +167,15 @@ it gives up after its timeout and says so. Module buffers and the extra
 states are staged at consistent(), so a forward pass that changes them
 (BatchNorm) does not tear a flushed snapshot.
 
+undo=True (reft.undo.UpdateUndo; docs/UNDO.md) steps the optimizer one
+parameter tensor at a time and keeps what undoing the step needs: a JIT
+flush that finds the trainer inside optimizer.step() has it stop at the next
+tensor and undo the applied ones, bit for bit (step() then raises
+reft.undo.UpdateInterrupted), and saves the previous step; an exception out
+of the step undoes it too. SGD, Adam and AdamW; others are refused with
+reft.undo.UndoUnsupported. Install it before other wrappers of
+optimizer.step (an LR scheduler's counter is kept).
+
 sharded_optimizer=True registers the optimizer state as not replicated
 (ZeRO-style: each rank holds a different shard); the extra states are never
 replicated (RNG states differ per rank). streams= replaces the copy stream
