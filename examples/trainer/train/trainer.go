@@ -55,6 +55,9 @@ const (
 // ErrKilled is what a test Kill hook may return.
 var ErrKilled = errors.New("killed by --fail-at")
 
+// ErrUpdateFailed is the failure --fail-in-update injects.
+var ErrUpdateFailed = errors.New("failure injected by --fail-in-update")
+
 // trainer is one rank's state.
 type trainer struct {
 	cfg         Config
@@ -84,6 +87,7 @@ type trainer struct {
 	comm        CommPhaser    // nil: the snapshotter takes no communication phases
 	serial      time.Duration // the last single-threaded addFixed, the next window's estimate
 	undo        *undoLog      // nil without --undo
+	resumed     bool          // restored from a snapshot: --fail-in-update does not fire
 	undoSend    []float32     // ZeRO-1 all-gather send buffer under --undo (t.grads holds the gradient undo needs)
 	// beforeTensor, when set (tests), is called before each tensor's
 	// update under --undo; an error stops the update there.
@@ -129,6 +133,13 @@ func newTrainer(cfg Config, o Options) (*trainer, error) {
 	t.dpIdx, t.pipe = t.rank%cfg.DP, t.rank/cfg.DP
 	if f := o.beforeTensor; f != nil {
 		t.beforeTensor = func(seg int) error { return f(t.state[0]+1, seg) }
+	} else if cfg.FailUpdateStep > 0 && t.rank == cfg.FailUpdateRank {
+		t.beforeTensor = func(seg int) error {
+			if !t.resumed && t.state[0]+1 == cfg.FailUpdateStep && seg == cfg.FailUpdateTensor {
+				return fmt.Errorf("step %d, before tensor %d: %w", cfg.FailUpdateStep, seg, ErrUpdateFailed)
+			}
+			return nil
+		}
 	}
 	group := make([]int, cfg.DP)
 	for i := range group {
@@ -180,6 +191,10 @@ func newTrainer(cfg Config, o Options) (*trainer, error) {
 		}
 		bounds = append(bounds, t.nParams)
 		t.undo = newUndoLog(lo, lo+optLen, bounds)
+		if cfg.FailUpdateStep > 0 && t.rank == cfg.FailUpdateRank && cfg.FailUpdateTensor >= len(t.undo.segs) {
+			return nil, fmt.Errorf("--fail-in-update %d:%d:%d: rank %d updates %d tensors (0..%d)", cfg.FailUpdateStep, cfg.FailUpdateRank,
+				cfg.FailUpdateTensor, t.rank, len(t.undo.segs), len(t.undo.segs)-1)
+		}
 		if cfg.Zero1 && cfg.DP > 1 {
 			t.undoSend = make([]float32, t.shardLen)
 		}
@@ -281,6 +296,7 @@ func (t *trainer) run(o Options) (*Result, error) {
 				return nil, fmt.Errorf("restore: generation %d holds state of step %d", step, t.state[0])
 			}
 			res.ResumedFrom = step
+			t.resumed = true
 			start = step + 1
 			fmt.Fprintf(t.log, "resumed from step %d\n", step)
 		}
