@@ -8,6 +8,7 @@ import (
 	"github.com/rs/zerolog"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -251,6 +252,49 @@ func TestReftCrashResume(t *testing.T) {
 				if !slices.Contains(got.Losses, l) {
 					t.Errorf("resumed run lacks the uninterrupted run's %+v; has %+v", l, got.Losses)
 				}
+			}
+		})
+	}
+}
+
+// TestReftUndoResume: no snapshots on the step path (--save-every 0), ZeRO-1
+// over two ranks, and rank 1's optimizer update of step 6 fails after one
+// tensor (--fail-in-update 6:1:1); rank 0's all-gather then fails after its
+// whole update. Both undo, the JIT flush through the real client and agent
+// saves step 5, and the relaunch resumes at 5 with the uninterrupted bits.
+func TestReftUndoResume(t *testing.T) {
+	for _, opt := range []string{train.Momentum, train.Adam, train.AdamW} {
+		t.Run(opt, func(t *testing.T) {
+			cfg := small()
+			cfg.Optimizer, cfg.DP, cfg.Zero1, cfg.Steps, cfg.SaveEvery, cfg.JIT, cfg.Undo = opt, 2, true, 10, 0, true, true
+			ref, errs := train.RunLocal(cfg, 2, nil)
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			a, err := agenttest.Start(agenttest.Options{Log: zerolog.New(zerolog.NewTestWriter(t))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { a.Close() })
+			crash := cfg
+			crash.FailUpdateStep, crash.FailUpdateRank, crash.FailUpdateTensor = 6, 1, 1
+			_, log, err := runReft(t, a, crash, 2)
+			var ue *train.UndoneError
+			if !errors.Is(err, train.ErrUpdateFailed) || !errors.As(err, &ue) || ue.Step != 5 || ue.Tensors != 1 {
+				t.Fatalf("the run with --fail-in-update 6:1:1: %v, want rank 1's update undone on 1 tensor, back at step 5\n%s", err, log)
+			}
+			if !strings.Contains(log, "undo: step 6's update was interrupted") {
+				t.Errorf("rank 0 did not log its undo:\n%s", log)
+			}
+			got, log, err := runReft(t, a, crash, 2)
+			if err != nil {
+				t.Fatalf("relaunch: %v\n%s", err, log)
+			}
+			if got.ResumedFrom != 5 {
+				t.Errorf("resumed from %d, want 5 (the step the flush saved after the undo)\n%s", got.ResumedFrom, log)
+			}
+			if got.Hash != ref[0].Hash {
+				t.Errorf("resumed hash %s, uninterrupted %s", got.Hash, ref[0].Hash)
 			}
 		})
 	}

@@ -368,6 +368,7 @@ class Session:
         self._flushing = False
         self._committed = -1  # newest step committed or restored by this session
         self._jit_handle = None  # the newest flush's save
+        self._interrupt = None  # set_update_interrupt's callback
         self._watch = None  # the notice connection (watch_failures)
         self._log = _stderr_log
         self.optional = bool(optional)
@@ -970,6 +971,24 @@ class Session:
             self._epoch += 1
             self._jit_cv.notify_all()
 
+    def undone(self):
+        """Declare that the update in progress was undone (reft.undo): the
+        buffers hold the step declared consistent before updating() again,
+        so a flush waiting for the update saves that step."""
+        self._check_usable("undone()")
+        with self._jit_cv:
+            self._updating = False
+            self._jit_cv.notify_all()
+
+    def set_update_interrupt(self, fn):
+        """``fn()`` (None: none) is called, from the flush's thread, when a
+        flush finds the trainer updating: a trainer that can undo its
+        update (reft.undo.UpdateUndo.request_stop) stops at its next
+        tensor boundary, undoes the applied part and calls undone(), so the
+        flush saves the previous step instead of waiting for the update."""
+        with self._jit_cv:
+            self._interrupt = fn
+
     def _note_committed(self, step):
         with self._jit_cv:
             self._committed = max(self._committed, step)
@@ -996,7 +1015,11 @@ class Session:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
         with self._jit_cv:
+            asked = False
             while self._flushing or self._updating:
+                if self._updating and not asked and self._interrupt is not None:
+                    asked = True
+                    self._interrupt()
                 if deadline is not None and left() <= 0:
                     raise Error("JIT flush (%s): the trainer is changing its state and did not reach "
                                 "a consistent step within %.1f s" % (reason, timeout))

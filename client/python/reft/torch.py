@@ -167,6 +167,15 @@ it gives up after its timeout and says so. Module buffers and the extra
 states are staged at consistent(), so a forward pass that changes them
 (BatchNorm) does not tear a flushed snapshot.
 
+undo=True (reft.undo.UpdateUndo; docs/UNDO.md) steps the optimizer one
+parameter tensor at a time and keeps what undoing the step needs: a JIT
+flush that finds the trainer inside optimizer.step() has it stop at the next
+tensor and undo the applied ones, bit for bit (step() then raises
+reft.undo.UpdateInterrupted), and saves the previous step; an exception out
+of the step undoes it too. SGD, Adam and AdamW; others are refused with
+reft.undo.UndoUnsupported. Install it before other wrappers of
+optimizer.step (an LR scheduler's counter is kept).
+
 sharded_optimizer=True registers the optimizer state as not replicated
 (ZeRO-style: each rank holds a different shard); the extra states are never
 replicated (RNG states differ per rank). streams= replaces the copy stream
@@ -578,7 +587,7 @@ class Checkpointer:
     initialized its rank and world size). See the module docstring."""
 
     def __init__(self, model, optimizer=None, session=None, sharded_optimizer=False, *,
-                 optional=False, jit=True, streams=None, extra=None, rng=True):
+                 optional=False, jit=True, streams=None, extra=None, rng=True, undo=False):
         if not isinstance(model, torch.nn.Module):
             raise Error("Checkpointer: model must be a torch.nn.Module, not %s" % type(model).__name__)
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -605,6 +614,9 @@ class Checkpointer:
             self._extra.append(_Extra("reft.torch/rng", _RNG()))
         self._unhook = None
         self._unhook_comm = None
+        self._undo = None
+        if undo and optimizer is None:
+            raise Error("Checkpointer(undo=True): undo needs the optimizer; pass it")
         self._own_session = session is None
         if session is None:
             d = _dist()
@@ -613,6 +625,11 @@ class Checkpointer:
         self.session = session
         try:
             self._register()
+            if undo:
+                from .undo import UpdateUndo  # raises UndoUnsupported naming the reason
+                self._undo = UpdateUndo(optimizer, on_undone=self._undone)
+                self._undo.install()  # before the hook below, which calls it (torch 1.13)
+                session.set_update_interrupt(self._undo.request_stop)
             self._install_hook()
             self._install_comm_hook()
             if jit:
@@ -786,6 +803,18 @@ class Checkpointer:
                 ck._comm(True, DDP_COMM_OP)
 
         self._unhook_comm = self.model.register_forward_hook(after_forward).remove
+
+    def _undone(self, tensors, cause):
+        """UpdateUndo undid the step in progress: the state is the last
+        consistent step's again; a flush may save it."""
+        if self._closed:
+            return
+        # CUDA: the flush copies after this event, so after the undo's kernels.
+        self._mover.mark = self._streams.record()
+        self.session.undone()
+        warnings.warn("reft.torch: optimizer.step() was interrupted (%s: %s); undid the update of %d "
+                      "parameter tensors, the state is the last consistent step again"
+                      % (type(cause).__name__, cause, tensors), RuntimeWarning, stacklevel=2)
 
     def _comm(self, active, op=None):
         """comm_phase, never raising into the trainer's forward or step."""
@@ -1035,6 +1064,10 @@ class Checkpointer:
             if self._unhook_comm is not None:
                 self._unhook_comm()
                 self._unhook_comm = None
+            if self._undo is not None:
+                self._undo.uninstall()
+                self.session.set_update_interrupt(None)
+                self._undo = None
             if self._own_session:
                 self.session.close()
 

@@ -52,11 +52,23 @@ type Config struct {
 	// when the agent reports a failed node or the step is killed
 	// (SIGTERM), so a failure loses at most the step in progress whatever
 	// SaveEvery is.
-	JIT      bool
-	FailStep int64 // --fail-at STEP:RANK; 0: off
-	FailRank int
-	LogEvery int64
-	Threads  int // compute goroutines per rank; 0: GOMAXPROCS
+	JIT bool
+	// Undo records what undoing each optimizer update needs (undo.go), so
+	// that an update interrupted part way (some tensors at step t, some at
+	// t-1) is returned to step t-1 and the JIT flush saves a consistent
+	// state. It changes no result.
+	Undo bool
+	// FailUpdate (--fail-in-update STEP:RANK:TENSOR) makes that rank's
+	// update of STEP fail before its tensor TENSOR, the ones before it
+	// applied (only in a run that did not resume; needs Undo): a failure
+	// injected inside the optimizer step.
+	FailUpdateStep   int64
+	FailUpdateRank   int
+	FailUpdateTensor int
+	FailStep         int64 // --fail-at STEP:RANK; 0: off
+	FailRank         int
+	LogEvery         int64
+	Threads          int // compute goroutines per rank; 0: GOMAXPROCS
 	// MinStep pads every step to at least this wall time by sleeping at
 	// its end: a stand-in for a bigger model, so that a demo or a failure
 	// test can hit a chosen step. It changes no result.
@@ -105,6 +117,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	}
 	fs.SetOutput(usage)
 	size := fs.String("size", "4MiB", "parameter bytes (e.g. 4MiB, 256MiB, 1GiB); layer width is derived from it")
+	failUpd := fs.String("fail-in-update", "", "STEP:RANK:TENSOR: that rank's optimizer update of STEP fails before its tensor TENSOR "+
+		"(0-based; the tensors before it applied), only in a run that did not resume; needs --undo, which undoes them")
 	fail := fs.String("fail-at", "", "STEP:RANK: that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
 	slow := fs.String("slow-at", "", "STEP:DURATION: every rank sleeps DURATION more at the end of STEP (a slow step; e.g. 12:2s)")
 	straggle := fs.String("slow-rank", "", "RANK:DURATION: that rank computes DURATION longer in every step, before the all-reduce (a straggler; e.g. 2:100ms)")
@@ -125,6 +139,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 		"rather than as soon as it is taken (--hints=false); the copy of step N then finishes during step N+1")
 	fs.BoolVar(&c.JIT, "jit", c.JIT, "when reft reports a failed node, or the step is killed (SIGTERM), save the newest consistent step at once "+
 		"(JIT flush), so at most the step in progress is lost whatever --save-every is")
+	fs.BoolVar(&c.Undo, "undo", c.Undo, "record what undoing each optimizer update needs, so that an update interrupted by a failure "+
+		"is undone and the JIT flush saves the previous step (with --save-every 0: no snapshot on the step path)")
 	fs.Int64Var(&c.LogEvery, "log-every", c.LogEvery, "log the loss every N steps")
 	fs.DurationVar(&c.MinStep, "min-step", c.MinStep, "pad every step to at least this wall time by sleeping (e.g. 500ms): "+
 		"a stand-in for a bigger model in demos and failure tests; results are unchanged")
@@ -151,6 +167,18 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	if *fail != "" {
 		if c.FailStep, c.FailRank, err = parseFailAt(*fail); err != nil {
 			return c, fmt.Errorf("--fail-at: %w", err)
+		}
+	}
+	if *failUpd != "" {
+		parts := strings.Split(*failUpd, ":")
+		var e1, e2, e3 error
+		if len(parts) == 3 {
+			c.FailUpdateStep, e1 = strconv.ParseInt(parts[0], 10, 64)
+			c.FailUpdateRank, e2 = strconv.Atoi(parts[1])
+			c.FailUpdateTensor, e3 = strconv.Atoi(parts[2])
+		}
+		if len(parts) != 3 || e1 != nil || e2 != nil || e3 != nil || c.FailUpdateStep < 1 || c.FailUpdateRank < 0 || c.FailUpdateTensor < 0 {
+			return c, fmt.Errorf("--fail-in-update %q: want STEP:RANK:TENSOR with STEP >= 1, RANK and TENSOR >= 0 (e.g. 12:1:3)", *failUpd)
 		}
 	}
 	if *slow != "" {
@@ -251,6 +279,14 @@ func (c *Config) check() error {
 	case c.FailStep < 0 || c.FailRank < 0:
 		return fmt.Errorf("--fail-at %d:%d: must be STEP:RANK with STEP >= 1", c.FailStep, c.FailRank)
 	}
+	if c.Undo {
+		if err := checkUndo(c); err != nil {
+			return err
+		}
+	}
+	if c.FailUpdateStep > 0 && !c.Undo {
+		return fmt.Errorf("--fail-in-update needs --undo: without it the update is not applied tensor by tensor")
+	}
 	if c.Width() < 2 {
 		return fmt.Errorf("--size %d bytes is too small for %d layers: use at least %d bytes", c.SizeBytes, c.Layers, 4*c.Layers*6)
 	}
@@ -290,6 +326,9 @@ func (c *Config) Validate(world int) error {
 	}
 	if c.SlowRankBy > 0 && c.SlowRank >= world {
 		return fmt.Errorf("--slow-rank %d:%s: rank %d does not exist in a world of %d", c.SlowRank, c.SlowRankBy, c.SlowRank, world)
+	}
+	if c.FailUpdateStep > 0 && c.FailUpdateRank >= world {
+		return fmt.Errorf("--fail-in-update %d:%d:%d: rank %d does not exist in a world of %d", c.FailUpdateStep, c.FailUpdateRank, c.FailUpdateTensor, c.FailUpdateRank, world)
 	}
 	if c.FailStep > 0 && c.FailRank >= world {
 		return fmt.Errorf("--fail-at %d:%d: rank %d does not exist in a world of %d", c.FailStep, c.FailRank, c.FailRank, world)

@@ -24,6 +24,9 @@ type Options struct {
 	// Kill is what --fail-at does; reft-train SIGKILLs itself. Returning
 	// makes Run fail with the error.
 	Kill func() error
+	// beforeTensor (tests) is called under --undo before each tensor's
+	// update of step; an error stops the update there.
+	beforeTensor func(step int64, seg int) error
 }
 
 // Result is what a rank reports after training.
@@ -55,6 +58,9 @@ const (
 // ErrKilled is what a test Kill hook may return.
 var ErrKilled = errors.New("killed by --fail-at")
 
+// ErrUpdateFailed is the failure --fail-in-update injects.
+var ErrUpdateFailed = errors.New("failure injected by --fail-in-update")
+
 // trainer is one rank's state.
 type trainer struct {
 	cfg         Config
@@ -83,7 +89,28 @@ type trainer struct {
 	hint        Hinter        // nil: the snapshotter takes no hints
 	comm        CommPhaser    // nil: the snapshotter takes no communication phases
 	serial      time.Duration // the last single-threaded addFixed, the next window's estimate
+	undo        *undoLog      // nil without --undo
+	resumed     bool          // restored from a snapshot: --fail-in-update does not fire
+	undoSend    []float32     // ZeRO-1 all-gather send buffer under --undo (t.grads holds the gradient undo needs)
+	// beforeTensor, when set (tests), is called before each tensor's
+	// update under --undo; an error stops the update there.
+	beforeTensor func(seg int) error
 }
+
+// UndoneError is Run's error when a step's optimizer update was
+// interrupted and undone: the buffers hold step Step, consistent, and the
+// snapshotter was told so (Consistency), so a JIT flush saves it.
+type UndoneError struct {
+	Step    int64 // the step the buffers hold again
+	Tensors int   // tensors whose update was undone
+	Err     error // what interrupted the update
+}
+
+func (e *UndoneError) Error() string {
+	return fmt.Sprintf("%v (the update was undone on %d tensors: the state is step %d again)", e.Err, e.Tensors, e.Step)
+}
+
+func (e *UndoneError) Unwrap() error { return e.Err }
 
 // Run trains to cfg.Steps and returns this rank's result. Every rank of
 // o.Comm must call it with the same cfg.
@@ -107,6 +134,16 @@ func newTrainer(cfg Config, o Options) (*trainer, error) {
 		t.log = io.Discard
 	}
 	t.dpIdx, t.pipe = t.rank%cfg.DP, t.rank/cfg.DP
+	if f := o.beforeTensor; f != nil {
+		t.beforeTensor = func(seg int) error { return f(t.state[0]+1, seg) }
+	} else if cfg.FailUpdateStep > 0 && t.rank == cfg.FailUpdateRank {
+		t.beforeTensor = func(seg int) error {
+			if !t.resumed && t.state[0]+1 == cfg.FailUpdateStep && seg == cfg.FailUpdateTensor {
+				return fmt.Errorf("step %d, before tensor %d: %w", cfg.FailUpdateStep, seg, ErrUpdateFailed)
+			}
+			return nil
+		}
+	}
 	group := make([]int, cfg.DP)
 	for i := range group {
 		group[i] = i + cfg.DP*t.pipe
@@ -143,6 +180,28 @@ func newTrainer(cfg Config, o Options) (*trainer, error) {
 		optLen = t.shardLen
 	}
 	t.opt = newOptimizer(&cfg, optLen)
+	if cfg.Undo {
+		lo := 0
+		if cfg.Zero1 {
+			lo = t.dpIdx * t.shardLen
+		}
+		if optLen >= 1<<30 {
+			return nil, fmt.Errorf("--undo: %d optimizer elements per rank exceed undo's 2^30 index range: raise --pp or use --zero1", optLen)
+		}
+		var bounds []int
+		for k := range t.layers {
+			bounds = append(bounds, k*(h*h+h), k*(h*h+h)+h*h)
+		}
+		bounds = append(bounds, t.nParams)
+		t.undo = newUndoLog(lo, lo+optLen, bounds)
+		if cfg.FailUpdateStep > 0 && t.rank == cfg.FailUpdateRank && cfg.FailUpdateTensor >= len(t.undo.segs) {
+			return nil, fmt.Errorf("--fail-in-update %d:%d:%d: rank %d updates %d tensors (0..%d)", cfg.FailUpdateStep, cfg.FailUpdateRank,
+				cfg.FailUpdateTensor, t.rank, len(t.undo.segs), len(t.undo.segs)-1)
+		}
+		if cfg.Zero1 && cfg.DP > 1 {
+			t.undoSend = make([]float32, t.shardLen)
+		}
+	}
 	if t.pipe == cfg.PP-1 {
 		t.teach = newTeacher(cfg.Seed, h)
 	}
@@ -243,6 +302,7 @@ func (t *trainer) run(o Options) (*Result, error) {
 				return nil, fmt.Errorf("restore: generation %d holds state of step %d", step, t.state[0])
 			}
 			res.ResumedFrom = step
+			t.resumed = true
 			start = step + 1
 			fmt.Fprintf(t.log, "resumed from step %d\n", step)
 		}
@@ -308,6 +368,13 @@ func (t *trainer) run(o Options) (*Result, error) {
 			cons.Updating()
 		}
 		if err := t.update(); err != nil {
+			var ue *UndoneError
+			if errors.As(err, &ue) {
+				fmt.Fprintf(t.log, "undo: step %d's update was interrupted (%v): undid %d tensors, the state is step %d\n", step, ue.Err, ue.Tensors, ue.Step)
+				if cons != nil {
+					cons.Consistent(ue.Step)
+				}
+			}
 			return nil, fmt.Errorf("step %d: %w", step, err)
 		}
 		t.state[0] = step
@@ -487,19 +554,47 @@ func (t *trainer) update() error {
 	} else {
 		fromFixed(t.acc[lo:hi], g)
 	}
-	parallelFor(hi-lo, t.cfg.Threads, 16, func(a, b int) { t.opt.update(p, g, a, b) })
+	if t.undo != nil {
+		if err := t.undo.apply(t.opt, p, g, t.cfg.Threads, t.beforeTensor); err != nil {
+			return t.rollback(p, fmt.Errorf("optimizer update: %w", err))
+		}
+	} else {
+		parallelFor(hi-lo, t.cfg.Threads, 16, func(a, b int) { t.opt.update(p, g, a, b) })
+	}
 	if !t.cfg.Zero1 || t.cfg.DP == 1 {
+		t.commitUndo()
 		return nil
 	}
 	// The microbatch gradient buffer is spent now; it becomes the
 	// all-gather's send buffer (MPI forbids a send buffer inside the
-	// destination).
+	// destination). Under --undo it still holds the gradient undo needs.
 	send := t.grads[lo:hi]
+	if t.undoSend != nil {
+		send = t.undoSend
+	}
 	copy(send, p)
 	if err := t.dpc.AllGatherF32(t.params, send); err != nil {
+		if t.undo != nil {
+			return t.rollback(p, fmt.Errorf("parameter all-gather: %w", err))
+		}
 		return fmt.Errorf("parameter all-gather: %w", err)
 	}
+	t.commitUndo()
 	return nil
+}
+
+func (t *trainer) commitUndo() {
+	if t.undo != nil {
+		t.undo.commit()
+	}
+}
+
+// rollback undoes the interrupted update of p (this rank's optimizer
+// range) and returns an *UndoneError wrapping cause.
+func (t *trainer) rollback(p []float32, cause error) error {
+	n := t.undo.undo(t.opt, p, t.cfg.Threads)
+	t.state[1]--
+	return &UndoneError{Step: t.state[0], Tensors: n, Err: cause}
 }
 
 // loss sums the step's loss over the job: the last stage's DP group reduced
