@@ -158,15 +158,7 @@ var _ train.Consistency = (*reftSnap)(nil)
 func TestReftJITResume(t *testing.T) {
 	cfg := small()
 	cfg.DP, cfg.Steps, cfg.SaveEvery = 2, 16, 5
-	ref, errs := train.RunLocal(cfg, 2, nil)
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	a, err := agenttest.Start(agenttest.Options{Log: zerolog.New(zerolog.NewTestWriter(t))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
+	ref, a := referenceAndAgent(t, cfg, 2, "")
 	crash := cfg
 	crash.FailStep, crash.FailRank = 13, 1
 	if _, log, err := runReft(t, a, crash, 2); !errors.Is(err, train.ErrKilled) {
@@ -210,15 +202,7 @@ func TestReftCrashResume(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := small()
 			tc.layout(&cfg)
-			ref, errs := train.RunLocal(cfg, tc.n, nil)
-			if err := errors.Join(errs...); err != nil {
-				t.Fatal(err)
-			}
-			a, err := agenttest.Start(agenttest.Options{Spec: tc.spec, Log: zerolog.New(zerolog.NewTestWriter(t))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { a.Close() })
+			ref, a := referenceAndAgent(t, cfg, tc.n, tc.spec)
 			if tc.spec == "aor" {
 				snap, err := openReft(context.Background(), client.Options{Socket: a.Socket})
 				if err != nil || !snap.AOR() {
@@ -267,15 +251,7 @@ func TestReftUndoResume(t *testing.T) {
 		t.Run(opt, func(t *testing.T) {
 			cfg := small()
 			cfg.Optimizer, cfg.DP, cfg.Zero1, cfg.Steps, cfg.SaveEvery, cfg.JIT, cfg.Undo = opt, 2, true, 10, 0, true, true
-			ref, errs := train.RunLocal(cfg, 2, nil)
-			if err := errors.Join(errs...); err != nil {
-				t.Fatal(err)
-			}
-			a, err := agenttest.Start(agenttest.Options{Log: zerolog.New(zerolog.NewTestWriter(t))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { a.Close() })
+			ref, a := referenceAndAgent(t, cfg, 2, "")
 			crash := cfg
 			crash.FailUpdateStep, crash.FailUpdateRank, crash.FailUpdateTensor = 6, 1, 1
 			_, log, err := runReft(t, a, crash, 2)
@@ -298,4 +274,21 @@ func TestReftUndoResume(t *testing.T) {
 			}
 		})
 	}
+}
+
+// referenceAndAgent runs cfg on n ranks without snapshots (the
+// uninterrupted bits) and starts a conformance agent protecting spec ("":
+// its default), closed when the test ends.
+func referenceAndAgent(t *testing.T, cfg train.Config, n int, spec string) ([]*train.Result, *agenttest.Agent) {
+	t.Helper()
+	ref, errs := train.RunLocal(cfg, n, nil)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	a, err := agenttest.Start(agenttest.Options{Spec: spec, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return ref, a
 }

@@ -64,19 +64,9 @@ func (f *FileCheckpoint) Join(world Comm, dpIdx, stage int) {
 
 // Register implements Snapshotter.
 func (f *FileCheckpoint) Register(name string, buf []byte, replicated bool) error {
-	if f.saved {
-		return fmt.Errorf("register %q: registering after the first save", name)
-	}
-	if len(buf) == 0 {
-		return fmt.Errorf("register %q: empty buffer", name)
-	}
-	for _, b := range f.bufs {
-		if b.name == name {
-			return fmt.Errorf("register %q: already registered", name)
-		}
-	}
-	f.bufs = append(f.bufs, memBuf{name, buf, replicated})
-	return nil
+	bufs, err := register(f.bufs, f.saved, name, buf, replicated)
+	f.bufs = bufs
+	return err
 }
 
 const completeMark = "COMPLETE"

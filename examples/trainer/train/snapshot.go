@@ -221,19 +221,26 @@ func (m *memSnap) RegisterOptimizerState(name string, buf []byte, st OptimizerSt
 }
 
 func (m *memSnap) Register(name string, buf []byte, replicated bool) error {
-	if m.saved {
-		return fmt.Errorf("register %q: registering after the first save", name)
+	bufs, err := register(m.bufs, m.saved, name, buf, replicated)
+	m.bufs = bufs
+	return err
+}
+
+// register is Snapshotter.Register's checks for the in-process
+// snapshotters: bufs with the buffer added, or why it cannot be.
+func register(bufs []memBuf, saved bool, name string, buf []byte, replicated bool) ([]memBuf, error) {
+	if saved {
+		return bufs, fmt.Errorf("register %q: registering after the first save", name)
 	}
 	if len(buf) == 0 {
-		return fmt.Errorf("register %q: empty buffer", name)
+		return bufs, fmt.Errorf("register %q: empty buffer", name)
 	}
-	for _, b := range m.bufs {
+	for _, b := range bufs {
 		if b.name == name {
-			return fmt.Errorf("register %q: already registered", name)
+			return bufs, fmt.Errorf("register %q: already registered", name)
 		}
 	}
-	m.bufs = append(m.bufs, memBuf{name, buf, replicated})
-	return nil
+	return append(bufs, memBuf{name, buf, replicated}), nil
 }
 
 // Save copies in a goroutine, like the real client's background copy, so the
