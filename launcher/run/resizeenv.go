@@ -65,7 +65,7 @@ func resizedEnv(env []string, held []string) ([]string, error) {
 		set[k] = strconv.Itoa(len(nodes))
 	}
 	if cpus, ok := get("SLURM_JOB_CPUS_PER_NODE"); ok {
-		per, err := expandCounts(cpus)
+		per, err := hostlist.ExpandCounts(cpus)
 		if err != nil {
 			return nil, fmt.Errorf("SLURM_JOB_CPUS_PER_NODE=%q: %w", cpus, err)
 		}
@@ -76,7 +76,7 @@ func resizedEnv(env []string, held []string) ([]string, error) {
 		for j, i := range keep {
 			kept[j] = per[i]
 		}
-		set["SLURM_JOB_CPUS_PER_NODE"] = compressCounts(kept)
+		set["SLURM_JOB_CPUS_PER_NODE"] = hostlist.CompressCounts(kept)
 	}
 	if _, ok := get("SLURM_TASKS_PER_NODE"); ok {
 		// Slurm's own script: "We don't have sufficient information to
@@ -97,46 +97,4 @@ func resizedEnv(env []string, held []string) ([]string, error) {
 		out = append(out, kv)
 	}
 	return out, nil
-}
-
-// expandCounts expands Slurm's compressed per-node counts: "4(x2),2" is
-// [4 4 2].
-func expandCounts(s string) ([]int, error) {
-	var out []int
-	for _, part := range strings.Split(s, ",") {
-		v, rep := part, "1"
-		if i := strings.Index(part, "(x"); i >= 0 && strings.HasSuffix(part, ")") {
-			v, rep = part[:i], part[i+2:len(part)-1]
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return nil, fmt.Errorf("count %q is not a number", part)
-		}
-		r, err := strconv.Atoi(rep)
-		if err != nil || r < 1 || r > 1<<20 {
-			return nil, fmt.Errorf("repetition in %q is not a positive number", part)
-		}
-		for range r {
-			out = append(out, n)
-		}
-	}
-	return out, nil
-}
-
-// compressCounts is expandCounts' inverse, in Slurm's form.
-func compressCounts(c []int) string {
-	var parts []string
-	for i := 0; i < len(c); {
-		j := i
-		for j < len(c) && c[j] == c[i] {
-			j++
-		}
-		if j-i > 1 {
-			parts = append(parts, fmt.Sprintf("%d(x%d)", c[i], j-i))
-		} else {
-			parts = append(parts, strconv.Itoa(c[i]))
-		}
-		i = j
-	}
-	return strings.Join(parts, ",")
 }

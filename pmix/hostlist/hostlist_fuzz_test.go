@@ -58,3 +58,28 @@ func TestExpandBoundsTotal(t *testing.T) {
 		}
 	}
 }
+
+// FuzzExpandCounts: ExpandCounts (per-node counts from Slurm's
+// environment) never panics, never yields more than MaxHosts counts or a
+// negative one, and CompressCounts of what it yields expands back to it.
+func FuzzExpandCounts(f *testing.F) {
+	for _, s := range []string{"1", "2(x5)", "8,4(x2),2", "0(x3),1", "2(x0)", "2(x", "(x2)", "-1", "1(x1048576),1(x1048576)", ",", "3(x2)x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		c, err := ExpandCounts(in)
+		if err != nil {
+			if c != nil {
+				t.Fatalf("ExpandCounts(%q) returned counts with error %v", in, err)
+			}
+			return
+		}
+		if len(c) == 0 || len(c) > MaxHosts || slices.ContainsFunc(c, func(n int) bool { return n < 0 }) {
+			t.Fatalf("ExpandCounts(%q) gave %d counts: %.20v", in, len(c), c)
+		}
+		back, err := ExpandCounts(CompressCounts(c))
+		if err != nil || !slices.Equal(back, c) {
+			t.Fatalf("ExpandCounts(CompressCounts(ExpandCounts(%q))): %v", in, err)
+		}
+	})
+}
