@@ -201,6 +201,7 @@ except ImportError as e:  # reft itself needs no torch; this adapter does
 import numpy
 
 from ._errors import Error
+from ._optstep import unwrap_step
 from ._streams import CpuStreams, CudaStreams
 from .session import Session, common_newest
 
@@ -772,12 +773,7 @@ class Checkpointer:
         opt.step = bound = types.MethodType(step, opt)
 
         def unhook():
-            if opt.__dict__.get("step") is bound:
-                if inner is None:
-                    del opt.step
-                else:
-                    opt.step = inner
-            # else: wrapped again since (a scheduler); ours passes through once closed
+            unwrap_step(opt, bound, inner)  # wrapped again since: ours passes through once closed
 
         self._unhook = unhook
 

@@ -41,6 +41,7 @@ import threading
 import torch
 
 from ._errors import Error
+from ._optstep import unwrap_step
 
 __all__ = ["UpdateUndo", "UndoUnsupported", "UpdateInterrupted", "check_undoable"]
 
@@ -178,12 +179,7 @@ class UpdateUndo:
         if self._installed is None:
             return
         bound, inner = self._installed
-        opt = self.optimizer
-        if opt.__dict__.get("step") is bound:
-            if inner is None:
-                del opt.step
-            else:
-                opt.step = inner
+        unwrap_step(self.optimizer, bound, inner)
         self._installed = None
 
     def request_stop(self):
