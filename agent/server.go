@@ -39,6 +39,9 @@ type Info struct {
 	UID          int // the job's uid; every other peer is refused
 	MemoryBudget uint64
 	StoreDir     string
+	// DegradedGrace overrides the package's DegradedGrace (0: that), for
+	// tests.
+	DegradedGrace time.Duration
 }
 
 // Server serves the local protocol (docs/PROTOCOL.md) on a Unix socket.
@@ -96,6 +99,10 @@ type Server struct {
 	foundMu sync.Mutex
 	found   map[string]time.Time
 	det     *detect.Detector
+
+	// degraded is what commit replies say of the node's protection
+	// (degraded.go).
+	degraded degradedState
 }
 
 // Listen creates the socket at path with mode 0600 (localsrv.Listen),

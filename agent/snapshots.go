@@ -483,7 +483,7 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 	log.Debug().Str("event", "committed").Int("rank", rc.key.Rank).Int64("step", step).Uint64("seq", g.Seq).
 		Int64("bytes", n).Dur("checksum", crcTime).Msg("generation committed")
 	return proto.WriteMsg(c, proto.TCommit|proto.ReplyBit, id, proto.CommitReply{
-		Step: step, Seq: g.Seq, Bytes: n, ChecksumS: crcTime.Seconds()})
+		Step: step, Seq: g.Seq, Bytes: n, ChecksumS: crcTime.Seconds(), Degraded: s.degradedNow()})
 }
 
 // takeChecksums sets the client's checksums of every section of the save

@@ -164,6 +164,9 @@ type Client struct {
 	noticed sync.Once
 
 	jit jitState // JIT flush (jit.go)
+	// degraded says what commit replies say of the node's protection
+	// (degraded.go).
+	degraded degradedNotice
 }
 
 type buffer struct {

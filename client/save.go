@@ -159,6 +159,9 @@ func (c *Client) save(step int64) *Handle {
 		h.stats = SaveStats{Seq: cr.Seq, Bytes: cr.Bytes, Copy: copied.Sub(t), Commit: time.Since(copied),
 			Checksum: time.Duration(cr.ChecksumS * float64(time.Second))}
 		c.jit.noteCommitted(step)
+		if msg := c.degraded.note(cr.Degraded); msg != "" {
+			c.opt.Log(msg)
+		}
 		h.finish(nil)
 	}()
 	return h

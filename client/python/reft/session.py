@@ -371,6 +371,7 @@ class Session:
         self._interrupt = None  # set_update_interrupt's callback
         self._watch = None  # the notice connection (watch_failures)
         self._log = _stderr_log
+        self._degraded_said = ""  # the commit replies' degraded reasons last said
         self.optional = bool(optional)
         self.enabled = True
         self.disabled_reason = None
@@ -676,6 +677,7 @@ class Session:
             handle.bytes = reply.get("bytes")
             handle.checksum_s = reply.get("checksum_s")
             self._note_committed(step)
+            self._note_degraded(reply.get("degraded"))
         except _CopyFailed as e:  # an external buffer's copy: the connection is fine
             self._abort_quietly(step)
             cause = e.args[0]
@@ -988,6 +990,23 @@ class Session:
         flush saves the previous step instead of waiting for the update."""
         with self._jit_cv:
             self._interrupt = fn
+
+    def _note_degraded(self, why):
+        """Say, once per change, what the agent's commit replies say of the
+        node's protection: a warning when the reasons (the
+        reft_protection_degraded metric's, docs/METRICS.md) appear or change,
+        a notice when they are gone."""
+        now = ", ".join(str(w) for w in why) if isinstance(why, list) else ""
+        if now == self._degraded_said:
+            return
+        was, self._degraded_said = self._degraded_said, now
+        if now:
+            self._log("warning: the agent says this node's snapshots are less protected than the SPEC "
+                      "asks (%s): a failure may cost more than the SPEC promises; `reft status` says why, "
+                      "docs/METRICS.md explains each reason" % now)
+        else:
+            self._log("the agent says this node's snapshots are protected as the SPEC asks again "
+                      "(it had said: %s)" % was)
 
     def _note_committed(self, step):
         with self._jit_cv:
