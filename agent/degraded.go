@@ -4,8 +4,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/reft-hpc/reft/agent/metrics"
 )
 
 // DegradedGrace is how long the node's protection must have been below its
@@ -27,8 +25,12 @@ type degradedState struct {
 }
 
 // reasons returns the node's degradation reasons once they have held for
-// grace, else nil; status computes them afresh when due.
+// grace (0: DegradedGrace), else nil; status computes them afresh when
+// due, under d's lock (it must not call back into d).
 func (d *degradedState) reasons(now time.Time, grace time.Duration, status func() []string) []string {
+	if grace <= 0 {
+		grace = DegradedGrace
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.at.IsZero() || now.Sub(d.at) >= time.Second {
@@ -42,16 +44,4 @@ func (d *degradedState) reasons(now time.Time, grace time.Duration, status func(
 		return nil
 	}
 	return slices.Clone(d.why)
-}
-
-// degradedNow is the commit reply's degraded field.
-func (s *Server) degradedNow() []string {
-	grace := s.info.DegradedGrace
-	if grace <= 0 {
-		grace = DegradedGrace
-	}
-	return s.degraded.reasons(time.Now(), grace, func() []string {
-		st := s.Status()
-		return metrics.Degraded(&st)
-	})
 }

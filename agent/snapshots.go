@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/reft-hpc/reft/agent/event"
+	"github.com/reft-hpc/reft/agent/metrics"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/agent/shard"
@@ -482,8 +483,12 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 	n := payloadBytes(g.Manifest.Buffers)
 	log.Debug().Str("event", "committed").Int("rank", rc.key.Rank).Int64("step", step).Uint64("seq", g.Seq).
 		Int64("bytes", n).Dur("checksum", crcTime).Msg("generation committed")
+	degraded := s.degraded.reasons(time.Now(), s.info.DegradedGrace, func() []string {
+		st := s.Status()
+		return metrics.Degraded(&st)
+	})
 	return proto.WriteMsg(c, proto.TCommit|proto.ReplyBit, id, proto.CommitReply{
-		Step: step, Seq: g.Seq, Bytes: n, ChecksumS: crcTime.Seconds(), Degraded: s.degradedNow()})
+		Step: step, Seq: g.Seq, Bytes: n, ChecksumS: crcTime.Seconds(), Degraded: degraded})
 }
 
 // takeChecksums sets the client's checksums of every section of the save
