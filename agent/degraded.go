@@ -1,9 +1,13 @@
 package agent
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/reft-hpc/reft/spank/spec"
 )
 
 // DegradedGrace is how long the node's protection must have been below its
@@ -44,4 +48,22 @@ func (d *degradedState) reasons(now time.Time, grace time.Duration, status func(
 		return nil
 	}
 	return slices.Clone(d.why)
+}
+
+// strictRefusal is why a commit is refused under a strict SPEC: its
+// protection has fallen below the modes' (why, from reasons) for the
+// grace; nil when the SPEC is not strict or nothing is short.
+func strictRefusal(specStr string, grace time.Duration, why []string) error {
+	if len(why) == 0 {
+		return nil
+	}
+	if sp, err := spec.Parse(specStr); err != nil || !sp.Strict {
+		return nil
+	}
+	if grace <= 0 {
+		grace = DegradedGrace
+	}
+	return fmt.Errorf("the SPEC is strict and this node's snapshots have been less protected than it asks for %s or more (%s): "+
+		"the step fails rather than train on; `reft status` says why, docs/METRICS.md explains each reason; "+
+		"fix the cause, or leave strict out of --reft to train on with a warning", grace, strings.Join(why, ", "))
 }

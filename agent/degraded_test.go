@@ -2,6 +2,7 @@ package agent
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -42,5 +43,26 @@ func TestDegradedState(t *testing.T) {
 				t.Errorf("status computed %d times, want %d", calls, tc.calls)
 			}
 		})
+	}
+}
+
+// TestStrictRefusal: only a strict SPEC with reasons refuses, and the
+// refusal names the reasons, the grace and the way out.
+func TestStrictRefusal(t *testing.T) {
+	for _, tc := range []struct {
+		spec string
+		why  []string
+		want string // "" no refusal
+	}{
+		{"arc", []string{"peering"}, ""},
+		{"arc,strict", nil, ""},
+		{"arc,strict", []string{"peering", "rank_local"}, "for 10s or more (peering, rank_local)"},
+		{"arc+aec,dp=2,strict", []string{"save_failures"}, "leave strict out of --reft"},
+		{"not a spec", []string{"peering"}, ""},
+	} {
+		err := strictRefusal(tc.spec, 0, tc.why)
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("strictRefusal(%q, %q) = %v, want %q", tc.spec, tc.why, err, tc.want)
+		}
 	}
 }

@@ -463,6 +463,15 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 			return replyErr(c, id, proto.CodeInternal, "commit of step %d: %v", step, err)
 		}
 	}
+	degraded := s.degraded.reasons(time.Now(), s.info.DegradedGrace, func() []string {
+		st := s.Status()
+		return metrics.Degraded(&st)
+	})
+	if err := strictRefusal(s.info.Spec, s.info.DegradedGrace, degraded); err != nil {
+		o.Abort()
+		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("commit refused")
+		return replyErr(c, id, proto.CodeDegraded, "commit of rank %d step %d: %v", rc.key.Rank, step, err)
+	}
 	g, err := o.Commit()
 	if err != nil {
 		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("commit failed")
@@ -483,10 +492,6 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 	n := payloadBytes(g.Manifest.Buffers)
 	log.Debug().Str("event", "committed").Int("rank", rc.key.Rank).Int64("step", step).Uint64("seq", g.Seq).
 		Int64("bytes", n).Dur("checksum", crcTime).Msg("generation committed")
-	degraded := s.degraded.reasons(time.Now(), s.info.DegradedGrace, func() []string {
-		st := s.Status()
-		return metrics.Degraded(&st)
-	})
 	return proto.WriteMsg(c, proto.TCommit|proto.ReplyBit, id, proto.CommitReply{
 		Step: step, Seq: g.Seq, Bytes: n, ChecksumS: crcTime.Seconds(), Degraded: degraded})
 }

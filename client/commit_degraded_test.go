@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -37,5 +38,29 @@ func TestCommitSaysDegraded(t *testing.T) {
 	}
 	if len(warned) != 1 || !strings.Contains(warned[0], "(peering, rank_local)") {
 		t.Errorf("the client said %q; want one warning naming peering and rank_local (no peering, one rank)", said)
+	}
+}
+
+// TestCommitStrictRefuses: under a strict SPEC the agent refuses a commit
+// once the protection has fallen short for the grace: the save fails with
+// CodeDegraded, saying why and how out, and the step committed before it
+// stays.
+func TestCommitStrictRefuses(t *testing.T) {
+	a := startAgentWith(t, agenttest.Options{Spec: "arc,strict", DegradedGrace: time.Nanosecond})
+	c := open(t, a, client.Options{ChunkSize: 4096, Log: func(string) {}})
+	if err := c.Register("w", patterned(10000, 1), client.Replicated); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Save(1).Wait(ctxT(t)); err != nil {
+		t.Fatalf("the first commit, inside the grace: %v", err)
+	}
+	err := c.Save(2).Wait(ctxT(t))
+	var ae *client.Error
+	if !errors.As(err, &ae) || ae.Code != "degraded" || !strings.Contains(err.Error(), "strict") || !strings.Contains(err.Error(), "(peering, rank_local)") {
+		t.Fatalf("the second commit: %v; want a client.Error with code degraded naming strict and the reasons", err)
+	}
+	gens, err := c.Generations(ctxT(t))
+	if err != nil || len(gens) != 1 || gens[0] != 1 {
+		t.Fatalf("generations %v, %v; want step 1 alone", gens, err)
 	}
 }

@@ -476,6 +476,9 @@ const (
 	CodeMismatch    = "mismatch"
 	CodeCorrupt     = "corrupt"
 	CodeDisabled    = "disabled"
+	// CodeDegraded: a commit refused under a strict SPEC, its protection
+	// below the modes' (spec.Spec.Strict).
+	CodeDegraded = "degraded"
 )
 
 // BufferSpec is one buffer in a register request.

@@ -2,7 +2,7 @@
 //
 // Grammar:
 //
-//	SPEC  = MODES *( "," KEY "=" VALUE )
+//	SPEC  = MODES *( "," ( KEY "=" VALUE | "strict" ) )
 //	MODES = "off" | MODE *( "+" MODE )
 //	MODE  = "arc" | "aec" | "aec:" K | "aor"          (K >= 1)
 //	KEY   = "dp" | "pp" | "tp" | "every" | "persist" | "spares" | "persist_dir"
@@ -17,6 +17,11 @@
 //	spares       number of spare nodes held in the allocation, >= 0 (default 0).
 //	persist_dir  absolute path of the persistent checkpoint directory
 //	             (default: from reft.toml).
+//	strict       a flag, no value: when the snapshots' protection falls below
+//	             what the modes promise (peering off, a peer lost, ranks
+//	             protected on their own node only, failed saves; docs/METRICS.md)
+//	             and stays there, the agent refuses the ranks' commits and the
+//	             step fails, rather than train on less protected.
 //
 // The same SPEC is accepted by srun, sbatch, salloc and #SBATCH lines; the
 // launcher, the agent and the client import this package so that every part of
@@ -46,7 +51,7 @@ const (
 // ValidModes and ValidKeys are quoted in error messages and the option help.
 const (
 	ValidModes = "off, or arc, aec, aec:K (K>=1), aor joined by '+'"
-	ValidKeys  = "dp, pp, tp, every, persist, spares, persist_dir"
+	ValidKeys  = "dp, pp, tp, every, persist, spares, persist_dir, and the flag strict"
 )
 
 // PersistKind says how the persistent checkpoint interval is given.
@@ -100,6 +105,9 @@ type Spec struct {
 	Spares int
 	// PersistDir overrides the persistent checkpoint directory of reft.toml.
 	PersistDir string
+	// Strict: a step whose protection falls below the modes' fails rather
+	// than go on (the agent refuses its commits; agent.DegradedGrace).
+	Strict bool
 }
 
 // Off returns the disabled spec.
@@ -182,8 +190,18 @@ func Parse(in string) (Spec, error) {
 		if kv == "" {
 			return fail("empty key=value element (two commas?); valid keys: %s", ValidKeys)
 		}
+		if kv == "strict" {
+			if s.Strict {
+				return fail("strict given twice")
+			}
+			s.Strict = true
+			continue
+		}
 		k, v, ok := strings.Cut(kv, "=")
 		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if k == "strict" {
+			return fail("strict is a flag and takes no value: write ,strict")
+		}
 		if !ok {
 			return fail("%q is not key=value; valid keys: %s", kv, ValidKeys)
 		}
@@ -272,6 +290,9 @@ func (s Spec) String() string {
 	}
 	if s.PersistDir != "" {
 		kv("persist_dir", s.PersistDir)
+	}
+	if s.Strict {
+		b.WriteString(",strict")
 	}
 	return b.String()
 }

@@ -36,6 +36,9 @@ func TestParseValid(t *testing.T) {
 		{"arc,persist_dir=/a=b+c", "arc,persist_dir=/a=b+c", func(s Spec) bool { return s.PersistDir == "/a=b+c" }},
 		{" arc + aec , dp = 2 ", "arc+aec,dp=2", func(s Spec) bool { return s.DP == 2 }},
 		{"arc,dp=01", "arc,dp=1", func(s Spec) bool { return s.DP == 1 }},
+		{"arc,strict", "arc,strict", func(s Spec) bool { return s.Strict }},
+		{"arc, strict ,dp=2", "arc,dp=2,strict", func(s Spec) bool { return s.Strict && s.DP == 2 }},
+		{"arc+aec,dp=4", "arc+aec,dp=4", func(s Spec) bool { return !s.Strict }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -77,7 +80,11 @@ func TestParseInvalid(t *testing.T) {
 		{"aec:x", `"x" is not a whole number`},
 		{"aec:-1", "not a whole number"},
 		{"dp=4", "must start with the modes, not a key"},
-		{"arc,foo=1", `unknown key "foo"; valid keys: dp, pp, tp, every, persist, spares, persist_dir`},
+		{"arc,foo=1", `unknown key "foo"; valid keys: dp, pp, tp, every, persist, spares, persist_dir, and the flag strict`},
+		{"arc,strict,strict", "strict given twice"},
+		{"arc,strict=1", "strict is a flag and takes no value: write ,strict"},
+		{"arc,strict=", "strict is a flag and takes no value"},
+		{"off,strict", `"off" takes no keys`},
 		{"arc,DP=1", `unknown key "DP"`},
 		{"arc,dp", `"dp" is not key=value; valid keys`},
 		{"arc,,dp=1", "empty key=value element"},
@@ -140,7 +147,7 @@ func TestNormalize(t *testing.T) {
 // that the canonical form of every accepted SPEC parses back to the same Spec.
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{"off", "arc", "arc+aec:2+aor,dp=4,pp=2,tp=1,every=3,persist=30m,spares=1,persist_dir=/x",
-		"aec,persist=100", "arc,,", "aec:", "arc,persist=1h0m1s", "x=y", "arc+aec,dp=4"} {
+		"arc,strict", "aec,strict,dp=2", "aec,persist=100", "arc,,", "aec:", "arc,persist=1h0m1s", "x=y", "arc+aec,dp=4"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
