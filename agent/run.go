@@ -157,6 +157,12 @@ func Run(ctx context.Context, o Options) error {
 			srv.AttachPersist(per)
 		}
 	}
+	if s.JITOnly() {
+		// Nothing else changes here: the flush's generations are stored,
+		// copied and persisted like any other.
+		logger.Info().Str("event", "snapshots_jit_only").Msg("every=0: the ranks keep no snapshot on the step path (their saves are progress heartbeats); " +
+			"the only generations are their JIT flushes at a failure")
+	}
 	logger.Info().Str("event", event.AgentStarted).Str("spec", s.String()).Str("socket", sock).
 		Uint64("memory_budget", budget).Str("store_dir", storeDir).Str("started_by", o.StartedBy).
 		Int("pid", os.Getpid()).Msg("agent started")

@@ -103,6 +103,7 @@ func run() int {
 		Snap:    snap,
 		SnapOff: snapshotsOff,
 		Log:     os.Stdout,
+		Note:    func(msg string) { fmt.Fprintln(os.Stderr, "reft-train:", msg) },
 		Kill: func() error {
 			fmt.Fprintf(os.Stderr, "reft-train: rank %d: --fail-at %d:%d: SIGKILL\n", world.Rank(), cfg.FailStep, cfg.FailRank)
 			if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
