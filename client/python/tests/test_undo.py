@@ -283,7 +283,7 @@ class CheckpointerEvery0(SameBits, TorchCase):
         agent = self.agent("arc,every=0")
         model = model_of(3)
         opt = SUPPORTED["adam"](model.parameters())
-        with self.assertRaisesRegex(reft.Error, "jit=False under --reft=...,every=0"):
+        with self.assertRaisesRegex(reft.Error, r"jit=False\) under --reft=\.\.\.,every=0"):
             Checkpointer(model, opt, session=self.session(agent), jit=False, undo=True)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
