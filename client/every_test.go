@@ -94,3 +94,28 @@ func TestJITInterruptsUpdate(t *testing.T) {
 	}
 	r.checkRestores(t, 7)
 }
+
+// TestEvery0FixesRingAtHeartbeat: under every=0 the agent fixes a sharding
+// group's ring at the ranks' heartbeats (their Saves), not at a first
+// save, which would be the JIT flush after a failure, when a dead member
+// can no longer register.
+func TestEvery0FixesRingAtHeartbeat(t *testing.T) {
+	ab := &syncBuf{}
+	a := startAgentWith(t, agenttest.Options{Spec: "arc,every=0", Log: zerolog.New(ab).Level(zerolog.DebugLevel)})
+	errs := make(chan error, 2)
+	for r := range 2 {
+		c := open(t, a, client.Options{Rank: r, World: 2, LocalRank: r, Layout: "dp=2,pp=1", Log: func(string) {}})
+		if err := c.Register("weights", make([]byte, 64<<10), client.Replicated); err != nil {
+			t.Fatal(err)
+		}
+		go func() { errs <- c.Save(1).Wait(ctxT(t)) }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rings := ab.Events("sg_ring"); len(rings) != 1 || committedCount(ab) != 0 {
+		t.Fatalf("after the heartbeats: %d sg_ring events, %d commits; want the ring fixed once, nothing committed", len(rings), committedCount(ab))
+	}
+}
