@@ -335,7 +335,6 @@ class SaveHandle:
         return "<reft.SaveHandle step=%d %s>" % (self.step, state)
 
 
-
 def spec_every(spec):
     """The every= of a normalized --reft SPEC (the agent's hello reply): 1
     when absent; 0 means no snapshot on the step path (every=0)."""
@@ -344,6 +343,7 @@ def spec_every(spec):
         if k.strip() == "every" and v.strip().isdigit():
             return int(v.strip())
     return 1
+
 
 class Session:
     """A rank's reft session. See the package docstring for the API."""
@@ -609,7 +609,10 @@ class Session:
         """Start a snapshot of every registered buffer as ``step`` and
         return its SaveHandle at once; a background thread copies and
         commits. Do not modify the buffers until the handle is done. A save
-        while the previous one is still copying first waits for it."""
+        while the previous one is still copying first waits for it. Under
+        every=0 (``self.every``, the job's SPEC) it copies nothing: it
+        sends the step's progress heartbeat and returns a finished handle;
+        the JIT flush still saves (docs/UNDO.md, "every=0")."""
         self._check_usable("save()")
         _check_step("save", step)
         with self._op_lock:
