@@ -346,7 +346,11 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 	killNodes(t, c.kill...)
 	killed := time.Now()
 	crashed := first.wait(t)
-	t.Logf("job %s: %v killed once rank 0 logged step %d; the step ended %.1f s later", job, c.kill, c.killAt, time.Since(killed).Seconds())
+	trigger := fmt.Sprintf("rank 0 logged step %d", c.killAt)
+	if c.ready != nil {
+		trigger = "the first step's output was ready"
+	}
+	t.Logf("job %s: %v killed once %s; the step ended %.1f s later", job, c.kill, trigger, time.Since(killed).Seconds())
 	if crashed.Code == 0 || hashRe.MatchString(crashed.Stdout) {
 		t.Fatalf("job %s: the step finished although %v died (killed too late? raise --steps):\n%s", job, c.kill, crashed)
 	}
