@@ -243,6 +243,15 @@ func (s *Server) handleProgress(c net.Conn, rc *rankConn, f proto.Frame) error {
 		return replyErr(c, f.ID, proto.CodeBadState, "progress before register: the agent knows a rank by its registration")
 	}
 	s.progress.note(rc, rc.key.Rank, req.Step)
+	// Under every=0 the first save is a JIT flush after a failure, when a
+	// dead member can no longer register and the ring decision (which a
+	// save makes first, ensureRing) would wait out ringWait for it, longer
+	// than the flush may take: fix the group's ring at the heartbeats.
+	if s.spec().JITOnly() {
+		if err := s.ensureRing(rc, s.log); err != nil {
+			return replyErr(c, f.ID, storeErr(err), "progress of rank %d step %d: %v", rc.key.Rank, req.Step, err)
+		}
+	}
 	return proto.WriteMsg(c, proto.TProgress|proto.ReplyBit, f.ID, req)
 }
 

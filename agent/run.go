@@ -157,6 +157,7 @@ func Run(ctx context.Context, o Options) error {
 			srv.AttachPersist(per)
 		}
 	}
+	sayJITOnly(logger, s)
 	logger.Info().Str("event", event.AgentStarted).Str("spec", s.String()).Str("socket", sock).
 		Uint64("memory_budget", budget).Str("store_dir", storeDir).Str("started_by", o.StartedBy).
 		Int("pid", os.Getpid()).Msg("agent started")
@@ -183,6 +184,16 @@ func Run(ctx context.Context, o Options) error {
 	<-metricsDone // its file removed
 	logger.Info().Str("event", "agent_stopped").Msg("agent stopped")
 	return err
+}
+
+// sayJITOnly logs, under every=0, that the ranks keep no snapshot on the
+// step path. Nothing else changes in the agent: the JIT flushes'
+// generations are stored, copied and persisted like any other.
+func sayJITOnly(logger zerolog.Logger, s spec.Spec) {
+	if s.JITOnly() {
+		logger.Info().Str("event", "snapshots_jit_only").Msg("every=0: the ranks keep no snapshot on the step path (their saves are progress heartbeats); " +
+			"the only generations are their JIT flushes at a failure")
+	}
 }
 
 // openRunRecord opens the job's run record (agent/runrecord), reft run's

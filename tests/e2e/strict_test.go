@@ -38,7 +38,7 @@ func TestReftStrictDegraded(t *testing.T) {
 			// The stores outlive the job by design (reft gc removes them
 			// later); this test's go now.
 			defer run(t, time.Minute, alice, "srun", "--jobid", job, "-n1", "rm", "-rf", filepath.Join(reftStoreRoot, u.Uid, job))
-			args := append([]string{"srun", "--jobid", job, "--mpi=pmix", "-n1", bin("reft-train")}, flags...)
+			args := append([]string{"srun", "--jobid", job, "--reft=" + tc.spec, "--mpi=pmix", "-n1", bin("reft-train")}, flags...)
 			r := run(t, 3*time.Minute, alice, args...)
 			out := r.Stdout + r.Stderr
 			if !tc.strict {
