@@ -63,7 +63,7 @@ func (rc *rankConn) aorCommit(st *tmpfs.Store, o *tmpfs.Ongoing, log zerolog.Log
 		return err
 	}
 	reps := map[string][]byte{}
-	for _, name := range si.AORStateNames() {
+	for _, name := range si.AOR.StateNames() {
 		if reps[name], err = o.Buffer(secAOR + name); err != nil {
 			return err
 		}
@@ -113,7 +113,7 @@ func advanceReplicas(si *shard.Geometry, o *tmpfs.Ongoing, reps map[string][]byt
 // checksumReplicas checksums the replica sections and the base of the
 // save o.
 func checksumReplicas(si *shard.Geometry, o *tmpfs.Ongoing) error {
-	for _, name := range si.AORStateNames() {
+	for _, name := range si.AOR.StateNames() {
 		if err := o.ComputeChecksums(secAOR + name); err != nil {
 			return err
 		}

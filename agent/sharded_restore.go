@@ -183,7 +183,7 @@ func (vs *views) invalidate() {
 // restoreGroup is what the restore planner needs of si's geometry.
 func restoreGroup(si *shard.Geometry) restore.Group {
 	return restore.Group{Spec: si.Spec, Layout: si.Layout, World: si.World, Rank: si.Rank, Members: si.Members,
-		ARC: si.ARC, Parity: si.EL != nil, Whole: si.Whole, AOR: si.AORStateNames(),
+		ARC: si.ARC, Parity: si.EL != nil, Whole: si.Whole, AOR: si.AOR.StateNames(),
 		Unreplicated: len(si.Other) > 0, Placed: si.Placed()}
 }
 
@@ -503,7 +503,7 @@ func persistedPlan(si *shard.Geometry, step int64, loaded map[int]restore.Loc) *
 	}
 	if si.AOR != nil {
 		p.Opt, p.OptSource = map[string][]restore.Cand{}, sg.SourcePersistent
-		for _, name := range si.AORStateNames() {
+		for _, name := range si.AOR.StateNames() {
 			p.Opt[name] = []restore.Cand{{Loc: loaded[si.Rank], Sec: name}}
 		}
 	}
@@ -572,7 +572,7 @@ func restoreTarget(si *shard.Geometry, o *tmpfs.Ongoing) (restore.Target, error)
 		if err != nil {
 			return restore.Target{}, err
 		}
-		_, isAOR := si.AORStateOf(b.Name)
+		_, isAOR := si.AOR.StateOf(b.Name)
 		t.Others = append(t.Others, restore.Other{Name: b.Name, Dst: dst, AOR: isAOR})
 	}
 	if si.EL != nil {
