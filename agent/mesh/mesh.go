@@ -199,7 +199,7 @@ func start(ctx context.Context, cfg Config, topo TopologySource, src peer.ChunkS
 			changed: make(chan struct{}), foreign: map[int]time.Time{}, err: errors.New("not looked for yet")}
 		m.peers[nd.Name] = p
 		m.wg.Add(1)
-		go m.watch(ctx, p)
+		go newPeerWatch(m, p).run(ctx)
 	}
 	return m, nil
 }
@@ -372,12 +372,18 @@ func (m *Mesh) Close() error {
 	return err
 }
 
-// watch finds node p's agent, then checks its connection, and looks again
+// newPeerWatch is the watch of node p's agent; the caller has counted
+// it in m.wg.
+func newPeerWatch(m *Mesh, p *peerState) *peerWatch {
+	return &peerWatch{m: m, p: p, log: m.log.With().Str("peer_node", p.node.Name).Logger(), backoff: minRetry}
+}
+
+// run finds the peer's agent, then checks its connection, and looks again
 // when it is lost (its agent may come back on another candidate). One
 // goroutine per peer; it returns when ctx is done.
-func (m *Mesh) watch(ctx context.Context, p *peerState) {
-	defer m.wg.Done()
-	w := &peerWatch{m: m, p: p, log: m.log.With().Str("peer_node", p.node.Name).Logger(), backoff: minRetry}
+func (w *peerWatch) run(ctx context.Context) {
+	defer w.m.wg.Done()
+	p := w.p
 	for {
 		p.mu.Lock()
 		addr := p.addr
@@ -394,9 +400,12 @@ func (m *Mesh) watch(ctx context.Context, p *peerState) {
 	}
 }
 
-// peerWatch is one watch goroutine's state: the retry backoff, and what
-// it last said of an unreachable peer (said again when the cause changes,
-// and as a warning once the start's grace is over).
+// peerWatch is one peer's watch goroutine and its state: the retry
+// backoff, and what it last said of an unreachable peer (said again when
+// the cause changes, and as a warning once the start's grace is over).
+// Only its goroutine calls its methods and touches p.foreign; it shares
+// p's address and state with the mesh's readers under p.mu (update), and
+// the mesh's client, which is safe for concurrent use.
 type peerWatch struct {
 	m         *Mesh
 	p         *peerState
@@ -411,14 +420,14 @@ type peerWatch struct {
 // done.
 func (w *peerWatch) search(ctx context.Context) bool {
 	m, p := w.m, w.p
-	addr, k, skipped, err := m.find(ctx, p)
+	addr, k, skipped, err := w.find(ctx)
 	if ctx.Err() != nil {
 		return false
 	}
 	if err != nil {
 		w.unreachable(err)
 		p.update("", false, err) // after the log, so a reader of Peers finds it logged
-		kicked, ok := m.pause(ctx, p, w.backoff)
+		kicked, ok := w.pause(ctx, w.backoff)
 		if kicked {
 			w.backoff = minRetry
 		} else {
@@ -428,7 +437,7 @@ func (w *peerWatch) search(ctx context.Context) bool {
 	}
 	w.backoff, w.lastCause, w.warned = minRetry, "", false
 	w.found(addr, k, skipped)
-	_, ok := m.pause(ctx, p, m.cfg.Watch)
+	_, ok := w.pause(ctx, m.cfg.Watch)
 	return ok
 }
 
@@ -493,18 +502,18 @@ func (w *peerWatch) check(ctx context.Context, addr string) bool {
 		p.update("", false, err)
 		return true
 	}
-	_, ok := m.pause(ctx, p, m.cfg.Watch)
+	_, ok := w.pause(ctx, m.cfg.Watch)
 	return ok
 }
 
 // pause waits d, or less if Resolve asks for a search now.
-func (m *Mesh) pause(ctx context.Context, p *peerState, d time.Duration) (kicked, ok bool) {
+func (w *peerWatch) pause(ctx context.Context, d time.Duration) (kicked, ok bool) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return false, false
-	case <-p.kick:
+	case <-w.p.kick:
 		return true, true
 	case <-t.C:
 		return false, true
@@ -515,7 +524,8 @@ func (m *Mesh) pause(ctx context.Context, p *peerState, d time.Duration) (kicked
 // refusal by another job's agent moves on to the next; the first agent of
 // this job that authenticates as node p wins. On success, skipped are the
 // earlier candidates where something other than nothing answered.
-func (m *Mesh) find(ctx context.Context, p *peerState) (addr string, k int, skipped []Try, err error) {
+func (w *peerWatch) find(ctx context.Context) (addr string, k int, skipped []Try, err error) {
+	m, p := w.m, w.p
 	ue := &UnreachableError{Node: p.node.Name, Host: p.node.Addr, Job: m.cfg.Peer.Job}
 	now := time.Now()
 	for k, port := range p.cands {
