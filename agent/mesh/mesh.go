@@ -199,7 +199,7 @@ func start(ctx context.Context, cfg Config, topo TopologySource, src peer.ChunkS
 			changed: make(chan struct{}), foreign: map[int]time.Time{}, err: errors.New("not looked for yet")}
 		m.peers[nd.Name] = p
 		m.wg.Add(1)
-		go newPeerWatch(m, p).run(ctx)
+		go m.watch(ctx, p)
 	}
 	return m, nil
 }
@@ -372,18 +372,12 @@ func (m *Mesh) Close() error {
 	return err
 }
 
-// newPeerWatch is the watch of node p's agent; the caller has counted
-// it in m.wg.
-func newPeerWatch(m *Mesh, p *peerState) *peerWatch {
-	return &peerWatch{m: m, p: p, log: m.log.With().Str("peer_node", p.node.Name).Logger(), backoff: minRetry}
-}
-
-// run finds the peer's agent, then checks its connection, and looks again
+// watch finds node p's agent, then checks its connection, and looks again
 // when it is lost (its agent may come back on another candidate). One
 // goroutine per peer; it returns when ctx is done.
-func (w *peerWatch) run(ctx context.Context) {
-	defer w.m.wg.Done()
-	p := w.p
+func (m *Mesh) watch(ctx context.Context, p *peerState) {
+	defer m.wg.Done()
+	w := &peerWatch{m: m, p: p, log: m.log.With().Str("peer_node", p.node.Name).Logger(), backoff: minRetry}
 	for {
 		p.mu.Lock()
 		addr := p.addr
@@ -400,12 +394,9 @@ func (w *peerWatch) run(ctx context.Context) {
 	}
 }
 
-// peerWatch is one peer's watch goroutine and its state: the retry
-// backoff, and what it last said of an unreachable peer (said again when
-// the cause changes, and as a warning once the start's grace is over).
-// Only its goroutine calls its methods and touches p.foreign; it shares
-// p's address and state with the mesh's readers under p.mu (update), and
-// the mesh's client, which is safe for concurrent use.
+// peerWatch is one watch goroutine's state: the retry backoff, and what
+// it last said of an unreachable peer (said again when the cause changes,
+// and as a warning once the start's grace is over).
 type peerWatch struct {
 	m         *Mesh
 	p         *peerState
@@ -420,14 +411,14 @@ type peerWatch struct {
 // done.
 func (w *peerWatch) search(ctx context.Context) bool {
 	m, p := w.m, w.p
-	addr, k, skipped, err := w.find(ctx)
+	addr, k, skipped, err := m.find(ctx, p)
 	if ctx.Err() != nil {
 		return false
 	}
 	if err != nil {
 		w.unreachable(err)
 		p.update("", false, err) // after the log, so a reader of Peers finds it logged
-		kicked, ok := w.pause(ctx, w.backoff)
+		kicked, ok := m.pause(ctx, p, w.backoff)
 		if kicked {
 			w.backoff = minRetry
 		} else {
@@ -437,7 +428,7 @@ func (w *peerWatch) search(ctx context.Context) bool {
 	}
 	w.backoff, w.lastCause, w.warned = minRetry, "", false
 	w.found(addr, k, skipped)
-	_, ok := w.pause(ctx, m.cfg.Watch)
+	_, ok := m.pause(ctx, p, m.cfg.Watch)
 	return ok
 }
 
@@ -502,18 +493,18 @@ func (w *peerWatch) check(ctx context.Context, addr string) bool {
 		p.update("", false, err)
 		return true
 	}
-	_, ok := w.pause(ctx, m.cfg.Watch)
+	_, ok := m.pause(ctx, p, m.cfg.Watch)
 	return ok
 }
 
 // pause waits d, or less if Resolve asks for a search now.
-func (w *peerWatch) pause(ctx context.Context, d time.Duration) (kicked, ok bool) {
+func (m *Mesh) pause(ctx context.Context, p *peerState, d time.Duration) (kicked, ok bool) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return false, false
-	case <-w.p.kick:
+	case <-p.kick:
 		return true, true
 	case <-t.C:
 		return false, true
@@ -524,8 +515,7 @@ func (w *peerWatch) pause(ctx context.Context, d time.Duration) (kicked, ok bool
 // refusal by another job's agent moves on to the next; the first agent of
 // this job that authenticates as node p wins. On success, skipped are the
 // earlier candidates where something other than nothing answered.
-func (w *peerWatch) find(ctx context.Context) (addr string, k int, skipped []Try, err error) {
-	m, p := w.m, w.p
+func (m *Mesh) find(ctx context.Context, p *peerState) (addr string, k int, skipped []Try, err error) {
 	ue := &UnreachableError{Node: p.node.Name, Host: p.node.Addr, Job: m.cfg.Peer.Job}
 	now := time.Now()
 	for k, port := range p.cands {
