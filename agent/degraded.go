@@ -22,6 +22,12 @@ const DegradedGrace = 10 * time.Second
 // should, so it is recomputed at most once a second. Safe for concurrent
 // use: every rank's connection reads it.
 type degradedState struct {
+	// status is the node's reasons now: the Server's own status, given at
+	// construction (the one hook from a part back to the whole). It runs
+	// on a commit's goroutine under mu, so it must not wait for a commit
+	// or call back into d.
+	status func() []string
+
 	mu    sync.Mutex
 	at    time.Time // when why was computed
 	why   []string  // the reasons then
@@ -29,16 +35,16 @@ type degradedState struct {
 }
 
 // reasons returns the node's degradation reasons once they have held for
-// grace (0: DegradedGrace), else nil; status computes them afresh when
-// due, under d's lock (it must not call back into d).
-func (d *degradedState) reasons(now time.Time, grace time.Duration, status func() []string) []string {
+// grace (0: DegradedGrace), else nil; d.status computes them afresh when
+// due.
+func (d *degradedState) reasons(now time.Time, grace time.Duration) []string {
 	if grace <= 0 {
 		grace = DegradedGrace
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.at.IsZero() || now.Sub(d.at) >= time.Second {
-		why := status()
+		why := d.status()
 		if !slices.Equal(why, d.why) {
 			d.since = now
 		}

@@ -31,10 +31,12 @@ func TestDegradedState(t *testing.T) {
 		{"at most one status a second", []ask{{0, nil, nil}, {0.5, peering, nil}, {0.9, peering, nil}, {1, peering, nil}, {11, peering, peering}}, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var d degradedState
 			calls := 0
+			var now []string
+			d := degradedState{status: func() []string { calls++; return now }}
 			for i, a := range tc.asks {
-				got := d.reasons(at(a.at), DegradedGrace, func() []string { calls++; return a.status })
+				now = a.status
+				got := d.reasons(at(a.at), DegradedGrace)
 				if !slices.Equal(got, a.want) {
 					t.Errorf("ask %d at +%gs: %q, want %q", i, a.at, got, a.want)
 				}
