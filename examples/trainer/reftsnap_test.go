@@ -94,6 +94,23 @@ func runReft(t *testing.T, a *agenttest.Agent, cfg train.Config, n int) (*train.
 	return runReftNote(t, a, cfg, n, nil)
 }
 
+// relaunchFromUndo relaunches crash on two ranks after a flush that undid
+// step 6's update: the run must resume from step 5 and end with hash, the
+// uninterrupted run's.
+func relaunchFromUndo(t *testing.T, a *agenttest.Agent, crash train.Config, hash string) {
+	t.Helper()
+	got, log, err := runReft(t, a, crash, 2)
+	if err != nil {
+		t.Fatalf("relaunch: %v\n%s", err, log)
+	}
+	if got.ResumedFrom != 5 {
+		t.Errorf("resumed from %d, want 5 (the step the flush saved after the undo)\n%s", got.ResumedFrom, log)
+	}
+	if got.Hash != hash {
+		t.Errorf("resumed hash %s, uninterrupted %s", got.Hash, hash)
+	}
+}
+
 // runReftNote is runReft with note as every rank's train.Options.Note.
 func runReftNote(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, note func(string)) (*train.Result, string, error) {
 	t.Helper()
@@ -268,16 +285,7 @@ func TestReftUndoResume(t *testing.T) {
 			if !strings.Contains(log, "undo: step 6's update was interrupted") {
 				t.Errorf("rank 0 did not log its undo:\n%s", log)
 			}
-			got, log, err := runReft(t, a, crash, 2)
-			if err != nil {
-				t.Fatalf("relaunch: %v\n%s", err, log)
-			}
-			if got.ResumedFrom != 5 {
-				t.Errorf("resumed from %d, want 5 (the step the flush saved after the undo)\n%s", got.ResumedFrom, log)
-			}
-			if got.Hash != ref[0].Hash {
-				t.Errorf("resumed hash %s, uninterrupted %s", got.Hash, ref[0].Hash)
-			}
+			relaunchFromUndo(t, a, crash, ref[0].Hash)
 		})
 	}
 }
@@ -313,16 +321,7 @@ func TestReftEvery0(t *testing.T) {
 			if !strings.Contains(log, "every=0: no snapshot on the step path") || !strings.Contains(log, "undo: step 6's update was interrupted") {
 				t.Errorf("rank 0 did not log every=0 and its undo:\n%s", log)
 			}
-			got, log, err := runReft(t, a, crash, 2)
-			if err != nil {
-				t.Fatalf("relaunch: %v\n%s", err, log)
-			}
-			if got.ResumedFrom != 5 {
-				t.Errorf("resumed from %d, want 5 (the step the flush saved after the undo)\n%s", got.ResumedFrom, log)
-			}
-			if got.Hash != ref[0].Hash {
-				t.Errorf("resumed hash %s, uninterrupted %s", got.Hash, ref[0].Hash)
-			}
+			relaunchFromUndo(t, a, crash, ref[0].Hash)
 		})
 	}
 	t.Run("without undo", func(t *testing.T) {
