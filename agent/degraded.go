@@ -6,8 +6,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/reft-hpc/reft/spank/spec"
 )
 
 // DegradedGrace is how long the node's protection must have been below its
@@ -59,11 +57,8 @@ func (d *degradedState) reasons(now time.Time, grace time.Duration) []string {
 // strictRefusal is why a commit is refused under a strict SPEC: its
 // protection has fallen below the modes' (why, from reasons) for the
 // grace; nil when the SPEC is not strict or nothing is short.
-func strictRefusal(specStr string, grace time.Duration, why []string) error {
-	if len(why) == 0 {
-		return nil
-	}
-	if sp, err := spec.Parse(specStr); err != nil || !sp.Strict {
+func strictRefusal(strict bool, grace time.Duration, why []string) error {
+	if !strict || len(why) == 0 {
 		return nil
 	}
 	if grace <= 0 {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/reft-hpc/reft/spank/spec"
 )
 
 // TestDegradedState: commit replies say the node's reasons only once they
@@ -62,7 +64,8 @@ func TestStrictRefusal(t *testing.T) {
 		{"arc+aec,dp=2,strict", []string{"save_failures"}, "leave strict out of --reft"},
 		{"not a spec", []string{"peering"}, ""},
 	} {
-		err := strictRefusal(tc.spec, 0, tc.why)
+		sp, _ := spec.Parse(tc.spec) // not a spec: the zero Spec, not strict
+		err := strictRefusal(sp.Strict, 0, tc.why)
 		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("strictRefusal(%q, %q) = %v, want %q", tc.spec, tc.why, err, tc.want)
 		}

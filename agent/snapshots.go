@@ -495,7 +495,7 @@ func (s *snapshots) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit
 		}
 	}
 	degraded := s.degraded.reasons(time.Now(), s.info.DegradedGrace)
-	if err := strictRefusal(s.info.Spec, s.info.DegradedGrace, degraded); err != nil {
+	if err := strictRefusal(s.spec().Strict, s.info.DegradedGrace, degraded); err != nil {
 		o.Abort()
 		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("commit refused")
 		return replyErr(c, id, proto.CodeDegraded, "commit of rank %d step %d: %v", rc.key.Rank, step, err)
