@@ -51,9 +51,8 @@ type healthWatch struct {
 	out   chan healthResult
 	// reported: the ranks already in the recovery log for this attempt.
 	reported map[int]bool
-	// seen is each node's warnings in the previous ask ("" none); said
-	// is what the recovery log last said of the node ("" nothing or
-	// restored).
+	// seen is each node's reasons in the previous ask; said is what the
+	// recovery log last said of each node still degraded.
 	seen, said map[string]string
 }
 
@@ -111,7 +110,7 @@ func (w *healthWatch) degradedChanges(deg map[string][]string) (degraded map[str
 		}
 	}
 	for n := range w.said {
-		if _, ok := now[n]; !ok && w.said[n] != "" {
+		if _, ok := now[n]; !ok {
 			restored = append(restored, n)
 			delete(w.said, n)
 		}
