@@ -17,7 +17,7 @@ import (
 )
 
 // TestRunRecordsStragglers: while the step runs, reft run asks for
-// stragglers every StragglerEvery; each straggling rank goes to the
+// stragglers every HealthEvery; each straggling rank goes to the
 // recovery log once per launch however often it is seen, and nothing
 // else changes (the step completes, no failure, no relaunch).
 func TestRunRecordsStragglers(t *testing.T) {
