@@ -1,0 +1,158 @@
+package run
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/runrecord"
+	"github.com/reft-hpc/reft/launcher/recoverylog"
+)
+
+// TestFailGrace: srun is killed at once only after a node verdict on a
+// step cancelled in Slurm; otherwise it gets SIGTERM and the grace.
+func TestFailGrace(t *testing.T) {
+	node := AgentFailure{Node: "n2", Class: recoverylog.KindNode, Quorum: true}
+	suspect := AgentFailure{Node: "n2", Class: recoverylog.KindAgent, Suspect: true}
+	for _, tc := range []struct {
+		name      string
+		f         AgentFailure
+		cancelled bool
+		stopGrace time.Duration
+		want      time.Duration
+	}{
+		{"node lost, step cancelled", node, true, time.Minute, 0},
+		{"node lost, cancel failed or step id unknown", node, false, time.Minute, failStopGrace},
+		{"node lost, cancel failed, shorter --stop-grace", node, false, time.Second, time.Second},
+		{"suspect node kept", suspect, true, time.Minute, failStopGrace},
+		{"agent lost", AgentFailure{Node: "n2", Class: recoverylog.KindAgent}, true, time.Minute, failStopGrace},
+		{"hang", AgentFailure{Node: "n3", Class: recoverylog.KindHang, Ranks: []int{2}}, true, time.Minute, failStopGrace},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := failGrace(tc.f, tc.cancelled, tc.stopGrace); got != tc.want {
+				t.Errorf("failGrace = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestRelaunchDelay: no backoff for the first relaunch after a spare took
+// a lost node's slot; the backoff as before otherwise.
+func TestRelaunchDelay(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		stalled int
+		swapped bool
+		want    time.Duration
+	}{
+		{"node swapped, progress", 0, true, 0},
+		{"node swapped after a stalled relaunch", 1, true, 2 * time.Second},
+		{"same nodes (rank, agent, hang, lost spare)", 0, false, time.Second},
+		{"same nodes, stalled twice", 2, false, 4 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := relaunchDelay(time.Second, time.Minute, tc.stalled, tc.swapped); got != tc.want {
+				t.Errorf("relaunchDelay = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestRunNodeLossPhases: after a node verdict srun is killed without
+// SIGTERM, the probe that stops the agents runs while reft run waits out
+// verdictSettle (so the probe phase is that wait, not the two one after
+// the other), and the relaunch with the spare starts without run.backoff
+// (a minute here). On fake time: the phases are exact.
+func TestRunNodeLossPhases(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		alloc := []string{"n1", "n2", "n3", "n4", "n5"}
+		pol := fastPolicy()
+		pol.Backoff, pol.BackoffMax = config.Duration(time.Minute), config.Duration(time.Hour)
+		h := newHarness(t, alloc, 1, pol,
+			fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
+			fakeAttempt{exit: 0, agentLog: resumeLogs("2", 5, "n1", "n5", "n3", "n4")})
+		probeTook := 900 * time.Millisecond // within fastPolicy's probe timeout
+		h.f.stopAgents = func(ctx context.Context, _ int, nodes []string) (map[string]AgentReport, error) {
+			time.Sleep(probeTook)
+			return committedReports(nodes, 6), nil
+		}
+		if code := h.r.Run(context.Background()); code != ExitOK {
+			t.Fatalf("exit %d\n%s", code, h.out.String())
+		}
+		if slices.Contains(h.f.signals, os.Signal(syscall.SIGTERM)) || !slices.Contains(h.f.signals, os.Signal(syscall.SIGKILL)) {
+			t.Errorf("srun got %v; want SIGKILL only", h.f.signals)
+		}
+		if len(h.f.stopped) != 1 {
+			t.Errorf("agents stopped %v, want one probe", h.f.stopped)
+		}
+		ev := h.events()
+		fs, rl := find(ev, recoverylog.FailureDetected), find(ev, recoverylog.StepRelaunched)
+		if len(fs) != 1 || len(rl) != 1 {
+			t.Fatalf("events %v\n%s", names(ev), h.out.String())
+		}
+		// The relaunch starts once verdictSettle is waited out after the
+		// verdict, which reft run reads on its first tick (the probe ended
+		// within the wait), not after the wait, the probe and the backoff.
+		if d := rl[0].Time.Sub(fs[0].Time); d < verdictSettle || d >= verdictSettle+probeTook/2 {
+			t.Errorf("relaunched %v after the failure, want verdictSettle (%v) and a tick: the probe and the wait did not overlap, or the backoff ran\n%s",
+				d, verdictSettle, h.out.String())
+		}
+	})
+}
+
+// TestSettleFindsAnotherNode: a second node found lost while the
+// overlapped probe runs (its srun would wait for that node's slurmd)
+// cancels that probe; the agents are asked again on the allocation
+// without either node, and the answer of an agent the first probe had
+// already stopped is kept, so the newest committed step is still known.
+func TestSettleFindsAnotherNode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		alloc := []string{"n1", "n2", "n3", "n4", "n5", "n6"}
+		h := newHarness(t, alloc, 2, fastPolicy(),
+			fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
+			fakeAttempt{exit: 0, agentLog: resumeLogs("2", 5, "n1", "n5", "n6", "n4")})
+		h.f.stopAgents = func(ctx context.Context, call int, nodes []string) (map[string]AgentReport, error) {
+			if call > 0 {
+				reps := committedReports(nodes, 6)
+				reps["n1"] = AgentReport{Node: "n1", Error: "no agent answers"} // the first probe stopped it
+				return reps, nil
+			}
+			// n3 is found lost while this probe runs: n1's agent
+			// answered (and stopped), n3's slurmd never will.
+			line := strings.ReplaceAll(agentFailureLine("n1", "n3", "node", "", 0.9), nowMark, time.Now().Format(time.RFC3339Nano))
+			fh, err := os.OpenFile(filepath.Join(h.logDir, runrecord.FileName("n1")), os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				return nil, err
+			}
+			fh.WriteString(line + "\n")
+			fh.Close()
+			<-ctx.Done()
+			return committedReports([]string{"n1"}, 6), ctx.Err()
+		}
+		if code := h.r.Run(context.Background()); code != ExitOK {
+			t.Fatalf("exit %d\n%s", code, h.out.String())
+		}
+		if want := [][]string{{"n1", "n3", "n4", "n5", "n6"}, {"n1", "n4", "n5", "n6"}}; !slices.EqualFunc(h.f.stopped, want, slices.Equal) ||
+			!slices.EqualFunc(h.f.shrunk, want, slices.Equal) {
+			t.Errorf("agents stopped on %v, job shrunk to %v; want %v for both", h.f.stopped, h.f.shrunk, want)
+		}
+		ev := h.events()
+		fs, rl := find(ev, recoverylog.FailureDetected), find(ev, recoverylog.StepRelaunched)
+		if len(fs) != 1 || !slices.Equal(fs[0].Nodes, []string{"n2", "n3"}) || fs[0].Generation != 6 {
+			t.Fatalf("failure_detected %+v, want n2 and n3 lost with step 6 committed\n%s", fs, h.out.String())
+		}
+		if len(rl) != 1 || !slices.Equal(rl[0].Nodes, []string{"n1", "n5", "n6", "n4"}) {
+			t.Errorf("step_relaunched %+v, want n1 n5 n6 n4", rl)
+		}
+		if !strings.Contains(h.out.String(), "asking the agents again on n1,n4,n5,n6") {
+			t.Errorf("reft run did not say why it probed twice:\n%s", h.out.String())
+		}
+	})
+}
