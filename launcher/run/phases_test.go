@@ -2,7 +2,9 @@ package run
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -155,4 +157,53 @@ func TestSettleFindsAnotherNode(t *testing.T) {
 			t.Errorf("reft run did not say why it probed twice:\n%s", h.out.String())
 		}
 	})
+}
+
+// TestStopPIDZombie: an agent that exited is stopped even while its
+// parent has not reaped it (a zombie; the test process is the parent and
+// does not wait until stopPID returns).
+func TestStopPIDZombie(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		argv []string
+	}{
+		{"ends on SIGTERM", []string{"sleep", "60"}},
+		{"already exited", []string{"true"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(tc.argv[0], tc.argv[1:]...)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Wait()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := stopPID(ctx, cmd.Process.Pid); err != nil {
+				t.Fatalf("stopPID: %v", err)
+			}
+			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid)); err != nil || !strings.Contains(string(b), ") Z ") {
+				t.Errorf("the process is not a zombie after stopPID (%v): %q", err, b)
+			}
+		})
+	}
+}
+
+func TestProcState(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want byte
+		bad  bool
+	}{
+		{"1234 (reft-agent) S 1 1234 1234 0 -1", 'S', false},
+		{"1234 (reft-agent) Z 1 1234", 'Z', false},
+		{"1234 (a) b) c) X 1", 'X', false}, // a comm with ") "
+		{"1234 (reft-agent)", 0, true},
+		{"1234 reft-agent S", 0, true},
+		{"", 0, true},
+	} {
+		got, err := procState([]byte(tc.in))
+		if (err != nil) != tc.bad || got != tc.want {
+			t.Errorf("procState(%q) = %q, %v; want %q (error: %v)", tc.in, got, err, tc.want, tc.bad)
+		}
+	}
 }

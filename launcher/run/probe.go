@@ -151,7 +151,7 @@ func stopPID(ctx context.Context, pid int) error {
 		return fmt.Errorf("stopping the agent (pid %d): %w", pid, err)
 	}
 	for {
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		if exited(pid) {
 			return nil
 		}
 		select {
@@ -160,6 +160,34 @@ func stopPID(ctx context.Context, pid int) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// exited says whether process pid is gone or a zombie. The agent is
+// detached (setsid, second fork), so its parent is init or a subreaper,
+// which reaps it when it gets to it: on the test cluster 1.4 s after the
+// exit, the whole of that time in reft run's probe phase. A zombie holds
+// nothing of the agent's (its socket, its lock, its ports are closed with
+// its files), so the next step's agent can start.
+func exited(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist) // reaped meanwhile
+	}
+	st, err := procState(b)
+	return err == nil && (st == 'Z' || st == 'X')
+}
+
+// procState is the state letter in a /proc/<pid>/stat line, "pid (comm)
+// S ...": after the last ')', since comm may hold any byte.
+func procState(b []byte) (byte, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) || b[i+1] != ' ' {
+		return 0, fmt.Errorf("a /proc stat line without \"(comm) state\": %.40q", b)
+	}
+	return b[i+2], nil
 }
 
 // nodeName is the Slurm node name of this process's node.
