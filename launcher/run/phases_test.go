@@ -113,7 +113,8 @@ func TestRunNodeLossPhases(t *testing.T) {
 // overlapped probe runs (its srun would wait for that node's slurmd)
 // cancels that probe; the agents are asked again on the allocation
 // without either node, and the answer of an agent the first probe had
-// already stopped is kept, so the newest committed step is still known.
+// already stopped is kept, so the newest committed step is still known
+// (and a lost node's is not).
 func TestSettleFindsAnotherNode(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		alloc := []string{"n1", "n2", "n3", "n4", "n5", "n6"}
@@ -136,7 +137,11 @@ func TestSettleFindsAnotherNode(t *testing.T) {
 			fh.WriteString(line + "\n")
 			fh.Close()
 			<-ctx.Done()
-			return committedReports([]string{"n1"}, 6), ctx.Err()
+			// n3's answer came before it died; it is lost now, and its
+			// newer step is no survivor's.
+			reps := committedReports([]string{"n1"}, 6)
+			reps["n3"] = committedReports([]string{"n3"}, 9)["n3"]
+			return reps, ctx.Err()
 		}
 		if code := h.r.Run(context.Background()); code != ExitOK {
 			t.Fatalf("exit %d\n%s", code, h.out.String())

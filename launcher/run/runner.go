@@ -879,8 +879,12 @@ func (r *Runner) settleAndProbe(ctx context.Context, a *attempt, w *Watcher) Hea
 	h0 := <-first
 	r.say("the probe asked nodes that are now known lost; asking the agents again on %s", strings.Join(a.shrunk, ","))
 	h := r.health(ctx, a)
+	if h.Agents == nil {
+		h.Agents = map[string]AgentReport{}
+	}
+	lost := a.lostNodes()
 	for n, rep := range h0.Agents {
-		if old, ok := h.Agents[n]; rep.OK && (!ok || !old.OK) && slices.Contains(r.Plan.Slots, n) {
+		if old, ok := h.Agents[n]; rep.OK && (!ok || !old.OK) && slices.Contains(r.Plan.Slots, n) && !slices.Contains(lost, n) {
 			h.Agents[n] = rep
 		}
 	}
