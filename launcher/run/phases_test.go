@@ -3,17 +3,20 @@ package run
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/reft-hpc/reft/agent/config"
+	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/launcher/recoverylog"
 )
@@ -210,5 +213,116 @@ func TestProcState(t *testing.T) {
 		if (err != nil) != tc.bad || got != tc.want {
 			t.Errorf("procState(%q) = %q, %v; want %q (error: %v)", tc.in, got, err, tc.want, tc.bad)
 		}
+	}
+}
+
+// TestWaitRanksGone: the stop waits until no connection but the asker's
+// is open (the ranks' last saves done), at most the bound, and hands back
+// the agent's last status.
+func TestWaitRanksGone(t *testing.T) {
+	status := func(clients int, newest int64) *proto.Status {
+		return &proto.Status{Clients: clients, Ranks: []proto.RankStatus{{Rank: 0, Newest: newest}}}
+	}
+	errGone := fmt.Errorf("no agent answers")
+	for _, tc := range []struct {
+		name       string
+		first      *proto.Status
+		later      []*proto.Status // the answers to the queries that follow, the last repeated
+		laterErr   error
+		wantNewest int64
+		wantOpen   int
+		wantWait   time.Duration
+	}{
+		{"no rank connected", status(1, 17), nil, nil, 17, 0, 0},
+		{"ranks flush, then close", status(3, 17), []*proto.Status{status(3, 17), status(2, 18), status(1, 18)}, nil, 18, 0, 3 * flushPoll},
+		{"ranks never close", status(3, 17), []*proto.Status{status(3, 17)}, nil, 17, 2, time.Second},
+		{"the agent stops answering", status(2, 17), nil, errGone, 17, 1, flushPoll},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				n := 0
+				query := func(context.Context) (*proto.Status, error) {
+					if tc.laterErr != nil {
+						return nil, tc.laterErr
+					}
+					st := tc.later[min(n, len(tc.later)-1)]
+					n++
+					return st, nil
+				}
+				st, open, waited := waitRanksGone(t.Context(), query, tc.first, time.Second, flushPoll)
+				if st.Ranks[0].Newest != tc.wantNewest || open != tc.wantOpen || waited != tc.wantWait {
+					t.Errorf("newest %d, open %d, waited %v; want %d, %d, %v", st.Ranks[0].Newest, open, waited, tc.wantNewest, tc.wantOpen, tc.wantWait)
+				}
+			})
+		})
+	}
+}
+
+// TestStatusLocalStopWaitsForFlush: `status-local --stop-agent` on an
+// agent whose ranks are still connected (saving their JIT flush) waits
+// until they let go, reports the step their flush committed, then stops
+// the agent. Without the wait the report said step 17 and the agent was
+// stopped under the ranks' save.
+func TestStatusLocalStopWaitsForFlush(t *testing.T) {
+	dir := t.TempDir()
+	runDir := filepath.Join(dir, "run")
+	os.MkdirAll(filepath.Join(runDir, "42"), 0o700)
+	conf := filepath.Join(dir, "reft.toml")
+	os.WriteFile(conf, []byte("[agent]\nrun_dir = \""+runDir+"\"\n"), 0o644)
+	t.Setenv("SLURMD_NODENAME", "n1")
+	agentProc := exec.Command("sleep", "60") // the agent's pid: what --stop-agent stops
+	if err := agentProc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer agentProc.Wait()
+	defer agentProc.Process.Kill()
+
+	l, err := net.Listen("unix", socketPath(runDir, "42"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var mu sync.Mutex
+	queries := 0
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				f, err := proto.Decode(c)
+				if err != nil || f.Type != proto.TStatus {
+					return
+				}
+				mu.Lock()
+				queries++
+				// Three ranks connected for the first queries, their flush
+				// (step 18) committed on the third, gone from the fifth.
+				clients, newest := 4, int64(17)
+				if queries >= 3 {
+					newest = 18
+				}
+				if queries >= 5 {
+					clients = 1
+				}
+				mu.Unlock()
+				proto.WriteMsg(c, proto.TStatusReply, f.ID, proto.Status{Job: "42", Node: "n1", PID: agentProc.Process.Pid, Clients: clients,
+					Ranks: []proto.RankStatus{{Rank: 0, Newest: newest, Generations: []int64{newest}}}})
+			}()
+		}
+	}()
+
+	var out, errb strings.Builder
+	if code := StatusLocal([]string{"--config", conf, "--job", "42", "--stop-agent", "--flush-wait", "20s"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	r := ParseReports([]byte(out.String()), []string{"n1"})["n1"]
+	if !r.OK || !r.Stopped || r.OpenAtStop != 0 || r.Status == nil || r.Status.Ranks[0].Newest != 18 {
+		t.Fatalf("report %+v (%s): want the agent stopped after its ranks let go, with their flush (step 18) in the report", r, out.String())
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", agentProc.Process.Pid)); err != nil || !strings.Contains(string(b), ") Z ") {
+		t.Errorf("the agent was not stopped (%v): %q", err, b)
 	}
 }

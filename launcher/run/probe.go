@@ -58,6 +58,7 @@ func StatusLocal(args []string, stdout, stderr io.Writer) int {
 	sock := fs.String("socket", "", "agent socket `path`; default <run_dir>/<job>/agent.sock")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the agent")
 	stopAgent := fs.Bool("stop-agent", false, "then stop the agent (SIGTERM) and wait for it to exit; the job's next step starts a new one")
+	flushWait := fs.Duration("flush-wait", defaultFlushWait, "with --stop-agent: how long to wait for the ranks' connections to close (their last saves) before stopping the agent")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: reft status-local [--config FILE] [--job ID]\n\n"+
 			"Prints this node's agent status for a job as JSON, in reft-report lines\n"+
@@ -87,7 +88,11 @@ func StatusLocal(args []string, stdout, stderr io.Writer) int {
 		*sock = socketPath(c.Agent.RunDir, *job)
 	}
 	rep := AgentReport{Node: nodeName(), Job: *job}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	limit := *timeout
+	if *stopAgent {
+		limit += max(*flushWait, 0)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	st, err := QueryAgent(ctx, *sock)
 	if err != nil {
@@ -95,6 +100,10 @@ func StatusLocal(args []string, stdout, stderr io.Writer) int {
 	} else {
 		rep.OK, rep.Status = true, st
 		if *stopAgent {
+			query := func(ctx context.Context) (*proto.Status, error) { return QueryAgent(ctx, *sock) }
+			var waited time.Duration
+			rep.Status, rep.OpenAtStop, waited = waitRanksGone(ctx, query, st, *flushWait, flushPoll)
+			rep.FlushWaitS = waited.Seconds()
 			if err := stopPID(ctx, st.PID); err != nil {
 				rep.Error = err.Error()
 			} else {
@@ -137,6 +146,42 @@ func writeReport(w io.Writer, node string, b []byte) error {
 		}
 	}
 	return nil
+}
+
+// defaultFlushWait bounds how long `status-local --stop-agent` waits for
+// the ranks to let go of the agent before it stops it; flushPoll is how
+// often it asks meanwhile.
+const (
+	defaultFlushWait = 3 * time.Second
+	flushPoll        = 50 * time.Millisecond
+)
+
+// waitRanksGone asks the agent (query) until no connection but the asker's
+// own is open, at most bound, and returns its last status, the
+// connections still open then besides the asker's (0: none), and how long
+// it waited. An agent stopped before then would lose what its ranks are
+// still saving: reft run stops the agents right after it cancelled the
+// step, while the survivors' ranks may still be writing their JIT flush
+// (on the failure notice or on the cancel's SIGTERM); a flush cut off
+// uncommitted makes the relaunch resume from an older step. The last
+// status, taken after the ranks let go, holds what that flush committed.
+// A query that fails ends the wait with the status before it.
+func waitRanksGone(ctx context.Context, query func(context.Context) (*proto.Status, error), st *proto.Status, bound, every time.Duration) (*proto.Status, int, time.Duration) {
+	start := time.Now()
+	deadline := start.Add(bound)
+	for st.Clients > 1 && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return st, st.Clients - 1, time.Since(start)
+		case <-time.After(every):
+		}
+		next, err := query(ctx)
+		if err != nil {
+			break
+		}
+		st = next
+	}
+	return st, max(st.Clients-1, 0), time.Since(start)
 }
 
 // stopPID sends SIGTERM to the agent and waits until it has exited.

@@ -939,6 +939,12 @@ func (r *Runner) ask(ctx context.Context, q healthQuery) Health {
 			case <-time.After(500 * time.Millisecond):
 			}
 		}
+		for _, n := range probe {
+			if rep := h.Agents[n]; rep.Stopped && rep.OpenAtStop > 0 {
+				r.say("warning: the agent on %s was stopped with %d rank connection(s) still open after %.1f s: a save those ranks had in flight is lost, and the relaunch may resume from an older step",
+					n, rep.OpenAtStop, rep.FlushWaitS)
+			}
+		}
 	} else {
 		h.Agents, h.ProbeErr = r.Slurm.Probe(pctx, r.Job, probe)
 	}
