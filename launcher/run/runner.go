@@ -439,10 +439,10 @@ const failStopGrace = 2 * time.Second
 // At once after a node verdict on a cancelled step: srun would only wait
 // for the lost node's slurmd, which never answers (failStopGrace), and
 // nothing in that wait protects the state. The cancel, not srun, ends
-// the survivors' tasks; their snapshots are committed by the agents
-// (the JIT flush within milliseconds of the verdict, the committed
-// generations protected across nodes), and the agents' verdict, not
-// srun's last lines, classifies the failure.
+// the survivors' tasks; their last saves (the JIT flush on the agents'
+// notice or the cancel's SIGTERM) go to their agents, which the probe
+// stops only once the ranks have let go (waitRanksGone), and the agents'
+// verdict, not srun's last lines, classifies the failure.
 //
 // The grace stays where srun is still needed or may say something new:
 // the step's cancel failed or its id is unknown (srun's SIGTERM is then
