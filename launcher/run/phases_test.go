@@ -216,12 +216,22 @@ func TestProcState(t *testing.T) {
 	}
 }
 
-// TestWaitRanksGone: the stop waits until no connection but the asker's
-// is open (the ranks' last saves done), at most the bound, and hands back
-// the agent's last status.
+// TestWaitRanksGone: the stop waits until no rank is connected (the
+// ranks' last saves done), at most the bound, and hands back the agent's
+// last status.
 func TestWaitRanksGone(t *testing.T) {
-	status := func(clients int, newest int64) *proto.Status {
-		return &proto.Status{Clients: clients, Ranks: []proto.RankStatus{{Rank: 0, Newest: newest}}}
+	// connected ranks of the first, and rank 0's newest step; Clients
+	// stays high, as an agent's does while closed sessions wind down.
+	status := func(connected int, newest int64) *proto.Status {
+		st := &proto.Status{Clients: 4}
+		for r := 0; r < 3; r++ {
+			rs := proto.RankStatus{Rank: r, Newest: newest}
+			if r < connected {
+				rs.Progress = &proto.RankProgress{Step: newest}
+			}
+			st.Ranks = append(st.Ranks, rs)
+		}
+		return st
 	}
 	errGone := fmt.Errorf("no agent answers")
 	for _, tc := range []struct {
@@ -233,10 +243,10 @@ func TestWaitRanksGone(t *testing.T) {
 		wantOpen   int
 		wantWait   time.Duration
 	}{
-		{"no rank connected", status(1, 17), nil, nil, 17, 0, 0},
-		{"ranks flush, then close", status(3, 17), []*proto.Status{status(3, 17), status(2, 18), status(1, 18)}, nil, 18, 0, 3 * flushPoll},
-		{"ranks never close", status(3, 17), []*proto.Status{status(3, 17)}, nil, 17, 2, time.Second},
-		{"the agent stops answering", status(2, 17), nil, errGone, 17, 1, flushPoll},
+		{"no rank connected", status(0, 17), nil, nil, 17, 0, 0},
+		{"ranks flush, then close", status(3, 17), []*proto.Status{status(3, 17), status(2, 18), status(0, 18)}, nil, 18, 0, 3 * flushPoll},
+		{"ranks never close", status(2, 17), []*proto.Status{status(2, 17)}, nil, 17, 2, time.Second},
+		{"the agent stops answering", status(1, 17), nil, errGone, 17, 1, flushPoll},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -298,18 +308,21 @@ func TestStatusLocalStopWaitsForFlush(t *testing.T) {
 				}
 				mu.Lock()
 				queries++
-				// Three ranks connected for the first queries, their flush
-				// (step 18) committed on the third, gone from the fifth.
-				clients, newest := 4, int64(17)
+				// Rank 0 connected for the first queries, its flush (step
+				// 18) committed on the third, its connection closed from
+				// the fifth.
+				newest := int64(17)
+				progress := &proto.RankProgress{Step: 17}
 				if queries >= 3 {
 					newest = 18
 				}
 				if queries >= 5 {
-					clients = 1
+					progress = nil
 				}
 				mu.Unlock()
-				proto.WriteMsg(c, proto.TStatusReply, f.ID, proto.Status{Job: "42", Node: "n1", PID: agentProc.Process.Pid, Clients: clients,
-					Ranks: []proto.RankStatus{{Rank: 0, Newest: newest, Generations: []int64{newest}}}})
+				// Clients stays 4: closed sessions winding down count.
+				proto.WriteMsg(c, proto.TStatusReply, f.ID, proto.Status{Job: "42", Node: "n1", PID: agentProc.Process.Pid, Clients: 4,
+					Ranks: []proto.RankStatus{{Rank: 0, Newest: newest, Generations: []int64{newest}, Progress: progress}}})
 			}()
 		}
 	}()
