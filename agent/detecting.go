@@ -243,6 +243,15 @@ func (s *Server) handleProgress(c net.Conn, rc *rankConn, f proto.Frame) error {
 		return replyErr(c, f.ID, proto.CodeBadState, "progress before register: the agent knows a rank by its registration")
 	}
 	s.progress.note(rc, rc.key.Rank, req.Step)
+	// Under every=0 the first save is a JIT flush after a failure, when a
+	// dead member can no longer register and the ring decision (which a
+	// save makes first, ensureRing) would wait out ringWait for it, longer
+	// than the flush may take: fix the group's ring at the heartbeats.
+	if s.spec().JITOnly() {
+		if err := s.snaps.ensureRing(rc, s.log); err != nil {
+			return replyErr(c, f.ID, storeErr(err), "progress of rank %d step %d: %v", rc.key.Rank, req.Step, err)
+		}
+	}
 	return proto.WriteMsg(c, proto.TProgress|proto.ReplyBit, f.ID, req)
 }
 
@@ -279,29 +288,39 @@ func (s *notifier) peerLost(node string, err error) {
 	}
 }
 
-// peerFound records that the mesh connected to node's agent, and tells the
+// sightings are when the mesh last connected to each peer's agent, for
+// the detector, which starts after the mesh has found its first peers.
+// Safe for concurrent use: found runs on the mesh's goroutines, attach
+// once, when peering starts the detector; neither blocks but on mu.
+type sightings struct {
+	mu  sync.Mutex
+	at  map[string]time.Time
+	det *detect.Detector // nil until attach
+}
+
+// found records that the mesh connected to node's agent, and tells the
 // detector (now, or when it starts).
-func (s *Server) peerFound(node string) {
+func (p *sightings) found(node string) {
 	now := time.Now()
-	s.foundMu.Lock()
-	if s.found == nil {
-		s.found = map[string]time.Time{}
+	p.mu.Lock()
+	if p.at == nil {
+		p.at = map[string]time.Time{}
 	}
-	s.found[node] = now
-	d := s.det
-	s.foundMu.Unlock()
+	p.at[node] = now
+	d := p.det
+	p.mu.Unlock()
 	if d != nil {
 		d.Seen(node, now)
 	}
 }
 
-// attachDetector hands d the peers the mesh has connected to so far, and
-// the later ones as they come.
-func (s *Server) attachDetector(d *detect.Detector) {
-	s.foundMu.Lock()
-	defer s.foundMu.Unlock()
-	s.det = d
-	for n, at := range s.found {
+// attach hands d the peers the mesh has connected to so far, and the
+// later ones as they come.
+func (p *sightings) attach(d *detect.Detector) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.det = d
+	for n, at := range p.at {
 		d.Seen(n, at)
 	}
 }
@@ -350,7 +369,7 @@ func startDetector(ctx context.Context, cfg config.Config, m *mesh.Mesh, srv *Se
 	if err := d.Register(m.Server()); err != nil {
 		return nil, err
 	}
-	srv.attachDetector(d)
+	srv.seen.attach(d)
 	d.Start(ctx)
 	return d, nil
 }

@@ -85,7 +85,7 @@ func (s *Server) SetTestLayout(name string) error {
 	if !ok {
 		return fmt.Errorf("agent: unknown test layout %q: use \"identity\" or \"scatter\"", name)
 	}
-	s.layout = f
+	s.snaps.layout = f
 	return nil
 }
 
@@ -112,7 +112,7 @@ func checkBuffers(bufs []proto.BufferSpec) error {
 // planLayout is the tmpfs spec every generation of a registration uses:
 // the layout's sections, the registered buffers as sources and the
 // regions at their arena offsets; and the laid-out sections.
-func (s *Server) planLayout(req proto.Register, si *shard.Geometry) (tmpfs.Spec, []tmpfs.Buffer, int64, []string, error) {
+func (s *snapshots) planLayout(req proto.Register, si *shard.Geometry) (tmpfs.Spec, []tmpfs.Buffer, int64, []string, error) {
 	layout := s.layout
 	if layout == nil {
 		layout = identityLayout

@@ -98,7 +98,7 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	// (notifier.flushOnLost, said in detect_off).
 	mc := mesh.Config{Peer: pc, Hosted: srv.rings.Hosted,
 		PeerLost:  srv.notes.peerLost,
-		PeerFound: func(node string) { srv.notes.PeerRecovered(node); srv.peerFound(node) }}
+		PeerFound: func(node string) { srv.notes.PeerRecovered(node); srv.seen.found(node) }}
 	return mesh.Start(ctx, mc, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, store, log)
 }
 

@@ -15,14 +15,10 @@ import (
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
-// AttachPersist gives the server the persistent tier; call it before
-// Serve, after AttachStore. Without one, only the node-local store is used.
-func (s *Server) AttachPersist(p *persist.Persister) { s.persist = p }
-
 // generationList is the generations reply: the rank's good generations in
 // the node-local store, then those only the persistent directory holds, by
 // step, newest first. A step in both appears once, as memory.
-func (s *Server) generationList(rank int, log zerolog.Logger) []proto.GenInfo {
+func (s *snapshots) generationList(rank int, log zerolog.Logger) []proto.GenInfo {
 	out := []proto.GenInfo{}
 	for _, g := range s.store.Generations(tmpfs.Key{Rank: rank, Shard: tmpfs.DefaultShard}) {
 		if !g.Bad {
@@ -51,7 +47,7 @@ func (s *Server) generationList(rank int, log zerolog.Logger) []proto.GenInfo {
 // false when there is none. On failure it replies the error itself:
 // replied is true and err is the reply's write error. reason says why
 // memory could not serve it.
-func (s *Server) restorePersistent(c net.Conn, rc *rankConn, id uint32, step int64, have []int64, log zerolog.Logger) (g tmpfs.Generation, ok bool, reason string, replied bool, err error) {
+func (s *snapshots) restorePersistent(c net.Conn, rc *rankConn, id uint32, step int64, have []int64, log zerolog.Logger) (g tmpfs.Generation, ok bool, reason string, replied bool, err error) {
 	if s.persist == nil {
 		return g, false, "", false, nil
 	}

@@ -57,7 +57,7 @@ func FuzzRegister(f *testing.F) {
 			return
 		}
 		_ = whyLocal(sp, req, si)
-		s := &Server{}
+		s := &snapshots{}
 		if scatter {
 			s.layout = scatterLayout
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/config"
 	"github.com/reft-hpc/reft/agent/mesh"
+	"github.com/reft-hpc/reft/agent/metrics"
 	"github.com/reft-hpc/reft/agent/netsched"
 	"github.com/reft-hpc/reft/agent/peer"
 	"github.com/reft-hpc/reft/agent/proto"
@@ -65,9 +66,23 @@ const replicaWindow = 2
 
 // replicator is the agent's side of background replication: the requests
 // it sends as an owner and the copies it makes as a placement peer.
+//
+// Its methods are safe for concurrent use: the connections' goroutines
+// announce commits and report communication phases, the peer transport's
+// goroutines hand it requests, and its own goroutines (sendLoop, copyLoop,
+// started under mu, waited for by stop) send and copy. mu guards the
+// pending work, the phase count and the schedule; no method holds it
+// across a network call. It reads what was attached, the rings and the
+// rank map, and invalidates the views after a copy; it never calls back
+// into the Server.
 type replicator struct {
-	s   *Server
-	lim *peer.Limiter
+	*attached
+	rings  *rings
+	views  *views
+	met    *metrics.Recorder
+	log    zerolog.Logger
+	warned *onceWarnings // shared with the snapshot service
+	lim    *peer.Limiter
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -81,10 +96,9 @@ type replicator struct {
 	// ("idle" only), fed the node's phase changes under mu.
 	policy string
 	sched  *netsched.Scheduler
-	once   sync.Map // warnings said once, by key
 
-	hosts  rankHosts // where the job's ranks run, for the placement
-	placed string    // the placement last logged (replica_placement)
+	hosts  *rankHosts // where the job's ranks run, for the placement
+	placed string     // the placement last logged (replica_placement)
 
 	// Counters, for the status and the tests.
 	requested   atomic.Int64 // replicate requests received
@@ -111,9 +125,9 @@ type replicaReq struct {
 	req  peer.ReplicateRequest
 }
 
-func newReplicator(s *Server) *replicator {
+func newReplicator(a *attached, rg *rings, vs *views, hosts *rankHosts, warned *onceWarnings, met *metrics.Recorder, log zerolog.Logger) *replicator {
 	d := config.Default().Protect
-	r := &replicator{s: s, lim: peer.NewLimiter(int64(d.BackgroundRate), int64(d.BackgroundBurst)),
+	r := &replicator{attached: a, rings: rg, views: vs, hosts: hosts, warned: warned, met: met, log: log, lim: peer.NewLimiter(int64(d.BackgroundRate), int64(d.BackgroundBurst)),
 		out: map[int]*pendingOut{}, in: map[int]*pendingIn{}, policy: d.BackgroundSchedule}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	return r
@@ -128,7 +142,7 @@ func (r *replicator) stop() {
 	r.mu.Unlock()
 	r.wg.Wait()
 	if sched != nil && r.statsLogged.CompareAndSwap(false, true) { // the server stops it more than once
-		logSchedStats(r.s.log.Info(), sched.Stats()).Str("event", "replication_schedule_stats").
+		logSchedStats(r.log.Info(), sched.Stats()).Str("event", "replication_schedule_stats").
 			Msg("what the idle-span schedule of background replication did")
 	}
 }
@@ -199,8 +213,7 @@ func (s *Server) PeerHooks(pc *peer.Config) {
 
 // commPhase records that connection rc entered (active) or left a
 // communication phase; background replication pauses while any has.
-func (s *Server) commPhase(rc *rankConn, active bool, log zerolog.Logger) {
-	r := s.repl
+func (r *replicator) commPhase(rc *rankConn, active bool, log zerolog.Logger) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if rc.comm == active {
@@ -248,9 +261,15 @@ func (r *replicator) nodePhase(active bool, rank int, log zerolog.Logger) {
 	}
 }
 
-// warnOnce logs a warning the first time key is seen, later ones at debug.
-func (r *replicator) warnOnce(log zerolog.Logger, key string) *zerolog.Event {
-	if _, seen := r.once.LoadOrStore(key, true); seen {
+// onceWarnings are the warnings said once: a degraded mode is said once
+// and why, its repeats go to debug. Safe for concurrent use.
+type onceWarnings struct {
+	seen sync.Map // key -> true
+}
+
+// warn logs a warning the first time key is seen, later ones at debug.
+func (w *onceWarnings) warn(log zerolog.Logger, key string) *zerolog.Event {
+	if _, seen := w.seen.LoadOrStore(key, true); seen {
 		return log.Debug()
 	}
 	return log.Warn()
@@ -332,11 +351,10 @@ func (h *rankHosts) missing(world int) []int {
 // once per hostsSearchPace. missing lists the ranks not found, and why
 // the agents that did not answer.
 func (r *replicator) hosting(m *mesh.Mesh, world int) (nodes map[string]bool, missing []int, why string) {
-	s := r.s
-	for _, h := range s.rings.Hosted(nil) {
-		r.hosts.note(h.Rank, s.info.Node)
+	for _, h := range r.rings.Hosted(nil) {
+		r.hosts.note(h.Rank, r.info.Node)
 	}
-	wait := s.rings.waitFor()
+	wait := r.rings.waitFor()
 	deadline := time.Now().Add(wait)
 	for {
 		missing = r.hosts.missing(world)
@@ -350,7 +368,7 @@ func (r *replicator) hosting(m *mesh.Mesh, world int) (nodes map[string]bool, mi
 		if !due {
 			break
 		}
-		why = r.searchHosts(m, missing)
+		why = r.hosts.search(r.ctx, m, missing)
 		r.hosts.mu.Lock()
 		r.hosts.searched = time.Now()
 		r.hosts.mu.Unlock()
@@ -377,14 +395,14 @@ func (r *replicator) hosting(m *mesh.Mesh, world int) (nodes map[string]bool, mi
 	return nodes, missing, why
 }
 
-// searchHosts asks the job's other agents which of the missing ranks run
-// on their nodes (a node may host found ranks and missing ones); it
-// returns why some did not answer.
-func (r *replicator) searchHosts(m *mesh.Mesh, missing []int) string {
-	whys := askOthers(r.ctx, m, missing, func(node string, rep *peer.WatermarksReply) {
-		for _, h := range rep.Hosted {
-			if slices.Contains(missing, h.Rank) {
-				r.hosts.note(h.Rank, node)
+// search asks the job's other agents which of the missing ranks run on
+// their nodes (a node may host found ranks and missing ones), within ctx;
+// it returns why some did not answer.
+func (h *rankHosts) search(ctx context.Context, m *mesh.Mesh, missing []int) string {
+	whys := askOthers(ctx, m, missing, func(node string, rep *peer.WatermarksReply) {
+		for _, hr := range rep.Hosted {
+			if slices.Contains(missing, hr.Rank) {
+				h.note(hr.Rank, node)
 			}
 		}
 	})
@@ -436,7 +454,7 @@ func (r *replicator) placement(m *mesh.Mesh, world, copies int, log zerolog.Logg
 		if why != "" {
 			reason += " (" + why + ")"
 		}
-		r.warnOnce(log, "place:partial").Str("event", "replica_placement_partial").Ints("missing_ranks", missing).Str("reason", reason).
+		r.warned.warn(log, "place:partial").Str("event", "replica_placement_partial").Ints("missing_ranks", missing).Str("reason", reason).
 			Msg("placing the copies of unreplicated buffers over all the job's nodes, spares included, until every rank's node is known: reft explain's placement needs the rank-to-node map")
 		hosting = nil
 	}
@@ -446,9 +464,9 @@ func (r *replicator) placement(m *mesh.Mesh, world, copies int, log zerolog.Logg
 			names = append(names, n)
 		}
 	}
-	dom, err := r.s.rings.topo.DomainsOf(names)
+	dom, err := r.rings.topo.DomainsOf(names)
 	if err != nil {
-		r.warnOnce(log, "place:domains").Str("event", "replica_placement_domains").Err(err).
+		r.warned.warn(log, "place:domains").Str("event", "replica_placement_domains").Err(err).
 			Msg("the failure domains in reft.toml do not work: copies of unreplicated buffers are placed without them")
 		dom = nil
 	}
@@ -471,12 +489,11 @@ func (r *replicator) placement(m *mesh.Mesh, world, copies int, log zerolog.Logg
 
 // announce queues generation g of a rank for its placement peers; it
 // never blocks the commit.
-func (s *Server) announce(rc *rankConn, g tmpfs.Generation, log zerolog.Logger) {
+func (r *replicator) announce(rc *rankConn, g tmpfs.Generation, log zerolog.Logger) {
 	secs := rc.sg.Placed()
 	if len(secs) == 0 {
 		return
 	}
-	r := s.repl
 	req := &peer.ReplicateRequest{GenKey: peer.GenKey{Rank: g.Key.Rank, Shard: g.Key.Shard, Step: g.Step, Seq: g.Seq}, Sections: secs}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -516,15 +533,15 @@ func (r *replicator) sendLoop(po *pendingOut, log zerolog.Logger) {
 
 // send tells every placement peer of this node about req.
 func (r *replicator) send(req peer.ReplicateRequest, copies, world int, log zerolog.Logger) {
-	m := r.s.meshNow()
+	m := r.meshNow()
 	if m == nil {
-		r.warnOnce(log, "send:nomesh").Str("event", "replica_off").Int("rank", req.Rank).
+		r.warned.warn(log, "send:nomesh").Str("event", "replica_off").Int("rank", req.Rank).
 			Msg("background replication waits for peering (status says why it is not on): the rank's unreplicated buffers have no peer copy yet")
 		return
 	}
 	hs, err := r.placement(m, world, copies, log)
 	if err != nil {
-		r.warnOnce(log, "send:place").Str("event", "replica_off").Err(err).Int("rank", req.Rank).
+		r.warned.warn(log, "send:place").Str("event", "replica_off").Err(err).Int("rank", req.Rank).
 			Msg("background replication is off: a lost node's unreplicated buffers come only from the persistent tier")
 		return
 	}
@@ -536,7 +553,7 @@ func (r *replicator) send(req peer.ReplicateRequest, copies, world int, log zero
 			ctx, cancel := context.WithTimeout(r.ctx, gatherWait)
 			defer cancel()
 			if err := m.Replicate(ctx, h, req); err != nil && r.ctx.Err() == nil {
-				r.warnOnce(log, "send:"+h+":"+causeOf(err)).Str("event", "replica_request_failed").Str("holder", h).
+				r.warned.warn(log, "send:"+h+":"+causeOf(err)).Str("event", "replica_request_failed").Str("holder", h).
 					Int("rank", req.Rank).Int64("step", req.Step).Err(err).
 					Msg("a placement peer did not take a replicate request: its copy of the rank's unreplicated buffers lags until a later commit reaches it")
 			}
@@ -558,19 +575,11 @@ func causeOf(err error) string {
 	return "other"
 }
 
-// meshNow is the mesh if it runs, without waiting.
-func (s *Server) meshNow() *mesh.Mesh {
-	if s.mesh == nil {
-		return nil
-	}
-	return s.mesh()
-}
-
 // receive is the peer transport's replicate handler: it queues the request
 // and returns at once.
 func (r *replicator) receive(from string, req peer.ReplicateRequest) error {
 	switch {
-	case r.s.store == nil:
+	case r.store == nil:
 		return errors.New("this agent has no snapshot store")
 	case from == "":
 		return errors.New("the requesting agent did not name its node")
@@ -608,7 +617,7 @@ func (r *replicator) receive(from string, req peer.ReplicateRequest) error {
 // pending.
 func (r *replicator) copyLoop(pi *pendingIn) {
 	defer r.wg.Done()
-	log := r.s.log
+	log := r.log
 	for {
 		r.mu.Lock()
 		rq := pi.next
@@ -624,8 +633,8 @@ func (r *replicator) copyLoop(pi *pendingIn) {
 		switch {
 		case err == nil:
 			r.committed.Add(1)
-			r.s.met.Replicated(payloadBytes(g.Manifest.Buffers), time.Since(t0).Seconds())
-			r.s.invalidateView()
+			r.met.Replicated(payloadBytes(g.Manifest.Buffers), time.Since(t0).Seconds())
+			r.views.invalidate()
 			log.Debug().Str("event", "replica_committed").Int("rank", g.Key.Rank).Int64("step", g.Step).Str("owner", rq.from).
 				Int64("bytes", payloadBytes(g.Manifest.Buffers)).Dur("duration", time.Since(t0)).Msg("replica of a rank's unreplicated buffers committed")
 		case r.ctx.Err() != nil:
@@ -635,7 +644,7 @@ func (r *replicator) copyLoop(pi *pendingIn) {
 			log.Debug().Str("event", "replica_skipped").Int("rank", rq.req.Rank).Int64("step", rq.req.Step).Str("owner", rq.from).Err(err).
 				Msg("the owner no longer has the generation to replicate")
 		default:
-			r.warnOnce(log, "copy:"+rq.from+":"+causeOf(err)).Str("event", "replica_failed").Int("rank", rq.req.Rank).Int64("step", rq.req.Step).
+			r.warned.warn(log, "copy:"+rq.from+":"+causeOf(err)).Str("event", "replica_failed").Int("rank", rq.req.Rank).Int64("step", rq.req.Step).
 				Str("owner", rq.from).Err(err).Msg("copying a rank's unreplicated buffers failed; the previous replica stays, and the next commit tries again")
 		}
 	}
@@ -687,7 +696,7 @@ func (r *replicator) fetchSection(ctx context.Context, m *mesh.Mesh, rq *replica
 // copy fetches the request's sections into a new replica generation and
 // commits it.
 func (r *replicator) copy(rq *replicaReq) (tmpfs.Generation, error) {
-	m := r.s.meshNow()
+	m := r.meshNow()
 	if m == nil {
 		return tmpfs.Generation{}, errors.New("peering is off")
 	}
@@ -705,7 +714,7 @@ func (r *replicator) copy(rq *replicaReq) (tmpfs.Generation, error) {
 	if err != nil {
 		return tmpfs.Generation{}, err
 	}
-	o, err := r.s.store.Begin(tmpfs.Key{Rank: rq.req.Rank, Shard: replicaShard}, spec)
+	o, err := r.store.Begin(tmpfs.Key{Rank: rq.req.Rank, Shard: replicaShard}, spec)
 	if err != nil {
 		return tmpfs.Generation{}, fmt.Errorf("an arena for the replica of rank %d (%d bytes; the job's memory budget on this node holds the replicas too): %w", rq.req.Rank, size, err)
 	}

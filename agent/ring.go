@@ -209,7 +209,7 @@ func (rg *rings) placementWarnings() []string {
 // ensureRing fixes the ring of rc's group before its first sharded save
 // and lays the save out again when the ring differs from the one the
 // registration was laid out with.
-func (s *Server) ensureRing(rc *rankConn, log zerolog.Logger) error {
+func (s *snapshots) ensureRing(rc *rankConn, log zerolog.Logger) error {
 	if rc.sg == nil || rc.ringFixed {
 		return nil
 	}

@@ -305,8 +305,8 @@ func TestRingWatermarksOGroup(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			n.srv.invalidateView()
-			v := n.srv.view(context.Background(), si)
+			n.srv.views.invalidate()
+			v := n.srv.views.view(context.Background(), si)
 			c := l.Coord(r)
 			var want []string
 			for dp := range 2 {

@@ -128,6 +128,7 @@ func Run(ctx context.Context, o Options) error {
 		return o.startFailed(jobDir, err)
 	}
 	metricsKick := kickOnFailure(srv)
+	carryKick := kickOnFailure(srv)
 	srv.AttachRecord(rec)
 	var store *tmpfs.Store
 	if s.Enabled() {
@@ -157,6 +158,7 @@ func Run(ctx context.Context, o Options) error {
 			srv.AttachPersist(per)
 		}
 	}
+	sayJITOnly(logger, s)
 	logger.Info().Str("event", event.AgentStarted).Str("spec", s.String()).Str("socket", sock).
 		Uint64("memory_budget", budget).Str("store_dir", storeDir).Str("started_by", o.StartedBy).
 		Int("pid", os.Getpid()).Msg("agent started")
@@ -166,6 +168,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.GPU != nil {
 		srv.AttachGPU(o.GPU(ctx, cfg.Agent.GPUHealth, logger)) // in the background: start-up does not wait
 	}
+	carryDone := carryMetrics(ctx, jobDir, o.Job, o.Node, srv.met, carryKick, logger)
 	metricsDone := startMetrics(ctx, cfg.Metrics.TextfileDir, o.Job, o.Node, srv, metricsKick, logger)
 	go watchSocket(ctx, cancel, sock, logger)
 	go watchJob(ctx, cancel, mesh.Slurm{Job: o.Job, Conf: cfg.Agent.SlurmConf}, jobWatchInterval, logger)
@@ -181,8 +184,19 @@ func Run(ctx context.Context, o Options) error {
 	cancel()
 	<-gcDone      // it logs; the log closes when Run returns
 	<-metricsDone // its file removed
+	<-carryDone   // the counts left for the job's next agent here
 	logger.Info().Str("event", "agent_stopped").Msg("agent stopped")
 	return err
+}
+
+// sayJITOnly logs, under every=0, that the ranks keep no snapshot on the
+// step path. Nothing else changes in the agent: the JIT flushes'
+// generations are stored, copied and persisted like any other.
+func sayJITOnly(logger zerolog.Logger, s spec.Spec) {
+	if s.JITOnly() {
+		logger.Info().Str("event", "snapshots_jit_only").Msg("every=0: the ranks keep no snapshot on the step path (their saves are progress heartbeats); " +
+			"the only generations are their JIT flushes at a failure")
+	}
 }
 
 // openRunRecord opens the job's run record (agent/runrecord), reft run's
@@ -440,6 +454,56 @@ func startMetrics(ctx context.Context, dir, job, node string, srv *Server, kick 
 	go func() {
 		defer close(done)
 		metrics.RunKicked(ctx, tf, srv.Status, metrics.Every, kick, log)
+	}()
+	return done
+}
+
+// carryMetrics carries the job's metrics counters over its agents on this
+// node (metrics.CarryName in the job's run directory jobDir): it adds what
+// the previous agent left to met before returning, then saves met's
+// counts at every receive from kick (a failure verdict: reft run may stop
+// this agent soon after) and once more when ctx ends; the returned channel
+// closes after that last save. A carry it cannot read or write is logged,
+// and the counters then start from zero or are not carried on.
+func carryMetrics(ctx context.Context, jobDir, job, node string, met *metrics.Recorder, kick <-chan struct{}, log zerolog.Logger) <-chan struct{} {
+	done := make(chan struct{})
+	fd, err := unix.Open(jobDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		log.Warn().Err(err).Msg("metrics counters not carried across this job's agents on this node: its run directory did not open")
+		close(done)
+		return done
+	}
+	dir := os.NewFile(uintptr(fd), jobDir)
+	prev, err := metrics.ReadCarry(dir, job, node)
+	if err == nil {
+		err = met.Carry(prev)
+	}
+	switch {
+	case err != nil:
+		log.Warn().Err(err).Msg("the previous agent's metrics counters are not carried: this agent's start from zero (Prometheus sees a counter reset)")
+	case prev != nil:
+		log.Info().Str("event", "metrics_carried").Msg("metrics counters carried on from this job's previous agent on this node")
+	}
+	go func() {
+		defer close(done)
+		defer dir.Close()
+		failing := false
+		save := func() {
+			err := met.SaveCarry(dir, job, node)
+			if err != nil && !failing {
+				log.Warn().Err(err).Msg("metrics counters not saved for this job's next agent on this node (not said again until a save works)")
+			}
+			failing = err != nil
+		}
+		for {
+			select {
+			case <-ctx.Done():
+				save()
+				return
+			case <-kick:
+				save()
+			}
+		}
 	}()
 	return done
 }

@@ -10,22 +10,15 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
-	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/localsrv"
-	"github.com/reft-hpc/reft/agent/mesh"
 	"github.com/reft-hpc/reft/agent/metrics"
-	"github.com/reft-hpc/reft/agent/persist"
 	"github.com/reft-hpc/reft/agent/proto"
-	"github.com/reft-hpc/reft/agent/restore"
 	"github.com/reft-hpc/reft/agent/runpath"
-	"github.com/reft-hpc/reft/agent/runrecord"
-	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
 
@@ -39,40 +32,34 @@ type Info struct {
 	UID          int // the job's uid; every other peer is refused
 	MemoryBudget uint64
 	StoreDir     string
+	// DegradedGrace overrides the package's DegradedGrace (0: that), for
+	// tests.
+	DegradedGrace time.Duration
 }
 
-// Server serves the local protocol (docs/PROTOCOL.md) on a Unix socket.
+// Server serves the local protocol (docs/PROTOCOL.md) on a Unix socket:
+// the composition root of the agent's parts. It dispatches each frame of a
+// connection (one rank, or one reft command) on that connection's
+// goroutine to the part that serves it: snapshot requests to snaps, watch
+// to notes, progress and comm notices to the progress table and the
+// replicator. The parts share what was attached (attached) and never call
+// back into the Server.
 type Server struct {
-	info    Info
-	store   *tmpfs.Store          // nil: snapshots disabled
-	peering func() *proto.Peering // nil: no peering (snapshots disabled)
-	gpu     func() *proto.GPU     // nil: no GPU section
-	// persist is the persistent tier (agent/persist); nil: off.
-	persist *persist.Persister
+	*attached
 	// met records the timings and counts of the status reply's metrics
 	// section (agent/metrics).
 	met   *metrics.Recorder
 	log   zerolog.Logger
 	start time.Time
-	// rec is the job's run record, reft run's channel (AttachRecord);
-	// nil: none.
-	rec *runrecord.Writer
 	// ls is the local socket (agent/localsrv); the server is its Handler.
 	ls *localsrv.Server
 
-	// layout lays registered buffers out in the arena; nil: identity
-	// (SetTestLayout).
-	layout layoutFunc
-
-	// mesh is the job's agent mesh, for sharded restores (AttachMesh).
-	mesh      func() *mesh.Mesh
-	viewMu    sync.Mutex
-	viewCache map[string]*restore.View // per sharding group: its members' watermarks, briefly cached
-	// progressEvery is how often a running restore reports progress
-	// (restoreProgressEvery; 0: at every arrival).
-	progressEvery time.Duration
-	specOnce      sync.Once
-	jobSpec       spec.Spec
+	// snaps serves the ranks' snapshot requests (snapshots.go).
+	snaps *snapshots
+	// views are the sharding groups' watermark views, rs the sharded
+	// restores over them (sharded_restore.go).
+	views *views
+	rs    *restorer
 
 	// repl is background replication (replicate.go): the limiter, the
 	// communication phases and the copies of other nodes' ranks.
@@ -88,14 +75,10 @@ type Server struct {
 	// regs are the ranks registered on this node (registry.go).
 	regs *registry
 
-	// Failure detection (detecting.go): the ranks' progress, and what
-	// learns of a failure.
+	// Failure detection (detecting.go): the ranks' progress, and the
+	// peers the mesh found, for the detector.
 	progress progressTable
-	// found: when the mesh last connected to each peer's agent, and det
-	// the detector once it runs (it learns of those connections).
-	foundMu sync.Mutex
-	found   map[string]time.Time
-	det     *detect.Detector
+	seen     sightings
 }
 
 // Listen creates the socket at path with mode 0600 (localsrv.Listen),
@@ -105,44 +88,20 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{info: info, log: log, ls: ls, start: time.Now(), progressEvery: restoreProgressEvery, met: metrics.NewRecorder()}
+	a := &attached{info: info}
+	s := &Server{attached: a, log: log, ls: ls, start: time.Now(), met: metrics.NewRecorder()}
 	s.notes = newNotifier(log, s.met)
 	s.regs = &registry{log: log}
-	s.repl = newReplicator(s)
-	s.rings = &rings{node: info.Node, peering: s.peeringStatus, noted: s.repl.hosts.note,
-		mesh: func() *mesh.Mesh {
-			if s.mesh == nil {
-				return nil
-			}
-			return s.mesh()
-		}}
+	hosts, warned := &rankHosts{}, &onceWarnings{}
+	s.rings = &rings{node: info.Node, peering: a.peeringStatus, noted: hosts.note, mesh: a.meshNow}
+	s.views = &views{attached: a, rings: s.rings}
+	s.repl = newReplicator(a, s.rings, s.views, hosts, warned, s.met, log)
+	s.rs = &restorer{attached: a, views: s.views, rings: s.rings, hosts: hosts, progressEvery: restoreProgressEvery, log: log}
+	s.snaps = &snapshots{attached: a, rs: s.rs, views: s.views, rings: s.rings, repl: s.repl, regs: s.regs,
+		progress: &s.progress, met: s.met, warned: warned,
+		degraded: &degradedState{status: func() []string { st := s.Status(); return metrics.Degraded(&st) }}}
 	return s, nil
 }
-
-// AttachStore gives the server the job's snapshot store; call it before
-// Serve. Without one, snapshot requests get a `disabled` error.
-func (s *Server) AttachStore(st *tmpfs.Store) { s.store = st }
-
-// AttachRecord sets the run record the server writes registrations,
-// restores and (through its detector) failure verdicts to, for reft run.
-// Call it before Serve.
-func (s *Server) AttachRecord(w *runrecord.Writer) { s.rec = w }
-
-// record appends r to the run record; a failure is logged, not returned:
-// the rank's request does not fail for it, reft run sees less.
-func (s *Server) record(r runrecord.Record, log zerolog.Logger) {
-	if err := s.rec.Write(r); err != nil {
-		log.Warn().Err(err).Str("kind", r.Kind).Int("rank", r.Rank).Msg("reft run will not see this: the run record could not take it")
-	}
-}
-
-// AttachPeering gives the status reply its peering section; call it
-// before Serve.
-func (s *Server) AttachPeering(f func() *proto.Peering) { s.peering = f }
-
-// AttachGPU gives the status reply its GPU health section; call it before
-// Serve.
-func (s *Server) AttachGPU(f func() *proto.GPU) { s.gpu = f }
 
 // Path returns the socket path.
 func (s *Server) Path() string { return s.ls.Path() }
@@ -192,7 +151,7 @@ func (ss *session) Close() {
 	s.progress.drop(rc)
 	s.regs.gone(rc)
 	s.notes.unwatch(rc)
-	s.commPhase(rc, false, ss.log)
+	s.repl.commPhase(rc, false, ss.log)
 	rc.close()
 }
 
@@ -229,11 +188,11 @@ func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.F
 			log.Warn().Err(err).Msg("malformed comm notice, ignored (not answered: comm has no reply)")
 			return nil
 		}
-		s.commPhase(rc, cm.Active, log)
+		s.repl.commPhase(rc, cm.Active, log)
 		s.progress.comm(rc, cm.Active, cm.Op)
 		return nil
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
-		return s.handleSnapshot(ctx, c, rc, f, log)
+		return s.snaps.handle(ctx, c, rc, f, log)
 	case proto.TWatch:
 		return s.notes.watch(c, rc, f, log)
 	case proto.TProgress:
@@ -251,26 +210,27 @@ func (s *Server) Status() proto.Status {
 		Job: s.info.Job, Node: s.info.Node, Spec: s.info.Spec, AgentVersion: s.info.Version,
 		PID: os.Getpid(), UptimeSeconds: time.Since(s.start).Seconds(),
 		Clients: int(s.ls.Clients()), Connections: s.ls.Accepted(), BadFrames: s.ls.BadFrames(),
-		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: s.rankStatus(),
-		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.rings.placementWarnings(), Memory: s.memoryStatus(),
-		Store: s.storeCounters(), LostNodes: s.notes.lostNodes(), Metrics: s.repl.schedMetrics(s.met.Status()),
+		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: rankStatus(s.store, &s.progress, s.regs),
+		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.rings.placementWarnings(), Memory: memoryStatus(s.store, s.info.MemoryBudget),
+		Store: storeCounters(s.store), LostNodes: s.notes.lostNodes(), Metrics: s.repl.schedMetrics(s.met.Status()),
 	}
 }
 
-// memoryStatus is the store's bytes held and its use of the budget.
-func (s *Server) memoryStatus() *proto.Memory {
-	if s.store == nil {
+// memoryStatus is st's bytes held and its use of the budget (nil: no
+// store).
+func memoryStatus(st *tmpfs.Store, budget uint64) *proto.Memory {
+	if st == nil {
 		return nil
 	}
-	m := &proto.Memory{Budget: s.info.MemoryBudget}
-	for _, k := range s.store.Keys() {
-		for _, g := range s.store.Generations(k) {
+	m := &proto.Memory{Budget: budget}
+	for _, k := range st.Keys() {
+		for _, g := range st.Generations(k) {
 			if !g.Bad {
 				m.Held += payloadBytes(g.Manifest.Buffers)
 			}
 		}
 	}
-	if a := s.store.Allocator(); a != nil {
+	if a := st.Allocator(); a != nil {
 		am := a.Metrics()
 		m.InUse = am.BudgetInUseBytes.Load()
 		if m.InUse == 0 { // no budget attached (tests): what is mapped
@@ -282,12 +242,12 @@ func (s *Server) memoryStatus() *proto.Memory {
 	return m
 }
 
-// storeCounters is the store's event counters (tmpfs.Metrics).
-func (s *Server) storeCounters() *proto.StoreCounters {
-	if s.store == nil {
+// storeCounters is st's event counters (tmpfs.Metrics; nil: no store).
+func storeCounters(st *tmpfs.Store) *proto.StoreCounters {
+	if st == nil {
 		return nil
 	}
-	m := s.store.Metrics()
+	m := st.Metrics()
 	return &proto.StoreCounters{
 		Saves: m.Saves.Load(), Commits: m.Commits.Load(),
 		SaveFailures: m.SaveFailures.Load(), NoSpace: m.NoSpace.Load(), OverBudget: m.OverBudget.Load(),
@@ -296,32 +256,20 @@ func (s *Server) storeCounters() *proto.StoreCounters {
 	}
 }
 
-func (s *Server) gpuStatus() *proto.GPU {
-	if s.gpu == nil {
-		return nil
-	}
-	return s.gpu()
-}
-
-func (s *Server) peeringStatus() *proto.Peering {
-	if s.peering == nil {
-		return nil
-	}
-	return s.peering()
-}
-
-func (s *Server) rankStatus() []proto.RankStatus {
-	if s.store == nil {
+// rankStatus is the ranks section of the status reply: each rank's good
+// generations in st (nil: no store), its protection and its progress.
+func rankStatus(st *tmpfs.Store, pt *progressTable, regs *registry) []proto.RankStatus {
+	if st == nil {
 		return nil
 	}
 	var out []proto.RankStatus
-	progress := s.progress.status(time.Now())
-	for _, k := range s.store.Keys() {
+	progress := pt.status(time.Now())
+	for _, k := range st.Keys() {
 		if k.Shard != tmpfs.DefaultShard {
 			continue
 		}
-		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}, Protection: s.regs.protection(k.Rank), Progress: progress[k.Rank]}
-		for _, g := range s.store.Generations(k) {
+		rs := proto.RankStatus{Rank: k.Rank, Newest: -1, Generations: []int64{}, Protection: regs.protection(k.Rank), Progress: progress[k.Rank]}
+		for _, g := range st.Generations(k) {
 			if g.Bad {
 				continue
 			}

@@ -143,13 +143,3 @@ func saveSections(si *shard.Geometry) (secs []tmpfs.BufferSpec, pieces []piece, 
 	}
 	return secs, pieces, agentSecs
 }
-
-// spec is the job's parsed SPEC (Info.Spec, normalized at start).
-func (s *Server) spec() spec.Spec {
-	s.specOnce.Do(func() {
-		if sp, err := spec.Parse(s.info.Spec); err == nil {
-			s.jobSpec = sp
-		}
-	})
-	return s.jobSpec
-}

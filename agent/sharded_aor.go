@@ -48,9 +48,11 @@ type aorSeed struct {
 }
 
 // aorCommit writes the replicas and their base into the open save of
-// step, then checksums them. A replica that cannot be brought forward is
-// marked invalid (base -1), which is logged once until it is valid again.
-func (s *Server) aorCommit(rc *rankConn, o *tmpfs.Ongoing, log zerolog.Logger) error {
+// step, then checksums them; the previous step's replicas come from st
+// (the node's store) or the restore's seed. A replica that cannot be
+// brought forward is marked invalid (base -1), which is logged once until
+// it is valid again.
+func (rc *rankConn) aorCommit(st *tmpfs.Store, o *tmpfs.Ongoing, log zerolog.Logger) error {
 	si := rc.sg
 	if si == nil || si.AOR == nil {
 		return nil
@@ -61,12 +63,12 @@ func (s *Server) aorCommit(rc *rankConn, o *tmpfs.Ongoing, log zerolog.Logger) e
 		return err
 	}
 	reps := map[string][]byte{}
-	for _, name := range si.AORStateNames() {
+	for _, name := range si.AOR.StateNames() {
 		if reps[name], err = o.Buffer(secAOR + name); err != nil {
 			return err
 		}
 	}
-	why := s.aorPrevious(rc, step, reps)
+	why := rc.aorPrevious(st, step, reps)
 	b := int64(-1)
 	if why == "" {
 		if err := advanceReplicas(si, o, reps); err != nil {
@@ -111,7 +113,7 @@ func advanceReplicas(si *shard.Geometry, o *tmpfs.Ongoing, reps map[string][]byt
 // checksumReplicas checksums the replica sections and the base of the
 // save o.
 func checksumReplicas(si *shard.Geometry, o *tmpfs.Ongoing) error {
-	for _, name := range si.AORStateNames() {
+	for _, name := range si.AOR.StateNames() {
 		if err := o.ComputeChecksums(secAOR + name); err != nil {
 			return err
 		}
@@ -133,18 +135,18 @@ func (rc *rankConn) noteAORValidity(step int64, why string, log zerolog.Logger) 
 	rc.aorInvalid = !valid
 }
 
-// aorPrevious fills reps with the replicas of step-1, or says why there
-// are none.
-func (s *Server) aorPrevious(rc *rankConn, step int64, reps map[string][]byte) string {
+// aorPrevious fills reps with the replicas of step-1 (the seed, or rc's
+// generation in st), or says why there are none.
+func (rc *rankConn) aorPrevious(st *tmpfs.Store, step int64, reps map[string][]byte) string {
 	if sd := rc.aorSeed; sd != nil && sd.step == step-1 {
 		for name, dst := range reps {
 			copy(dst, sd.bufs[name])
 		}
 		return ""
 	}
-	prev, steps := generationOf(s.store, rc.key, step-1)
+	prev, steps := generationOf(st, rc.key, step-1)
 	if prev != nil {
-		return replicasFrom(s.store, rc.key, *prev, reps)
+		return replicasFrom(st, rc.key, *prev, reps)
 	}
 	if step == 1 && !rc.aorRestored {
 		for _, dst := range reps {
@@ -197,13 +199,13 @@ func replicasFrom(st *tmpfs.Store, key tmpfs.Key, prev tmpfs.Generation, reps ma
 
 // readBase reads the aor@base of a generation from the first candidate
 // that has it.
-func (s *Server) readBase(ctx context.Context, locs []restore.Loc) (int64, error) {
+func (rs *restorer) readBase(ctx context.Context, locs []restore.Loc) (int64, error) {
 	var cs []restore.Cand
 	for _, l := range locs {
 		cs = append(cs, restore.Cand{Loc: l, Sec: secAORBase})
 	}
 	var b [8]byte
-	if err := s.fetchInto(ctx, b[:], cs); err != nil {
+	if err := rs.fetchInto(ctx, b[:], cs); err != nil {
 		return 0, err
 	}
 	return int64(binary.LittleEndian.Uint64(b[:])), nil
@@ -213,16 +215,16 @@ func (s *Server) readBase(ctx context.Context, locs []restore.Loc) (int64, error
 // commit starts from: its own replica if its generation survived with a
 // valid one, else succ's own state buffers (from memory, else from the
 // persistent tier). locs gives a rank's copies of its generation of step.
-func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs func(r int) []restore.Loc, log zerolog.Logger) {
+func (rs *restorer) seedAOR(ctx context.Context, rc *rankConn, step int64, locs func(r int) []restore.Loc, log zerolog.Logger) {
 	si := rc.sg
 	rc.aorRestored, rc.aorSeed, rc.aorSeedWhy = true, nil, ""
-	sd := seeder{ctx: ctx, s: s, si: si, step: step, seed: &aorSeed{step: step, bufs: map[string][]byte{}}}
+	sd := seeder{ctx: ctx, s: rs, si: si, step: step, seed: &aorSeed{step: step, bufs: map[string][]byte{}}}
 	succ := si.Members[si.Succ(si.Pos)]
 	from := sd.ownReplica(locs(si.Rank))
 	if from == "" {
 		from = sd.succState(succ, locs(succ))
 	}
-	if from == "" && s.persist != nil { // succ's state came back from the persistent tier
+	if from == "" && rs.persist != nil { // succ's state came back from the persistent tier
 		from = sd.succPersisted(succ)
 	}
 	if from == "" {
@@ -242,7 +244,7 @@ func (s *Server) seedAOR(ctx context.Context, rc *rankConn, step int64, locs fun
 // connection's goroutine only.
 type seeder struct {
 	ctx  context.Context
-	s    *Server
+	s    *restorer
 	si   *shard.Geometry
 	step int64
 	seed *aorSeed
@@ -320,8 +322,8 @@ func (sd *seeder) succPersisted(succ int) string {
 // persistedState loads rank r's persisted generation of step into this
 // node's store (under the restoring rank's transient key), hands it to
 // use, and drops it again.
-func (s *Server) persistedState(r, forRank int, step int64, use func(restore.Loc) error) error {
-	gens, err := s.persist.Generations(r)
+func (rs *restorer) persistedState(r, forRank int, step int64, use func(restore.Loc) error) error {
+	gens, err := rs.persist.Generations(r)
 	if err != nil {
 		return err
 	}
@@ -330,10 +332,10 @@ func (s *Server) persistedState(r, forRank int, step int64, use func(restore.Loc
 		return fmt.Errorf("no persisted generation of step %d", step)
 	}
 	key := tmpfs.Key{Rank: r, Shard: persistedKey(forRank)}
-	g, err := s.persist.Load(gens[i], key, manifestSpec(&gens[i].Manifest))
+	g, err := rs.persist.Load(gens[i], key, manifestSpec(&gens[i].Manifest))
 	if err != nil {
 		return err
 	}
-	defer s.store.Drop(key)
+	defer rs.store.Drop(key)
 	return use(restore.Loc{Key: peer.GenKey{Rank: r, Shard: key.Shard, Step: g.Step, Seq: g.Seq}})
 }

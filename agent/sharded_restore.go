@@ -34,40 +34,76 @@ const (
 	viewTTL    = 5 * time.Second
 )
 
-// AttachMesh gives the server the job's mesh (nil while it starts or when
-// peering is off), for restores that read other agents' stores.
-func (s *Server) AttachMesh(f func() *mesh.Mesh) { s.mesh = f }
+// views caches each sharding group's watermark view (restore.View: which
+// agent holds which generation of which member), every rank of a node
+// lists its generations and restores within moments. Safe for concurrent
+// use: mu is held across a gathering, so the ranks of a node wait for one
+// gathering rather than each asking the group, and invalidate (a commit
+// or a replica made the views stale) waits for a gathering in progress.
+// It calls the rings and the mesh, never the Server.
+type views struct {
+	*attached
+	rings *rings
+	mu    sync.Mutex
+	cache map[string]*restore.View // by sharding group, at most viewTTL old
+}
+
+// restorer assembles the restores of sharded ranks (REFT 4.1-4.2) and
+// lists what they can restore: from the node's store, the sharding
+// group's agents and parity (agent/restore's Planner over the group's
+// view, its Assembler over the store and the mesh) or, only when memory
+// cannot, the persistent tier; and it seeds the AOR replica a restored
+// rank's next commit starts from (sharded_aor.go).
+//
+// Its methods run on the requesting rank's connection goroutine with
+// that connection's rankConn, which no other goroutine touches, and its
+// ctx, cancelled when the rank goes away or the agent stops; several ranks
+// restore at once. What they share is safe for concurrent use: the views,
+// the rings, the rank map, the store, the mesh and the persistent tier. It
+// never calls back into the Server.
+type restorer struct {
+	*attached
+	views *views
+	rings *rings
+	// hosts is the replicator's rank map, forgotten at every restore (a
+	// relaunch may have moved ranks).
+	hosts *rankHosts
+	// progressEvery is how often a running restore reports progress
+	// (restoreProgressEvery; 0: at every arrival).
+	progressEvery time.Duration
+	log           zerolog.Logger // for the reads no rank reports (fetchInto)
+}
 
 // view returns the watermarks of si's sharding group, at most viewTTL
 // old. It asks only the nodes that host the group's members or held
 // their generations (ring.go), for the members' ranks only, so that a
 // view is O(group) whatever the job's size; until a search of the job
 // has found every member (a fresh agent), it searches first.
-func (s *Server) view(ctx context.Context, si *shard.Geometry) *restore.View {
-	s.viewMu.Lock()
-	defer s.viewMu.Unlock()
+func (vs *views) view(ctx context.Context, si *shard.Geometry) *restore.View {
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
 	name := si.GroupName()
-	if v := s.viewCache[name]; v != nil && time.Since(v.At) < viewTTL {
+	if v := vs.cache[name]; v != nil && time.Since(v.At) < viewTTL {
 		return v
 	}
 	v := restore.NewView(time.Now())
-	for _, w := range (peer.StoreSource{Store: s.store}).Watermarks(si.DPOrder()) {
+	for _, w := range (peer.StoreSource{Store: vs.store}).Watermarks(si.DPOrder()) {
 		v.Add("", w)
 	}
-	if m := s.waitMesh(ctx); m == nil {
+	if m := vs.waitMesh(ctx); m == nil {
 		v.Missing = append(v.Missing, "peering is off or not started (status says why): only this node's store is used")
 	} else {
-		gatherView(ctx, s.rings, m, si, v)
+		gatherView(ctx, vs.rings, m, si, v)
 	}
 	v.SortLocalFirst()
 	sort.Strings(v.Missing)
 	if ctx.Err() != nil {
 		return v // cut short: not for the next caller
 	}
-	if s.viewCache == nil {
-		s.viewCache = map[string]*restore.View{}
+	if vs.cache == nil {
+		vs.cache = map[string]*restore.View{}
 	}
-	s.viewCache[name] = v
+	vs.cache[name] = v
 	return v
 }
 
@@ -136,38 +172,18 @@ func takeWatermarks(rg *rings, g *groupState, v *restore.View, n string, rep *pe
 	return !g.movedFrom(n, hosted)
 }
 
-// invalidateView drops the cached watermarks (after a commit the view is
+// invalidate drops the cached watermarks (after a commit the view is
 // stale; a restore after a failure must see what survives now).
-func (s *Server) invalidateView() {
-	s.viewMu.Lock()
-	s.viewCache = nil
-	s.viewMu.Unlock()
-}
-
-// waitMesh waits up to gatherWait for peering to start.
-func (s *Server) waitMesh(ctx context.Context) *mesh.Mesh {
-	if s.mesh == nil {
-		return nil
-	}
-	deadline := time.Now().Add(gatherWait)
-	for {
-		if m := s.mesh(); m != nil {
-			return m
-		}
-		if st := s.peeringStatus(); st != nil && st.State == proto.PeeringOff {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+func (vs *views) invalidate() {
+	vs.mu.Lock()
+	vs.cache = nil
+	vs.mu.Unlock()
 }
 
 // restoreGroup is what the restore planner needs of si's geometry.
 func restoreGroup(si *shard.Geometry) restore.Group {
 	return restore.Group{Spec: si.Spec, Layout: si.Layout, World: si.World, Rank: si.Rank, Members: si.Members,
-		ARC: si.ARC, Parity: si.EL != nil, Whole: si.Whole, AOR: si.AORStateNames(),
+		ARC: si.ARC, Parity: si.EL != nil, Whole: si.Whole, AOR: si.AOR.StateNames(),
 		Unreplicated: len(si.Other) > 0, Placed: si.Placed()}
 }
 
@@ -179,28 +195,28 @@ func candidateSteps(si *shard.Geometry, v *restore.View) []int64 {
 
 // planner is the restore planner of this node: it reads AOR replicas'
 // base steps through the mesh, each read bounded by 2*gatherWait and ctx.
-func (s *Server) planner(ctx context.Context) restore.Planner {
-	return restore.Planner{Node: s.info.Node, ReadBase: func(locs []restore.Loc) (int64, error) {
+func (rs *restorer) planner(ctx context.Context) restore.Planner {
+	return restore.Planner{Node: rs.info.Node, ReadBase: func(locs []restore.Loc) (int64, error) {
 		ctx, cancel := context.WithTimeout(ctx, 2*gatherWait)
 		defer cancel()
-		return s.readBase(ctx, locs)
+		return rs.readBase(ctx, locs)
 	}}
 }
 
 // shardedGenerations is the generations reply of a sharded rank: the
 // steps its whole state can be assembled at from the job's memory, then
 // the persisted steps every member of its SG has.
-func (s *Server) shardedGenerations(ctx context.Context, rc *rankConn, log zerolog.Logger) []proto.GenInfo {
+func (rs *restorer) shardedGenerations(ctx context.Context, rc *rankConn, log zerolog.Logger) []proto.GenInfo {
 	si := rc.sg
-	v := s.view(ctx, si)
+	v := rs.views.view(ctx, si)
 	out := []proto.GenInfo{}
-	pl, g := s.planner(ctx), restoreGroup(si)
+	pl, g := rs.planner(ctx), restoreGroup(si)
 	for _, st := range candidateSteps(si, v) {
 		if p := pl.Plan(g, v, st); p.OK {
 			out = append(out, proto.GenInfo{Step: st, Bytes: rc.registeredBytes(), Source: proto.SourceMemory})
 		}
 	}
-	for _, st := range s.persistedSteps(si, log) {
+	for _, st := range rs.persistedSteps(si, log) {
 		if !slices.ContainsFunc(out, func(g proto.GenInfo) bool { return g.Step == st }) {
 			out = append(out, proto.GenInfo{Step: st, Bytes: rc.registeredBytes(), Source: proto.SourcePersistent})
 		}
@@ -219,13 +235,13 @@ func (rc *rankConn) registeredBytes() int64 {
 
 // persistedSteps are the steps every SG member (and the rank, for its
 // unreplicated buffers) has in the persistent directory, newest first.
-func (s *Server) persistedSteps(si *shard.Geometry, log zerolog.Logger) []int64 {
-	if s.persist == nil {
+func (rs *restorer) persistedSteps(si *shard.Geometry, log zerolog.Logger) []int64 {
+	if rs.persist == nil {
 		return nil
 	}
 	var common map[int64]bool
 	for _, r := range si.Members {
-		gens, err := s.persist.Generations(r)
+		gens, err := rs.persist.Generations(r)
 		if err != nil {
 			log.Warn().Err(err).Int("rank", r).Msg("the persistent directory cannot be listed")
 			return nil
@@ -247,15 +263,15 @@ func (s *Server) persistedSteps(si *shard.Geometry, log zerolog.Logger) []int64 
 // job can restore) from the node's store, the SG's agents and parity, or,
 // only when memory cannot, from the persistent directory; then serves it
 // like a local restore.
-func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, log zerolog.Logger) (tmpfs.Generation, string, error) {
+func (rs *restorer) restoreSharded(ctx context.Context, rc *rankConn, step int64, log zerolog.Logger) (tmpfs.Generation, string, error) {
 	si := rc.sg
-	s.repl.hosts.forget() // a restore follows a relaunch: ranks may have moved
-	v := s.view(ctx, si)
+	rs.hosts.forget() // a restore follows a relaunch: ranks may have moved
+	v := rs.views.view(ctx, si)
 	steps := candidateSteps(si, v)
 	if step >= 0 {
 		steps = []int64{step}
 	}
-	pl, rg := s.planner(ctx), restoreGroup(si)
+	pl, rg := rs.planner(ctx), restoreGroup(si)
 	chosen, first := pl.FirstRestorable(rg, v, steps)
 	if err := ctx.Err(); err != nil {
 		// The agent is stopping: what the view missed says nothing of
@@ -272,7 +288,7 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 			_, first = pl.FirstRestorable(rg, v, candidateSteps(si, v))
 		}
 		var err error
-		if fb, err = s.fallBack(si, step, v, first, log); err != nil {
+		if fb, err = rs.fallBack(si, step, v, first, log); err != nil {
 			return tmpfs.Generation{}, "", err
 		}
 		chosen, ev = fb.plan, event.RestorePersistent
@@ -287,15 +303,15 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 	}
 	rc.sg, rc.ringFixed = si, false
 	var st restore.Stats
-	prog := newRestoreProgress(log, si.Rank, chosen.Step, rc.registeredBytes()+parityBytes(si, chosen), s.progressEvery)
-	g, err := s.assemble(ctx, rc, si, chosen, s.assembler(&st, prog, log))
+	prog := newRestoreProgress(log, si.Rank, chosen.Step, rc.registeredBytes()+parityBytes(si, chosen), rs.progressEvery)
+	g, err := rs.assemble(ctx, rc, si, chosen, rs.assembler(&st, prog, log))
 	prog.close()
 	if err == nil {
-		s.rings.adoptRing(si, chosen.Step, log)
-		s.seedRestored(ctx, rc, chosen, v, log) // before the loaded persisted generations go
+		rs.rings.adoptRing(si, chosen.Step, log)
+		rs.seedRestored(ctx, rc, chosen, v, log) // before the loaded persisted generations go
 	}
 	if ev == event.RestorePersistent {
-		dropLoaded(s.store, si, log)
+		dropLoaded(rs.store, si, log)
 	}
 	if err != nil {
 		return g, "", err
@@ -303,7 +319,7 @@ func (s *Server) restoreSharded(ctx context.Context, rc *rankConn, step int64, l
 	ev = restoredEvent(ev, &st)
 	d := time.Since(t0)
 	logRestored(log, ev, si.Rank, chosen, &st, d, fb)
-	s.record(runrecord.Record{Kind: runrecord.KindRestored, Rank: si.Rank, PID: int(rc.pid), Step: rc.step, Event: ev,
+	rs.record(runrecord.Record{Kind: runrecord.KindRestored, Rank: si.Rank, PID: int(rc.pid), Step: rc.step, Event: ev,
 		Generation: chosen.Step, Bytes: st.Local.Load() + st.Peer.Load() + st.Decoded.Load(), Duration: d, Reason: fb.reason}, log)
 	return g, ev, nil
 }
@@ -321,7 +337,7 @@ type fallback struct {
 // no agent holds a generation of the group), and says so
 // (restore_fallback). A step the tier cannot give either is lost
 // (lostError).
-func (s *Server) fallBack(si *shard.Geometry, step int64, v *restore.View, first *restore.Plan, log zerolog.Logger) (fallback, error) {
+func (rs *restorer) fallBack(si *shard.Geometry, step int64, v *restore.View, first *restore.Plan, log zerolog.Logger) (fallback, error) {
 	var fb fallback
 	switch {
 	case first == nil:
@@ -332,7 +348,7 @@ func (s *Server) fallBack(si *shard.Geometry, step int64, v *restore.View, first
 	if len(v.Missing) > 0 {
 		fb.reason += " (agents that did not answer: " + strings.Join(v.Missing, "; ") + ")"
 	}
-	p, err := s.loadPersisted(si, step, log)
+	p, err := rs.loadPersisted(si, step, log)
 	if err != nil {
 		return fb, lostError{fmt.Sprintf("%s; %v", fb.reason, err)}
 	}
@@ -348,7 +364,7 @@ func (s *Server) fallBack(si *shard.Geometry, step int64, v *restore.View, first
 // seedRestored sets the AOR replica the rank's next commit starts from
 // (seedAOR), from the copies of the restored step: the view's, or the
 // loaded persisted generations of a persistent-tier plan.
-func (s *Server) seedRestored(ctx context.Context, rc *rankConn, p *restore.Plan, v *restore.View, log zerolog.Logger) {
+func (rs *restorer) seedRestored(ctx context.Context, rc *rankConn, p *restore.Plan, v *restore.View, log zerolog.Logger) {
 	if rc.sg.AOR == nil {
 		return
 	}
@@ -361,7 +377,7 @@ func (s *Server) seedRestored(ctx context.Context, rc *rankConn, p *restore.Plan
 			return nil
 		}
 	}
-	s.seedAOR(ctx, rc, p.Step, locs, log)
+	rs.seedAOR(ctx, rc, p.Step, locs, log)
 }
 
 // dropLoaded frees the persisted generations a persistent-tier restore
@@ -413,19 +429,19 @@ func intStrings(v []int) []string {
 
 // loadPersisted loads the newest persisted step (or step) that every SG
 // member has into this node's store and plans the restore from it.
-func (s *Server) loadPersisted(si *shard.Geometry, step int64, log zerolog.Logger) (*restore.Plan, error) {
-	if s.persist == nil {
+func (rs *restorer) loadPersisted(si *shard.Geometry, step int64, log zerolog.Logger) (*restore.Plan, error) {
+	if rs.persist == nil {
 		return nil, errors.New("persistent checkpoints are off for this job (persist= in --reft), so the state is lost: train again from the start or from your own checkpoint")
 	}
-	steps := s.persistedSteps(si, log)
+	steps := rs.persistedSteps(si, log)
 	if step >= 0 {
 		steps = slices.DeleteFunc(steps, func(x int64) bool { return x != step })
 	}
 	if len(steps) == 0 {
-		return nil, fmt.Errorf("and the persistent directory %s has no step that every member (ranks %s) wrote", s.persist.Dir(), strings.Join(intStrings(si.Members), ","))
+		return nil, fmt.Errorf("and the persistent directory %s has no step that every member (ranks %s) wrote", rs.persist.Dir(), strings.Join(intStrings(si.Members), ","))
 	}
 	st := steps[0]
-	loaded, ring, err := loadMembers(s.persist, si, st)
+	loaded, ring, err := loadMembers(rs.persist, si, st)
 	if err != nil {
 		return nil, err
 	}
@@ -487,7 +503,7 @@ func persistedPlan(si *shard.Geometry, step int64, loaded map[int]restore.Loc) *
 	}
 	if si.AOR != nil {
 		p.Opt, p.OptSource = map[string][]restore.Cand{}, sg.SourcePersistent
-		for _, name := range si.AORStateNames() {
+		for _, name := range si.AOR.StateNames() {
 			p.Opt[name] = []restore.Cand{{Loc: loaded[si.Rank], Sec: name}}
 		}
 	}
@@ -500,13 +516,13 @@ func persistedPlan(si *shard.Geometry, step int64, loaded map[int]restore.Loc) *
 // assemble writes the plan's state into a fresh generation of the rank's
 // restore key: the arena's sections are handed to the Assembler, and every
 // chunk verified on the way.
-func (s *Server) assemble(ctx context.Context, rc *rankConn, si *shard.Geometry, p *restore.Plan, asm *restore.Assembler) (tmpfs.Generation, error) {
-	spec, err := si.RestoreSpec(rc.spec.Sources, s.store.ChunkSize())
+func (rs *restorer) assemble(ctx context.Context, rc *rankConn, si *shard.Geometry, p *restore.Plan, asm *restore.Assembler) (tmpfs.Generation, error) {
+	spec, err := si.RestoreSpec(rc.spec.Sources, rs.store.ChunkSize())
 	if err != nil {
 		return tmpfs.Generation{}, err
 	}
 	spec.Step = p.Step
-	o, err := s.store.Begin(tmpfs.Key{Rank: si.Rank, Shard: restoreShard}, spec)
+	o, err := rs.store.Begin(tmpfs.Key{Rank: si.Rank, Shard: restoreShard}, spec)
 	if err != nil {
 		return tmpfs.Generation{}, fmt.Errorf("an arena for the assembled state: %w", err)
 	}
@@ -556,7 +572,7 @@ func restoreTarget(si *shard.Geometry, o *tmpfs.Ongoing) (restore.Target, error)
 		if err != nil {
 			return restore.Target{}, err
 		}
-		_, isAOR := si.AORStateOf(b.Name)
+		_, isAOR := si.AOR.StateOf(b.Name)
 		t.Others = append(t.Others, restore.Other{Name: b.Name, Dst: dst, AOR: isAOR})
 	}
 	if si.EL != nil {
@@ -583,10 +599,10 @@ func parityBytes(si *shard.Geometry, p *restore.Plan) int64 {
 // assembler is this node's restore.Assembler: its store, its mesh (waited
 // for up to gatherWait; nil while peering is off), each peer's lookups
 // bounded by gatherWait. st and prog may be nil (a read nobody reports).
-func (s *Server) assembler(st *restore.Stats, prog *restoreProgress, log zerolog.Logger) *restore.Assembler {
-	a := &restore.Assembler{Local: restore.StoreLocal{Store: s.store}, AskTimeout: gatherWait, Log: log, Stats: st}
+func (rs *restorer) assembler(st *restore.Stats, prog *restoreProgress, log zerolog.Logger) *restore.Assembler {
+	a := &restore.Assembler{Local: restore.StoreLocal{Store: rs.store}, AskTimeout: gatherWait, Log: log, Stats: st}
 	a.Peers = func(ctx context.Context) restore.Peers {
-		if m := s.waitMesh(ctx); m != nil {
+		if m := rs.waitMesh(ctx); m != nil {
 			return m // not a nil *mesh.Mesh in a non-nil interface
 		}
 		return nil
@@ -599,8 +615,8 @@ func (s *Server) assembler(st *restore.Stats, prog *restoreProgress, log zerolog
 
 // fetchInto fills dst with a section that each candidate holds whole
 // (restore.Assembler.Fetch), uncounted and logged to the server's log.
-func (s *Server) fetchInto(ctx context.Context, dst []byte, cands []restore.Cand) error {
-	return s.assembler(nil, nil, s.log).Fetch(ctx, dst, cands)
+func (rs *restorer) fetchInto(ctx context.Context, dst []byte, cands []restore.Cand) error {
+	return rs.assembler(nil, nil, rs.log).Fetch(ctx, dst, cands)
 }
 
 // lostError is a state that neither memory nor the persistent tier can

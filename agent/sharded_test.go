@@ -134,7 +134,7 @@ func shStart(t testing.TB, name, root, spc string, topo mesh.Fixed, lo int, pers
 	n.srv.PeerHooks(&pc)
 	mc := mesh.Config{Peer: pc, Hosted: n.srv.rings.Hosted}
 	if o.detect {
-		mc.PeerFound = n.srv.peerFound
+		mc.PeerFound = n.srv.seen.found
 	}
 	if n.m, err = mesh.Start(context.Background(), mc, topo, n.st, log); err != nil {
 		t.Fatal(err)
@@ -494,7 +494,7 @@ func TestShardedRestoreEveryFailureSet(t *testing.T) {
 				j.saveSteps(3, false)
 				j = j.relaunch(roots, failed)
 				for _, n := range j.nodes {
-					n.srv.progressEvery = 0 // a progress event at every arrival
+					n.srv.rs.progressEvery = 0 // a progress event at every arrival
 				}
 				step, errs, bufs := j.restoreAll(false)
 				if step != 3 {

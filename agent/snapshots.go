@@ -15,12 +15,44 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/reft-hpc/reft/agent/event"
+	"github.com/reft-hpc/reft/agent/metrics"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/agent/shard"
 	"github.com/reft-hpc/reft/spank/spec"
 	"github.com/reft-hpc/reft/tmpfs"
 )
+
+// snapshots serves the ranks' snapshot requests (docs/PROTOCOL.md,
+// "Snapshots"): each rank's state machine of register, save, commit,
+// abort, generations, restore and release over the node's store, with
+// sharded restores handed to the restorer and commits to the persistent
+// tier, the views and the replicator.
+//
+// A request runs on its rank's connection goroutine with that
+// connection's rankConn, which only that goroutine touches (but the
+// replicator's comm flag, under the replicator's lock), and the
+// connection's ctx; the ranks of a node run side by side. What they share
+// is safe for concurrent use: the store, the persistent tier, the
+// registry, rings, views, restorer, replicator, progress table and
+// metrics. It never calls back into the Server.
+type snapshots struct {
+	*attached
+	rs       *restorer
+	views    *views
+	rings    *rings
+	repl     *replicator
+	regs     *registry
+	progress *progressTable
+	met      *metrics.Recorder
+	warned   *onceWarnings
+	// degraded is what commit replies say of the node's protection
+	// (degraded.go).
+	degraded *degradedState
+	// layout lays registered buffers out in the arena; nil: identity
+	// (SetTestLayout).
+	layout layoutFunc
+}
 
 // maxChunkSize bounds a client's checksum chunk: a corrupt chunk is
 // refetched whole, so chunks stay small.
@@ -127,11 +159,11 @@ func storeErr(err error) string {
 	return proto.CodeInternal
 }
 
-// handleSnapshot serves one snapshot request of rc's rank (register,
+// handle serves one snapshot request of rc's rank (register,
 // generations, save, commit, abort, restore, release) on the connection's
-// goroutine, after snapshotRefusal admitted it.
-func (s *Server) handleSnapshot(ctx context.Context, c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
-	if code, msg := s.snapshotRefusal(rc, f); code != "" {
+// goroutine, after refusal admitted it.
+func (s *snapshots) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Logger) error {
+	if code, msg := s.refusal(rc, f); code != "" {
 		return replyErr(c, f.ID, code, "%s", msg)
 	}
 	switch f.Type {
@@ -140,7 +172,7 @@ func (s *Server) handleSnapshot(ctx context.Context, c net.Conn, rc *rankConn, f
 	case proto.TGenerations:
 		gens := []proto.GenInfo(nil)
 		if rc.sg != nil {
-			gens = s.shardedGenerations(ctx, rc, log)
+			gens = s.rs.shardedGenerations(ctx, rc, log)
 		} else {
 			gens = s.generationList(rc.key.Rank, log)
 		}
@@ -175,10 +207,10 @@ func decoded[T any](c net.Conn, f proto.Frame, req T, serve func(T) error) error
 	return serve(req)
 }
 
-// snapshotRefusal says why a snapshot request of rc may not be served
+// refusal says why a snapshot request of rc may not be served
 // (code "" when it may): the job has no store, the rank is not
 // registered, or a newer registration of the rank fenced this connection.
-func (s *Server) snapshotRefusal(rc *rankConn, f proto.Frame) (code, msg string) {
+func (s *snapshots) refusal(rc *rankConn, f proto.Frame) (code, msg string) {
 	if s.store == nil {
 		return proto.CodeDisabled, fmt.Sprintf("job %s has no snapshot store on %s (SPEC %q): snapshots are disabled for this job",
 			s.info.Job, s.info.Node, s.info.Spec)
@@ -217,7 +249,7 @@ func (rc *rankConn) abortSave(c net.Conn, f proto.Frame, req proto.StepReq, log 
 // then verifies the generation itself, marks it bad when the arena is
 // corrupt, and the reply is corrupt either way, since the client's copy is
 // not the generation. The pin is dropped in every case.
-func (s *Server) release(c net.Conn, rc *rankConn, id uint32, req proto.Release, log zerolog.Logger) error {
+func (s *snapshots) release(c net.Conn, rc *rankConn, id uint32, req proto.Release, log zerolog.Logger) error {
 	r, ok := rc.restored[req.Step]
 	if !ok {
 		return replyErr(c, id, proto.CodeBadState, "release of step %d: it was not restored on this connection", req.Step)
@@ -252,7 +284,7 @@ func (s *Server) release(c net.Conn, rc *rankConn, id uint32, req proto.Release,
 // (the generation is now marked bad and never served again), or, when the
 // arena verifies, one that says the client's copy went wrong and the
 // generation was kept.
-func (s *Server) reportedCorrupt(rc *rankConn, r *tmpfs.Reader, req proto.Release, log zerolog.Logger) error {
+func (s *snapshots) reportedCorrupt(rc *rankConn, r *tmpfs.Reader, req proto.Release, log zerolog.Logger) error {
 	var b strings.Builder
 	for i, bc := range req.BadChunks {
 		if i == 8 {
@@ -281,7 +313,7 @@ func payloadBytes(bufs []tmpfs.Buffer) int64 {
 	return n
 }
 
-func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Register, log zerolog.Logger) error {
+func (s *snapshots) register(c net.Conn, rc *rankConn, id uint32, req proto.Register, log zerolog.Logger) error {
 	if rc.registered {
 		return replyErr(c, id, proto.CodeBadState, "register: this connection already registered rank %d; a rank registers once", rc.key.Rank)
 	}
@@ -293,7 +325,7 @@ func (s *Server) register(c net.Conn, rc *rankConn, id uint32, req proto.Registe
 		return replyErr(c, id, proto.CodeInvalid, "register: %v", err)
 	}
 	if why := whyLocal(s.spec(), req, si); why != "" {
-		s.repl.warnOnce(log, fmt.Sprintf("local:%d", req.Rank)).Str("event", "protection_local").Int("rank", req.Rank).Str("reason", why).
+		s.warned.warn(log, fmt.Sprintf("local:%d", req.Rank)).Str("event", "protection_local").Int("rank", req.Rank).Str("reason", why).
 			Msgf("rank %d's state is kept on this node only, although --reft=%s protects across nodes: %s", req.Rank, s.spec(), why)
 	}
 	if si != nil {
@@ -381,7 +413,7 @@ func (e internalError) Error() string { return e.err.Error() }
 
 // applyLayout lays the registration out (sharded on si's ring, or
 // identity), preallocates its arenas and makes it rc's layout.
-func (s *Server) applyLayout(rc *rankConn, req proto.Register, si *shard.Geometry) error {
+func (s *snapshots) applyLayout(rc *rankConn, req proto.Register, si *shard.Geometry) error {
 	spec, secs, size, agentSecs, err := s.planLayout(req, si)
 	if err != nil {
 		return err
@@ -401,7 +433,7 @@ func (s *Server) applyLayout(rc *rankConn, req proto.Register, si *shard.Geometr
 	return nil
 }
 
-func (s *Server) save(c net.Conn, rc *rankConn, id uint32, step int64, log zerolog.Logger) error {
+func (s *snapshots) save(c net.Conn, rc *rankConn, id uint32, step int64, log zerolog.Logger) error {
 	if step < 0 {
 		return replyErr(c, id, proto.CodeInvalid, "save: step = %d must not be negative", step)
 	}
@@ -426,7 +458,7 @@ func (s *Server) save(c net.Conn, rc *rankConn, id uint32, step int64, log zerol
 		Buffers: rc.layout.places, Regions: rc.layout.regions, Sections: rc.layout.sections})
 }
 
-func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, log zerolog.Logger) error {
+func (s *snapshots) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, log zerolog.Logger) error {
 	step := req.Step
 	if rc.open == nil || rc.open.Step() != step {
 		return replyErr(c, id, proto.CodeBadState, "commit of step %d: no save of that step is open on this connection", step)
@@ -454,13 +486,19 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 		err := rc.sg.Encode(o)
 		s.met.Encode(time.Since(te).Seconds())
 		if err == nil {
-			err = s.aorCommit(rc, o, log)
+			err = rc.aorCommit(s.store, o, log)
 		}
 		if err != nil {
 			o.Abort()
 			log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("commit failed")
 			return replyErr(c, id, proto.CodeInternal, "commit of step %d: %v", step, err)
 		}
+	}
+	degraded := s.degraded.reasons(time.Now(), s.info.DegradedGrace)
+	if err := strictRefusal(s.spec().Strict, s.info.DegradedGrace, degraded); err != nil {
+		o.Abort()
+		log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("commit refused")
+		return replyErr(c, id, proto.CodeDegraded, "commit of rank %d step %d: %v", rc.key.Rank, step, err)
 	}
 	g, err := o.Commit()
 	if err != nil {
@@ -475,15 +513,15 @@ func (s *Server) commit(c net.Conn, rc *rankConn, id uint32, req proto.Commit, l
 		s.persist.Committed(g, rc.slurmStep) // queues a background write when due; never blocks
 	}
 	if rc.sg != nil {
-		s.invalidateView()
-		s.announce(rc, g, log) // background copies of the unreplicated buffers
+		s.views.invalidate()
+		s.repl.announce(rc, g, log) // background copies of the unreplicated buffers
 	}
 	s.met.Snapshot(time.Since(rc.openedAt).Seconds())
 	n := payloadBytes(g.Manifest.Buffers)
 	log.Debug().Str("event", "committed").Int("rank", rc.key.Rank).Int64("step", step).Uint64("seq", g.Seq).
 		Int64("bytes", n).Dur("checksum", crcTime).Msg("generation committed")
 	return proto.WriteMsg(c, proto.TCommit|proto.ReplyBit, id, proto.CommitReply{
-		Step: step, Seq: g.Seq, Bytes: n, ChecksumS: crcTime.Seconds()})
+		Step: step, Seq: g.Seq, Bytes: n, ChecksumS: crcTime.Seconds(), Degraded: degraded})
 }
 
 // takeChecksums sets the client's checksums of every section of the save
@@ -517,10 +555,10 @@ func computeChecksums(o *tmpfs.Ongoing, secs []proto.Section) error {
 
 // restore serves a restore request; verifyClient: the client checks the
 // checksums while it copies (proto.Restore.Verify).
-func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint32, step int64, verifyClient bool, log zerolog.Logger) error {
+func (s *snapshots) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint32, step int64, verifyClient bool, log zerolog.Logger) error {
 	t0 := time.Now()
 	if rc.sg != nil {
-		g, event, err := s.restoreSharded(ctx, rc, step, log)
+		g, event, err := s.rs.restoreSharded(ctx, rc, step, log)
 		if err != nil {
 			log.Error().Err(err).Int("rank", rc.key.Rank).Int64("step", step).Msg("restore failed")
 			what := "the newest restorable step"
@@ -571,7 +609,7 @@ func (s *Server) restore(ctx context.Context, c net.Conn, rc *rankConn, id uint3
 // memory bus once; otherwise (the Python client, or checksums that would
 // not fit in a frame) the store verifies the arena first and the client
 // copies.
-func (s *Server) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Generation, name string, verifyClient bool, rt restoreTiming, log zerolog.Logger) error {
+func (s *snapshots) serveRestore(c net.Conn, rc *rankConn, id uint32, g tmpfs.Generation, name string, verifyClient bool, rt restoreTiming, log zerolog.Logger) error {
 	// The generation's own layout: it may predate this registration's.
 	m := &g.Manifest
 	if err := sameSources(m.SourceList(), rc.bufs); err != nil {

@@ -164,6 +164,14 @@ type Client struct {
 	noticed sync.Once
 
 	jit jitState // JIT flush (jit.go)
+	// degraded says what commit replies say of the node's protection
+	// (degraded.go).
+	degraded degradedNotice
+
+	// every is the SPEC's snapshot interval from the hello reply (1 when
+	// the spec says nothing); 0 (every=0): Save does not snapshot.
+	every   int
+	everyed sync.Once // the every=0 notice, once
 }
 
 type buffer struct {
@@ -234,7 +242,23 @@ func Open(ctx context.Context, opt Options) (*Client, error) {
 		return nil, fmt.Errorf("the reft agent at %s speaks protocol %d, this client %d: use a client from the agent's release (%s)",
 			c.opt.Socket, c.hello.Protocol, proto.Version, c.hello.AgentVersion)
 	}
+	c.every = 1
+	if sp, err := spec.Parse(c.hello.Spec); err == nil {
+		c.every = sp.Every
+	}
 	return c, nil
+}
+
+// Every is the job's snapshot interval, the SPEC's every= (the agent's
+// hello reply): 1 unless the SPEC sets it, and 1 for a disabled client.
+// 0 (every=0): Save does not snapshot on the step path, and only the JIT
+// flush (jit.go) saves, at a failure; see Save. Other values are for the
+// trainer to follow: the client does not skip steps for them.
+func (c *Client) Every() int {
+	if c.disabled {
+		return 1
+	}
+	return c.every
 }
 
 // Enabled reports whether the client talks to an agent; a disabled client

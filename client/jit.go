@@ -46,6 +46,7 @@ type jitState struct {
 	epoch      uint64        // counts Updating calls: the buffers' version
 	flushing   bool          // a flush runs (and may be copying the buffers)
 	committed  int64         // newest step committed or restored here; -1: none
+	interrupt  func()        // SetUpdateInterrupt's; nil: none
 
 	// The watcher of the agent's notices (WatchFailures).
 	watchConn   *conn
@@ -107,6 +108,20 @@ func (c *Client) Updating() {
 	j.mu.Unlock()
 }
 
+// SetUpdateInterrupt sets fn (nil: none), which a flush calls, from its
+// own goroutine and once per flush, when it finds the trainer updating
+// (between Updating and Consistent): a trainer that can undo its update
+// (reft-train --undo) stops at its next tensor boundary, undoes the applied
+// part and declares the previous step Consistent again, so the flush saves
+// that step instead of waiting for an update that a failed peer may keep
+// from ending. fn must return at once and must not call the client.
+func (c *Client) SetUpdateInterrupt(fn func()) {
+	j := &c.jit
+	j.mu.Lock()
+	j.interrupt = fn
+	j.mu.Unlock()
+}
+
 // Flush saves the consistent step now if it is newer than the newest step
 // committed (or restored) by this client, waiting until ctx ends for the
 // trainer to finish an update in progress. It returns the consistent step
@@ -119,7 +134,18 @@ func (c *Client) Flush(ctx context.Context, reason string) (step int64, saved bo
 	}
 	j := &c.jit
 	j.mu.Lock()
+	asked := false
 	for j.flushing || j.updating {
+		if j.updating && !asked && j.interrupt != nil {
+			// The trainer can undo its update: ask it to, rather than
+			// wait for an update that may never end.
+			asked = true
+			fn := j.interrupt
+			j.mu.Unlock()
+			fn()
+			j.mu.Lock()
+			continue
+		}
 		ch := j.changed
 		j.mu.Unlock()
 		select {

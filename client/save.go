@@ -95,13 +95,51 @@ func (h *Handle) Wait(ctx context.Context) error {
 // still copying); a background goroutine copies and commits. Errors come
 // from the handle's Wait. When a JIT flush (jit.go) has just saved step and
 // the buffers have not changed since, that save's handle is returned.
+//
+// Under every=0 (Every() == 0) Save copies nothing: it sends the agent the
+// progress heartbeat of step instead (hang detection counts saves, see
+// Progress), says once that snapshots are left to the JIT flush, and
+// returns a finished handle (with the heartbeat's error, if any). The
+// flush itself still saves: call Consistent and Updating as always.
 func (c *Client) Save(step int64) *Handle {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.disabled && c.every == 0 {
+		return c.heartbeat(step)
+	}
 	if h := c.jitDuplicate(step); h != nil {
 		return h
 	}
 	return c.save(step)
+}
+
+// heartbeat is Save under every=0: the progress message of step instead
+// of a snapshot. c.mu is held.
+func (c *Client) heartbeat(step int64) *Handle {
+	c.everyed.Do(func() {
+		c.opt.Log("every=0 (" + c.hello.Spec + "): no snapshot on the step path; Save sends a progress heartbeat, " +
+			"and a failure is covered by the JIT flush of the live state (WatchFailures, FlushOnSignal)")
+	})
+	fail := func(err error) *Handle {
+		return finished(step, fmt.Errorf("save of step %d (every=0: progress heartbeat): %w", step, err))
+	}
+	switch {
+	case c.closed:
+		return fail(errClosed)
+	case step < 0:
+		return fail(errors.New("the step must not be negative"))
+	case len(c.bufs) == 0:
+		return fail(errors.New("nothing is registered; register the rank's buffers first"))
+	}
+	ctx := context.Background()
+	_ = c.finish(ctx) // a flush's save still running: its handle reports its error
+	if err := c.register(ctx); err != nil {
+		return fail(err)
+	}
+	if err := c.conn.call(ctx, proto.TProgress, proto.StepReq{Step: step}, nil); err != nil {
+		return fail(err)
+	}
+	return finished(step, nil)
 }
 
 // save is Save with c.mu held.
@@ -159,6 +197,9 @@ func (c *Client) save(step int64) *Handle {
 		h.stats = SaveStats{Seq: cr.Seq, Bytes: cr.Bytes, Copy: copied.Sub(t), Commit: time.Since(copied),
 			Checksum: time.Duration(cr.ChecksumS * float64(time.Second))}
 		c.jit.noteCommitted(step)
+		if msg := c.degraded.note(cr.Degraded); msg != "" {
+			c.opt.Log(msg)
+		}
 		h.finish(nil)
 	}()
 	return h

@@ -75,6 +75,9 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: 0.05 for sgd and "
                    "momentum, 0.001 for adam and adamw)")
     p.add_argument("--save-every", type=int, default=1, help="snapshot every N steps (0: never; default 1)")
+    p.add_argument("--undo", action="store_true",
+                   help="make optimizer.step() undoable (reft.undo): a JIT flush that finds a rank inside it saves the "
+                   "previous step; advised under --reft=...,every=0 (docs/UNDO.md)")
     p.add_argument("--log-every", type=int, default=1, help="print rank 0's loss every N steps (default 1)")
     p.add_argument("--fail-at", default="", metavar="STEP:RANK",
                    help="that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
@@ -361,7 +364,7 @@ def train(a, rank, world, dev):
                 raise reft.Error("restored step %d is past --steps %d" % (resumed, a.steps))
             log("resumed from step %d" % resumed)
     elif os.environ.get("REFT_AGENT_SOCKET"):
-        ck = Checkpointer(ddp, opt)  # rank and world from torch.distributed; JIT flush on notices
+        ck = Checkpointer(ddp, opt, undo=a.undo)  # rank and world from torch.distributed; JIT flush on notices
         ck.flush_on_signal()  # and at Slurm's SIGTERM, within its KillWait
         resumed = ck.restore()
         if resumed is not None:

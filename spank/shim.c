@@ -77,7 +77,7 @@ static struct spank_option reft_option = {
 	"reft", "SPEC",
 	"Enable reft in-memory fault tolerance. SPEC is off, or modes arc, aec, "
 	"aec:K (K>=1), aor joined by '+', then optional ,key=value: dp= pp= tp= "
-	"every= persist=(steps|duration|auto|off) spares= persist_dir=. "
+	"every= persist=(steps|duration|auto|off) spares= persist_dir=, and the flag strict. "
 	"Example: --reft=arc+aec,dp=4",
 	1, 0, reft_opt_cb
 };

@@ -68,15 +68,24 @@ type Monitor struct {
 	interval time.Duration
 	done     chan struct{}
 
-	mu       sync.Mutex
-	st       Status
-	nodeFail string // a failure NVML could not tie to a device
+	health
 
 	// Owned by the monitor's goroutine.
 	devs       []*device
 	set        nvml.EventSet // nil: no device delivers events
 	lastPoll   time.Time
 	waitWarned map[nvml.Return]bool
+}
+
+// health is the node's GPU health as the monitor found it: the
+// monitor's goroutine writes it (fail, update, and under mu directly),
+// Status reads a copy from any goroutine. mu guards st and nodeFail; no
+// method calls NVML or blocks but on mu, and fail logs after releasing it.
+type health struct {
+	log      zerolog.Logger
+	mu       sync.Mutex
+	st       Status
+	nodeFail string // a failure NVML could not tie to a device
 }
 
 type device struct {
@@ -100,18 +109,18 @@ func newMonitor(o Options) *Monitor {
 		o.Interval = DefaultInterval
 	}
 	return &Monitor{lib: o.Lib, log: o.Log, interval: o.Interval, done: make(chan struct{}),
-		st: Status{State: StateStarting}, waitWarned: map[nvml.Return]bool{}}
+		health: health{log: o.Log, st: Status{State: StateStarting}}, waitWarned: map[nvml.Return]bool{}}
 }
 
 // Done is closed when the monitor has stopped: off, or ctx ended.
 func (m *Monitor) Done() <-chan struct{} { return m.done }
 
 // Status returns a copy of the current health.
-func (m *Monitor) Status() Status {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	st := m.st
-	st.Devices = append([]Device(nil), m.st.Devices...)
+func (h *health) Status() Status {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.st
+	st.Devices = append([]Device(nil), h.st.Devices...)
 	return st
 }
 
@@ -404,35 +413,35 @@ func (m *Monitor) unpolled(i int, ret nvml.Return, what string) {
 	}
 }
 
-func (m *Monitor) deviceFailing(i int) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.st.Devices[i].State == StateFailing
+func (h *health) deviceFailing(i int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.st.Devices[i].State == StateFailing
 }
 
 // fail marks device i (-1: a device NVML did not name) failing and logs
 // gpu_failing, once per device: the first cause is the one that counts.
-func (m *Monitor) fail(i int, xid uint64, reason string) {
-	m.mu.Lock()
+func (h *health) fail(i int, xid uint64, reason string) {
+	h.mu.Lock()
 	var uuid string
-	if i >= 0 && i < len(m.st.Devices) {
-		d := &m.st.Devices[i]
+	if i >= 0 && i < len(h.st.Devices) {
+		d := &h.st.Devices[i]
 		if d.State == StateFailing && !d.Since.IsZero() { // zero Since: found failing by init, not logged yet
-			m.mu.Unlock()
+			h.mu.Unlock()
 			return
 		}
 		d.State, d.Reason, d.XID, d.Since = StateFailing, reason, xid, time.Now()
 		uuid = d.UUID
 	} else {
-		if m.nodeFail != "" {
-			m.mu.Unlock()
+		if h.nodeFail != "" {
+			h.mu.Unlock()
 			return
 		}
-		i, m.nodeFail = -1, "a GPU NVML could not name: "+reason
+		i, h.nodeFail = -1, "a GPU NVML could not name: "+reason
 	}
-	m.mu.Unlock()
-	m.update()
-	ev := m.log.Error().Str("event", "gpu_failing").Int("gpu", i).Str("uuid", uuid).Str("reason", reason)
+	h.mu.Unlock()
+	h.update()
+	ev := h.log.Error().Str("event", "gpu_failing").Int("gpu", i).Str("uuid", uuid).Str("reason", reason)
 	if xid != 0 {
 		ev = ev.Uint64("xid", xid)
 	}
@@ -440,14 +449,14 @@ func (m *Monitor) fail(i int, xid uint64, reason string) {
 }
 
 // update derives the node's state from its devices.
-func (m *Monitor) update() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	st, reason, polled := StateOK, m.nodeFail, ""
-	if m.nodeFail != "" {
+func (h *health) update() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st, reason, polled := StateOK, h.nodeFail, ""
+	if h.nodeFail != "" {
 		st = StateFailing
 	}
-	for _, d := range m.st.Devices {
+	for _, d := range h.st.Devices {
 		switch d.State {
 		case StateFailing:
 			if st != StateFailing {
@@ -462,7 +471,7 @@ func (m *Monitor) update() {
 	if st == StateOK {
 		reason = polled
 	}
-	m.st.State, m.st.Reason = st, reason
+	h.st.State, h.st.Reason = st, reason
 }
 
 func deviceName(d Device) string {

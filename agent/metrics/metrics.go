@@ -50,6 +50,7 @@ type Recorder struct {
 	failures    *prometheus.CounterVec
 	replBytes   prometheus.Counter
 	replSeconds prometheus.Histogram
+	carried     *proto.Metrics // the job's earlier agents' counts on this node (Carry)
 }
 
 // NewRecorder returns a Recorder with nothing observed.
@@ -117,7 +118,8 @@ func (r *Recorder) Replicated(bytes int64, seconds float64) {
 	r.replSeconds.Observe(seconds)
 }
 
-// Status is the status reply's metrics section: what was recorded so far.
+// Status is the status reply's metrics section: what was recorded so far,
+// plus what Carry brought from the job's earlier agents on the node.
 func (r *Recorder) Status() *proto.Metrics {
 	if r == nil {
 		return nil
@@ -133,7 +135,7 @@ func (r *Recorder) Status() *proto.Metrics {
 	for _, c := range FailureClasses {
 		m.FailuresDetected[c] = uint64(read(r.failures.WithLabelValues(c)).GetCounter().GetValue())
 	}
-	return m
+	return addMetrics(m, r.carried)
 }
 
 func read(m prometheus.Metric) *dto.Metric {

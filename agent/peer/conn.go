@@ -37,24 +37,35 @@ const crcPiece = 256 << 10
 // reads with a liveness deadline, serialized writes with a write deadline,
 // and a heartbeat so that a silent peer is noticed within timeout.
 type conn struct {
-	nc      net.Conn
-	br      *bufio.Reader
-	dr      *deadlineReader
-	timeout time.Duration
-	ctr     *Counters   // nil: not counted
-	bulkBuf atomic.Bool // br has the large buffer (growReadBuf); read by tests
+	frameReader
 
 	wmu       sync.Mutex
 	lastWrite atomic.Int64 // unix nanoseconds
-	// lastData is when chunk bytes last arrived (unix nanoseconds): a
-	// connection busy with other streams' chunks excuses a quiet one.
-	lastData atomic.Int64
 	// rate samples the link's rate after background chunks.
 	rate rateMeter
 
 	once   sync.Once
 	closed chan struct{}
 	err    error // why it closed; read after closed is closed
+}
+
+// frameReader is a connection's reading side: the frames and payloads
+// as they arrive, with liveness deadlines. Only the connection's one
+// reading goroutine (the handshake's, then its read loop) calls its
+// methods and touches br; other goroutines read the atomics only
+// (lastData, by the client's stall check; bulkBuf, by tests). nc, timeout
+// and ctr are the connection's, shared with the writing side, and set
+// once by newConn.
+type frameReader struct {
+	nc      net.Conn
+	br      *bufio.Reader
+	dr      *deadlineReader
+	timeout time.Duration
+	ctr     *Counters   // nil: not counted
+	bulkBuf atomic.Bool // br has the large buffer (growReadBuf); read by tests
+	// lastData is when chunk bytes last arrived (unix nanoseconds): a
+	// connection busy with other streams' chunks excuses a quiet one.
+	lastData atomic.Int64
 }
 
 // newConn wraps nc, counted in ctr (nil: not counted) until close.
@@ -64,7 +75,8 @@ func newConn(nc net.Conn, timeout time.Duration, ctr *Counters) *conn {
 	}
 	dr := &deadlineReader{nc: nc}
 	ctr.connOpened()
-	return &conn{nc: nc, dr: dr, br: bufio.NewReaderSize(dr, handshakeBuf), timeout: timeout, ctr: ctr, closed: make(chan struct{})}
+	return &conn{frameReader: frameReader{nc: nc, dr: dr, br: bufio.NewReaderSize(dr, handshakeBuf), timeout: timeout, ctr: ctr},
+		closed: make(chan struct{})}
 }
 
 // deadlineReader pushes the read deadline forward whenever bytes flow, at
@@ -97,7 +109,7 @@ func (c *conn) live() {
 	c.dr.timeout = c.timeout
 	c.dr.last = time.Time{}
 	if eagerBulk {
-		growReadBuf(c)
+		growReadBuf(&c.frameReader)
 	}
 }
 
@@ -106,10 +118,10 @@ func (c *conn) live() {
 // the small one buffered; reads larger than the small buffer pass through
 // it unbuffered, so the data is not copied twice. Only the connection's
 // one reading goroutine may call it.
-func growReadBuf(c *conn) {
-	if !c.bulkBuf.Load() {
-		c.br = bufio.NewReaderSize(c.br, readBuf)
-		c.bulkBuf.Store(true)
+func growReadBuf(r *frameReader) {
+	if !r.bulkBuf.Load() {
+		r.br = bufio.NewReaderSize(r.br, readBuf)
+		r.bulkBuf.Store(true)
 	}
 }
 
@@ -143,36 +155,36 @@ func (c *conn) cause() error {
 	return nil
 }
 
-func (c *conn) readHeader() (Header, error) {
+func (r *frameReader) readHeader() (Header, error) {
 	var hb [HeaderSize]byte
-	if _, err := io.ReadFull(c.br, hb[:]); err != nil {
-		return Header{}, c.readErr(err)
+	if _, err := io.ReadFull(r.br, hb[:]); err != nil {
+		return Header{}, r.readErr(err)
 	}
 	h, err := ParseHeader(hb[:])
 	if err == nil {
-		c.ctr.recvFrame(h)
+		r.ctr.recvFrame(h)
 		if h.Type == TChunk {
-			growReadBuf(c)
+			growReadBuf(r)
 		}
 	}
 	return h, err
 }
 
 // readErr names a liveness timeout as what it is.
-func (c *conn) readErr(err error) error {
+func (r *frameReader) readErr(err error) error {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		return fmt.Errorf("%w: nothing received from %s for %s: %v", ErrPeerSilent, c.nc.RemoteAddr(), c.timeout, err)
+		return fmt.Errorf("%w: nothing received from %s for %s: %v", ErrPeerSilent, r.nc.RemoteAddr(), r.timeout, err)
 	}
 	return err
 }
 
 // readPayload reads a control payload (bounded by ParseHeader) and checks
 // its CRC.
-func (c *conn) readPayload(h Header) (Frame, error) {
+func (r *frameReader) readPayload(h Header) (Frame, error) {
 	f := Frame{Header: h, Payload: make([]byte, h.Length)}
-	if _, err := io.ReadFull(c.br, f.Payload); err != nil {
-		return f, c.readErr(noEOF(err))
+	if _, err := io.ReadFull(r.br, f.Payload); err != nil {
+		return f, r.readErr(noEOF(err))
 	}
 	if got := crc32c.Checksum(f.Payload); got != h.CRC {
 		return f, fmt.Errorf("%w: %s frame id %d: recorded 0x%08x, computed 0x%08x", ErrPayload, h.Type, h.ID, h.CRC, got)
@@ -188,8 +200,8 @@ var errUnexpected = errors.New("unexpected frame type")
 // want and at most MaxHandshake bytes. Both are checked on the header,
 // before any payload is read or allocated, so that a stranger's length
 // field costs nothing.
-func (c *conn) readHandshake(want ...Type) (Frame, error) {
-	h, err := c.readHeader()
+func (r *frameReader) readHandshake(want ...Type) (Frame, error) {
+	h, err := r.readHeader()
 	if err != nil {
 		return Frame{Header: h}, err
 	}
@@ -199,23 +211,23 @@ func (c *conn) readHandshake(want ...Type) (Frame, error) {
 	if h.Length > MaxHandshake {
 		return Frame{Header: h}, fmt.Errorf("%w: %s payload of %d bytes before authentication > %d", ErrTooLarge, h.Type, h.Length, MaxHandshake)
 	}
-	return c.readPayload(h)
+	return r.readPayload(h)
 }
 
 // discard skips a payload nobody wants (a ping's, a frame refused).
-func (c *conn) discard(n uint32) error {
-	_, err := c.br.Discard(int(n))
-	return c.readErr(noEOF(err))
+func (r *frameReader) discard(n uint32) error {
+	_, err := r.br.Discard(int(n))
+	return r.readErr(noEOF(err))
 }
 
 // skipChunk skips the payload of a chunk nobody wants (a cancelled
 // stream's), piece by piece as it arrives.
-func (c *conn) skipChunk(n uint32) error {
+func (r *frameReader) skipChunk(n uint32) error {
 	for left := int(n); left > 0; {
-		k, err := c.br.Discard(min(left, crcPiece))
-		c.lastData.Store(time.Now().UnixNano())
+		k, err := r.br.Discard(min(left, crcPiece))
+		r.lastData.Store(time.Now().UnixNano())
 		if err != nil {
-			return c.readErr(noEOF(err))
+			return r.readErr(noEOF(err))
 		}
 		left -= k
 	}
@@ -224,14 +236,14 @@ func (c *conn) skipChunk(n uint32) error {
 
 // readInto reads len(dst) payload bytes into dst and returns their CRC-32C,
 // computed piece by piece right after each piece lands.
-func (c *conn) readInto(dst []byte) (uint32, error) {
+func (r *frameReader) readInto(dst []byte) (uint32, error) {
 	var crc uint32
 	for off := 0; off < len(dst); {
 		end := min(off+crcPiece, len(dst))
-		if _, err := io.ReadFull(c.br, dst[off:end]); err != nil {
-			return 0, c.readErr(noEOF(err))
+		if _, err := io.ReadFull(r.br, dst[off:end]); err != nil {
+			return 0, r.readErr(noEOF(err))
 		}
-		c.lastData.Store(time.Now().UnixNano())
+		r.lastData.Store(time.Now().UnixNano())
 		crc = crc32c.Update(crc, dst[off:end])
 		off = end
 	}

@@ -476,6 +476,9 @@ const (
 	CodeMismatch    = "mismatch"
 	CodeCorrupt     = "corrupt"
 	CodeDisabled    = "disabled"
+	// CodeDegraded: a commit refused under a strict SPEC, its protection
+	// below the modes' (spec.Spec.Strict).
+	CodeDegraded = "degraded"
 )
 
 // BufferSpec is one buffer in a register request.
@@ -642,6 +645,10 @@ type CommitReply struct {
 	Seq       uint64  `json:"seq"`
 	Bytes     int64   `json:"bytes"`
 	ChecksumS float64 `json:"checksum_s"`
+	// Degraded lists why the node's protection has been below the SPEC
+	// for a while (agent.DegradedGrace), as the reft_protection_degraded
+	// metric's reasons; absent when it is not. The clients say it once.
+	Degraded []string `json:"degraded,omitempty"`
 }
 
 // GenInfo is one committed generation in a generations reply.

@@ -51,7 +51,7 @@ type Geometry struct {
 	// whole, each in a section of its name (every member's copy is the
 	// same, so any member's restores a lost one); the slice is not cut.
 	Whole bool
-	AOR   []AORGroup // AOR optimizer shards, by gradient; nil without aor
+	AOR   AORGroups // AOR optimizer shards, by gradient; nil without aor
 }
 
 // JobLayout is the job's parallel layout: dp, pp and tp from the SPEC, else
@@ -140,7 +140,7 @@ func NewGeometry(sp spec.Spec, req proto.Register) (*Geometry, error) {
 // registration order, and lists the others.
 func addBuffers(si *Geometry, bufs []proto.BufferSpec) {
 	for _, b := range bufs {
-		if si.IsAORGrad(b.Name) {
+		if si.AOR.IsGrad(b.Name) {
 			continue // an input of the replicas, not state: only the successor's shard is saved
 		}
 		if b.Replicated {
@@ -311,8 +311,8 @@ func HasAOR(bufs []proto.BufferSpec) bool {
 // newAORGroups collects a registration's aor buffers (already checked by
 // proto.CheckAOR) by gradient, and checks them against the layout: one
 // shard per DP rank and this rank's DP index as the index.
-func newAORGroups(bufs []proto.BufferSpec, pos, m int) ([]AORGroup, error) {
-	var out []AORGroup
+func newAORGroups(bufs []proto.BufferSpec, pos, m int) (AORGroups, error) {
+	var out AORGroups
 	for _, b := range bufs {
 		a := b.AOR
 		if a == nil {
@@ -334,27 +334,33 @@ func newAORGroups(bufs []proto.BufferSpec, pos, m int) ([]AORGroup, error) {
 	return out, nil
 }
 
-func (si *Geometry) IsAORGrad(name string) bool {
-	return slices.ContainsFunc(si.AOR, func(g AORGroup) bool { return g.Grad == name })
+// AORGroups are a rank's AOR optimizer groups (one per gradient): which
+// of its registered buffers are gradients and which optimizer state, and
+// how they are sharded. Read-only once NewGeometry made them.
+type AORGroups []AORGroup
+
+// IsGrad reports whether buffer name is an AOR gradient.
+func (gs AORGroups) IsGrad(name string) bool {
+	return slices.ContainsFunc(gs, func(g AORGroup) bool { return g.Grad == name })
 }
 
-// aorState reports whether buffer name is an AOR state buffer, and its
+// StateOf reports whether buffer name is an AOR state buffer, and its
 // group.
-func (si *Geometry) AORStateOf(name string) (*AORGroup, bool) {
-	for i := range si.AOR {
-		for _, st := range si.AOR[i].States {
+func (gs AORGroups) StateOf(name string) (*AORGroup, bool) {
+	for i := range gs {
+		for _, st := range gs[i].States {
 			if st.Buf == name {
-				return &si.AOR[i], true
+				return &gs[i], true
 			}
 		}
 	}
 	return nil, false
 }
 
-// AORStateNames lists the AOR state buffers.
-func (si *Geometry) AORStateNames() []string {
+// StateNames lists the AOR state buffers.
+func (gs AORGroups) StateNames() []string {
 	var out []string
-	for _, g := range si.AOR {
+	for _, g := range gs {
 		for _, st := range g.States {
 			out = append(out, st.Buf)
 		}
@@ -370,7 +376,7 @@ func (si *Geometry) SuccBytes(g *AORGroup) int64 { return 4 * g.Shards[si.SuccDP
 func (si *Geometry) Placed() []string {
 	var out []string
 	for _, b := range si.Other {
-		if _, ok := si.AORStateOf(b.Name); !ok {
+		if _, ok := si.AOR.StateOf(b.Name); !ok {
 			out = append(out, b.Name)
 		}
 	}

@@ -211,9 +211,12 @@ const (
 	snapOn
 	snapNoHints
 	variants
+	// snapEvery0 (BenchmarkEvery0Overhead only): --reft=arc,every=0 with
+	// --undo, whose saves are progress heartbeats.
+	snapEvery0 = variants
 )
 
-var variantName = [variants]string{"off", "on", "on-nohints"}
+var variantName = [variants + 1]string{"off", "on", "on-nohints", "every0-undo"}
 
 // timedSnap measures how long the trainer is blocked waiting for saves:
 // the part of the copy that did not overlap its work.
@@ -246,7 +249,11 @@ func trainRound(cfg train.Config, v int, clock *stepClock) (err error) {
 	o := train.Options{Comm: soloComm{}, Log: clock}
 	var s *reftSnap
 	if v != snapOff {
-		a, err := agenttest.Start(agenttest.Options{})
+		spec := ""
+		if v == snapEvery0 {
+			spec, cfg.Undo = "arc,every=0", true
+		}
+		a, err := agenttest.Start(agenttest.Options{Spec: spec})
 		if err != nil {
 			return err
 		}
@@ -274,7 +281,13 @@ func trainRound(cfg train.Config, v int, clock *stepClock) (err error) {
 	if len(clock.end) != int(cfg.Steps) {
 		return fmt.Errorf("%d step lines for %d steps", len(clock.end), cfg.Steps)
 	}
-	if s != nil {
+	if s != nil && v == snapEvery0 {
+		// every=0: the saves were heartbeats, nothing is committed.
+		gens, err := s.c.Generations(context.Background())
+		if err != nil || len(gens) != 0 {
+			return fmt.Errorf("every=0: after %d steps the agent holds generations %v (%v), want none", cfg.Steps, gens, err)
+		}
+	} else if s != nil {
 		// Every step was saved: the agent lists the last one as committed.
 		gens, err := s.c.Generations(context.Background())
 		if err != nil || len(gens) == 0 || gens[0] != cfg.Steps {
@@ -340,18 +353,30 @@ func describe(b *testing.B, cfg train.Config, what string) {
 // other processes left alone; _lo95 and _hi95 the median's 95 % confidence
 // interval, _p25 and _p75 the quartiles; _all: every pair) and in this
 // process's CPU time. See docs/BENCHMARKS.md.
-func BenchmarkSnapshotOverhead(b *testing.B) {
+func BenchmarkSnapshotOverhead(b *testing.B) { pairedOverhead(b, snapOn) }
+
+// BenchmarkEvery0Overhead is BenchmarkSnapshotOverhead's pairing for issue
+// 20's every=0 mode: the trainer with --undo under --reft=arc,every=0
+// (each Save a progress heartbeat, the update recorded for undo) against
+// the same trainer without reft, step by step. x_off should be the undo
+// recording's share of the step and little else.
+func BenchmarkEvery0Overhead(b *testing.B) { pairedOverhead(b, snapEvery0) }
+
+// pairedOverhead runs the trainer without snapshots and as variant on
+// side by side, taking turns step by step (BenchmarkSnapshotOverhead).
+func pairedOverhead(b *testing.B, snapOn int) {
 	cfg := benchConfig(b, 10)
-	describe(b, cfg, fmt.Sprintf("steps %d to %d measured", benchWarmup+1, cfg.Steps-1))
+	describe(b, cfg, fmt.Sprintf("%s against off, steps %d to %d measured", variantName[snapOn], benchWarmup+1, cfg.Steps-1))
 	var wallX, allX, cpuX, offMs []float64
 	pairs := 0
 	for i := range b.N {
 		runtime.GC() // the previous op's garbage is not this op's cost
 		bt := newBaton(2)
-		clocks := [variants]*stepClock{snapOff: {baton: bt}, snapOn: {baton: bt}}
+		var clocks [variants + 1]*stepClock
+		clocks[snapOff], clocks[snapOn] = &stepClock{baton: bt}, &stepClock{baton: bt}
 		// Alternate which trainer goes first.
 		clocks[snapOff].me, clocks[snapOn].me = i%2, 1-i%2
-		var errs [variants]error
+		var errs [variants + 1]error
 		var wg sync.WaitGroup
 		for _, v := range []int{snapOff, snapOn} {
 			wg.Add(1)

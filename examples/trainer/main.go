@@ -9,6 +9,11 @@
 // but only in a run that did not resume from a snapshot: a relaunch with the
 // same flags restores and must not die again.
 //
+// --hold-in-update STEP:TENSOR (with --undo and --jit) makes every rank stop
+// inside its update of STEP before TENSOR until a JIT flush interrupts it
+// (each rank says so on stderr): the test of a node lost while the
+// survivors are inside the optimizer step (docs/UNDO.md, "every=0").
+//
 // The surviving ranks of a --fail-at run block in MPI until the step is torn
 // down: launch with srun -K1 (--kill-on-bad-exit) unless reft's launcher
 // does that.
@@ -103,6 +108,7 @@ func run() int {
 		Snap:    snap,
 		SnapOff: snapshotsOff,
 		Log:     os.Stdout,
+		Note:    func(msg string) { fmt.Fprintln(os.Stderr, "reft-train:", msg) },
 		Kill: func() error {
 			fmt.Fprintf(os.Stderr, "reft-train: rank %d: --fail-at %d:%d: SIGKILL\n", world.Rank(), cfg.FailStep, cfg.FailRank)
 			if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {

@@ -44,6 +44,13 @@ func (s *reftSnap) Consistent(step int64) { s.c.Consistent(step) }
 // while a JIT flush copies them (train.Consistency).
 func (s *reftSnap) Updating() { s.c.Updating() }
 
+// SetUpdateInterrupt lets the JIT flush stop an update in progress
+// (train.UpdateInterrupter).
+func (s *reftSnap) SetUpdateInterrupt(fn func()) { s.c.SetUpdateInterrupt(fn) }
+
+// Every is the job's SPEC every= (train.Interval): 0 under every=0.
+func (s *reftSnap) Every() int { return s.c.Every() }
+
 // flush saves the newest consistent step after training stopped with
 // cause (a failed collective: the peers may be gone), within
 // jitSignalTimeout; the client logs what it saved.

@@ -91,6 +91,29 @@ func small() train.Config {
 // which lets a save in flight commit, as the agent would have it on a node.
 func runReft(t *testing.T, a *agenttest.Agent, cfg train.Config, n int) (*train.Result, string, error) {
 	t.Helper()
+	return runReftNote(t, a, cfg, n, nil)
+}
+
+// relaunchFromUndo relaunches crash on two ranks after a flush that undid
+// step 6's update: the run must resume from step 5 and end with hash, the
+// uninterrupted run's.
+func relaunchFromUndo(t *testing.T, a *agenttest.Agent, crash train.Config, hash string) {
+	t.Helper()
+	got, log, err := runReft(t, a, crash, 2)
+	if err != nil {
+		t.Fatalf("relaunch: %v\n%s", err, log)
+	}
+	if got.ResumedFrom != 5 {
+		t.Errorf("resumed from %d, want 5 (the step the flush saved after the undo)\n%s", got.ResumedFrom, log)
+	}
+	if got.Hash != hash {
+		t.Errorf("resumed hash %s, uninterrupted %s", got.Hash, hash)
+	}
+}
+
+// runReftNote is runReft with note as every rank's train.Options.Note.
+func runReftNote(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, note func(string)) (*train.Result, string, error) {
+	t.Helper()
 	w := train.NewLocalWorld(n)
 	res := make([]*train.Result, n)
 	errs := make([]error, n)
@@ -118,7 +141,7 @@ func runReft(t *testing.T, a *agenttest.Agent, cfg train.Config, n int) (*train.
 			if cfg.JIT {
 				snap.startJIT(ctx, func(msg string) { t.Errorf("rank %d: %s", r, msg) })
 			}
-			o := train.Options{Comm: comm, Snap: snap}
+			o := train.Options{Comm: comm, Snap: snap, Note: note}
 			if r == 0 {
 				o.Log = &log
 			}
@@ -262,18 +285,62 @@ func TestReftUndoResume(t *testing.T) {
 			if !strings.Contains(log, "undo: step 6's update was interrupted") {
 				t.Errorf("rank 0 did not log its undo:\n%s", log)
 			}
-			got, log, err := runReft(t, a, crash, 2)
-			if err != nil {
-				t.Fatalf("relaunch: %v\n%s", err, log)
-			}
-			if got.ResumedFrom != 5 {
-				t.Errorf("resumed from %d, want 5 (the step the flush saved after the undo)\n%s", got.ResumedFrom, log)
-			}
-			if got.Hash != ref[0].Hash {
-				t.Errorf("resumed hash %s, uninterrupted %s", got.Hash, ref[0].Hash)
-			}
+			relaunchFromUndo(t, a, crash, ref[0].Hash)
 		})
 	}
+}
+
+// TestReftEvery0: the job runs --reft=arc,every=0, so the trainer's saves
+// keep nothing (the client sends progress instead), and every rank stops
+// inside step 6's update before its third tensor (--hold-in-update 6:2,
+// the first two applied) when the agent reports a failed node: each rank's
+// JIT flush interrupts the update, which is undone, and saves step 5; the
+// relaunch resumes there, one step lost, with the uninterrupted bits.
+// Without --undo rank 0 says once what every=0 then risks, and with
+// --jit=false the run is refused.
+func TestReftEvery0(t *testing.T) {
+	for _, opt := range []string{train.SGD, train.Adam} {
+		t.Run(opt, func(t *testing.T) {
+			cfg := small()
+			cfg.Optimizer, cfg.DP, cfg.Steps, cfg.JIT, cfg.Undo = opt, 2, 10, true, true
+			ref, a := referenceAndAgent(t, cfg, 2, "arc,every=0")
+			crash := cfg
+			crash.HoldUpdateStep, crash.HoldUpdateTensor = 6, 2
+			held := make(chan string, 2)
+			go func() {
+				for range 2 {
+					<-held
+				}
+				a.NotifyPeerFailure("n2", "test: node lost while the ranks are inside the update")
+			}()
+			_, log, err := runReftNote(t, a, crash, 2, func(msg string) { held <- msg })
+			var ue *train.UndoneError
+			if !errors.Is(err, train.ErrUpdateInterrupted) || !errors.As(err, &ue) || ue.Step != 5 || ue.Tensors != 2 {
+				t.Fatalf("the held run: %v, want the update of step 6 interrupted and undone on 2 tensors, back at step 5\n%s", err, log)
+			}
+			if !strings.Contains(log, "every=0: no snapshot on the step path") || !strings.Contains(log, "undo: step 6's update was interrupted") {
+				t.Errorf("rank 0 did not log every=0 and its undo:\n%s", log)
+			}
+			relaunchFromUndo(t, a, crash, ref[0].Hash)
+		})
+	}
+	t.Run("without undo", func(t *testing.T) {
+		cfg := small()
+		cfg.DP, cfg.Steps, cfg.Undo = 2, 3, false
+		_, a := referenceAndAgent(t, cfg, 2, "arc,every=0")
+		_, log, err := runReft(t, a, cfg, 2)
+		if err != nil || strings.Count(log, "every=0 without --undo") != 1 {
+			t.Errorf("every=0 without --undo: %v; want one warning line from rank 0 in:\n%s", err, log)
+		}
+	})
+	t.Run("jit off", func(t *testing.T) {
+		cfg := small()
+		cfg.DP, cfg.Steps, cfg.JIT = 2, 3, false
+		_, a := referenceAndAgent(t, cfg, 2, "arc,every=0")
+		if _, _, err := runReft(t, a, cfg, 2); err == nil || !strings.Contains(err.Error(), "--jit=false: nothing would ever be saved") {
+			t.Errorf("every=0 with --jit=false: %v, want a refusal", err)
+		}
+	})
 }
 
 // referenceAndAgent runs cfg on n ranks without snapshots (the

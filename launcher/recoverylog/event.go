@@ -48,6 +48,13 @@ const (
 	// (launcher/status.Straggler); reported once per rank and launch,
 	// never acted on. DurationS is the rank's median work per step.
 	Straggler = "straggler"
+	// Degraded: a node's agent reports its protection or health below
+	// what the SPEC asks (launcher/status.NodeReport.Warnings, in Cause),
+	// the same in two asks in a row; said again only when it changes.
+	// DegradedCleared: a node said degraded reports nothing any more.
+	// Never acted on.
+	Degraded        = "degraded"
+	DegradedCleared = "degraded_cleared"
 )
 
 // RestoreEvents are the agents' restore event names (agent/event) that

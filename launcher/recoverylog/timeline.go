@@ -176,6 +176,10 @@ func Format(e Event) string {
 		s = "gave up: " + e.Cause
 	case Straggler:
 		s = e.Cause // it begins "straggler: rank N on NODE"
+	case Degraded:
+		s = "degraded on " + e.Node + ": " + e.Cause
+	case DegradedCleared:
+		s = "no longer degraded on " + e.Node
 	case Stopped:
 		s = "stopped: " + e.Cause
 	case Completed:

@@ -139,19 +139,20 @@ func Prepare(ctx context.Context, a Args, getenv func(string) string, environ []
 			earlier = append(earlier, e)
 		}
 	}
-	// Stragglers are asked of the agents as reft status asks them; a
-	// configuration that cannot reach them was refused by the agents too.
-	var stragglers StragglerSource
-	var stragglersOff error
+	// Stragglers and degraded nodes are asked of the agents as reft
+	// status asks them; a configuration that cannot reach them was
+	// refused by the agents too.
+	var health HealthSource
+	var healthOff error
 	if s.String() != "off" {
-		stragglers, stragglersOff = AgentStragglers(cfg, job)
+		health, healthOff = AgentHealthSource(cfg, job)
 	}
 	return &Runner{
-		Stragglers:    stragglers,
-		stragglersOff: stragglersOff,
-		SlurmRelease:  rel,
-		Prior:         earlier,
-		Slurm:         slurm, Log: w, Env: environ, Job: job, Restart: restart, Spec: s.String(), Plan: plan,
+		Health:       health,
+		healthOff:    healthOff,
+		SlurmRelease: rel,
+		Prior:        earlier,
+		Slurm:        slurm, Log: w, Env: environ, Job: job, Restart: restart, Spec: s.String(), Plan: plan,
 		Policy: policy, Srun: a.Srun, SrunOpts: a.SrunOpts, Command: a.Command,
 		JobLogDir: filepath.Dir(recoverylog.Path(cfg.Log.Dir, job)),
 	}, ExitOK, nil

@@ -47,12 +47,13 @@ type Runner struct {
 	// before reft run cancels the step and kills srun.
 	StopGrace time.Duration
 	Now       func() time.Time
-	// Stragglers, when set, is asked every StragglerEvery (0:
-	// DefaultStragglerEvery) while a step runs; each straggler goes to
-	// the recovery log once per launch.
-	Stragglers     StragglerSource
-	StragglerEvery time.Duration
-	stragglersOff  error // why Stragglers is nil, said once at the start
+	// Health, when set, is asked every HealthEvery (0:
+	// DefaultHealthEvery) while a step runs; each straggler goes to the
+	// recovery log once per launch, each degraded node when its warnings
+	// change (healthWatch).
+	Health      HealthSource
+	HealthEvery time.Duration
+	healthOff   error // why Health is nil, said once at the start
 	// Prior are the recovery events of the job's earlier runs (before a
 	// requeue): the Comment keeps counting them, and a run after a
 	// requeue is a recovery like a relaunch.
@@ -214,8 +215,8 @@ func (r *Runner) Run(ctx context.Context) int {
 	if r.Spec == "off" {
 		r.say("warning: --reft=off: the step takes no snapshots, so every relaunch starts over")
 	}
-	if r.stragglersOff != nil {
-		r.say("warning: stragglers will not be in the recovery log: %v", r.stragglersOff)
+	if r.healthOff != nil {
+		r.say("warning: stragglers and degraded nodes will not be in the recovery log: %v", r.healthOff)
 	}
 	var (
 		relaunch          int
@@ -390,15 +391,15 @@ func (r *Runner) runAttempt(ctx context.Context, a *attempt, w *Watcher) (code i
 	tick := time.NewTicker(r.Tick)
 	defer tick.Stop()
 	var killAt time.Time // srun is killed then, after the agents' verdict stopped the step
-	var sw *stragglerWatch
-	if r.Stragglers != nil {
-		sw = newStragglerWatch(r.Stragglers, r.StragglerEvery)
+	var sw *healthWatch
+	if r.Health != nil {
+		sw = newHealthWatch(r.Health, r.HealthEvery)
 		sw.last = r.now() // the first ask one period in: the ranks need steps to be measured
 	}
 	for {
 		select {
 		case res := <-sw.results():
-			r.recordStragglers(ctx, a, sw, res)
+			r.recordHealth(ctx, a, sw, res)
 		case s := <-r.Signals:
 			r.stopStep(ctx, a, proc, done, s)
 			return 0, s, nil

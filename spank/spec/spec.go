@@ -2,7 +2,7 @@
 //
 // Grammar:
 //
-//	SPEC  = MODES *( "," KEY "=" VALUE )
+//	SPEC  = MODES *( "," ( KEY "=" VALUE | "strict" ) )
 //	MODES = "off" | MODE *( "+" MODE )
 //	MODE  = "arc" | "aec" | "aec:" K | "aor"          (K >= 1)
 //	KEY   = "dp" | "pp" | "tp" | "every" | "persist" | "spares" | "persist_dir"
@@ -11,12 +11,19 @@
 //
 //	dp, pp, tp   positive integers; unset means "derive from the task count"
 //	             (pure data parallel over all tasks).
-//	every        snapshot interval in training steps, >= 1 (default 1).
+//	every        snapshot interval in training steps, >= 0 (default 1). 0: no
+//	             snapshot on the step path; a failure is covered by the JIT
+//	             flush of the survivors' live state (docs/UNDO.md, "every=0").
 //	persist      persistent checkpoint interval: "auto" (default, the JIT optimum),
 //	             "off", a step count ("500") or a Go duration ("30m", "1h30m").
 //	spares       number of spare nodes held in the allocation, >= 0 (default 0).
 //	persist_dir  absolute path of the persistent checkpoint directory
 //	             (default: from reft.toml).
+//	strict       a flag, no value: when the snapshots' protection falls below
+//	             what the modes promise (peering off, a peer lost, ranks
+//	             protected on their own node only, failed saves; docs/METRICS.md)
+//	             and stays there, the agent refuses the ranks' commits and the
+//	             step fails, rather than train on less protected.
 //
 // The same SPEC is accepted by srun, sbatch, salloc and #SBATCH lines; the
 // launcher, the agent and the client import this package so that every part of
@@ -46,7 +53,7 @@ const (
 // ValidModes and ValidKeys are quoted in error messages and the option help.
 const (
 	ValidModes = "off, or arc, aec, aec:K (K>=1), aor joined by '+'"
-	ValidKeys  = "dp, pp, tp, every, persist, spares, persist_dir"
+	ValidKeys  = "dp, pp, tp, every, persist, spares, persist_dir, and the flag strict"
 )
 
 // PersistKind says how the persistent checkpoint interval is given.
@@ -92,7 +99,9 @@ type Spec struct {
 	AECParity int
 	// DP, PP and TP are the layout; 0 means "derive from the task count".
 	DP, PP, TP int
-	// Every is the snapshot interval in steps (>= 1).
+	// Every is the snapshot interval in steps: the clients snapshot the
+	// steps that are multiples of it. 0: never on the step path, only the
+	// JIT flush at a failure (Spec.JITOnly).
 	Every int
 	// Persist is the persistent checkpoint interval.
 	Persist Persist
@@ -100,6 +109,9 @@ type Spec struct {
 	Spares int
 	// PersistDir overrides the persistent checkpoint directory of reft.toml.
 	PersistDir string
+	// Strict: a step whose protection falls below the modes' fails rather
+	// than go on (the agent refuses its commits; agent.DegradedGrace).
+	Strict bool
 }
 
 // Off returns the disabled spec.
@@ -107,6 +119,11 @@ func Off() Spec { return Spec{Off: true, Every: 1} }
 
 // Enabled reports whether reft is on for this spec.
 func (s Spec) Enabled() bool { return !s.Off }
+
+// JITOnly reports whether reft is on with every=0: the ranks never snapshot
+// on the step path, and a failure is covered only by the survivors' JIT
+// flush of their live state (and the copies it makes across nodes).
+func (s Spec) JITOnly() bool { return !s.Off && s.Every == 0 }
 
 // Error is a SPEC error. Its message is one line that names the valid choices.
 type Error struct {
@@ -182,8 +199,18 @@ func Parse(in string) (Spec, error) {
 		if kv == "" {
 			return fail("empty key=value element (two commas?); valid keys: %s", ValidKeys)
 		}
+		if kv == "strict" {
+			if s.Strict {
+				return fail("strict given twice")
+			}
+			s.Strict = true
+			continue
+		}
 		k, v, ok := strings.Cut(kv, "=")
 		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if k == "strict" {
+			return fail("strict is a flag and takes no value: write ,strict")
+		}
 		if !ok {
 			return fail("%q is not key=value; valid keys: %s", kv, ValidKeys)
 		}
@@ -206,7 +233,7 @@ func Parse(in string) (Spec, error) {
 		case "tp":
 			s.TP, err = parseInt(v, 1, MaxDim)
 		case "every":
-			s.Every, err = parseInt(v, 1, MaxEvery)
+			s.Every, err = parseInt(v, 0, MaxEvery)
 		case "spares":
 			s.Spares, err = parseInt(v, 0, MaxSpares)
 		case "persist":
@@ -217,6 +244,11 @@ func Parse(in string) (Spec, error) {
 		if err != nil {
 			return fail("%s=%s: %v", k, v, err)
 		}
+	}
+	if s.JITOnly() && s.AOR {
+		// AOR brings its replica forward at every snapshot from the
+		// previous one; with none on the step path it would never be valid.
+		return fail("every=0 cannot be combined with aor, whose replica needs a snapshot every step: use arc or aec with every=0, or aor without it")
 	}
 	return s, nil
 }
@@ -261,7 +293,7 @@ func (s Spec) String() string {
 	if s.TP > 0 {
 		kv("tp", strconv.Itoa(s.TP))
 	}
-	if s.Every > 1 {
+	if s.Every != 1 {
 		kv("every", strconv.Itoa(s.Every))
 	}
 	if s.Persist.Kind != PersistAuto {
@@ -272,6 +304,9 @@ func (s Spec) String() string {
 	}
 	if s.PersistDir != "" {
 		kv("persist_dir", s.PersistDir)
+	}
+	if s.Strict {
+		b.WriteString(",strict")
 	}
 	return b.String()
 }

@@ -23,7 +23,10 @@ func TestParseValid(t *testing.T) {
 		{"arc+aec,dp=4", "arc+aec,dp=4", func(s Spec) bool { return s.DP == 4 }},
 		{"arc,tp=2,pp=3,dp=4", "arc,dp=4,pp=3,tp=2", func(s Spec) bool { return s.DP == 4 && s.PP == 3 && s.TP == 2 }},
 		{"arc,every=1", "arc", func(s Spec) bool { return s.Every == 1 }},
-		{"arc,every=10", "arc,every=10", func(s Spec) bool { return s.Every == 10 }},
+		{"arc,every=10", "arc,every=10", func(s Spec) bool { return s.Every == 10 && !s.JITOnly() }},
+		{"arc,every=0", "arc,every=0", func(s Spec) bool { return s.Every == 0 && s.JITOnly() }},
+		{"aec:2+arc,every=00,spares=1", "arc+aec:2,every=0,spares=1", func(s Spec) bool { return s.JITOnly() && s.Spares == 1 }},
+		{"arc", "arc", func(s Spec) bool { return !s.JITOnly() }},
 		{"arc,persist=auto", "arc", func(s Spec) bool { return s.Persist.Kind == PersistAuto }},
 		{"arc,persist=off", "arc,persist=off", func(s Spec) bool { return s.Persist.Kind == PersistOff }},
 		{"arc,persist=500", "arc,persist=500", func(s Spec) bool { return s.Persist.Kind == PersistSteps && s.Persist.Steps == 500 }},
@@ -36,6 +39,9 @@ func TestParseValid(t *testing.T) {
 		{"arc,persist_dir=/a=b+c", "arc,persist_dir=/a=b+c", func(s Spec) bool { return s.PersistDir == "/a=b+c" }},
 		{" arc + aec , dp = 2 ", "arc+aec,dp=2", func(s Spec) bool { return s.DP == 2 }},
 		{"arc,dp=01", "arc,dp=1", func(s Spec) bool { return s.DP == 1 }},
+		{"arc,strict", "arc,strict", func(s Spec) bool { return s.Strict }},
+		{"arc, strict ,dp=2", "arc,dp=2,strict", func(s Spec) bool { return s.Strict && s.DP == 2 }},
+		{"arc+aec,dp=4", "arc+aec,dp=4", func(s Spec) bool { return !s.Strict }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -77,7 +83,11 @@ func TestParseInvalid(t *testing.T) {
 		{"aec:x", `"x" is not a whole number`},
 		{"aec:-1", "not a whole number"},
 		{"dp=4", "must start with the modes, not a key"},
-		{"arc,foo=1", `unknown key "foo"; valid keys: dp, pp, tp, every, persist, spares, persist_dir`},
+		{"arc,foo=1", `unknown key "foo"; valid keys: dp, pp, tp, every, persist, spares, persist_dir, and the flag strict`},
+		{"arc,strict,strict", "strict given twice"},
+		{"arc,strict=1", "strict is a flag and takes no value: write ,strict"},
+		{"arc,strict=", "strict is a flag and takes no value"},
+		{"off,strict", `"off" takes no keys`},
 		{"arc,DP=1", `unknown key "DP"`},
 		{"arc,dp", `"dp" is not key=value; valid keys`},
 		{"arc,,dp=1", "empty key=value element"},
@@ -88,7 +98,10 @@ func TestParseInvalid(t *testing.T) {
 		{"arc,tp=1.5", "not a whole number"},
 		{"arc,dp=99999999999999999999", "out of range"},
 		{"arc,dp=2,dp=2", "key dp given twice"},
-		{"arc,every=0", "every=0: 0 is out of range; valid: 1..1073741824"},
+		{"arc,every=-1", `every=-1: "-1" is not a whole number; valid: 0..1073741824`},
+		{"arc,every=1073741825", "every=1073741825: 1073741825 is out of range; valid: 0..1073741824"},
+		{"aor,every=0", "every=0 cannot be combined with aor"},
+		{"arc+aor,every=0", "every=0 cannot be combined with aor"},
 		{"arc,spares=-1", "not a whole number"},
 		{"arc,spares=70000", "out of range; valid: 0..65536"},
 		{"arc,persist=0", "out of range"},
@@ -140,7 +153,7 @@ func TestNormalize(t *testing.T) {
 // that the canonical form of every accepted SPEC parses back to the same Spec.
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{"off", "arc", "arc+aec:2+aor,dp=4,pp=2,tp=1,every=3,persist=30m,spares=1,persist_dir=/x",
-		"aec,persist=100", "arc,,", "aec:", "arc,persist=1h0m1s", "x=y", "arc+aec,dp=4"} {
+		"arc,strict", "aec,strict,dp=2", "aec,persist=100", "arc,every=0", "aor,every=0", "arc,every=0,strict", "arc,,", "aec:", "arc,persist=1h0m1s", "x=y", "arc+aec,dp=4"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {

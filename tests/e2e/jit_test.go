@@ -178,3 +178,71 @@ func cleanStores(t *testing.T, job string, nodes []string) {
 	run(t, time.Minute, alice, "srun", "--jobid="+job, "--overlap", "--reft=off", "-w", strings.Join(nodes, ","), "-N"+strconv.Itoa(len(nodes)),
 		"--ntasks-per-node=1", "rm", "-rf", reftStoreRoot+"/"+strings.TrimSpace(u)+"/"+job)
 }
+
+// holdRe is reft-train's line for a rank held inside its update
+// (--hold-in-update).
+var holdRe = regexp.MustCompile(`(?m)^reft-train: hold-in-update: rank (\d+) holds in step (\d+)'s update before tensor (\d+)`)
+
+// TestEvery0NodeLossInUpdate: issue 20's every=0 mode. --reft=arc,every=0,
+// DP=4 on n1-n4 with a spare, reft-train --undo: no snapshot on the step
+// path (the client turns each save into a progress heartbeat). Every rank
+// stops inside step 8's optimizer update with two of its tensors applied
+// (--hold-in-update 8:2, first step only: an update that a failure keeps
+// from ending), and n2 dies then. Each survivor's agent reports n2 lost;
+// its JIT flush interrupts the update, which is undone bit for bit, and
+// saves step 7, carrying its ring successor's shard (rep@arc), so rank 1's
+// replacement on n5 restores step 7 from the peers. One step (8) is lost
+// and the run ends with the bits of an uninterrupted run.
+func TestEvery0NodeLossInUpdate(t *testing.T) {
+	const spec, held = "arc,every=0,spares=1", 8
+	c := nodeLossCase{spec: spec, dp: 4, kill: []string{"n2"}, steps: 20, flags: []string{"--undo"},
+		firstFlags: []string{"--hold-in-update", fmt.Sprintf("%d:2", held)},
+		ready:      func(_, stderr string) bool { return len(holdRe.FindAllString(stderr, -1)) == 4 }}
+	r := nodeLoss(t, c)
+
+	for _, m := range holdRe.FindAllStringSubmatch(r.first.Stderr, -1) {
+		if m[2] != strconv.Itoa(held) || m[3] != "2" {
+			t.Errorf("rank %s held in step %s before tensor %s, want step %d before tensor 2", m[1], m[2], m[3], held)
+		}
+	}
+	for _, want := range []string{"every=0: no snapshot on the step path", fmt.Sprintf("undo: step %d's update was interrupted", held)} {
+		if !strings.Contains(r.first.Stdout, want) {
+			t.Errorf("job %s: rank 0 did not log %q:\n%s", r.job, want, r.first.Stdout)
+		}
+	}
+	if n := strings.Count(r.first.Stderr, "every=0 ("+spec+"): no snapshot on the step path"); n != 4 {
+		t.Errorf("job %s: %d ranks said that Save keeps nothing under every=0, want 4 (once each):\n%s", r.job, n, r.first.Stderr)
+	}
+	if r.lastLogged != held-1 {
+		t.Errorf("job %s: rank 0 logged step %d before the kill, want %d (the step before the held update)", r.job, r.lastLogged, held-1)
+	}
+
+	// Every survivor flushed the undone state, step 7, and nothing was
+	// committed before: every=0 kept no snapshot on the step path.
+	saves := jitSaves(r.first.Stderr)
+	t.Logf("job %s: JIT saves by rank: %v", r.job, saves)
+	for _, rank := range []int{0, 2, 3} {
+		if s, ok := saves[rank]; !ok || s != held-1 {
+			t.Errorf("job %s: surviving rank %d's JIT save: step %d (logged: %v), want %d:\n%s", r.job, rank, s, ok, held-1, r.first.Stderr)
+		}
+	}
+	if _, ok := saves[1]; ok {
+		t.Errorf("job %s: rank 1, on the killed node, logged a JIT save", r.job)
+	}
+	for _, n := range []string{"n1", "n3", "n4"} {
+		for _, e := range agentEvents(t, r.job, n)["committed"] {
+			if s, _ := e["step"].(float64); int64(s) != held-1 {
+				t.Errorf("job %s: %s's agent committed step %v; under every=0 only the JIT flush's step %d", r.job, n, e["step"], held-1)
+			}
+		}
+	}
+
+	// The relaunch resumed from the flushed step: one step lost.
+	m := resumedRe.FindStringSubmatch(r.resumed.Stdout)
+	if m == nil || m[1] != strconv.Itoa(held-1) {
+		r.logRestores(t)
+		t.Fatalf("job %s: relaunch %v, want 'resumed from step %d':\n%s", r.job, m, held-1, r.resumed)
+	}
+	t.Logf("job %s: resumed from step %d after n2 died inside step %d's update: 1 step lost, final hash as uninterrupted", r.job, held-1, held)
+	r.checkRestores(t, held-1, []string{"restore_peer", "decode"}, "")
+}

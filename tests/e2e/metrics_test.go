@@ -382,6 +382,7 @@ func TestMetricsNodeExporter(t *testing.T) {
 	// n2 lost: a survivor's file counts the failure (written at once on
 	// the verdict: the job shrinks and its agents restart soon after).
 	killNode(t, "n2")
+	killedAt := time.Now()
 	var counted string
 	s = scrapeUntil(t, scrape, time.Minute, "a surviving agent counting n2's loss", func(s promScrape) error {
 		for _, n := range []string{"n1", "n3", "n4"} {
@@ -425,6 +426,21 @@ func TestMetricsNodeExporter(t *testing.T) {
 	for _, src := range []string{"local", "peer", "decode", "persistent"} {
 		if v, _ := s.sample("reft_restore_duration_seconds", map[string]string{"job_id": job, "node": "n5", "source": src}); v > 0 {
 			sources = append(sources, fmt.Sprintf("%s %v", src, v))
+		}
+	}
+	// The survivors' agents were restarted on the shrunk allocation; the
+	// failure is still counted (metrics-carry.json), so a scrape every 15 s
+	// sees it, not only one within the old agents' last second.
+	for _, n := range []string{"n1", "n3", "n4"} {
+		if up, ok := s.sample("reft_agent_uptime_seconds", of(n)); !ok || up > time.Since(killedAt).Seconds() {
+			t.Errorf("%s: reft_agent_uptime_seconds %v (present %v), want an agent started after n2's kill %.1f s ago",
+				n, up, ok, time.Since(killedAt).Seconds())
+		}
+		if v, _ := s.sample("reft_failures_detected_total", map[string]string{"job_id": job, "node": n, "class": "node"}); v != 1 {
+			t.Errorf("%s's restarted agent: reft_failures_detected_total{class=node} %v, want n2's loss carried on (1)", n, v)
+		}
+		if v, _ := s.sample("reft_failure_detection_latency_seconds", of(n)); v != 1 {
+			t.Errorf("%s's restarted agent: reft_failure_detection_latency_seconds count %v, want 1 carried on", n, v)
 		}
 	}
 	t.Logf("n5's restores by source: %v", sources)

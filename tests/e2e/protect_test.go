@@ -63,6 +63,12 @@ type nodeLossCase struct {
 	// beforeRelaunch, if set, runs once the lost nodes have left the
 	// allocation, before the relaunch.
 	beforeRelaunch func(job string)
+	// firstFlags are reft-train flags of the first step only (not of the
+	// uninterrupted reference nor of the relaunch).
+	firstFlags []string
+	// ready, if set, replaces the killAt line as the kill's trigger: the
+	// nodes die once it returns true for the first step's output so far.
+	ready func(stdout, stderr string) bool
 }
 
 // nodeLossRun is what a scenario left for the checks.
@@ -308,13 +314,17 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 	// Steps padded to 100 ms (no change to the results): on a loaded
 	// machine srun's output reached the test in bursts, and the job had run
 	// all its steps before the kill landed (seen under two parallel runs).
-	padded := append(append([]string{}, flags...), "--min-step", "100ms")
+	padded := append(append(append([]string{}, flags...), "--min-step", "100ms"), c.firstFlags...)
 	step := placedStep(job, c.spec, writeHostfile(t, dir, "hostfile.0", nodes), nodes, spares, padded)
 	want := fmt.Sprintf("\nstep %d loss ", c.killAt)
+	ready := c.ready
+	if ready == nil {
+		ready = func(stdout, _ string) bool { return strings.Contains(stdout, want) }
+	}
 	var first *bgRun
 	for attempt := 1; ; attempt++ {
 		first = start(t, 3*time.Minute, alice, step...)
-		for !strings.Contains(first.stdout.String(), want) {
+		for !ready(first.stdout.String(), first.stderr.String()) {
 			select {
 			case <-first.done:
 			case <-time.After(50 * time.Millisecond):
@@ -322,7 +332,7 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 			}
 			break
 		}
-		if strings.Contains(first.stdout.String(), want) {
+		if ready(first.stdout.String(), first.stderr.String()) {
 			break
 		}
 		r := first.wait(t)
@@ -336,7 +346,11 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 	killNodes(t, c.kill...)
 	killed := time.Now()
 	crashed := first.wait(t)
-	t.Logf("job %s: %v killed once rank 0 logged step %d; the step ended %.1f s later", job, c.kill, c.killAt, time.Since(killed).Seconds())
+	trigger := fmt.Sprintf("rank 0 logged step %d", c.killAt)
+	if c.ready != nil {
+		trigger = "the first step's output was ready"
+	}
+	t.Logf("job %s: %v killed once %s; the step ended %.1f s later", job, c.kill, trigger, time.Since(killed).Seconds())
 	if crashed.Code == 0 || hashRe.MatchString(crashed.Stdout) {
 		t.Fatalf("job %s: the step finished although %v died (killed too late? raise --steps):\n%s", job, c.kill, crashed)
 	}

@@ -2,7 +2,8 @@
 // cluster: `make install` (the files it installs under DESTDIR, and that the
 // shipped plugstack line and reft.toml name the installed paths for PREFIX
 // and SYSCONFDIR, not the source's /usr/local), and that `make e2e` and
-// `make bench` always take the test cluster down again.
+// `make bench` always take the test cluster down again, and that `make
+// unit` runs synctest bubbles under -race on one P only.
 package makefile
 
 import (

@@ -335,6 +335,16 @@ class SaveHandle:
         return "<reft.SaveHandle step=%d %s>" % (self.step, state)
 
 
+def spec_every(spec):
+    """The every= of a normalized --reft SPEC (the agent's hello reply): 1
+    when absent; 0 means no snapshot on the step path (every=0)."""
+    for kv in str(spec).split(",")[1:]:
+        k, _, v = kv.partition("=")
+        if k.strip() == "every" and v.strip().isdigit():
+            return int(v.strip())
+    return 1
+
+
 class Session:
     """A rank's reft session. See the package docstring for the API."""
 
@@ -371,10 +381,13 @@ class Session:
         self._interrupt = None  # set_update_interrupt's callback
         self._watch = None  # the notice connection (watch_failures)
         self._log = _stderr_log
+        self._degraded_said = ""  # the commit replies' degraded reasons last said
         self.optional = bool(optional)
         self.enabled = True
         self.disabled_reason = None
         self.agent = None  # the hello reply
+        self.every = 1  # the SPEC's every= (hello reply); 0: save() keeps nothing
+        self._every_said = False
         self.registration = None  # the register reply
 
         self.rank = _env_int("SLURM_PROCID", 0) if rank is None else rank
@@ -432,6 +445,7 @@ class Session:
                         "%d; install the Python client of the reft version the cluster runs"
                         % (self._conn.path, reply.get("protocol"), CLIENT_VERSION, W.VERSION))
         self.agent = reply
+        self.every = spec_every(reply.get("spec", ""))
 
     def _warn_disabled(self):
         if not self._warned:
@@ -596,14 +610,37 @@ class Session:
         """Start a snapshot of every registered buffer as ``step`` and
         return its SaveHandle at once; a background thread copies and
         commits. Do not modify the buffers until the handle is done. A save
-        while the previous one is still copying first waits for it."""
+        while the previous one is still copying first waits for it. Under
+        every=0 (``self.every``, the job's SPEC) it copies nothing: it
+        sends the step's progress heartbeat and returns a finished handle;
+        the JIT flush still saves (docs/UNDO.md, "every=0")."""
         self._check_usable("save()")
         _check_step("save", step)
         with self._op_lock:
+            if self.enabled and self.every == 0:
+                return self._heartbeat_locked(step)
             h = self._jit_duplicate(step)
             if h is not None:
                 return h
             return self._save_locked(step)
+
+    def _heartbeat_locked(self, step):
+        """save() under every=0 (the SPEC): no snapshot on the step path,
+        the progress heartbeat of ``step`` instead (hang detection counts
+        saves); the JIT flush still saves at a failure. Said once."""
+        if not self._every_said:
+            self._every_said = True
+            self._log("every=0 (%s): no snapshot on the step path; save() sends a progress heartbeat, "
+                      "and a failure is covered by the JIT flush of the live state"
+                      % (self.agent or {}).get("spec", ""))
+        if not self._buffers:
+            raise Error("save(%d): nothing is registered; register(name, buf) every buffer of "
+                        "the rank's state before the first save" % step)
+        self._finish_pending()
+        self._ensure_registered()
+        if self.enabled:
+            self._conn.call(W.T_PROGRESS, {"step": step})
+        return SaveHandle._finished(self, step)
 
     def _save_locked(self, step):
         """save() with the operation lock held."""
@@ -676,6 +713,7 @@ class Session:
             handle.bytes = reply.get("bytes")
             handle.checksum_s = reply.get("checksum_s")
             self._note_committed(step)
+            self._note_degraded(reply.get("degraded"))
         except _CopyFailed as e:  # an external buffer's copy: the connection is fine
             self._abort_quietly(step)
             cause = e.args[0]
@@ -988,6 +1026,23 @@ class Session:
         flush saves the previous step instead of waiting for the update."""
         with self._jit_cv:
             self._interrupt = fn
+
+    def _note_degraded(self, why):
+        """Say, once per change, what the agent's commit replies say of the
+        node's protection: a warning when the reasons (the
+        reft_protection_degraded metric's, docs/METRICS.md) appear or change,
+        a notice when they are gone."""
+        now = ", ".join(str(w) for w in why) if isinstance(why, list) else ""
+        if now == self._degraded_said:
+            return
+        was, self._degraded_said = self._degraded_said, now
+        if now:
+            self._log("warning: the agent says this node's snapshots are less protected than the SPEC "
+                      "asks (%s): a failure may cost more than the SPEC promises; `reft status` says why, "
+                      "docs/METRICS.md explains each reason" % now)
+        else:
+            self._log("the agent says this node's snapshots are protected as the SPEC asks again "
+                      "(it had said: %s)" % was)
 
     def _note_committed(self, step):
         with self._jit_cv:

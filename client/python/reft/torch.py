@@ -625,6 +625,15 @@ class Checkpointer:
             session = Session(optional=optional, **kw)
         self.session = session
         try:
+            if session.enabled and session.every == 0:
+                if not jit:
+                    raise Error("Checkpointer(jit=False) under --reft=...,every=0: no snapshot is taken on "
+                                "the step path, so without the JIT flush nothing would ever be saved; "
+                                "pass jit=True or launch without every=0")
+                if not undo:
+                    warnings.warn("reft.torch: every=0 without undo=True: a failure while this rank is inside "
+                                  "optimizer.step() leaves no consistent step to flush until the step ends; "
+                                  "pass undo=True (docs/UNDO.md)", RuntimeWarning, stacklevel=2)
             self._register()
             if undo:
                 from .undo import UpdateUndo  # raises UndoUnsupported naming the reason

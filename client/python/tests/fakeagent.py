@@ -48,15 +48,18 @@ class _RankStore:
 class FakeAgent:
     """Options for fault injection: protocol (hello's protocol number),
     forbid (refuse every connection), commit_delay (seconds),
-    commit_error (code), id0_errors (answer errors with id 0)."""
+    commit_error (code), id0_errors (answer errors with id 0), degraded
+    (a function of the committed step: the commit reply's degraded
+    reasons, a list, or None for none)."""
 
     def __init__(self, protocol=1, forbid=False, commit_delay=0.0, commit_error=None,
-                 id0_errors=False, disabled=False):
+                 id0_errors=False, disabled=False, degraded=None):
         self.tmp = tempfile.TemporaryDirectory(prefix="reft-fake-agent-")
         self.store_dir = os.path.join(self.tmp.name, "store")
         self.path = os.path.join(self.tmp.name, "agent.sock")
         self.protocol, self.forbid, self.disabled = protocol, forbid, disabled
         self.commit_delay, self.commit_error, self.id0_errors = commit_delay, commit_error, id0_errors
+        self.degraded = degraded
         self.lock = threading.Lock()
         self.seq = 0
         self.ranks = {}
@@ -227,7 +230,11 @@ class FakeAgent:
         st.gens = [x for x in st.gens if x["step"] < g["step"]] + [g]
         st.gens = st.gens[-(KEEP + 1):]
         self.commits.append((g["step"], time.monotonic()))
-        return {"step": g["step"], "seq": g["seq"], "bytes": g["bytes"], "checksum_s": 0.0}
+        reply = {"step": g["step"], "seq": g["seq"], "bytes": g["bytes"], "checksum_s": 0.0}
+        why = self.degraded(g["step"]) if self.degraded else None
+        if why:
+            reply["degraded"] = why
+        return reply
 
     def _abort(self, conn, st, p):
         o = conn["open"]

@@ -368,6 +368,33 @@ class AgentErrors(AgentCase):
             s.save(2)
 
 
+class Degraded(AgentCase):
+    def test_degraded_said_once_per_change(self):
+        # Steps 2-4 short of the SPEC for peering, 5 for peering and
+        # rank_local, 6-7 as the SPEC asks.
+        reasons = {2: ["peering"], 3: ["peering"], 4: ["peering"], 5: ["peering", "rank_local"]}
+        self.agent.degraded = reasons.get
+        s = self.session()
+        said = []
+        s._log = said.append
+        s.register("w", bytearray(10))
+        for step in range(1, 8):
+            s.save(step).wait()
+        self.assertEqual(len(said), 3, said)
+        self.assertIn("less protected than the SPEC asks (peering)", said[0])
+        self.assertIn("less protected than the SPEC asks (peering, rank_local)", said[1])
+        self.assertIn("protected as the SPEC asks again (it had said: peering, rank_local)", said[2])
+
+    def test_healthy_says_nothing(self):
+        s = self.session()
+        said = []
+        s._log = said.append
+        s.register("w", bytearray(10))
+        for step in (1, 2):
+            s.save(step).wait()
+        self.assertEqual(said, [])
+
+
 class IdZeroErrors(AgentCase):
     agent_options = {"id0_errors": True}
 

@@ -22,6 +22,7 @@ if torch is not None:
     import torch.nn.functional as F
     from reft.undo import UpdateUndo, UndoUnsupported, UpdateInterrupted, check_undoable
     from reft.torch import Checkpointer
+    import reft
 
 # Every optimizer configuration undo supports (PyTorch's expressions of each
 # option are inverted separately).
@@ -269,6 +270,61 @@ class CheckpointerUndo(SameBits, TorchCase):
                     grads(ref, s)
                     ref_opt.step()
                 self.assertSameBits(bits_state(model2, opt2), bits_state(ref, ref_opt))
+
+
+@needs_torch
+class CheckpointerEvery0(SameBits, TorchCase):
+    def test_every0(self):
+        """--reft=arc,every=0: save() keeps nothing (a progress heartbeat,
+        said once), a JIT flush that finds the trainer inside
+        optimizer.step() has it undo and saves the previous step, which a
+        replacement restores; without undo the Checkpointer warns, with
+        jit=False it refuses."""
+        agent = self.agent("arc,every=0")
+        model = model_of(3)
+        opt = SUPPORTED["adam"](model.parameters())
+        with self.assertRaisesRegex(reft.Error, r"jit=False\) under --reft=\.\.\.,every=0"):
+            Checkpointer(model, opt, session=self.session(agent), jit=False, undo=True)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            self.checkpointer(model, opt, agent).close()
+        self.assertEqual([str(x.message).count("every=0 without undo=True") for x in w], [1])
+
+        ck = self.checkpointer(model, opt, agent, undo=True)
+        self.assertEqual(ck.session.every, 0)
+        lines = []
+        ck.session._log = lines.append
+        for s in range(1, 5):
+            grads(model, s)
+            opt.step()
+            ck.save(s).wait(30)
+        self.assertEqual(ck.generations(), [])
+        self.assertEqual(sum("every=0" in x for x in lines), 1, lines)
+        want = bits_state(model, opt)
+        flushed = []
+
+        def flush_now(i):
+            if i == 2:  # two tensors updated: the state is torn
+                t = threading.Thread(target=lambda: flushed.append(ck.session.flush("test", timeout=30)))
+                t.start()
+                self.assertTrue(ck._undo._stop.wait(30), "the flush never asked to stop")
+                self.flusher = t
+        ck._undo.before_tensor = flush_now
+        grads(model, 5)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            with self.assertRaises(UpdateInterrupted):
+                opt.step()
+        self.flusher.join()
+        self.assertEqual(flushed, [(4, True)])
+        self.assertSameBits(bits_state(model, opt), want)
+        ck.close()
+
+        model2 = model_of(99)
+        opt2 = SUPPORTED["adam"](model2.parameters())
+        ck2 = self.checkpointer(model2, opt2, agent, undo=True)
+        self.assertEqual(ck2.restore(), 4)
+        self.assertSameBits(bits_state(model2, opt2), want)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,13 @@ type Config struct {
 	FailUpdateStep   int64
 	FailUpdateRank   int
 	FailUpdateTensor int
+	// HoldUpdate (--hold-in-update STEP:TENSOR) makes every rank stop in
+	// its update of STEP before its tensor TENSOR (only in a run that did
+	// not resume; needs Undo and JIT) until a JIT flush interrupts the
+	// update (HoldMax at most): an update that a failure keeps from ending,
+	// e.g. a collective inside it, held open while a test kills a node.
+	HoldUpdateStep   int64
+	HoldUpdateTensor int
 	FailStep         int64 // --fail-at STEP:RANK; 0: off
 	FailRank         int
 	LogEvery         int64
@@ -119,6 +126,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	size := fs.String("size", "4MiB", "parameter bytes (e.g. 4MiB, 256MiB, 1GiB); layer width is derived from it")
 	failUpd := fs.String("fail-in-update", "", "STEP:RANK:TENSOR: that rank's optimizer update of STEP fails before its tensor TENSOR "+
 		"(0-based; the tensors before it applied), only in a run that did not resume; needs --undo, which undoes them")
+	hold := fs.String("hold-in-update", "", "STEP:TENSOR: every rank stops in its optimizer update of STEP before its tensor TENSOR "+
+		"until a JIT flush interrupts it (a failure inside the update, for tests), only in a run that did not resume; needs --undo and --jit")
 	fail := fs.String("fail-at", "", "STEP:RANK: that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
 	slow := fs.String("slow-at", "", "STEP:DURATION: every rank sleeps DURATION more at the end of STEP (a slow step; e.g. 12:2s)")
 	straggle := fs.String("slow-rank", "", "RANK:DURATION: that rank computes DURATION longer in every step, before the all-reduce (a straggler; e.g. 2:100ms)")
@@ -167,6 +176,15 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	if *fail != "" {
 		if c.FailStep, c.FailRank, err = parseFailAt(*fail); err != nil {
 			return c, fmt.Errorf("--fail-at: %w", err)
+		}
+	}
+	if *hold != "" {
+		st, tn, ok := strings.Cut(*hold, ":")
+		var e1, e2 error
+		c.HoldUpdateStep, e1 = strconv.ParseInt(st, 10, 64)
+		c.HoldUpdateTensor, e2 = strconv.Atoi(tn)
+		if !ok || e1 != nil || e2 != nil || c.HoldUpdateStep < 1 || c.HoldUpdateTensor < 0 {
+			return c, fmt.Errorf("--hold-in-update %q: want STEP:TENSOR with STEP >= 1 and TENSOR >= 0 (e.g. 12:3)", *hold)
 		}
 	}
 	if *failUpd != "" {
@@ -286,6 +304,9 @@ func (c *Config) check() error {
 	}
 	if c.FailUpdateStep > 0 && !c.Undo {
 		return fmt.Errorf("--fail-in-update needs --undo: without it the update is not applied tensor by tensor")
+	}
+	if c.HoldUpdateStep > 0 && (!c.Undo || !c.JIT) {
+		return fmt.Errorf("--hold-in-update needs --undo and --jit: the hold ends when a JIT flush interrupts the update, which --undo then undoes")
 	}
 	if c.Width() < 2 {
 		return fmt.Errorf("--size %d bytes is too small for %d layers: use at least %d bytes", c.SizeBytes, c.Layers, 4*c.Layers*6)

@@ -72,6 +72,21 @@ type Consistency interface {
 	Updating()
 }
 
+// UpdateInterrupter is a snapshotter whose JIT flush can stop an optimizer
+// update in progress (client.Client.SetUpdateInterrupt): under --undo the
+// trainer gives it a function that makes the update stop at its next
+// tensor, undo the applied part and declare the previous step consistent.
+type UpdateInterrupter interface {
+	SetUpdateInterrupt(fn func())
+}
+
+// Interval is a snapshotter that knows the job's snapshot interval (the
+// SPEC's every=); 0 means no snapshot on the step path (every=0): Save
+// keeps nothing and only the JIT flush saves, at a failure.
+type Interval interface {
+	Every() int
+}
+
 // OptimizerState is what an AOR replica of a ZeRO-1 optimizer shard needs
 // (the register message's "aor" object, docs/PROTOCOL.md).
 type OptimizerState struct {

@@ -474,6 +474,11 @@ func TestBadFlags(t *testing.T) {
 		{"--slow-rank 2", 1, "RANK:DURATION"},
 		{"--slow-rank 1:0s", 2, "RANK:DURATION"},
 		{"--slow-rank 4:1ms", 4, "rank 4 does not exist"},
+		{"--hold-in-update 5", 1, "STEP:TENSOR"},
+		{"--hold-in-update 0:1 --undo", 1, "STEP:TENSOR"},
+		{"--hold-in-update 5:-1 --undo", 1, "STEP:TENSOR"},
+		{"--hold-in-update 5:1", 1, "needs --undo and --jit"},
+		{"--hold-in-update 5:1 --undo --jit=false", 1, "needs --undo and --jit"},
 	} {
 		t.Run(tc.args, func(t *testing.T) {
 			c, err := ParseArgs(strings.Fields(tc.args), nil)

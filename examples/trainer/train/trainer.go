@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -27,6 +28,8 @@ type Options struct {
 	// beforeTensor (tests) is called under --undo before each tensor's
 	// update of step; an error stops the update there.
 	beforeTensor func(step int64, seg int) error
+	// Note receives each rank's own lines (--hold-in-update's); nil: none.
+	Note func(msg string)
 }
 
 // Result is what a rank reports after training.
@@ -60,6 +63,13 @@ var ErrKilled = errors.New("killed by --fail-at")
 
 // ErrUpdateFailed is the failure --fail-in-update injects.
 var ErrUpdateFailed = errors.New("failure injected by --fail-in-update")
+
+// ErrUpdateInterrupted stops an update that a JIT flush asked to stop
+// (UpdateInterrupter); under --undo the applied part is undone.
+var ErrUpdateInterrupted = errors.New("interrupted by a JIT flush")
+
+// HoldMax bounds --hold-in-update's wait for the flush's interrupt.
+const HoldMax = 2 * time.Minute
 
 // trainer is one rank's state.
 type trainer struct {
@@ -95,6 +105,12 @@ type trainer struct {
 	// beforeTensor, when set (tests), is called before each tensor's
 	// update under --undo; an error stops the update there.
 	beforeTensor func(seg int) error
+	// stop is closed when a JIT flush asks the update to stop (under
+	// --undo with an UpdateInterrupter): every update from then on stops
+	// at its next tensor, since a flush happens only when the job fails.
+	stop     chan struct{}
+	stopOnce sync.Once
+	note     func(string) // Options.Note; never nil
 }
 
 // UndoneError is Run's error when a step's optimizer update was
@@ -129,7 +145,10 @@ func Run(cfg Config, o Options) (*Result, error) {
 }
 
 func newTrainer(cfg Config, o Options) (*trainer, error) {
-	t := &trainer{cfg: cfg, world: o.Comm, rank: o.Comm.Rank(), width: cfg.Width(), log: o.Log}
+	t := &trainer{cfg: cfg, world: o.Comm, rank: o.Comm.Rank(), width: cfg.Width(), log: o.Log, stop: make(chan struct{}), note: o.Note}
+	if t.note == nil {
+		t.note = func(string) {}
+	}
 	if t.log == nil || t.rank != 0 {
 		t.log = io.Discard
 	}
@@ -197,6 +216,10 @@ func newTrainer(cfg Config, o Options) (*trainer, error) {
 		if cfg.FailUpdateStep > 0 && t.rank == cfg.FailUpdateRank && cfg.FailUpdateTensor >= len(t.undo.segs) {
 			return nil, fmt.Errorf("--fail-in-update %d:%d:%d: rank %d updates %d tensors (0..%d)", cfg.FailUpdateStep, cfg.FailUpdateRank,
 				cfg.FailUpdateTensor, t.rank, len(t.undo.segs), len(t.undo.segs)-1)
+		}
+		if cfg.HoldUpdateStep > 0 && cfg.HoldUpdateTensor >= len(t.undo.segs) {
+			return nil, fmt.Errorf("--hold-in-update %d:%d: rank %d updates %d tensors (0..%d)", cfg.HoldUpdateStep,
+				cfg.HoldUpdateTensor, t.rank, len(t.undo.segs), len(t.undo.segs)-1)
 		}
 		if cfg.Zero1 && cfg.DP > 1 {
 			t.undoSend = make([]float32, t.shardLen)
@@ -284,6 +307,12 @@ func (t *trainer) run(o Options) (*Result, error) {
 			t.hint, _ = o.Snap.(Hinter)
 		}
 		t.comm, _ = o.Snap.(CommPhaser)
+		if err := t.every0(o.Snap); err != nil {
+			return nil, err
+		}
+		if ui, ok := o.Snap.(UpdateInterrupter); ok && t.undo != nil && cfg.JIT {
+			ui.SetUpdateInterrupt(func() { t.stopOnce.Do(func() { close(t.stop) }) })
+		}
 		if c, ok := o.Snap.(Collective); ok {
 			c.Join(t.world, t.dpIdx, t.pipe)
 		}
@@ -555,7 +584,7 @@ func (t *trainer) update() error {
 		fromFixed(t.acc[lo:hi], g)
 	}
 	if t.undo != nil {
-		if err := t.undo.apply(t.opt, p, g, t.cfg.Threads, t.beforeTensor); err != nil {
+		if err := t.undo.apply(t.opt, p, g, t.cfg.Threads, t.before); err != nil {
 			return t.rollback(p, fmt.Errorf("optimizer update: %w", err))
 		}
 	} else {
@@ -581,6 +610,53 @@ func (t *trainer) update() error {
 	}
 	t.commitUndo()
 	return nil
+}
+
+// every0 checks the flags against the job's every=0 (Interval): no
+// snapshot on the step path, so the JIT flush is the only protection and
+// needs --jit; without --undo a failure inside the update loses more, which
+// rank 0 says once.
+func (t *trainer) every0(s Snapshotter) error {
+	iv, ok := s.(Interval)
+	if !ok || iv.Every() != 0 {
+		return nil
+	}
+	if !t.cfg.JIT {
+		return errors.New("the job runs --reft=...,every=0 (no snapshot on the step path) and --jit=false: nothing would ever be saved; drop --jit=false, or launch without every=0")
+	}
+	if !t.cfg.Undo {
+		fmt.Fprintln(t.log, "every=0 without --undo: a failure while the survivors are inside the optimizer update leaves them no consistent step to flush "+
+			"until the update ends (and none if it never does); add --undo (docs/UNDO.md)")
+	} else {
+		fmt.Fprintln(t.log, "every=0: no snapshot on the step path; the JIT flush saves the live state at a failure, undoing an update in progress (--undo)")
+	}
+	return nil
+}
+
+// before runs before each tensor's update under --undo: the test hooks
+// (--fail-in-update, Options.beforeTensor), --hold-in-update, and a JIT
+// flush's request to stop.
+func (t *trainer) before(seg int) error {
+	if t.beforeTensor != nil {
+		if err := t.beforeTensor(seg); err != nil {
+			return err
+		}
+	}
+	step := t.state[0] + 1
+	if c := &t.cfg; !t.resumed && step == c.HoldUpdateStep && seg == c.HoldUpdateTensor {
+		t.note(fmt.Sprintf("hold-in-update: rank %d holds in step %d's update before tensor %d until a JIT flush interrupts it", t.rank, step, seg))
+		select {
+		case <-t.stop:
+		case <-time.After(HoldMax):
+			return fmt.Errorf("--hold-in-update %d:%d: no JIT flush interrupted the update within %v", step, seg, HoldMax)
+		}
+	}
+	select {
+	case <-t.stop:
+		return fmt.Errorf("step %d, before tensor %d: %w", step, seg, ErrUpdateInterrupted)
+	default:
+		return nil
+	}
 }
 
 func (t *trainer) commitUndo() {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
@@ -35,6 +36,11 @@ type Options struct {
 	// Spec is the normalized --reft SPEC the agent reports in its hello
 	// and status replies; "": "arc".
 	Spec string
+	// DegradedGrace is agent.Info.DegradedGrace: how long the protection
+	// must have fallen short before commit replies say so (0: the
+	// agent's default). This agent has no peering, so under a SPEC that
+	// protects across nodes it is always short.
+	DegradedGrace time.Duration
 }
 
 // Agent is a running agent server and its store.
@@ -96,7 +102,7 @@ func Start(opt Options) (a *Agent, err error) {
 	}
 	node, _ := os.Hostname()
 	a.srv, err = agent.Listen(a.Socket, agent.Info{Job: opt.Job, Node: node, Spec: opt.Spec, Version: "agenttest",
-		UID: os.Getuid(), StoreDir: a.Store.Dir()}, opt.Log)
+		UID: os.Getuid(), StoreDir: a.Store.Dir(), DegradedGrace: opt.DegradedGrace}, opt.Log)
 	if err != nil {
 		return nil, fmt.Errorf("agenttest: %w", err)
 	}
