@@ -208,7 +208,8 @@ type Run struct {
 	// generation committed before `reft run` gives up.
 	MaxStalled int `toml:"max_stalled"`
 	// Backoff is the wait before the first relaunch; it doubles with each
-	// stalled relaunch up to BackoffMax.
+	// stalled relaunch up to BackoffMax. reft run skips it before the
+	// first relaunch after a spare took a lost node's slot.
 	Backoff    Duration `toml:"backoff"`
 	BackoffMax Duration `toml:"backoff_max"`
 	// ProbeTimeout bounds the step that asks every node's agent for its

@@ -131,6 +131,11 @@ type AgentReport struct {
 	// Stopped: the agent was asked to stop (status-local --stop-agent)
 	// and is gone.
 	Stopped bool `json:"stopped,omitempty"`
+	// OpenAtStop: connections (ranks) still open on the agent when it was
+	// stopped, after FlushWaitS seconds of waiting for them to close; a
+	// rank's save then in flight is lost.
+	OpenAtStop int     `json:"open_at_stop,omitempty"`
+	FlushWaitS float64 `json:"flush_wait_s,omitempty"`
 }
 
 // Health is what Slurm and the agents say about the step's nodes after a

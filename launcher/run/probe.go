@@ -58,6 +58,7 @@ func StatusLocal(args []string, stdout, stderr io.Writer) int {
 	sock := fs.String("socket", "", "agent socket `path`; default <run_dir>/<job>/agent.sock")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the agent")
 	stopAgent := fs.Bool("stop-agent", false, "then stop the agent (SIGTERM) and wait for it to exit; the job's next step starts a new one")
+	flushWait := fs.Duration("flush-wait", defaultFlushWait, "with --stop-agent: how long to wait for the ranks' connections to close (their last saves) before stopping the agent")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: reft status-local [--config FILE] [--job ID]\n\n"+
 			"Prints this node's agent status for a job as JSON, in reft-report lines\n"+
@@ -87,7 +88,11 @@ func StatusLocal(args []string, stdout, stderr io.Writer) int {
 		*sock = socketPath(c.Agent.RunDir, *job)
 	}
 	rep := AgentReport{Node: nodeName(), Job: *job}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	limit := *timeout
+	if *stopAgent {
+		limit += max(*flushWait, 0)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	st, err := QueryAgent(ctx, *sock)
 	if err != nil {
@@ -95,6 +100,10 @@ func StatusLocal(args []string, stdout, stderr io.Writer) int {
 	} else {
 		rep.OK, rep.Status = true, st
 		if *stopAgent {
+			query := func(ctx context.Context) (*proto.Status, error) { return QueryAgent(ctx, *sock) }
+			var waited time.Duration
+			rep.Status, rep.OpenAtStop, waited = waitRanksGone(ctx, query, st, *flushWait, flushPoll)
+			rep.FlushWaitS = waited.Seconds()
 			if err := stopPID(ctx, st.PID); err != nil {
 				rep.Error = err.Error()
 			} else {
@@ -139,6 +148,59 @@ func writeReport(w io.Writer, node string, b []byte) error {
 	return nil
 }
 
+// defaultFlushWait bounds how long `status-local --stop-agent` waits for
+// the ranks to let go of the agent before it stops it; flushPoll is how
+// often it asks meanwhile.
+const (
+	defaultFlushWait = 3 * time.Second
+	flushPoll        = 50 * time.Millisecond
+)
+
+// waitRanksGone asks the agent (query) until no rank is connected to it,
+// at most bound, and returns its last status, the ranks still connected
+// then (0: none), and how long it waited. A rank counts as connected
+// while the status shows its progress (proto.RankProgress: present while
+// its connection is open and it has saved or reported a step; the agent
+// drops it first thing when the connection closes). Not Status.Clients:
+// it counts a closed rank connection until the agent's session for it has
+// wound down, which after a failure took until the agent stopped (seen
+// on the test cluster: the ranks gone 0.1 s after the cancel, Clients
+// still 3 three seconds later). An agent stopped before then would lose what its ranks are
+// still saving: reft run stops the agents right after it cancelled the
+// step, while the survivors' ranks may still be writing their JIT flush
+// (on the failure notice or on the cancel's SIGTERM); a flush cut off
+// uncommitted makes the relaunch resume from an older step. The last
+// status, taken after the ranks let go, holds what that flush committed.
+// A query that fails ends the wait with the status before it.
+func waitRanksGone(ctx context.Context, query func(context.Context) (*proto.Status, error), st *proto.Status, bound, every time.Duration) (*proto.Status, int, time.Duration) {
+	start := time.Now()
+	deadline := start.Add(bound)
+	for connectedRanks(st) > 0 && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return st, connectedRanks(st), time.Since(start)
+		case <-time.After(every):
+		}
+		next, err := query(ctx)
+		if err != nil {
+			break
+		}
+		st = next
+	}
+	return st, connectedRanks(st), time.Since(start)
+}
+
+// connectedRanks counts the ranks st shows connected (with progress).
+func connectedRanks(st *proto.Status) int {
+	n := 0
+	for _, r := range st.Ranks {
+		if r.Progress != nil {
+			n++
+		}
+	}
+	return n
+}
+
 // stopPID sends SIGTERM to the agent and waits until it has exited.
 func stopPID(ctx context.Context, pid int) error {
 	if pid <= 0 {
@@ -151,7 +213,7 @@ func stopPID(ctx context.Context, pid int) error {
 		return fmt.Errorf("stopping the agent (pid %d): %w", pid, err)
 	}
 	for {
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		if exited(pid) {
 			return nil
 		}
 		select {
@@ -160,6 +222,34 @@ func stopPID(ctx context.Context, pid int) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// exited says whether process pid is gone or a zombie. The agent is
+// detached (setsid, second fork), so its parent is init or a subreaper,
+// which reaps it when it gets to it: on the test cluster 1.4 s after the
+// exit, the whole of that time in reft run's probe phase. A zombie holds
+// nothing of the agent's (its socket, its lock, its ports are closed with
+// its files), so the next step's agent can start.
+func exited(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist) // reaped meanwhile
+	}
+	st, err := procState(b)
+	return err == nil && (st == 'Z' || st == 'X')
+}
+
+// procState is the state letter in a /proc/<pid>/stat line, "pid (comm)
+// S ...": after the last ')', since comm may hold any byte.
+func procState(b []byte) (byte, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) || b[i+1] != ' ' {
+		return 0, fmt.Errorf("a /proc stat line without \"(comm) state\": %.40q", b)
+	}
+	return b[i+2], nil
 }
 
 // nodeName is the Slurm node name of this process's node.

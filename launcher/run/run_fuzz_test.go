@@ -144,3 +144,17 @@ func FuzzParseNodeStates(f *testing.F) {
 		}
 	})
 }
+
+// FuzzProcState: any /proc stat text gives a state or an error, never a
+// panic.
+func FuzzProcState(f *testing.F) {
+	f.Add([]byte("1234 (reft-agent) S 1 1234 1234 0 -1"))
+	f.Add([]byte("1 (a) b) Z"))
+	f.Add([]byte(")"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, err := procState(b)
+		if err == nil && st == 0 && !bytes.Contains(b, []byte(") \x00")) {
+			t.Errorf("procState(%q): no state and no error", b)
+		}
+	})
+}

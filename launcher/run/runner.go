@@ -2,6 +2,7 @@ package run
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -58,6 +60,7 @@ type Runner struct {
 	Prior []recoverylog.Event
 
 	events  []recoverylog.Event
+	sayMu   sync.Mutex
 	comment string
 	warned  map[string]bool
 	// held: the nodes the job holds after reft run's last shrink (nil:
@@ -132,7 +135,11 @@ func (r *Runner) now() time.Time {
 	return time.Now()
 }
 
+// say writes one line to Stderr; it may be called from the probe's
+// goroutine too (settleAndProbe), so lines are written whole, one at a time.
 func (r *Runner) say(format string, a ...any) {
+	r.sayMu.Lock()
+	defer r.sayMu.Unlock()
 	fmt.Fprintf(r.Stderr, "reft run: "+format+"\n", a...)
 }
 
@@ -178,6 +185,21 @@ func Backoff(base, max time.Duration, stalled int) time.Duration {
 		d *= 2
 	}
 	return min(d, max)
+}
+
+// relaunchDelay is the wait before a relaunch: Backoff, except for the
+// first relaunch in a row (stalled 0) after spares took lost nodes' slots
+// (swapped). The backoff keeps a failure that comes back at once (a bad
+// build, a bad node, a file system hiccup) from spinning relaunches; a
+// node swap already removed the failed part, the relaunch runs on other
+// hardware, and the probe step has just shown that Slurm launches steps
+// on the shrunk allocation. If the swap does not help, the next failure
+// finds stalled > 0 and the backoff applies again, doubled as before.
+func relaunchDelay(base, max time.Duration, stalled int, swapped bool) time.Duration {
+	if swapped && stalled == 0 {
+		return 0
+	}
+	return Backoff(base, max, stalled)
 }
 
 // Run runs the step until it completes, reft run gives up or requeues the
@@ -238,10 +260,12 @@ func (r *Runner) Run(ctx context.Context) int {
 		if failedAt.IsZero() {
 			failedAt = r.now()
 		}
+		var h Health
 		if a.agentFailure != nil {
-			r.settle(ctx, a, watcher)
+			h = r.settleAndProbe(ctx, a, watcher)
+		} else {
+			h = r.health(ctx, a)
 		}
-		h := r.health(ctx, a)
 		if a.agentFailure == nil { // published while srun was ending, or the probe ran
 			r.checkAgents(ctx, a, watcher)
 		}
@@ -299,17 +323,18 @@ func (r *Runner) Run(ctx context.Context) int {
 				relaunch, r.Policy.MaxRestarts))
 		}
 
+		swapped := false
 		if f.Kind == recoverylog.KindNode {
-			why, code, done := r.replaceNodes(ctx, relaunch, f)
+			why, sw, code, done := r.replaceNodes(ctx, relaunch, f)
 			if done {
 				return code
 			}
-			next.why = why
+			next.why, swapped = why, sw
 		}
 		marks.replaced = r.now()
 		next.marks = marks
 
-		delay := Backoff(r.Policy.Backoff.D(), r.Policy.BackoffMax.D(), stalled)
+		delay := relaunchDelay(r.Policy.Backoff.D(), r.Policy.BackoffMax.D(), stalled, swapped)
 		if sig := r.wait(delay); sig != nil {
 			return r.stopped(ctx, a, sig)
 		}
@@ -388,8 +413,9 @@ func (r *Runner) runAttempt(ctx context.Context, a *attempt, w *Watcher) (code i
 			switch {
 			case a.agentFailure == nil:
 				if r.checkAgents(ctx, a, w) {
-					r.failStep(ctx, a, proc)
-					killAt = r.now().Add(min(r.StopGrace, failStopGrace))
+					if g := r.failStep(ctx, a, proc); g > 0 {
+						killAt = r.now().Add(g)
+					}
 				}
 			case !killAt.IsZero() && r.now().After(killAt):
 				r.say("srun outlived the step's cancellation by %s; killing it", min(r.StopGrace, failStopGrace))
@@ -406,6 +432,31 @@ func (r *Runner) runAttempt(ctx context.Context, a *attempt, w *Watcher) (code i
 // test cluster: srun outlived a 10 s grace). The live nodes end their
 // tasks within a second of the cancel.
 const failStopGrace = 2 * time.Second
+
+// failGrace is how long srun may take to end a step that the agents'
+// verdict f stopped (cancelled: the step was cancelled in Slurm) before
+// reft run kills it; 0 kills it at once.
+//
+// At once after a node verdict on a cancelled step: srun would only wait
+// for the lost node's slurmd, which never answers (failStopGrace), and
+// nothing in that wait protects the state. The cancel, not srun, ends
+// the survivors' tasks; their last saves (the JIT flush on the agents'
+// notice or the cancel's SIGTERM) go to their agents, which the probe
+// stops only once the ranks have let go (waitRanksGone), and the agents'
+// verdict, not srun's last lines, classifies the failure.
+//
+// The grace stays where srun is still needed or may say something new:
+// the step's cancel failed or its id is unknown (srun's SIGTERM is then
+// what ends the step; killing srun would leave it running), or no node
+// is lost (a hang, an agent, a suspect node kept): every slurmd answers,
+// srun ends within a second and forwards the tasks' last output and exit
+// codes.
+func failGrace(f AgentFailure, cancelled bool, stopGrace time.Duration) time.Duration {
+	if cancelled && f.Class == recoverylog.KindNode && !f.Suspect {
+		return 0
+	}
+	return min(stopGrace, failStopGrace)
+}
 
 // stale says whether f concerns an agent or ranks that were last heard
 // from before start, the launch of the attempt being watched: the new
@@ -578,19 +629,30 @@ func (r *Runner) giveBack(ctx context.Context, a *attempt) {
 }
 
 // failStep ends the step after the agents' verdict: the step is cancelled
-// in Slurm and srun gets SIGTERM, without waiting for srun to notice (it
-// takes Slurm about half a minute to call a node down).
-func (r *Runner) failStep(ctx context.Context, a *attempt, proc Proc) {
+// in Slurm, without waiting for srun to notice (it takes Slurm about half
+// a minute to call a node down), and srun gets SIGKILL at once or SIGTERM
+// and the grace it returns (failGrace).
+func (r *Runner) failStep(ctx context.Context, a *attempt, proc Proc) time.Duration {
 	f := a.agentFailure
 	r.say("the agents detected a %s failure on %s %.2f s after its last sign of life (coordinator %s): %s; stopping the step",
 		f.Class, f.Node, f.Latency.Seconds(), f.Coordinator, f.Cause)
 	r.giveBack(ctx, a)
+	cancelled := false
 	if a.stepID != "" {
 		if err := r.Slurm.Cancel(ctx, a.stepID); err != nil {
 			r.say("warning: %v", err)
+		} else {
+			cancelled = true
 		}
 	}
+	g := failGrace(*f, cancelled, r.StopGrace)
+	if g == 0 {
+		r.say("the step is cancelled and the lost node's slurmd will not confirm its end: killing srun now")
+		proc.Signal(syscall.SIGKILL)
+		return 0
+	}
 	proc.Signal(syscall.SIGTERM)
+	return g
 }
 
 // follow learns the step's id, announces the launch, and for a relaunch
@@ -775,22 +837,77 @@ func (r *Runner) argv(relaunch int) ([]string, []string, error) {
 	return argv, append(env, "SLURM_HOSTFILE="+hostfile, "REFT_RUN="+strconv.Itoa(relaunch)), nil
 }
 
+// healthQuery is what health needs to know about a failed attempt, copied
+// out of it so that the probe can run while settle still changes the
+// attempt (settleAndProbe).
+type healthQuery struct {
+	slots        []string // the step's nodes
+	nodeFailures []string // the nodes srun called failed
+	lost         []string // the nodes the agents called lost
+	shrunk       []string // the allocation after the shrink (nil: none)
+}
+
+func (r *Runner) healthQuery(a *attempt) healthQuery {
+	return healthQuery{slots: slices.Clone(r.Plan.Slots), nodeFailures: slices.Clone(a.outcome.NodeFailures),
+		lost: a.lostNodes(), shrunk: slices.Clone(a.shrunk)}
+}
+
 // health asks Slurm about the step's nodes and the agents on those that
 // Slurm still considers up.
 func (r *Runner) health(ctx context.Context, a *attempt) Health {
+	return r.ask(ctx, r.healthQuery(a))
+}
+
+// settleAndProbe is settle and health at once, after an agents' verdict:
+// the probe (an srun on the survivors, 1.5-3 s on the test cluster) runs
+// while settle waits out verdictSettle for nodes lost with the first, so
+// the wait costs nothing. When settle finds another node lost, the probe
+// it overlapped asked the wrong nodes (one of them gone, the allocation
+// shrunk again): it is cancelled and asked again on the smaller
+// allocation. Agents the first probe already stopped then answer no
+// more; their answers to the first probe are kept.
+func (r *Runner) settleAndProbe(ctx context.Context, a *attempt, w *Watcher) Health {
+	q := r.healthQuery(a)
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	first := make(chan Health, 1)
+	go func() { first <- r.ask(pctx, q) }()
+	r.settle(ctx, a, w)
+	if slices.Equal(q.lost, a.lostNodes()) && slices.Equal(q.shrunk, a.shrunk) {
+		return <-first
+	}
+	cancel()
+	h0 := <-first
+	r.say("the probe asked nodes that are now known lost; asking the agents again on %s", strings.Join(a.shrunk, ","))
+	h := r.health(ctx, a)
+	if h.Agents == nil {
+		h.Agents = map[string]AgentReport{}
+	}
+	lost := a.lostNodes()
+	for n, rep := range h0.Agents {
+		if old, ok := h.Agents[n]; rep.OK && (!ok || !old.OK) && slices.Contains(r.Plan.Slots, n) && !slices.Contains(lost, n) {
+			h.Agents[n] = rep
+		}
+	}
+	return h
+}
+
+// ask is health for q. It reads no Runner state that settle changes, and
+// may run beside it.
+func (r *Runner) ask(ctx context.Context, q healthQuery) Health {
 	var h Health
-	states, err := r.Slurm.NodeStates(ctx, r.Job, r.Plan.Slots)
+	states, err := r.Slurm.NodeStates(ctx, r.Job, q.slots)
 	if err != nil {
 		r.say("warning: cannot ask Slurm about the nodes (%v); classifying from srun's messages and the agents", err)
 	} else {
 		h.NodeStates = states
 	}
 	var probe []string
-	for _, n := range r.Plan.Slots {
-		if slices.Contains(a.outcome.NodeFailures, n) {
+	for _, n := range q.slots {
+		if slices.Contains(q.nodeFailures, n) {
 			continue
 		}
-		if slices.Contains(a.lostNodes(), n) {
+		if slices.Contains(q.lost, n) {
 			continue // a probe step on it would wait for a slurmd that is gone
 		}
 		if h.NodeStates != nil && NodeLost(h.NodeStates[n]) != "" {
@@ -800,14 +917,14 @@ func (r *Runner) health(ctx context.Context, a *attempt) Health {
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.Policy.ProbeTimeout.D())
 	defer cancel()
-	if len(a.shrunk) > 0 {
+	if len(q.shrunk) > 0 {
 		// The agents still running found each other on the larger
 		// allocation's ports (agent/mesh); new ones on the smaller one
 		// would not find them. The probe stops them all (each new agent
 		// re-indexes its node's store); right after the cancel a step may
 		// not start yet, so it is tried twice.
 		for try := 0; try < 2; try++ {
-			all, err := r.Slurm.StopAgents(pctx, r.Job, a.shrunk)
+			all, err := r.Slurm.StopAgents(pctx, r.Job, q.shrunk)
 			h.Agents, h.ProbeErr = map[string]AgentReport{}, err
 			for _, n := range probe {
 				if rep, ok := all[n]; ok {
@@ -818,12 +935,21 @@ func (r *Runner) health(ctx context.Context, a *attempt) Health {
 				break
 			}
 			r.say("warning: %v; trying again", err)
-			time.Sleep(500 * time.Millisecond)
+			select {
+			case <-pctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+		for _, n := range probe {
+			if rep := h.Agents[n]; rep.Stopped && rep.OpenAtStop > 0 {
+				r.say("warning: the agent on %s was stopped with %d rank connection(s) still open after %.1f s: a save those ranks had in flight is lost, and the relaunch may resume from an older step",
+					n, rep.OpenAtStop, rep.FlushWaitS)
+			}
 		}
 	} else {
 		h.Agents, h.ProbeErr = r.Slurm.Probe(pctx, r.Job, probe)
 	}
-	if h.ProbeErr != nil {
+	if h.ProbeErr != nil && !errors.Is(ctx.Err(), context.Canceled) { // cancelled: settleAndProbe says why
 		r.say("warning: %v", h.ProbeErr)
 	}
 	// Nodes not probed because Slurm calls them lost have no report; that
@@ -831,9 +957,10 @@ func (r *Runner) health(ctx context.Context, a *attempt) Health {
 	return h
 }
 
-// replaceNodes excludes lost nodes and hands their slots to spares; with
-// none left it requeues the job (done is then true).
-func (r *Runner) replaceNodes(ctx context.Context, relaunch int, f Failure) (why string, code int, done bool) {
+// replaceNodes excludes lost nodes and hands their slots to spares
+// (swapped: some spare took a slot); with none left it requeues the job
+// (done is then true).
+func (r *Runner) replaceNodes(ctx context.Context, relaunch int, f Failure) (why string, swapped bool, code int, done bool) {
 	var swaps []string
 	for _, n := range f.Nodes {
 		spare, ok := r.Plan.Replace(n)
@@ -846,9 +973,9 @@ func (r *Runner) replaceNodes(ctx context.Context, relaunch int, f Failure) (why
 			r.emit(ctx, e)
 			if err := r.Slurm.Requeue(ctx, r.Job); err != nil {
 				r.say("cannot requeue job %s: %v (submit with --requeue; an administrator may have disabled requeues with JobRequeue=0)", r.Job, err)
-				return "", ExitError, true
+				return "", false, ExitError, true
 			}
-			return "", ExitRequeued, true
+			return "", false, ExitRequeued, true
 		}
 		if spare != "" {
 			swaps = append(swaps, spare+" in "+n+"'s place")
@@ -865,7 +992,7 @@ func (r *Runner) replaceNodes(ctx context.Context, relaunch int, f Failure) (why
 	if len(swaps) == 0 {
 		why = "node failure (a spare was lost): same nodes"
 	}
-	return why, 0, false
+	return why, len(swaps) > 0, 0, false
 }
 
 func (r *Runner) gaveUp(ctx context.Context, relaunch, code int, cause string) int {

@@ -54,13 +54,21 @@ type fakeSlurm struct {
 	cancelled []string
 	shrunk    [][]string
 	stopped   [][]string // StopAgents calls
+	// stopAgents, when set, answers StopAgents (call: 0 for the first),
+	// without the lock held: it may block until ctx ends.
+	stopAgents func(ctx context.Context, call int, nodes []string) (map[string]AgentReport, error)
 }
 
-func (f *fakeSlurm) StopAgents(_ context.Context, _ string, nodes []string) (map[string]AgentReport, error) {
+func (f *fakeSlurm) StopAgents(ctx context.Context, _ string, nodes []string) (map[string]AgentReport, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	call := len(f.stopped)
 	f.stopped = append(f.stopped, slices.Clone(nodes))
 	f.probed = append(f.probed, slices.Clone(nodes))
+	hook := f.stopAgents
+	f.mu.Unlock()
+	if hook != nil {
+		return hook(ctx, call, nodes)
+	}
 	return committedReports(nodes, 6), nil
 }
 
@@ -786,6 +794,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 		ranks     []int
 		probed    []string
 		stopped   string   // "yes": reft run cancelled the step and signalled srun; "no"; "": either (a race)
+		killed    bool     // srun got SIGKILL at once, no SIGTERM (a node verdict: failGrace)
 		shrunk    []string // the nodes the job kept (nil: not shrunk)
 		noSpare   bool     // the allocation is the step's four nodes: a lost node requeues the job
 		twoSpares bool     // n1-n6, two spares
@@ -795,7 +804,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 		states    func(n int, nodes []string) map[string]string // Slurm's node states (nil: all allocated)
 		causeHas  string                                        // in the failure's cause
 	}{
-		{name: "node lost",
+		{name: "node lost", killed: true,
 			first:    fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
 			relaunch: []string{"n1", "n5", "n3", "n4"}, kind: recoverylog.KindNode, by: "agents",
 			probed: []string{"n1", "n3", "n4", "n5"}, stopped: "yes", excluded: []string{"n2"}, shrunk: []string{"n1", "n3", "n4", "n5"},
@@ -808,7 +817,7 @@ func TestRunAgentsVerdict(t *testing.T) {
 			probed: []string{"n1", "n2", "n3", "n4"}, stopped: "yes",
 			comment: "reft: 1 failure (agent on n2)", relaunchW: "suspected node n2 kept",
 			causeHas: "suspect, not lost: the verdict carries no quorum of the agents and Slurm calls n2 healthy (State=ALLOCATED)"},
-		{name: "node verdict without quorum, Slurm agrees",
+		{name: "node verdict without quorum, Slurm agrees", killed: true,
 			first: fakeAttempt{block: true, agentLog: map[string][]string{"n1": {
 				agentFailureLineQuorum("n1", "n2", "node", "", 0.8, nowMark, false)}}},
 			relaunch: []string{"n1", "n5", "n3", "n4"}, kind: recoverylog.KindNode, by: "agents", states: notResponding("n2"),
@@ -821,13 +830,13 @@ func TestRunAgentsVerdict(t *testing.T) {
 			relaunch: []string{"n1", "n2", "n3", "n4"}, kind: recoverylog.KindRank, by: "srun", ranks: []int{2},
 			probed: []string{"n1", "n2", "n3", "n4"}, stopped: "no", excluded: nil,
 			comment: "reft: 1 failure (rank 2 on n3)", relaunchW: "rank failure: same nodes"},
-		{name: "two nodes lost together", twoSpares: true,
+		{name: "two nodes lost together", twoSpares: true, killed: true,
 			first: fakeAttempt{block: true, agentLog: map[string][]string{"n1": {
 				agentFailureLine("n1", "n2", "node", "", 0.8), agentFailureLine("n1", "n3", "node", "", 0.9)}}},
 			relaunch: []string{"n1", "n5", "n6", "n4"}, kind: recoverylog.KindNode, by: "agents",
 			probed: []string{"n1", "n4", "n5", "n6"}, stopped: "yes", excluded: []string{"n2", "n3"}, shrunk: []string{"n1", "n4", "n5", "n6"},
 			comment: "reft: 1 failure (nodes n2,n3 lost, replaced by n5,n6)", relaunchW: "node failure: n5 in n2's place, n6 in n3's place"},
-		{name: "node lost, no spare", noSpare: true,
+		{name: "node lost, no spare", noSpare: true, killed: true,
 			first: fakeAttempt{block: true, agentLog: map[string][]string{"n1": {agentFailureLine("n1", "n2", "node", "", 0.8)}}},
 			kind:  recoverylog.KindNode, by: "agents",
 			probed: []string{"n1", "n3", "n4"}, stopped: "yes", excluded: nil,
@@ -896,9 +905,13 @@ func TestRunAgentsVerdict(t *testing.T) {
 			if len(h.f.probed) != 1 || !slices.Equal(h.f.probed[0], tc.probed) {
 				t.Errorf("probed %v, want %v", h.f.probed, tc.probed)
 			}
-			stopped := map[bool]string{true: "yes", false: "no"}[slices.Contains(h.f.cancelled, "42.0") && slices.Contains(h.f.signals, os.Signal(syscall.SIGTERM))]
+			term, kill := slices.Contains(h.f.signals, os.Signal(syscall.SIGTERM)), slices.Contains(h.f.signals, os.Signal(syscall.SIGKILL))
+			stopped := map[bool]string{true: "yes", false: "no"}[slices.Contains(h.f.cancelled, "42.0") && (term || kill)]
 			if tc.stopped != "" && stopped != tc.stopped {
 				t.Errorf("step cancelled %v, srun signalled %v; want stopped=%v", h.f.cancelled, h.f.signals, tc.stopped)
+			}
+			if tc.stopped == "yes" && (tc.killed != (kill && !term)) {
+				t.Errorf("srun signalled %v; want SIGKILL at once: %v", h.f.signals, tc.killed)
 			}
 			if tc.shrunk == nil && len(h.f.shrunk) > 0 || tc.shrunk != nil && (len(h.f.shrunk) != 1 || !slices.Equal(h.f.shrunk[0], tc.shrunk)) {
 				t.Errorf("job shrunk to %v, want %v", h.f.shrunk, tc.shrunk)

@@ -379,8 +379,9 @@ func TestMetricsNodeExporter(t *testing.T) {
 	watchDone := make(chan error, 1)
 	go func() { watchDone <- watch.Wait() }()
 
-	// n2 lost: a survivor's file counts the failure (written at once on
-	// the verdict: the job shrinks and its agents restart soon after).
+	// n2 lost: a survivor's file counts the failure, written at once on the
+	// verdict and carried on by the agent reft run starts on the shrunk
+	// allocation after stopping this one.
 	killNode(t, "n2")
 	killedAt := time.Now()
 	var counted string
@@ -399,13 +400,23 @@ func TestMetricsNodeExporter(t *testing.T) {
 	if v, _ := s.sample("reft_failure_detection_latency_seconds", of(counted)); v != 1 {
 		t.Errorf("%s: reft_failure_detection_latency_seconds count %v, want 1", counted, v)
 	}
-	if v, _ := s.sample("reft_lost_nodes", of(counted)); v != 1 {
-		t.Errorf("%s: reft_lost_nodes %v, want 1", counted, v)
+	// The gauges of n2's loss belong to the agent that saw the verdict:
+	// reft run stops it 0.3-0.8 s later (issue 21's probe), and the agent
+	// that replaces it on the shrunk allocation, n2 no longer in it, rightly
+	// reports no lost node. A scrape caught in that window checks them here;
+	// agent/metrics' TestDegraded and TestWriteParsesBack check them from
+	// the status always.
+	if up, _ := s.sample("reft_agent_uptime_seconds", of(counted)); up > time.Since(killedAt).Seconds() {
+		if v, _ := s.sample("reft_lost_nodes", of(counted)); v != 1 {
+			t.Errorf("%s: reft_lost_nodes %v, want 1", counted, v)
+		}
+		if v, _ := s.sample("reft_protection_degraded_reason", map[string]string{"job_id": job, "node": counted, "reason": "peer_lost"}); v != 1 {
+			t.Errorf("%s: reft_protection_degraded_reason{reason=peer_lost} %v after n2's loss, want 1", counted, v)
+		}
+		t.Logf("%s's agent counted the node failure of n2 (scraped before reft run restarted it)", counted)
+	} else {
+		t.Logf("%s's agent counted the node failure of n2 (scraped after reft run restarted it: carried on; the verdict's agent was stopped before a scrape saw it)", counted)
 	}
-	if v, _ := s.sample("reft_protection_degraded_reason", map[string]string{"job_id": job, "node": counted, "reason": "peer_lost"}); v != 1 {
-		t.Errorf("%s: reft_protection_degraded_reason{reason=peer_lost} %v after n2's loss, want 1", counted, v)
-	}
-	t.Logf("%s's agent counted the node failure of n2", counted)
 
 	// The relaunch on the spare: n5's agent restored rank 1.
 	waitOutput(t, jobDir, job, "\nresumed from step ")

@@ -1003,6 +1003,12 @@ func logPhases(t *testing.T, killed time.Time, failed, resumed recoveryEvent, fi
 		"stop_s": p.StopS, "probe_s": p.ProbeS, "replace_s": p.ReplaceS, "backoff_s": p.BackoffS, "launch_s": p.LaunchS,
 		"restore_s": p.RestoreS, "first_step_s": firstStep.Sub(resumed.Time).Seconds(), "kill_to_step_s": firstStep.Sub(killed).Seconds(),
 	}
+	// detect_s runs from before the cluster tool's kill-node (which finds
+	// the node's processes first); the agents' own part of it is the
+	// failed agent's last sign of life to their verdict.
+	if failed.DetectionS != nil {
+		row["agents_detection_s"] = *failed.DetectionS
+	}
 	b, err := json.Marshal(row)
 	if err != nil {
 		t.Fatal(err)
