@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/reft-hpc/reft/agent/peer"
 )
 
@@ -106,85 +108,10 @@ func reachOf(err error) Reach {
 	return Silent
 }
 
-// checkSlurmd runs the node check once within ctx and names its result.
-func (d *Detector) checkSlurmd(ctx context.Context, node string) string {
-	r, err := d.cfg.NodeUp(ctx, d.nodes[node])
-	switch {
-	case err != nil:
-		d.log.Debug().Str("peer_node", node).Err(err).Msg("no verdict on the node's slurmd")
-		return slurmdUnknown
-	case r == Answered:
-		return slurmdUp
-	case r == Refused:
-		return slurmdDown
-	}
-	return slurmdSilent
-}
-
 // watchResult is what a watch of a suspect found.
 type watchResult struct {
 	Agent  Reach  // Answered if any beat was answered, else Refused if any was refused
 	Slurmd string // slurmd*; slurmdUnknown when not asked
-}
-
-// watch tries node's agent (and with slurmd its slurmd) watchAttempts
-// times spread over Config.Window, each attempt for up to
-// attemptTimeout, so that a flap or a stall shorter than the window ends
-// in an answer. It stops early on a settled answer: the agent answered, or
-// the agent refused and its node's slurmd refuses too (the node is gone).
-// A refusal alone is not settled: an agent that restarts (every agent of
-// a job restarts after a shrink, and the old one keeps its listener for
-// its goodbye) refuses for a moment and then answers; seen on the test
-// cluster, a new spare agent that had met the old agent condemned the new
-// one 30 ms before it listened.
-func (d *Detector) watch(ctx context.Context, node string, slurmd bool) watchResult {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	n := watchAttempts
-	probes := []bool{false}
-	if slurmd {
-		n *= 2
-		probes = append(probes, true)
-	}
-	attempt := func(actx context.Context, s bool) attemptResult {
-		if s {
-			return attemptResult{slurmd: true, state: d.checkSlurmd(actx, node)}
-		}
-		var rep beatReply
-		return attemptResult{agent: reachOf(d.cfg.Transport.Call(actx, node, peer.TBeat, beatReq{Node: d.cfg.Self}, &rep))}
-	}
-	out := make(chan attemptResult, n)
-	var wg sync.WaitGroup
-	every := d.cfg.Window / watchAttempts
-	for i := range watchAttempts {
-		for _, s := range probes {
-			wg.Go(func() { out <- delayedAttempt(ctx, time.Duration(i)*every, s, attempt) })
-		}
-	}
-	res := watchResult{Agent: Silent, Slurmd: slurmdUnknown}
-	if slurmd {
-		res.Slurmd = ""
-	}
-	unknown := 0
-	for got := 0; got < n && !res.settled(); got++ {
-		if res.take(<-out) {
-			unknown++
-		}
-	}
-	cancel()
-	go func() { wg.Wait(); close(out) }()
-	for range out { // the attempts not waited for end with ctx
-	}
-	if res.Slurmd == "" {
-		res.Slurmd = slurmdSilent
-		if unknown == watchAttempts {
-			res.Slurmd = slurmdUnknown
-		}
-	}
-	if res.Agent == Answered {
-		d.alive(node, false)
-	}
-	return res
 }
 
 // attemptResult is one watch attempt's answer: of the agent, or (slurmd)
@@ -234,49 +161,6 @@ func (res *watchResult) settled() bool {
 	return res.Agent == Answered || (res.Agent == Refused && res.Slurmd == slurmdDown)
 }
 
-// suspect confirms a suspicion of node in the background: every other
-// agent is asked whether it reaches node's agent (a few also probe its
-// slurmd) while this one watches it too, all over the watch window.
-func (d *Detector) suspect(ctx context.Context, node string, cause error) {
-	d.mu.Lock()
-	if d.suspecting[node] || d.fenced {
-		d.mu.Unlock()
-		return
-	}
-	d.suspecting[node] = true
-	last := d.heard[node]
-	live := d.live()
-	pop := d.population()
-	d.mu.Unlock()
-	d.log.Info().Str("event", "peer_suspected").Str("peer_node", node).Time("last_heard", last).Err(cause).
-		Msgf("suspecting the agent of %s (last heard %s ago); asking the other agents", node, time.Since(last).Round(time.Millisecond))
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		defer func() {
-			d.mu.Lock()
-			delete(d.suspecting, node)
-			d.mu.Unlock()
-		}()
-		d.confirm(ctx, node, last, live, pop, cause)
-	}()
-}
-
-// population lists the agents a verdict is weighed against: the live
-// nodes (index order) whose agent was ever heard from (a beat, a request,
-// the mesh's connection: Seen, or a discovery beat), self included. A
-// node whose agent never answered (a spare reft run keeps idle) is no
-// voter. d.mu is held.
-func (d *Detector) population() []string {
-	var out []string
-	for _, n := range d.live() {
-		if n == d.cfg.Self || !d.heard[n].IsZero() {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
 // Quorum says whether the agents in with (self among them) weigh enough
 // in pop, the population in index order: more than half of it, or
 // exactly half when with holds pop's first (lowest-index) agent. The
@@ -313,6 +197,49 @@ func slurmdAsked(self, node string, live []string) []string {
 	return out
 }
 
+// confirmer is the detector's suspicion and confirmation: it turns a
+// beat's silence into a verdict (suspect, confirm), answers other agents'
+// probes (probe), and hands verdicts to the publisher. A suspicion runs on
+// a goroutine of its own, added to the Detector's WaitGroup, under the ctx
+// given to Start; probe runs on the peer server's handler goroutine. It
+// reads and writes the shared book under book.mu, never across a call to
+// another agent.
+type confirmer struct {
+	*book
+	cfg *Config // the Detector's, defaults filled; read-only
+	log zerolog.Logger
+	wg  *sync.WaitGroup // the Detector's: Close waits for suspicions
+	pub *publisher
+}
+
+// suspect confirms a suspicion of node in the background: every other
+// agent is asked whether it reaches node's agent (a few also probe its
+// slurmd) while this one watches it too, all over the watch window.
+func (cf *confirmer) suspect(ctx context.Context, node string, cause error) {
+	cf.mu.Lock()
+	if cf.suspecting[node] || cf.fenced {
+		cf.mu.Unlock()
+		return
+	}
+	cf.suspecting[node] = true
+	last := cf.heard[node]
+	live := cf.live()
+	pop := cf.population()
+	cf.mu.Unlock()
+	cf.log.Info().Str("event", "peer_suspected").Str("peer_node", node).Time("last_heard", last).Err(cause).
+		Msgf("suspecting the agent of %s (last heard %s ago); asking the other agents", node, time.Since(last).Round(time.Millisecond))
+	cf.wg.Add(1)
+	go func() {
+		defer cf.wg.Done()
+		defer func() {
+			cf.mu.Lock()
+			delete(cf.suspecting, node)
+			cf.mu.Unlock()
+		}()
+		cf.confirm(ctx, node, last, live, pop, cause)
+	}()
+}
+
 // confirm decides a suspicion of node. Every other agent of pop is asked
 // whether it reaches node's agent over the watch window, while this one
 // watches it too. One that reaches it clears it (a failing link). The
@@ -321,8 +248,8 @@ func slurmdAsked(self, node string, live []string) []string {
 // (their probe answers, a sign of life within Timeout, or a beat sent now)
 // make no quorum either, this agent is the one cut off: it fences itself
 // (see Detector) and publishes nothing.
-func (d *Detector) confirm(ctx context.Context, node string, last time.Time, live, pop []string, cause error) {
-	sp := &suspicion{d: d, node: node, last: last, pop: pop, cause: cause, start: time.Now()}
+func (cf *confirmer) confirm(ctx context.Context, node string, last time.Time, live, pop []string, cause error) {
+	sp := &suspicion{cf: cf, node: node, last: last, pop: pop, cause: cause, start: time.Now()}
 	sp.gather(ctx, live)
 	if ctx.Err() != nil || sp.cleared() {
 		return
@@ -331,7 +258,7 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 		sp.noQuorum(ctx)
 		return
 	}
-	class, why := classify(sp.t.slurmd, d.cfg.Window)
+	class, why := classify(sp.t.slurmd, cf.cfg.Window)
 	if class == ClassAgent {
 		var ok bool
 		if class, why, ok = sp.agentOrNode(ctx, why); !ok {
@@ -341,11 +268,143 @@ func (d *Detector) confirm(ctx context.Context, node string, last time.Time, liv
 	sp.publish(ctx, class, why)
 }
 
+// watch tries node's agent (and with slurmd its slurmd) watchAttempts
+// times spread over Config.Window, each attempt for up to
+// attemptTimeout, so that a flap or a stall shorter than the window ends
+// in an answer. It stops early on a settled answer: the agent answered, or
+// the agent refused and its node's slurmd refuses too (the node is gone).
+// A refusal alone is not settled: an agent that restarts (every agent of
+// a job restarts after a shrink, and the old one keeps its listener for
+// its goodbye) refuses for a moment and then answers; seen on the test
+// cluster, a new spare agent that had met the old agent condemned the new
+// one 30 ms before it listened.
+func (cf *confirmer) watch(ctx context.Context, node string, slurmd bool) watchResult {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	n := watchAttempts
+	probes := []bool{false}
+	if slurmd {
+		n *= 2
+		probes = append(probes, true)
+	}
+	attempt := func(actx context.Context, s bool) attemptResult {
+		if s {
+			return attemptResult{slurmd: true, state: cf.checkSlurmd(actx, node)}
+		}
+		var rep beatReply
+		return attemptResult{agent: reachOf(cf.cfg.Transport.Call(actx, node, peer.TBeat, beatReq{Node: cf.cfg.Self}, &rep))}
+	}
+	out := make(chan attemptResult, n)
+	var wg sync.WaitGroup
+	every := cf.cfg.Window / watchAttempts
+	for i := range watchAttempts {
+		for _, s := range probes {
+			wg.Go(func() { out <- delayedAttempt(ctx, time.Duration(i)*every, s, attempt) })
+		}
+	}
+	res := watchResult{Agent: Silent, Slurmd: slurmdUnknown}
+	if slurmd {
+		res.Slurmd = ""
+	}
+	unknown := 0
+	for got := 0; got < n && !res.settled(); got++ {
+		if res.take(<-out) {
+			unknown++
+		}
+	}
+	cancel()
+	go func() { wg.Wait(); close(out) }()
+	for range out { // the attempts not waited for end with ctx
+	}
+	if res.Slurmd == "" {
+		res.Slurmd = slurmdSilent
+		if unknown == watchAttempts {
+			res.Slurmd = slurmdUnknown
+		}
+	}
+	if res.Agent == Answered {
+		cf.alive(node, false)
+	}
+	return res
+}
+
+// checkSlurmd runs the node check once within ctx and names its result.
+func (cf *confirmer) checkSlurmd(ctx context.Context, node string) string {
+	r, err := cf.cfg.NodeUp(ctx, cf.nodes[node])
+	switch {
+	case err != nil:
+		cf.log.Debug().Str("peer_node", node).Err(err).Msg("no verdict on the node's slurmd")
+		return slurmdUnknown
+	case r == Answered:
+		return slurmdUp
+	case r == Refused:
+		return slurmdDown
+	}
+	return slurmdSilent
+}
+
+// reach beats every agent of pop but those in skip at once, within
+// Timeout, and returns those that answered: before this agent concludes
+// that it is cut off, it asks directly (its ring neighbours alone may not
+// be a quorum).
+func (cf *confirmer) reach(ctx context.Context, pop, skip []string) []string {
+	ctx, cancel := context.WithTimeout(ctx, cf.cfg.Timeout)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var out []string
+	for _, c := range pop {
+		if c == cf.cfg.Self || slices.Contains(skip, c) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var rep beatReply
+			if reachOf(cf.cfg.Transport.Call(ctx, c, peer.TBeat, beatReq{Node: cf.cfg.Self}, &rep)) == Answered {
+				cf.alive(c, false)
+				mu.Lock()
+				out = append(out, c)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// probe serves another agent's question about node: it watches node's
+// agent (and with req.Slurmd its slurmd) over the watch window, answering
+// before the asker's confirmation ends.
+func (cf *confirmer) probe(ctx context.Context, req probeReq) probeReply {
+	rep := probeReply{Node: req.Node, Slurmd: slurmdUnknown}
+	if req.Node == cf.cfg.Self {
+		rep.Reachable, rep.Slurmd = true, slurmdUp
+		return rep
+	}
+	if _, ok := cf.nodes[req.Node]; !ok {
+		rep.Error = fmt.Sprintf("%s is not a node of this job", req.Node)
+		return rep
+	}
+	if cf.isFenced() {
+		// This agent's view is that of a node cut off from the job: it
+		// casts no vote (the asker counts it as unanswered).
+		rep.Error = "this agent is fenced (cut off from a quorum of the job's agents)"
+		return rep
+	}
+	ctx, cancel := context.WithTimeout(ctx, cf.cfg.Window+attemptTimeout)
+	defer cancel()
+	w := cf.watch(ctx, req.Node, req.Slurmd)
+	rep.Reachable = w.Agent == Answered
+	rep.Slurmd = w.Slurmd
+	return rep
+}
+
 // suspicion is one confirm call: the suspect, what was last heard of it,
 // the population a verdict is weighed against, and the answers. It runs
 // on confirm's goroutine.
 type suspicion struct {
-	d     *Detector
+	cf    *confirmer
 	node  string
 	last  time.Time
 	pop   []string
@@ -391,13 +450,13 @@ func (t *tally) add(a probeAnswer) {
 // that reaches the suspect clears it; a quorum that cannot (with this
 // agent's own watch done) condemns it.
 func (sp *suspicion) gather(ctx context.Context, live []string) {
-	d, node := sp.d, sp.node
-	cctx, cancel := context.WithTimeout(ctx, d.cfg.Window+attemptTimeout+d.cfg.Confirm)
+	cf, node := sp.cf, sp.node
+	cctx, cancel := context.WithTimeout(ctx, cf.cfg.Window+attemptTimeout+cf.cfg.Confirm)
 	defer cancel() // the rest are not needed
-	withSlurmd := slurmdAsked(d.cfg.Self, node, live)
+	withSlurmd := slurmdAsked(cf.cfg.Self, node, live)
 	var asked []string
 	for _, c := range sp.pop {
-		if c != d.cfg.Self && c != node {
+		if c != cf.cfg.Self && c != node {
 			asked = append(asked, c)
 		}
 	}
@@ -405,14 +464,14 @@ func (sp *suspicion) gather(ctx context.Context, live []string) {
 	for _, c := range asked {
 		go func() {
 			r := &probeReply{}
-			err := d.cfg.Transport.Call(cctx, c, peer.TProbe, probeReq{Node: node, Slurmd: slices.Contains(withSlurmd, c)}, r)
+			err := cf.cfg.Transport.Call(cctx, c, peer.TProbe, probeReq{Node: node, Slurmd: slices.Contains(withSlurmd, c)}, r)
 			answers <- probeAnswer{c, r, err}
 		}()
 	}
 	ownc := make(chan watchResult, 1)
-	go func() { ownc <- d.watch(cctx, node, true) }()
+	go func() { ownc <- cf.watch(cctx, node, true) }()
 	t := &sp.t
-	t.unreachable, t.slurmd, t.votes = []string{}, []string{}, []string{d.cfg.Self}
+	t.unreachable, t.slurmd, t.votes = []string{}, []string{}, []string{cf.cfg.Self}
 	ownDone, got := false, 0
 	for !(ownDone && (got == len(asked) || Quorum(t.votes, sp.pop))) && len(t.reached) == 0 {
 		select {
@@ -423,7 +482,7 @@ func (sp *suspicion) gather(ctx context.Context, live []string) {
 			ownDone = true
 			t.slurmd = append(t.slurmd, own.Slurmd)
 			if own.Agent == Answered {
-				t.reached = append(t.reached, d.cfg.Self)
+				t.reached = append(t.reached, cf.cfg.Self)
 			}
 		}
 	}
@@ -433,12 +492,12 @@ func (sp *suspicion) gather(ctx context.Context, live []string) {
 // was last heard from, whether its failure is known (published), and
 // whether it said goodbye.
 func (sp *suspicion) state() (heard time.Time, known, gone bool) {
-	d := sp.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	_, known = d.failed[sp.node]
-	_, gone = d.gone[sp.node]
-	return d.heard[sp.node], known, gone
+	cf := sp.cf
+	cf.mu.Lock()
+	defer cf.mu.Unlock()
+	_, known = cf.failed[sp.node]
+	_, gone = cf.gone[sp.node]
+	return cf.heard[sp.node], known, gone
 }
 
 // cleared says whether there is no failure to publish after all, and
@@ -446,25 +505,25 @@ func (sp *suspicion) state() (heard time.Time, known, gone bool) {
 // answered within the window; another: a failing link), it was heard
 // from meanwhile, or its failure was published meanwhile.
 func (sp *suspicion) cleared() bool {
-	d, node := sp.d, sp.node
+	cf, node := sp.cf, sp.node
 	heard, known, gone := sp.state()
 	switch {
 	case gone: // it said goodbye meanwhile: no failure
 		return true
 	case len(sp.t.reached) > 0:
-		other := slices.DeleteFunc(slices.Clone(sp.t.reached), func(c string) bool { return c == d.cfg.Self })
+		other := slices.DeleteFunc(slices.Clone(sp.t.reached), func(c string) bool { return c == cf.cfg.Self })
 		if len(other) == 0 {
-			d.log.Info().Str("event", "peer_suspect_cleared").Str("peer_node", node).
-				Msgf("the agent of %s answered again within the watch window (%s); no failure", node, d.cfg.Window)
+			cf.log.Info().Str("event", "peer_suspect_cleared").Str("peer_node", node).
+				Msgf("the agent of %s answered again within the watch window (%s); no failure", node, cf.cfg.Window)
 			return true
 		}
-		d.log.Warn().Str("event", "peer_suspect_cleared").Str("peer_node", node).Strs("reached_by", other).Err(sp.cause).
+		cf.log.Warn().Str("event", "peer_suspect_cleared").Str("peer_node", node).Strs("reached_by", other).Err(sp.cause).
 			Msgf("%s reach the agent of %s, which this agent cannot: a failing link from %s to %s, not a failed node (check the network between them)",
-				strings.Join(other, ","), node, d.cfg.Self, node)
+				strings.Join(other, ","), node, cf.cfg.Self, node)
 		return true
 	case heard.After(sp.last):
 		// It answered meanwhile (a request of its own).
-		d.log.Info().Str("event", "peer_suspect_cleared").Str("peer_node", node).
+		cf.log.Info().Str("event", "peer_suspect_cleared").Str("peer_node", node).
 			Msgf("the agent of %s answered again; no failure", node)
 		return true
 	}
@@ -475,32 +534,32 @@ func (sp *suspicion) cleared() bool {
 // reaches at all make no quorum either, this agent is the one cut off
 // and fences itself; else it says the failure is unconfirmed.
 func (sp *suspicion) noQuorum(ctx context.Context) {
-	d, node, pop := sp.d, sp.node, sp.pop
+	cf, node, pop := sp.cf, sp.node, sp.pop
 	// Cut off means reaching no quorum at all: the agents that answered
 	// the probe, and those heard from within Timeout otherwise (a probe
 	// answer can be late for reasons of its own: a slow dial on the
 	// other side).
 	answered := append(slices.Clone(sp.t.votes), sp.t.responded...)
 	now := time.Now()
-	d.mu.Lock()
+	cf.mu.Lock()
 	for _, c := range pop {
-		if c != node && !slices.Contains(answered, c) && now.Sub(d.heard[c]) < d.cfg.Timeout {
+		if c != node && !slices.Contains(answered, c) && now.Sub(cf.heard[c]) < cf.cfg.Timeout {
 			answered = append(answered, c)
 		}
 	}
-	d.mu.Unlock()
+	cf.mu.Unlock()
 	if !Quorum(answered, pop) {
-		answered = append(answered, d.reach(ctx, pop, append(slices.Clone(answered), node))...)
+		answered = append(answered, cf.reach(ctx, pop, append(slices.Clone(answered), node))...)
 	}
 	if ctx.Err() != nil {
 		return
 	}
 	if !Quorum(answered, pop) {
-		d.fence(fmt.Sprintf("suspecting %s, this agent reached %d of the job's %d agents (itself included), no quorum; %s may be fine (unanswered: %s)",
+		cf.fence(fmt.Sprintf("suspecting %s, this agent reached %d of the job's %d agents (itself included), no quorum; %s may be fine (unanswered: %s)",
 			node, len(answered), len(pop), node, listOr(sp.t.silent, "none")))
 		return
 	}
-	d.log.Warn().Str("event", "peer_suspect_unconfirmed").Str("peer_node", node).Strs("confirmed_by", sp.t.unreachable).
+	cf.log.Warn().Str("event", "peer_suspect_unconfirmed").Str("peer_node", node).Strs("confirmed_by", sp.t.unreachable).
 		Strs("unanswered", sp.t.silent).Int("agents", len(pop)).
 		Msgf("%d of %d agents cannot reach %s, no quorum: not declaring a failure", len(sp.t.votes), len(pop), node)
 }
@@ -529,8 +588,8 @@ func classify(slurmd []string, window time.Duration) (class, why string) {
 // confirmers could not reach the old): the node is up, and the verdict
 // stands. ok is false when there is nothing to publish any more.
 func (sp *suspicion) agentOrNode(ctx context.Context, why string) (class, reason string, ok bool) {
-	d := sp.d
-	grace := d.cfg.Timeout / 2
+	cf := sp.cf
+	grace := cf.cfg.Timeout / 2
 	select {
 	case <-ctx.Done():
 		return "", "", false
@@ -540,7 +599,7 @@ func (sp *suspicion) agentOrNode(ctx context.Context, why string) (class, reason
 	if gone || known {
 		return "", "", false
 	}
-	if !heard.After(sp.last) && d.checkSlurmd(ctx, sp.node) == slurmdDown {
+	if !heard.After(sp.last) && cf.checkSlurmd(ctx, sp.node) == slurmdDown {
 		return ClassNode, fmt.Sprintf("its slurmd answered at first but refused %s later (the whole node went down)", grace), true
 	}
 	return ClassAgent, why, true
@@ -548,73 +607,16 @@ func (sp *suspicion) agentOrNode(ctx context.Context, why string) (class, reason
 
 // publish reports the confirmed failure to the coordinator.
 func (sp *suspicion) publish(ctx context.Context, class, why string) {
-	d, node := sp.d, sp.node
+	cf, node := sp.cf, sp.node
 	now := time.Now()
-	f := Failure{Node: node, Class: class, Reporter: d.cfg.Self, ConfirmedBy: sp.t.unreachable, LastHeard: sp.last, DetectedAt: now,
+	f := Failure{Node: node, Class: class, Reporter: cf.cfg.Self, ConfirmedBy: sp.t.unreachable, LastHeard: sp.last, DetectedAt: now,
 		Quorum: true, Votes: len(sp.t.votes), Agents: len(sp.pop)}
 	f.Cause = fmt.Sprintf("the agent of %s is unreachable (%v); %s; %d of the job's %d agents cannot reach it (a quorum)",
 		node, sp.cause, why, len(sp.t.votes), len(sp.pop))
-	d.log.Info().Str("event", "peer_confirmed").Str("peer_node", node).Str("class", class).
+	cf.log.Info().Str("event", "peer_confirmed").Str("peer_node", node).Str("class", class).
 		Dur("confirm", now.Sub(sp.start)).Msg(f.Cause)
-	d.mu.Lock()
-	d.failed[node] = now
-	d.mu.Unlock()
-	d.report(ctx, f)
-}
-
-// reach beats every agent of pop but those in skip at once, within
-// Timeout, and returns those that answered: before this agent concludes
-// that it is cut off, it asks directly (its ring neighbours alone may not
-// be a quorum).
-func (d *Detector) reach(ctx context.Context, pop, skip []string) []string {
-	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
-	defer cancel()
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	var out []string
-	for _, c := range pop {
-		if c == d.cfg.Self || slices.Contains(skip, c) {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var rep beatReply
-			if reachOf(d.cfg.Transport.Call(ctx, c, peer.TBeat, beatReq{Node: d.cfg.Self}, &rep)) == Answered {
-				d.alive(c, false)
-				mu.Lock()
-				out = append(out, c)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return out
-}
-
-// probe serves another agent's question about node: it watches node's
-// agent (and with req.Slurmd its slurmd) over the watch window, answering
-// before the asker's confirmation ends.
-func (d *Detector) probe(ctx context.Context, req probeReq) probeReply {
-	rep := probeReply{Node: req.Node, Slurmd: slurmdUnknown}
-	if req.Node == d.cfg.Self {
-		rep.Reachable, rep.Slurmd = true, slurmdUp
-		return rep
-	}
-	if _, ok := d.nodes[req.Node]; !ok {
-		rep.Error = fmt.Sprintf("%s is not a node of this job", req.Node)
-		return rep
-	}
-	if d.Fenced() {
-		// This agent's view is that of a node cut off from the job: it
-		// casts no vote (the asker counts it as unanswered).
-		rep.Error = "this agent is fenced (cut off from a quorum of the job's agents)"
-		return rep
-	}
-	ctx, cancel := context.WithTimeout(ctx, d.cfg.Window+attemptTimeout)
-	defer cancel()
-	w := d.watch(ctx, req.Node, req.Slurmd)
-	rep.Reachable = w.Agent == Answered
-	rep.Slurmd = w.Slurmd
-	return rep
+	cf.mu.Lock()
+	cf.failed[node] = now
+	cf.mu.Unlock()
+	cf.pub.report(ctx, f)
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"sync"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/peer"
@@ -49,7 +52,7 @@ func (d *Detector) Register(s Handlers) error {
 				return nil, err
 			}
 			d.alive(from, false)
-			return d.probe(ctx, req), nil
+			return d.conf.probe(ctx, req), nil
 		},
 		peer.TFailure: func(_ context.Context, from string, p []byte) (any, error) {
 			var f Failure
@@ -57,7 +60,7 @@ func (d *Detector) Register(s Handlers) error {
 				return nil, err
 			}
 			d.alive(from, false)
-			return d.received(f)
+			return d.pub.received(f)
 		},
 	}
 	for t, h := range hs {
@@ -75,35 +78,52 @@ func decode(p []byte, v any) error {
 	return nil
 }
 
+// publisher is the detector's coordination and publication of
+// verdicts: it hands a confirmed failure to the coordinator (report),
+// publishes as the coordinator (coordinate: log, run record, OnFailure,
+// then every other live agent in the background), and takes other
+// agents' reports and publications (received). report runs on the
+// goroutine of the suspicion or hang check that found the failure,
+// received on the peer server's handler goroutine; the background
+// publication joins the Detector's WaitGroup. The duplicate check and the
+// book's update are one step under book.mu, so a failure is published
+// once; the log, the record and OnFailure come after mu is released.
+type publisher struct {
+	*book
+	cfg *Config // the Detector's, defaults filled; read-only
+	log zerolog.Logger
+	wg  *sync.WaitGroup
+}
+
 // report hands a confirmed failure to the coordinator: the first live
 // node in index order that takes it (the failed node skipped), this one
 // when it comes first or no other answers.
-func (d *Detector) report(ctx context.Context, f Failure) {
-	d.mu.Lock()
-	live := d.live()
-	d.mu.Unlock()
+func (pb *publisher) report(ctx context.Context, f Failure) {
+	pb.mu.Lock()
+	live := pb.live()
+	pb.mu.Unlock()
 	for _, c := range live {
 		if c == f.Node && f.Class != ClassHang {
 			continue
 		}
-		if c == d.cfg.Self {
-			d.coordinate(f)
+		if c == pb.cfg.Self {
+			pb.coordinate(f)
 			return
 		}
-		cctx, cancel := context.WithTimeout(ctx, d.cfg.Confirm)
+		cctx, cancel := context.WithTimeout(ctx, pb.cfg.Confirm)
 		var rep failureReply
-		err := d.cfg.Transport.Call(cctx, c, peer.TFailure, f, &rep)
+		err := pb.cfg.Transport.Call(cctx, c, peer.TFailure, f, &rep)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
 		if err == nil {
-			d.log.Info().Str("event", "failure_reported").Str("failed_node", f.Node).Str("class", f.Class).
+			pb.log.Info().Str("event", "failure_reported").Str("failed_node", f.Node).Str("class", f.Class).
 				Str("coordinator", rep.Coordinator).Bool("duplicate", rep.Duplicate).
 				Msgf("reported the %s failure of %s to the coordinator %s", f.Class, f.Node, rep.Coordinator)
 			return
 		}
-		d.log.Warn().Str("event", "coordinator_unreachable").Str("coordinator", c).Err(err).
+		pb.log.Warn().Str("event", "coordinator_unreachable").Str("coordinator", c).Err(err).
 			Msgf("%s did not take the report of %s's failure; the next agent coordinates", c, f.Node)
 	}
 }
@@ -128,31 +148,31 @@ func same(p, f Failure) bool {
 // coordinate publishes f unless it is a duplicate: one failure_detected
 // event in this agent's log, OnFailure, and the publication to every
 // other live agent.
-func (d *Detector) coordinate(f Failure) (duplicate bool) {
-	d.mu.Lock()
-	for _, p := range d.published {
+func (pb *publisher) coordinate(f Failure) (duplicate bool) {
+	pb.mu.Lock()
+	for _, p := range pb.published {
 		if same(p, f) {
-			d.mu.Unlock()
-			d.log.Debug().Str("failed_node", f.Node).Str("reporter", f.Reporter).Msg("duplicate failure report dropped")
+			pb.mu.Unlock()
+			pb.log.Debug().Str("failed_node", f.Node).Str("reporter", f.Reporter).Msg("duplicate failure report dropped")
 			return true
 		}
 	}
-	f.Coordinator, f.Published = d.cfg.Self, true
-	d.published = append(d.published, f)
+	f.Coordinator, f.Published = pb.cfg.Self, true
+	pb.published = append(pb.published, f)
 	if f.Class != ClassHang {
-		if _, ok := d.failed[f.Node]; !ok {
-			d.failed[f.Node] = f.DetectedAt
+		if _, ok := pb.failed[f.Node]; !ok {
+			pb.failed[f.Node] = f.DetectedAt
 		}
 	}
 	var targets []string
-	for _, n := range d.live() {
-		if n != d.cfg.Self && !(n == f.Node && f.Class != ClassHang) {
+	for _, n := range pb.live() {
+		if n != pb.cfg.Self && !(n == f.Node && f.Class != ClassHang) {
 			targets = append(targets, n)
 		}
 	}
-	d.mu.Unlock()
+	pb.mu.Unlock()
 
-	ev := d.log.Warn().Str("event", EventFailure).Str("failed_node", f.Node).Str("class", f.Class).
+	ev := pb.log.Warn().Str("event", EventFailure).Str("failed_node", f.Node).Str("class", f.Class).
 		Float64("latency_s", f.Latency().Seconds()).Time("last_heard", f.LastHeard).Time("detected_at", f.DetectedAt).
 		Str("reporter", f.Reporter).Str("coordinator", f.Coordinator)
 	if len(f.Ranks) > 0 {
@@ -165,19 +185,19 @@ func (d *Detector) coordinate(f Failure) (duplicate bool) {
 		ev = ev.Bool("quorum", f.Quorum).Int("votes", f.Votes).Int("agents", f.Agents)
 	}
 	ev.Msg(f.Cause)
-	if err := d.cfg.Record.Failed(recordOf(f), time.Now()); err != nil {
-		d.log.Warn().Err(err).Str("failed_node", f.Node).Msg("reft run will not see this verdict: the run record could not take it")
+	if err := pb.cfg.Record.Failed(recordOf(f), time.Now()); err != nil {
+		pb.log.Warn().Err(err).Str("failed_node", f.Node).Msg("reft run will not see this verdict: the run record could not take it")
 	}
-	d.cfg.OnFailure(f)
+	pb.cfg.OnFailure(f)
 
-	d.wg.Add(1)
+	pb.wg.Add(1)
 	go func() {
-		defer d.wg.Done()
+		defer pb.wg.Done()
 		for _, n := range targets {
-			ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Confirm)
+			ctx, cancel := context.WithTimeout(context.Background(), pb.cfg.Confirm)
 			var rep failureReply
-			if err := d.cfg.Transport.Call(ctx, n, peer.TFailure, f, &rep); err != nil {
-				d.log.Info().Str("event", "failure_unpublished").Str("peer_node", n).Str("failed_node", f.Node).Err(err).
+			if err := pb.cfg.Transport.Call(ctx, n, peer.TFailure, f, &rep); err != nil {
+				pb.log.Info().Str("event", "failure_unpublished").Str("peer_node", n).Str("failed_node", f.Node).Err(err).
 					Msgf("could not tell %s of %s's failure", n, f.Node)
 			}
 			cancel()
@@ -188,32 +208,32 @@ func (d *Detector) coordinate(f Failure) (duplicate bool) {
 
 // received handles a failure frame: a report (this agent coordinates) or
 // the coordinator's publication.
-func (d *Detector) received(f Failure) (failureReply, error) {
+func (pb *publisher) received(f Failure) (failureReply, error) {
 	if !f.Published {
-		if d.Fenced() { // the reporter moves on to the next coordinator
+		if pb.isFenced() { // the reporter moves on to the next coordinator
 			return failureReply{}, &peer.Error{Code: peer.CodeBusy, Message: "this agent is fenced (cut off from a quorum of the job's agents) and coordinates nothing"}
 		}
-		return failureReply{Coordinator: d.cfg.Self, Duplicate: d.coordinate(f)}, nil
+		return failureReply{Coordinator: pb.cfg.Self, Duplicate: pb.coordinate(f)}, nil
 	}
-	d.mu.Lock()
+	pb.mu.Lock()
 	dup := false
-	for _, p := range d.published {
+	for _, p := range pb.published {
 		if same(p, f) {
 			dup = true
 			break
 		}
 	}
 	if !dup {
-		d.published = append(d.published, f)
-		if _, ok := d.failed[f.Node]; !ok && f.Class != ClassHang && f.Node != d.cfg.Self {
-			d.failed[f.Node] = f.DetectedAt
+		pb.published = append(pb.published, f)
+		if _, ok := pb.failed[f.Node]; !ok && f.Class != ClassHang && f.Node != pb.cfg.Self {
+			pb.failed[f.Node] = f.DetectedAt
 		}
 	}
-	d.mu.Unlock()
+	pb.mu.Unlock()
 	if !dup {
-		d.log.Info().Str("event", "failure_published").Str("failed_node", f.Node).Str("class", f.Class).
+		pb.log.Info().Str("event", "failure_published").Str("failed_node", f.Node).Str("class", f.Class).
 			Str("coordinator", f.Coordinator).Msgf("coordinator %s published the %s failure of %s", f.Coordinator, f.Class, f.Node)
-		d.cfg.OnFailure(f)
+		pb.cfg.OnFailure(f)
 	}
 	return failureReply{Coordinator: f.Coordinator, Duplicate: dup}, nil
 }

@@ -188,7 +188,14 @@ const maxConfirmers = 3
 // 2.25 s in and waiting attemptTimeout).
 const DefaultWindow = 3 * time.Second
 
-// Detector is one agent's failure detector.
+// Detector is one agent's failure detector. It beats (tick, beat) and
+// checks for hangs (checkHangs) on its own loop goroutine, and is made of
+// parts that share one book (book.go: what it knows of the job's agents,
+// under one mutex): the confirmer (confirm.go) turns a beat's silence into
+// a verdict, and the publisher (coord.go) reports, coordinates and
+// publishes verdicts. Register's handlers call into the book, the
+// confirmer (probe) and the publisher (received) on the peer server's
+// goroutines.
 //
 // Fencing: an agent that, confirming a suspicion, reaches no Quorum of the
 // job's agents (itself included) concludes that it is the one cut off. It
@@ -200,23 +207,13 @@ const DefaultWindow = 3 * time.Second
 // local failure reactions (the JIT flush) follow published verdicts only,
 // which need a quorum, so they never act on its isolated view.
 type Detector struct {
-	cfg   Config
-	log   zerolog.Logger
-	nodes map[string]Node
-
-	mu         sync.Mutex
-	heard      map[string]time.Time // last sign of life of each node's agent
-	inflight   map[string]bool      // a beat to the node is under way
-	discovered map[string]time.Time // last discovery beat to a node not heard from yet
-	suspecting map[string]bool
-	failed     map[string]time.Time // confirmed or published failures, by node
-	gone       map[string]time.Time // agents that said goodbye (Leave)
-	published  []Failure            // what this agent published or learnt, for duplicates
-	hung       map[int]time.Time    // a rank reported hung, with the progress time it hung at
-	waiting    map[int]time.Time    // a rank said to be waiting (rank_waiting), same
-	watching   []string
-	coord      string
-	fenced     bool // see Detector
+	cfg Config
+	log zerolog.Logger
+	// book is the state the parts share, under its mu (the tests read
+	// mu, heard and watching through it).
+	*book
+	conf *confirmer // suspicion and confirmation (confirm.go)
+	pub  *publisher // coordination and publication (coord.go)
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -237,7 +234,8 @@ func New(cfg Config) (*Detector, error) {
 	case cfg.HangFactor < 0:
 		return nil, fmt.Errorf("detect: hang factor %g must not be negative (detect.hang_factor in reft.toml)", cfg.HangFactor)
 	}
-	d := &Detector{cfg: cfg, log: cfg.Log.With().Str("component", "detect").Logger(), nodes: map[string]Node{},
+	d := &Detector{cfg: cfg, log: cfg.Log.With().Str("component", "detect").Logger()}
+	d.book = &book{self: cfg.Self, order: cfg.Nodes, timeout: cfg.Timeout, log: d.log, nodes: map[string]Node{},
 		heard: map[string]time.Time{}, inflight: map[string]bool{}, discovered: map[string]time.Time{}, suspecting: map[string]bool{},
 		failed: map[string]time.Time{}, gone: map[string]time.Time{}, hung: map[int]time.Time{}, waiting: map[int]time.Time{}}
 	for i, n := range cfg.Nodes {
@@ -261,6 +259,8 @@ func New(cfg Config) (*Detector, error) {
 	if d.cfg.Window == 0 {
 		d.cfg.Window = DefaultWindow
 	}
+	d.pub = &publisher{book: d.book, cfg: &d.cfg, log: d.log, wg: &d.wg}
+	d.conf = &confirmer{book: d.book, cfg: &d.cfg, log: d.log, wg: &d.wg, pub: d.pub}
 	return d, nil
 }
 
@@ -321,19 +321,6 @@ func (d *Detector) Leave(ctx context.Context) {
 	}
 }
 
-// left records that node's agent stopped on purpose: it is not watched,
-// suspected nor reported until it answers again.
-func (d *Detector) left(node string) {
-	if _, ok := d.nodes[node]; !ok || node == d.cfg.Self {
-		return
-	}
-	d.mu.Lock()
-	d.gone[node] = time.Now()
-	d.mu.Unlock()
-	d.log.Info().Str("event", "peer_left").Str("peer_node", node).
-		Msgf("the agent of %s stopped on purpose (its job step or allocation ended there); not watching it", node)
-}
-
 // Coordinator is the agent this one takes for the coordinator now: the
 // lowest-index node not known to have failed.
 func (d *Detector) Coordinator() string {
@@ -347,20 +334,6 @@ func (d *Detector) Watching() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return slices.Clone(d.watching)
-}
-
-// live lists the nodes not known to have failed or left, in index order
-// (self is always live to itself). d.mu is held.
-func (d *Detector) live() []string {
-	out := make([]string, 0, len(d.cfg.Nodes))
-	for _, n := range d.cfg.Nodes {
-		_, dead := d.failed[n.Name]
-		_, gone := d.gone[n.Name]
-		if !(dead || gone) || n.Name == d.cfg.Self {
-			out = append(out, n.Name)
-		}
-	}
-	return out
 }
 
 func (d *Detector) loop(ctx context.Context) {
@@ -486,7 +459,7 @@ func (d *Detector) beat(ctx context.Context, node string) {
 		d.log.Debug().Str("peer_node", node).Err(err).Msg("beat unanswered by an agent not heard from yet")
 		return
 	}
-	d.suspect(ctx, node, err)
+	d.conf.suspect(ctx, node, err)
 }
 
 // isRemote: the other agent answered with an error frame, so it is alive.
@@ -499,79 +472,10 @@ func isRemote(err error) bool {
 // A node the detector starts watching only after a neighbour's failure
 // (the ring closes over it) may never have answered this agent before;
 // without this it would pass for one not up yet and never be suspected.
-func (d *Detector) Seen(node string, at time.Time) {
-	if _, ok := d.nodes[node]; !ok {
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if at.After(d.heard[node]) {
-		d.heard[node] = at
-	}
-}
-
-// alive records a sign of life of node's agent; a node published as
-// failed that answers again (its agent was restarted) is live again, and
-// one that said goodbye is live again when it sends a request (beat) of
-// its own: a leaving agent stops beating before it says goodbye, so only
-// a new agent does.
-func (d *Detector) alive(node string, request bool) {
-	if _, ok := d.nodes[node]; !ok {
-		return
-	}
-	now := time.Now()
-	d.mu.Lock()
-	d.heard[node] = now
-	at, wasFailed := d.failed[node]
-	if wasFailed && now.After(at) {
-		delete(d.failed, node)
-	}
-	if request {
-		delete(d.gone, node)
-	}
-	d.mu.Unlock()
-	if wasFailed {
-		d.log.Info().Str("event", "peer_back").Str("peer_node", node).
-			Msgf("the agent of %s answers again after its failure; watching it again", node)
-	}
-}
+func (d *Detector) Seen(node string, at time.Time) { d.seen(node, at) }
 
 // Fenced says whether this agent is fenced (see Detector).
-func (d *Detector) Fenced() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.fenced
-}
-
-// fence fences this agent, said once per isolation.
-func (d *Detector) fence(why string) {
-	d.mu.Lock()
-	was := d.fenced
-	d.fenced = true
-	d.mu.Unlock()
-	if !was {
-		d.log.Warn().Str("event", "detect_fenced").
-			Msgf("this agent is cut off from the job (%s): it fences itself, publishing no verdict and voting on none until it reaches a quorum again", why)
-	}
-}
-
-// rejoin ends the fence once the agents heard from within Timeout make a
-// Quorum again (this one included). d.mu is held.
-func (d *Detector) rejoin() {
-	pop := d.population()
-	with := []string{d.cfg.Self}
-	now := time.Now()
-	for _, n := range pop {
-		if at := d.heard[n]; n != d.cfg.Self && now.Sub(at) < d.cfg.Timeout {
-			with = append(with, n)
-		}
-	}
-	if Quorum(with, pop) {
-		d.fenced = false
-		d.log.Info().Str("event", "detect_unfenced").Strs("reached", with).
-			Msgf("this agent reaches %d of the job's %d agents again (a quorum): no longer fenced", len(with), len(pop))
-	}
-}
+func (d *Detector) Fenced() bool { return d.isFenced() }
 
 func listOr(s []string, none string) string {
 	if len(s) == 0 {

@@ -95,7 +95,7 @@ func (d *Detector) checkHangs(ctx context.Context) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		d.report(ctx, f)
+		d.pub.report(ctx, f)
 	}()
 }
 

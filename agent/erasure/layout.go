@@ -57,12 +57,14 @@ func (r Range) End() int { return r.Off + r.Len }
 //   - Member j stores K parity units of P bytes: unit t (at [t·P, (t+1)·P)
 //     of its parity buffer) is parity row t of stripe j-t.
 //
-// Missing bytes of a short piece count as zeros in the arithmetic.
+// Missing bytes of a short piece count as zeros in the arithmetic. The
+// member and stripe arithmetic (the last two points) is the embedded
+// [Rotation]'s; Layout adds the byte ranges.
 type Layout struct {
-	m, k, w, align int
-	gap            int     // 1 with ARC: the member after the parity block sits out
-	cut            []Range // the caller's shard cut, or nil for the default
-	shard, piece   int
+	Rotation             // who holds what in each stripe
+	w, align     int     // slice size, boundary
+	cut          []Range // the caller's shard cut, or nil for the default
+	shard, piece int
 }
 
 // NewLayout checks p and computes the layout.
@@ -72,7 +74,7 @@ func NewLayout(p Params) (Layout, error) {
 		return Layout{}, err
 	}
 	d := m - k - gap
-	l := Layout{m: m, k: k, w: w, align: a, gap: gap}
+	l := Layout{Rotation: Rotation{m: m, k: k, gap: gap}, w: w, align: a}
 	if p.Shards == nil {
 		unit := d * a
 		l.shard = ceilDiv(ceilDiv(w, m), unit) * unit
@@ -147,19 +149,6 @@ func XORLayout(m, w int) (Layout, error) {
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
-// Members is m, the size of the sharding group.
-func (l Layout) Members() int { return l.m }
-
-// Parity is K, the parity units per stripe and the member losses tolerated.
-func (l Layout) Parity() int { return l.k }
-
-// DataPieces is D, the pieces every shard is cut into: m-K, or m-K-1 with
-// ARC.
-func (l Layout) DataPieces() int { return l.m - l.k - l.gap }
-
-// ARC tells whether this is the arc+aec layout (Params.ARC).
-func (l Layout) ARC() bool { return l.gap == 1 }
-
 // Size is W, the slice's length in bytes.
 func (l Layout) Size() int { return l.w }
 
@@ -204,70 +193,10 @@ func (l Layout) Piece(i, p int) Range {
 	return Range{Off: lo, Len: min(lo+l.piece, r.End()) - lo}
 }
 
-// PieceIn is the index of the piece shard i contributes to stripe s, or -1
-// when member i holds one of stripe s's parity units or sits it out.
-func (l Layout) PieceIn(i, s int) int {
-	l.mustMember(i)
-	l.mustMember(s)
-	d := ((s-i)%l.m+l.m)%l.m - 1 // stripes s = i+1 .. i+D take pieces 0 .. D-1
-	if d < 0 || d >= l.DataPieces() {
-		return -1
-	}
-	return d
-}
-
-// StripeData lists the members whose pieces form stripe s, in the column
-// order of the code: members s+K .. s+m-1 (mod m), from s+K+1 with ARC.
-func (l Layout) StripeData(s int) []int {
-	l.mustMember(s)
-	out := make([]int, l.DataPieces())
-	for c := range out {
-		out[c] = (s + l.k + l.gap + c) % l.m
-	}
-	return out
-}
-
-// StripeSkip is the member that sits stripe s out with ARC (s+K), else -1.
-func (l Layout) StripeSkip(s int) int {
-	l.mustMember(s)
-	if l.gap == 0 {
-		return -1
-	}
-	return (s + l.k) % l.m
-}
-
-// StripeParity lists the members holding stripe s's parity units, in row
-// order: members s .. s+K-1 (mod m).
-func (l Layout) StripeParity(s int) []int {
-	l.mustMember(s)
-	out := make([]int, l.k)
-	for t := range out {
-		out[t] = (s + t) % l.m
-	}
-	return out
-}
-
-// UnitStripe is the stripe whose parity row t member j stores in unit t.
-func (l Layout) UnitStripe(j, t int) int {
-	l.mustMember(j)
-	if t < 0 || t >= l.k {
-		panic(fmt.Sprintf("erasure: parity unit %d out of range 0..%d", t, l.k-1))
-	}
-	return ((j-t)%l.m + l.m) % l.m
-}
-
 // Unit is the byte range of unit t inside a member's parity buffer.
 func (l Layout) Unit(t int) Range {
-	if t < 0 || t >= l.k {
-		panic(fmt.Sprintf("erasure: parity unit %d out of range 0..%d", t, l.k-1))
-	}
+	l.mustUnit(t)
 	return Range{Off: t * l.piece, Len: l.piece}
-}
-
-func (l Layout) mustMember(i int) {
-	if i < 0 || i >= l.m {
-		panic(fmt.Sprintf("erasure: member %d outside the sharding group 0..%d", i, l.m-1))
-	}
 }
 
 // String is a one-line summary for logs.

@@ -64,7 +64,11 @@ const (
 	foreignSkip = time.Minute
 )
 
-// Mesh is this agent's view of the job's other agents.
+// Mesh is this agent's view of the job's other agents: the listener, the
+// client, and per other node a peerState that its own peerWatch goroutine
+// keeps current (watch.go). The Mesh's methods only read peerStates and
+// may be called from any goroutine; Close stops the watches and waits for
+// them.
 type Mesh struct {
 	cfg   Config
 	log   zerolog.Logger
@@ -78,31 +82,6 @@ type Mesh struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
-}
-
-// peerState is one other node's agent.
-type peerState struct {
-	node  Node
-	cands []int
-	kick  chan struct{} // an immediate search, asked by Resolve
-
-	mu        sync.Mutex
-	addr      string // its listener, once found
-	connected bool
-	met       bool          // connected at least once since this agent started
-	err       error         // why it is not connected
-	changed   chan struct{} // closed and replaced at every update
-
-	foreign map[int]time.Time // only the watch goroutine touches it
-}
-
-func (p *peerState) update(addr string, connected bool, err error) {
-	p.mu.Lock()
-	p.addr, p.connected, p.err = addr, connected, err
-	p.met = p.met || connected
-	close(p.changed)
-	p.changed = make(chan struct{})
-	p.mu.Unlock()
 }
 
 // Start learns the topology, listens on this node's first free candidate
@@ -198,8 +177,13 @@ func start(ctx context.Context, cfg Config, topo TopologySource, src peer.ChunkS
 		p := &peerState{node: nd, cands: Candidates(cfg.Peer.Job, lo, hi, nd.Index, n), kick: make(chan struct{}, 1),
 			changed: make(chan struct{}), foreign: map[int]time.Time{}, err: errors.New("not looked for yet")}
 		m.peers[nd.Name] = p
+		w := &peerWatch{cl: cl, cfg: cfg, start: m.start, p: p,
+			log: m.log.With().Str("peer_node", nd.Name).Logger(), backoff: minRetry}
 		m.wg.Add(1)
-		go m.watch(ctx, p)
+		go func() {
+			defer m.wg.Done()
+			w.run(ctx)
+		}()
 	}
 	return m, nil
 }
@@ -249,13 +233,7 @@ func (m *Mesh) Peers() []PeerStatus {
 		if p == nil {
 			continue
 		}
-		p.mu.Lock()
-		s := PeerStatus{Node: p.node, Addr: p.addr, Connected: p.connected, Met: p.met}
-		if !p.connected {
-			s.Err = p.err
-		}
-		p.mu.Unlock()
-		out = append(out, s)
+		out = append(out, p.status())
 	}
 	return out
 }
@@ -279,28 +257,7 @@ func (m *Mesh) resolve(ctx context.Context, node string, refusedEnds bool) (stri
 	if p == nil {
 		return "", fmt.Errorf("mesh: node %q is not in job %s's allocation", node, m.cfg.Peer.Job)
 	}
-	select { // search now rather than after the current pause
-	case p.kick <- struct{}{}:
-	default:
-	}
-	fresh := false // p.err comes from a search made since the call began
-	for {
-		p.mu.Lock()
-		addr, ok, err, ch := p.addr, p.connected, p.err, p.changed
-		p.mu.Unlock()
-		if ok {
-			return addr, nil
-		}
-		if refusedEnds && fresh && errors.Is(err, syscall.ECONNREFUSED) {
-			return "", fmt.Errorf("mesh: the agent of node %s is not reachable: %w", node, err)
-		}
-		select {
-		case <-ch:
-			fresh = true
-		case <-ctx.Done():
-			return "", fmt.Errorf("mesh: the agent of node %s is not reachable: %w (%v)", node, err, context.Cause(ctx))
-		}
-	}
+	return p.await(ctx, refusedEnds)
 }
 
 // Watermarks asks node's agent which generations of ranks (nil: all) it
@@ -370,189 +327,6 @@ func (m *Mesh) Close() error {
 		err = m.srv.Close()
 	})
 	return err
-}
-
-// watch finds node p's agent, then checks its connection, and looks again
-// when it is lost (its agent may come back on another candidate). One
-// goroutine per peer; it returns when ctx is done.
-func (m *Mesh) watch(ctx context.Context, p *peerState) {
-	defer m.wg.Done()
-	w := &peerWatch{m: m, p: p, log: m.log.With().Str("peer_node", p.node.Name).Logger(), backoff: minRetry}
-	for {
-		p.mu.Lock()
-		addr := p.addr
-		p.mu.Unlock()
-		var ok bool
-		if addr == "" {
-			ok = w.search(ctx)
-		} else {
-			ok = w.check(ctx, addr)
-		}
-		if !ok {
-			return
-		}
-	}
-}
-
-// peerWatch is one watch goroutine's state: the retry backoff, and what
-// it last said of an unreachable peer (said again when the cause changes,
-// and as a warning once the start's grace is over).
-type peerWatch struct {
-	m         *Mesh
-	p         *peerState
-	log       zerolog.Logger
-	backoff   time.Duration
-	lastCause string
-	warned    bool
-}
-
-// search looks for the peer's agent once, and pauses: backing off after
-// a failed search, the watch interval after a found one. false: ctx is
-// done.
-func (w *peerWatch) search(ctx context.Context) bool {
-	m, p := w.m, w.p
-	addr, k, skipped, err := m.find(ctx, p)
-	if ctx.Err() != nil {
-		return false
-	}
-	if err != nil {
-		w.unreachable(err)
-		p.update("", false, err) // after the log, so a reader of Peers finds it logged
-		kicked, ok := m.pause(ctx, p, w.backoff)
-		if kicked {
-			w.backoff = minRetry
-		} else {
-			w.backoff = min(2*w.backoff, m.cfg.MaxRetry)
-		}
-		return ok
-	}
-	w.backoff, w.lastCause, w.warned = minRetry, "", false
-	w.found(addr, k, skipped)
-	_, ok := m.pause(ctx, p, m.cfg.Watch)
-	return ok
-}
-
-// unreachable logs a failed search when its cause is new, or when the
-// start's grace ran out since (then as a warning, once).
-func (w *peerWatch) unreachable(err error) {
-	late := time.Since(w.m.start) > w.m.cfg.Grace
-	cause := causeKey(err)
-	if cause == w.lastCause && (!late || w.warned) {
-		return
-	}
-	lvl := zerolog.InfoLevel
-	if late {
-		lvl, w.warned = zerolog.WarnLevel, true
-	}
-	w.log.WithLevel(lvl).Str("event", "peer_unreachable").Str("peer_host", w.p.node.Addr).Err(err).
-		Msgf("agent of node %s not reached yet; retrying", w.p.node.Name)
-	w.lastCause = cause
-}
-
-// found logs the agent found at addr (candidate k; skipped: the earlier
-// candidates that answered as something else), tells PeerFound, and
-// records it.
-func (w *peerWatch) found(addr string, k int, skipped []Try) {
-	p := w.p
-	if len(skipped) > 0 {
-		// Something else answered on an earlier candidate: another
-		// job's agent (a port collision), or a program squatting
-		// the port. The search went on; an operator should know.
-		w.log.Warn().Str("event", "peer_candidates_skipped").Str("peer_host", p.node.Addr).Int("candidate", k).
-			Str("error", skippedText(skipped)).
-			Msgf("found the agent of node %s on candidate %d after earlier candidates answered as something else", p.node.Name, k)
-	}
-	w.log.Info().Str("event", event.PeerConnected).Str("addr", addr).Int("peer_index", p.node.Index).Int("candidate", k).
-		Msgf("peer connected: node %s at %s", p.node.Name, addr)
-	if w.m.cfg.PeerFound != nil { // before the update, as the log
-		w.m.cfg.PeerFound(p.node.Name)
-	}
-	p.update(addr, true, nil)
-}
-
-// check checks the connection to the agent at addr, and pauses the
-// watch interval while it holds; a lost or changed agent is logged, told
-// to PeerLost and forgotten, to be searched for at once. false: ctx is
-// done.
-func (w *peerWatch) check(ctx context.Context, addr string) bool {
-	m, p := w.m, w.p
-	node, err := m.cl.Connect(ctx, addr)
-	if ctx.Err() != nil {
-		return false
-	}
-	if err == nil && node != p.node.Name {
-		m.cl.Drop(addr)
-		err = fmt.Errorf("the agent at %s is now node %s's", addr, node)
-	}
-	if err != nil {
-		w.log.Warn().Str("event", "peer_lost").Str("addr", addr).Err(err).
-			Msgf("lost the agent of node %s; looking for it again", p.node.Name)
-		if m.cfg.PeerLost != nil {
-			m.cfg.PeerLost(p.node.Name, err)
-		}
-		p.update("", false, err)
-		return true
-	}
-	_, ok := m.pause(ctx, p, m.cfg.Watch)
-	return ok
-}
-
-// pause waits d, or less if Resolve asks for a search now.
-func (m *Mesh) pause(ctx context.Context, p *peerState, d time.Duration) (kicked, ok bool) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false, false
-	case <-p.kick:
-		return true, true
-	case <-t.C:
-		return false, true
-	}
-}
-
-// find tries node p's candidates in order: a refused connection or a
-// refusal by another job's agent moves on to the next; the first agent of
-// this job that authenticates as node p wins. On success, skipped are the
-// earlier candidates where something other than nothing answered.
-func (m *Mesh) find(ctx context.Context, p *peerState) (addr string, k int, skipped []Try, err error) {
-	ue := &UnreachableError{Node: p.node.Name, Host: p.node.Addr, Job: m.cfg.Peer.Job}
-	now := time.Now()
-	for k, port := range p.cands {
-		if until, ok := p.foreign[port]; ok {
-			if now.Before(until) {
-				ue.Tries = append(ue.Tries, Try{Port: port, Kind: TryForeign, Err: errors.New("skipped: another job's agent answered here lately")})
-				continue
-			}
-			delete(p.foreign, port)
-		}
-		addr := net.JoinHostPort(p.node.Addr, strconv.Itoa(port))
-		node, err := m.cl.Connect(ctx, addr)
-		if err == nil && node == p.node.Name {
-			for _, t := range ue.Tries {
-				if t.Kind != TryRefused {
-					skipped = append(skipped, t)
-				}
-			}
-			return addr, k, skipped, nil
-		}
-		if ctx.Err() != nil {
-			return "", 0, nil, ctx.Err()
-		}
-		kind := TryOther
-		switch {
-		case err == nil: // only when 8n > span puts nodes of a host on shared candidates
-			m.cl.Drop(addr)
-			kind, err = TryOtherNode, fmt.Errorf("the agent of node %s of this job listens here", node)
-		case errors.Is(err, syscall.ECONNREFUSED):
-			kind = TryRefused
-		case peer.IsCode(err, peer.CodeForbidden):
-			kind = TryForeign
-			p.foreign[port] = now.Add(foreignSkip)
-		}
-		ue.Tries = append(ue.Tries, Try{Port: port, Kind: kind, Err: err})
-	}
-	return "", 0, nil, ue
 }
 
 // skippedText names what each skipped candidate was.

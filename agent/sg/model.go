@@ -114,6 +114,10 @@ type Protection struct {
 
 // Model is a job compiled for failure analysis: its sharding groups, AEC
 // layout and GEMINI placement. It is immutable and safe for concurrent use.
+// It is made of the node geometry (nodeMap, embedded for its Nodes,
+// StateNodes and NodeRanks), the redundancy inside each group (groupCode,
+// which decides a group's shards from its failure mask alone) and the peer
+// copies of per-rank state (holders); Plan and Survives join the three.
 type Model struct {
 	Job        Job
 	Kinds      Kind // effective kinds (see NewModel)
@@ -122,23 +126,13 @@ type Model struct {
 	Placement  Placement // of sharded state (and optimizer state without aor)
 	Protection []Protection
 
-	nodes      []string
-	nodeIdx    map[string]int
-	stateNodes []int   // indices of nodes that host ranks, in node-list order
-	nodeRanks  [][]int // ranks per node index
+	nodeMap
+	code       groupCode
 	holders    [][]int // node index -> holder node indices
 	groupNodes [][]int // per group: member node indices in ring order
 	patterns   [][]int // distinct groupNodes
-	arc, aor   bool
-	// whole: aor without arc or aec. The agent then keeps every member's
-	// replicated state whole (its slice is not sharded), so a member's
-	// replicated state survives while any member of its SG lives.
-	whole   bool
-	k       int // AEC parity pieces per stripe, 0 without aec
-	ec      *EC
-	stripes []Stripe
-	tNet    int // peer copies the spec asks for sharded state
-	copies  int // peer copies given (tNet, or fewer with few nodes)
+	tNet       int     // peer copies the spec asks for sharded state
+	copies     int     // peer copies given (tNet, or fewer with few nodes)
 }
 
 // parity is the number of AEC parity pieces per stripe the spec asks for.
@@ -166,14 +160,14 @@ func NewModel(j Job) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	md := &Model{Job: j, nodes: j.Topology.nodes(), nodeIdx: idx}
+	md := &Model{Job: j, nodeMap: nodeMap{nodes: j.Topology.nodes(), nodeIdx: idx}}
 	var m specModes
 	if m, md.Kinds, err = modesOf(s, l.DP, j.Kinds); err != nil {
 		return nil, err
 	}
-	md.arc, md.aor, md.k, md.whole = m.arc, m.aor, m.k, m.whole
-	if md.Kinds&Replicated != 0 && md.k > 0 {
-		if md.ec, md.stripes, err = ecStripes(s, l.DP, md.k, md.arc); err != nil {
+	md.code = groupCode{spec: s, dp: l.DP, arc: m.arc, aor: m.aor, k: m.k, whole: m.whole}
+	if md.Kinds&Replicated != 0 && md.code.k > 0 {
+		if md.code.ec, md.code.stripes, err = ecStripes(s, l.DP, md.code.k, md.code.arc); err != nil {
 			return nil, err
 		}
 	}
@@ -183,8 +177,8 @@ func NewModel(j Job) (*Model, error) {
 	md.groupNodes, md.patterns = groupPatterns(md.Groups, idx)
 	var stateNames []string
 	md.nodeRanks, md.stateNodes, stateNames = nodeRanks(j.Topology.RankNode, md.nodes, idx)
-	md.tNet = md.k
-	if md.arc {
+	md.tNet = md.code.k
+	if md.code.arc {
 		md.tNet++
 	}
 	md.copies = md.tNet
@@ -331,25 +325,10 @@ func holderIndexes(holders map[string][]string, idx map[string]int, n int) [][]i
 // placedKinds are the kinds protected by peer copies.
 func (md *Model) placedKinds() Kind {
 	k := Sharded
-	if !md.aor {
+	if !md.code.aor {
 		k |= Optimizer
 	}
 	return k
-}
-
-// modes writes the modes in effect for replicated state.
-func (md *Model) repModes() string {
-	var m []string
-	if md.arc {
-		m = append(m, "arc")
-	}
-	switch {
-	case md.k == 1:
-		m = append(m, "aec")
-	case md.k > 1:
-		m = append(m, fmt.Sprintf("aec:%d", md.k))
-	}
-	return strings.Join(m, "+")
 }
 
 func plural(n int, one, many string) string {
@@ -363,19 +342,19 @@ func (md *Model) protection() []Protection {
 	var out []Protection
 	m := md.Job.Layout.DP
 	if md.Kinds&Replicated != 0 {
-		p := Protection{Kind: Replicated, Modes: md.repModes(), Unit: "members per SG"}
-		p.Tolerance = md.repTolerance()
-		if md.whole {
+		p := Protection{Kind: Replicated, Modes: md.code.modes(), Unit: "members per SG"}
+		p.Tolerance = md.code.tolerance()
+		if md.code.whole {
 			p.Modes = "aor"
 		}
 		ecPieces := 0
-		if md.ec != nil {
-			ecPieces = md.ec.DataPieces()
+		if md.code.ec != nil {
+			ecPieces = md.code.ec.DataPieces()
 		}
-		p.Text = replicatedText(m, md.whole, md.arc, md.k, ecPieces, md.repModes(), p.Tolerance)
+		p.Text = replicatedText(m, md.code.whole, md.code.arc, md.code.k, ecPieces, md.code.modes(), p.Tolerance)
 		out = append(out, p)
 	}
-	if md.Kinds&Optimizer != 0 && md.aor {
+	if md.Kinds&Optimizer != 0 && md.code.aor {
 		out = append(out, Protection{Kind: Optimizer, Modes: "aor", Tolerance: 1, Unit: "members per SG",
 			Text: "ZeRO-1 optimizer shards: the previous member of the SG (ring order) keeps an AOR replica, kept current from the gradients; survives any 1 failed member per SG (aor covers them, so they get no network copies)"})
 	}
@@ -385,7 +364,7 @@ func (md *Model) protection() []Protection {
 		}
 		p := Protection{Kind: k, Unit: "nodes", Tolerance: md.copies}
 		if md.tNet > 0 {
-			p.Modes = md.repModes()
+			p.Modes = md.code.modes()
 		}
 		p.Text = placedText(k, m, md.copies, md.tNet, md.Placement.Strategy)
 		out = append(out, p)
@@ -441,18 +420,6 @@ func placedText(k Kind, dp, copies, tNet int, strategy string) string {
 		what, plural(copies, "peer copy", "peer copies"), strategy, plural(copies, "failed node", "failed nodes"))
 }
 
-// repTolerance is the guaranteed failed members per SG for replicated state.
-func (md *Model) repTolerance() int {
-	if md.whole {
-		return md.Job.Layout.DP - 1
-	}
-	t := md.k
-	if md.arc {
-		t++
-	}
-	return t
-}
-
 // Tolerance is the number of failed nodes the job always survives, whatever
 // nodes they are: the weakest kind's guarantee, with members that share a
 // node counted together. Explain's enumeration may find that more survive.
@@ -498,27 +465,5 @@ func (md *Model) nodeTolerance(t int) int {
 	return best
 }
 
-// Nodes is the job's node list; StateNodes those that host ranks.
-func (md *Model) Nodes() []string { return append([]string(nil), md.nodes...) }
-
-// StateNodes lists the nodes that host ranks, in node-list order; only
-// their failures matter.
-func (md *Model) StateNodes() []string {
-	out := make([]string, len(md.stateNodes))
-	for i, n := range md.stateNodes {
-		out[i] = md.nodes[n]
-	}
-	return out
-}
-
-// NodeRanks lists the ranks on node.
-func (md *Model) NodeRanks(node string) []int {
-	i, ok := md.nodeIdx[node]
-	if !ok {
-		return nil
-	}
-	return append([]int(nil), md.nodeRanks[i]...)
-}
-
 // EC is the AEC layout of the replicated state, or nil without aec.
-func (md *Model) EC() *EC { return md.ec }
+func (md *Model) EC() *EC { return md.code.ec }

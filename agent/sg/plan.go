@@ -83,25 +83,6 @@ func Analyze(job Job, failed []string) (Plan, error) {
 	return md.Plan(failed)
 }
 
-// dead turns failed node names into a mask, rejecting unknown names.
-func (md *Model) dead(failed []string) ([]bool, []string, error) {
-	d := make([]bool, len(md.nodes))
-	for _, n := range failed {
-		i, ok := md.nodeIdx[n]
-		if !ok {
-			return nil, nil, fmt.Errorf("failed node %q is not one of the job's nodes (%s)", n, compactNodes(md.nodes))
-		}
-		d[i] = true
-	}
-	var names []string
-	for i, x := range d {
-		if x {
-			names = append(names, md.nodes[i])
-		}
-	}
-	return d, names, nil
-}
-
 // Plan decides, for every shard of the job, whether and how it comes back
 // when the failed nodes (and everything on them) are gone.
 func (md *Model) Plan(failed []string) (Plan, error) {
@@ -128,7 +109,7 @@ func (md *Model) plan(dead []bool, names []string, shards bool) Plan {
 	if md.Kinds&Replicated != 0 {
 		md.planGroups(&p, dead, Replicated, shards)
 	}
-	if md.Kinds&Optimizer != 0 && md.aor {
+	if md.Kinds&Optimizer != 0 && md.code.aor {
 		md.planGroups(&p, dead, Optimizer, shards)
 	}
 	md.planPlaced(&p, dead, shards)
@@ -162,10 +143,10 @@ func (md *Model) survives(dead []bool) bool {
 			if !f[pos] {
 				continue
 			}
-			if md.Kinds&Replicated != 0 && md.repSource(f, pos) == SourcePersistent {
+			if md.Kinds&Replicated != 0 && md.code.source(f, pos) == SourcePersistent {
 				return false
 			}
-			if md.Kinds&Optimizer != 0 && md.aor && f[pred(pos, len(f))] {
+			if md.Kinds&Optimizer != 0 && md.code.aor && f[pred(pos, len(f))] {
 				return false
 			}
 		}
@@ -193,66 +174,9 @@ func anyAlive(ns []int, dead []bool) bool {
 	return false
 }
 
-// repSource decides a replicated shard's source; f marks the group's failed
-// ring positions.
-func (md *Model) repSource(f []bool, pos int) Source {
-	m := len(f)
-	switch {
-	case !f[pos]:
-		return SourceLocal
-	case md.arc && m > 1 && !f[pred(pos, m)]:
-		return SourceARC
-	case md.ec != nil && md.decodable(f, pos) == -1:
-		return SourceAEC
-	case md.whole && slices.Contains(f, false):
-		return SourcePeer // any member's whole copy
-	}
-	return SourcePersistent
-}
-
-// known reports whether the data of ring position q survives in plain
-// form: at its owner or in its predecessor's ARC copy.
-func (md *Model) known(f []bool, q int) bool {
-	return !f[q] || (md.arc && !f[pred(q, len(f))])
-}
-
 // pred is the ring position before i: the holder of i's ARC copy and AOR
 // replica.
 func pred(i, m int) int { return (i - 1 + m) % m }
-
-// decodable returns -1 when every piece of pos's shard can be decoded from
-// its stripe, else the first stripe that cannot: a stripe decodes while its
-// unknown data pieces are no more than its surviving parity pieces (XOR
-// and Reed-Solomon are MDS: any K of the stripe's pieces may be missing).
-func (md *Model) decodable(f []bool, pos int) int {
-	for j := 0; j < md.ec.DataPieces(); j++ {
-		a := md.ec.PieceStripe(pos, j)
-		if md.stripeUnknown(f, a) > md.stripeParity(f, a) {
-			return a
-		}
-	}
-	return -1
-}
-
-func (md *Model) stripeUnknown(f []bool, a int) int {
-	u := 0
-	for _, d := range md.stripes[a].Data {
-		if !md.known(f, d.Member) {
-			u++
-		}
-	}
-	return u
-}
-
-func (md *Model) stripeParity(f []bool, a int) int {
-	n := 0
-	for _, q := range md.stripes[a].Parity {
-		if !f[q] {
-			n++
-		}
-	}
-	return n
-}
 
 // planGroups adds the shards of every SG for kind (Replicated, or
 // Optimizer under aor) and one reason per SG that loses any.
@@ -274,7 +198,7 @@ func (md *Model) planGroups(p *Plan, dead []bool, kind Kind, shards bool) {
 			s := ShardPlan{Kind: kind, Group: g.Name(), Position: pos, Rank: mem.Rank, Node: mem.Node}
 			holder := g.Members[pred(pos, m)]
 			if kind == Replicated {
-				s.Source = md.repSource(f, pos)
+				s.Source = md.code.source(f, pos)
 			} else {
 				s.Source = aorSource(f, pos)
 			}
@@ -282,11 +206,11 @@ func (md *Model) planGroups(p *Plan, dead []bool, kind Kind, shards bool) {
 			case SourceARC, SourceAOR:
 				s.From = []string{holder.Node}
 			case SourceAEC:
-				s.From = md.decodeNodes(g, f, pos)
+				s.From = md.code.decodeNodes(g, f, pos)
 			case SourcePeer:
 				s.From = survivorNodes(g, f, pos)
 			case SourcePersistent:
-				s.Reason = md.shardReason(g, f, pos, kind)
+				s.Reason = md.code.shardReason(g, f, pos, kind)
 				lost = append(lost, s.Reason)
 			}
 			if shards {
@@ -294,7 +218,7 @@ func (md *Model) planGroups(p *Plan, dead []bool, kind Kind, shards bool) {
 			}
 		}
 		if len(lost) > 0 {
-			p.Reasons = append(p.Reasons, md.groupReason(g, f, kind, lost))
+			p.Reasons = append(p.Reasons, md.code.groupReason(g, f, kind, lost))
 		}
 	}
 }
@@ -323,113 +247,6 @@ func survivorNodes(g Group, f []bool, pos int) []string {
 		}
 	}
 	return out
-}
-
-// decodeNodes lists the nodes an AEC decode of pos's shard reads: for each
-// of its stripes, the surviving parity and the plain data of the others.
-func (md *Model) decodeNodes(g Group, f []bool, pos int) []string {
-	seen := map[string]bool{}
-	var out []string
-	add := func(q int) {
-		if n := g.Members[q].Node; !seen[n] {
-			seen[n] = true
-			out = append(out, n)
-		}
-	}
-	m := len(f)
-	for j := 0; j < md.ec.DataPieces(); j++ {
-		st := md.stripes[md.ec.PieceStripe(pos, j)]
-		for _, q := range st.Parity {
-			if !f[q] {
-				add(q)
-			}
-		}
-		for _, d := range st.Data {
-			switch {
-			case d.Member == pos:
-			case !f[d.Member]:
-				add(d.Member)
-			case md.arc && !f[pred(d.Member, m)]:
-				add(pred(d.Member, m))
-			}
-		}
-	}
-	return out
-}
-
-// tolPhrase is "arc tolerates 1 failure per group" for kind.
-func (md *Model) tolPhrase(kind Kind) string {
-	if kind == Optimizer {
-		return "aor keeps 1 replica of each ZeRO-1 optimizer shard, on the previous member, so it tolerates 1 failure per group"
-	}
-	if !md.Job.Spec.Enabled() {
-		return "--reft=off keeps no redundancy"
-	}
-	t := md.repTolerance()
-	if md.whole {
-		return fmt.Sprintf("aor without arc or aec keeps the whole replicated slice on every member, so it tolerates %s per group", plural(t, "failure", "failures"))
-	}
-	if t == 0 {
-		return fmt.Sprintf("--reft=%s does not protect replicated state (arc or aec do)", md.Job.Spec)
-	}
-	return fmt.Sprintf("%s tolerates %s per group", md.repModes(), plural(t, "failure", "failures"))
-}
-
-func (md *Model) shardReason(g Group, f []bool, pos int, kind Kind) string {
-	m := len(f)
-	mem, holder := g.Members[pos], g.Members[pred(pos, m)]
-	what := fmt.Sprintf("rank %d's shard", mem.Rank)
-	if kind == Optimizer {
-		what = fmt.Sprintf("rank %d's optimizer shard", mem.Rank)
-		return fmt.Sprintf("%s was on %s and its AOR replica on rank %d (%s)", what, mem.Node, holder.Rank, holder.Node)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s was on %s", what, mem.Node)
-	if md.arc && m > 1 {
-		fmt.Fprintf(&b, " and its ARC copy on rank %d (%s)", holder.Rank, holder.Node)
-	}
-	if md.whole {
-		b.WriteString(", and every other member of its group, each with a whole copy, failed too")
-	}
-	if md.ec != nil {
-		a := md.decodable(f, pos)
-		fmt.Fprintf(&b, "; AEC stripe %d misses %s with %s left", a,
-			plural(md.stripeUnknown(f, a), "data piece", "data pieces"),
-			plural(md.stripeParity(f, a), "parity piece", "parity pieces"))
-	}
-	return b.String()
-}
-
-func (md *Model) groupReason(g Group, f []bool, kind Kind, lost []string) string {
-	var ranks []int
-	var nodes []string
-	seen := map[string]bool{}
-	for pos, x := range f {
-		if x {
-			ranks = append(ranks, g.Members[pos].Rank)
-			if n := g.Members[pos].Node; !seen[n] {
-				seen[n] = true
-				nodes = append(nodes, n)
-			}
-		}
-	}
-	sort.Ints(ranks)
-	sort.Strings(nodes)
-	word := "ranks"
-	if len(ranks) == 1 {
-		word = "rank"
-	}
-	nodeWord := "nodes"
-	if len(nodes) == 1 {
-		nodeWord = "node"
-	}
-	// Two shards say enough; a big group would otherwise make pages.
-	detail := strings.Join(lost[:min(2, len(lost))], "; ")
-	if len(lost) > 2 {
-		detail += fmt.Sprintf("; and %s more", plural(len(lost)-2, "shard", "shards"))
-	}
-	return fmt.Sprintf("%s lost %s %s on %s %s; %s: %s", g, word, joinInts(ranks), nodeWord,
-		strings.Join(nodes, ","), md.tolPhrase(kind), detail)
 }
 
 // planPlaced adds the per-rank shards protected by peer copies: sharded
@@ -495,7 +312,7 @@ func (md *Model) groupOf(r int) (Group, int) {
 func (md *Model) nodeReason(x int) string {
 	name := md.nodes[x]
 	what := "per-rank state"
-	if md.Kinds&Optimizer != 0 && !md.aor {
+	if md.Kinds&Optimizer != 0 && !md.code.aor {
 		what = "per-rank state (including ZeRO-1 optimizer shards)"
 	}
 	head := fmt.Sprintf("node %s (%s %s): %s", name, pluralWord(len(md.nodeRanks[x]), "rank", "ranks"), rankRanges(md.nodeRanks[x]), what)
@@ -520,7 +337,7 @@ func (md *Model) nodeReason(x int) string {
 			copies = "its peer copy"
 		}
 		return fmt.Sprintf("%s lost with %s (%s); %s keeps %s per node (%s)", head,
-			copies, strings.Join(names, ","), md.repModes(), plural(md.copies, "peer copy", "peer copies"), where)
+			copies, strings.Join(names, ","), md.code.modes(), plural(md.copies, "peer copy", "peer copies"), where)
 	case !md.Job.Spec.Enabled():
 		return head + " lost: --reft=off keeps no copies"
 	case md.tNet == 0:

@@ -42,8 +42,8 @@ func TestPlanMatchesBytes(t *testing.T) {
 				if got := md.Tolerance(); got != mode.tol {
 					t.Fatalf("node tolerance %d, want %d", got, mode.tol)
 				}
-				st := newStorage(t, m, md.arc, md.ec, int64(997+m), rng)
-				st.whole = md.whole
+				st := newStorage(t, m, md.code.arc, md.code.ec, int64(997+m), rng)
+				st.whole = md.code.whole
 				subsets(m, func(failed []bool, size int) {
 					plan, err := md.Plan(names(failed))
 					if err != nil {
