@@ -2,8 +2,6 @@ package metrics
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/runpath"
 )
 
 // CarryName is the file, in the job's run directory on a node, where an
@@ -27,7 +26,7 @@ import (
 // a scrape every 15 s would almost never see it. With it, the Recorder's
 // counters and histograms count over the job's agents on the node, as a
 // Prometheus counter should: they reset only when the job ends.
-const CarryName = "metrics-carry.json"
+const CarryName = runpath.CarryName
 
 // carryMax bounds the file read back: a few kilobytes in practice.
 const carryMax = 1 << 20
@@ -60,8 +59,12 @@ func (r *Recorder) Carry(prev *proto.Metrics) error {
 
 // SaveCarry writes r's Status for the job's next agent on the node into
 // the directory dir (the job's run directory, which the agent made 0700
-// and checked): a temp file created O_EXCL|O_NOFOLLOW, renamed onto
-// CarryName, so a reader sees the old file or the new.
+// and checked): runpath.CarryTempName, removed first if a killed agent
+// left it and created O_EXCL|O_NOFOLLOW, renamed onto CarryName, so a
+// reader sees the old file or the new. Both names are fixed, so that the
+// plugin's cleanup at the job's end removes whatever an agent left (it
+// removes runpath.RunDirFiles only). One agent of a job runs on a node at
+// a time (its lock), so no two SaveCarry race on the names.
 func (r *Recorder) SaveCarry(dir *os.File, job, node string) error {
 	if r == nil {
 		return nil
@@ -70,10 +73,11 @@ func (r *Recorder) SaveCarry(dir *os.File, job, node string) error {
 	if err != nil {
 		return fmt.Errorf("metrics carry: %w", err)
 	}
-	var rnd [8]byte
-	rand.Read(rnd[:])
-	tmp := "." + CarryName + "." + hex.EncodeToString(rnd[:])
+	tmp := runpath.CarryTempName
 	dfd := int(dir.Fd())
+	if err := unix.Unlinkat(dfd, tmp, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("metrics carry: removing a stale %s in %s: %w", tmp, dir.Name(), err)
+	}
 	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("metrics carry: creating %s in %s: %w", tmp, dir.Name(), err)

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/reft-hpc/reft/agent/proto"
+	"github.com/reft-hpc/reft/agent/runpath"
 )
 
 func openDir(t *testing.T, dir string) *os.File {
@@ -84,6 +85,46 @@ func TestCarryAcrossAgents(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir.Name()); len(ents) != 1 {
 		t.Errorf("the directory holds %v, want only %s (no temp files left)", ents, CarryName)
+	}
+}
+
+// TestSaveCarryStaleTemp: a temp file a killed agent left, or a link in its
+// place, is removed (the link itself, never its target) and the save goes
+// on; only CarryName is left.
+func TestSaveCarryStaleTemp(t *testing.T) {
+	for _, stale := range []string{"file", "symlink"} {
+		t.Run(stale, func(t *testing.T) {
+			dir := t.TempDir()
+			target := filepath.Join(t.TempDir(), "target")
+			if err := os.WriteFile(target, []byte("not ours"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tmp := filepath.Join(dir, runpath.CarryTempName)
+			var err error
+			if stale == "file" {
+				err = os.WriteFile(tmp, []byte("half a save"), 0o600)
+			} else {
+				err = os.Symlink(target, tmp)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := NewRecorder()
+			r.Failure("node", 1)
+			if err := r.SaveCarry(openDir(t, dir), "7", "n1"); err != nil {
+				t.Fatalf("SaveCarry over a stale %s: %v", stale, err)
+			}
+			if b, _ := os.ReadFile(target); string(b) != "not ours" {
+				t.Errorf("the link's target was written: %q", b)
+			}
+			ents, _ := os.ReadDir(dir)
+			if len(ents) != 1 || ents[0].Name() != CarryName {
+				t.Errorf("the directory holds %v, want only %s", ents, CarryName)
+			}
+			if m, err := ReadCarry(openDir(t, dir), "7", "n1"); err != nil || m.FailuresDetected["node"] != 1 {
+				t.Errorf("read back %+v %v", m, err)
+			}
+		})
 	}
 }
 

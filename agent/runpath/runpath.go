@@ -18,7 +18,17 @@ const (
 	SocketName = "agent.sock"
 	LockName   = "agent.lock"  // flock held by the live agent; holds its pid
 	ErrorName  = "agent.error" // one line: why the agent could not start
+	// CarryName holds the metrics counters an agent leaves for the job's
+	// next agent on the node (agent/metrics); CarryTempName is where it is
+	// written before the rename onto CarryName.
+	CarryName     = "metrics-carry.json"
+	CarryTempName = ".metrics-carry.json.tmp"
 )
+
+// RunDirFiles are all the names an agent may leave in the job's run
+// directory: the plugin removes these, and only these, when the job ends
+// on the node, then the directory.
+var RunDirFiles = []string{SocketName, LockName, ErrorName, CarryName, CarryTempName}
 
 // JobRunDir is the per-job runtime directory (mode 0700, the job's user).
 func JobRunDir(runDir, job string) string { return filepath.Join(runDir, job) }

@@ -395,7 +395,7 @@ func externExit(cfg config.Config, stateDir, j string, uid uint32, goesOn func(c
 	}
 	if !taken && !goesOn(cfg, j) {
 		if rd != nil {
-			if err := rd.RemoveUserDir(j, uid, []string{runpath.SocketName, runpath.LockName, runpath.ErrorName}); err != nil {
+			if err := rd.RemoveUserDir(j, uid, runpath.RunDirFiles); err != nil {
 				msgs = append(msgs, err.Error())
 			}
 		}
