@@ -653,6 +653,12 @@ class Checkpointer:
                 session.close()
             raise
 
+    @property
+    def undo(self):
+        """The reft.undo.UpdateUndo that makes optimizer.step() undoable
+        (undo=True), or None: for its test hook, UpdateUndo.hold()."""
+        return self._undo
+
     # --- registration ------------------------------------------------------
 
     def _register(self):
