@@ -400,7 +400,11 @@ def train(a, rank, world, dev):
                 raise reft.Error("restored step %d is past --steps %d" % (resumed, a.steps))
             log("resumed from step %d" % resumed)
     elif os.environ.get("REFT_AGENT_SOCKET"):
-        ck = Checkpointer(ddp, opt, undo=a.undo)  # rank and world from torch.distributed; JIT flush on notices
+        # rank and world from torch.distributed; JIT flush on notices. rng=False:
+        # the ranks draw no random numbers after start-up (batches come from
+        # their own generators), so there is no RNG state to keep, and without
+        # per-rank state --reft=...,every=0 can restore a lost rank from its peers.
+        ck = Checkpointer(ddp, opt, undo=a.undo, rng=False)
         ck.flush_on_signal()  # and at Slurm's SIGTERM, within its KillWait
         resumed = ck.restore()
         if resumed is not None:

@@ -461,6 +461,33 @@ class CheckpointerEvery0(SameBits, TorchCase):
         self.assertEqual(ck2.restore(), 4)
         self.assertSameBits(bits_state(model2, opt2), want)
 
+    def test_every0_per_rank_state(self):
+        """every=0 with several ranks: state that differs per rank never
+        leaves a rank that dies, so the Checkpointer refuses it, naming it
+        and the fix; the optimizer's hyperparameters, the same on every
+        data-parallel rank, are registered replicated (a survivor's flush
+        then carries them for a lost rank)."""
+        agent = self.agent("arc,every=0")
+        model = model_of(3)
+        opt = SUPPORTED["adam"](model.parameters())
+        sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+        for kw, want in (({}, r"rng=True \(each rank's RNG states\) is state of its own rank"),
+                         ({"rng": False, "extra": {"sched": sched}}, r"extra= \(sched\) is state of its own rank"),
+                         ({"rng": False, "sharded_optimizer": True}, r"sharded_optimizer=True")):
+            with self.subTest(**{k: str(v) for k, v in kw.items()}):
+                with self.assertRaisesRegex(reft.Error, "every=0 with 2 ranks: " + want + ".*launch with every=1"):
+                    Checkpointer(model, opt, session=self.session(agent, world=2), undo=True, **kw)
+        s = self.session(agent, world=2)
+        ck = Checkpointer(model, opt, session=s, undo=True, rng=False)
+        self.addCleanup(ck.close)
+        groups = [b for b in s._buffers if "param_groups" in b.name]
+        self.assertEqual([b.replicated for b in groups], [True])
+        # Under every=1 they stay per rank (the ranks' snapshots copy them).
+        s1 = self.session(self.agent("arc"), world=2)
+        ck1 = Checkpointer(model, SUPPORTED["adam"](model.parameters()), session=s1, undo=True)
+        self.addCleanup(ck1.close)
+        self.assertEqual([b.replicated for b in s1._buffers if "param_groups" in b.name], [False])
+
 
 if __name__ == "__main__":
     unittest.main()
