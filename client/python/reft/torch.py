@@ -176,6 +176,12 @@ of the step undoes it too. SGD, Adam and AdamW; others are refused with
 reft.undo.UndoUnsupported. Install it before other wrappers of
 optimizer.step (an LR scheduler's counter is kept).
 
+Under --reft=...,every=0 (no snapshot on the step path; docs/UNDO.md) only
+replicated state survives a lost rank, through its peers' JIT flushes: with
+several ranks the Checkpointer refuses per-rank state (rng=True, extra=,
+sharded_optimizer=True, sharded DTensors) with reft.Error, and registers the
+optimizer's param_groups as replicated.
+
 sharded_optimizer=True registers the optimizer state as not replicated
 (ZeRO-style: each rank holds a different shard); the extra states are never
 replicated (RNG states differ per rank). streams= replaces the copy stream
