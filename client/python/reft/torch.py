@@ -184,7 +184,8 @@ optimizer's param_groups as replicated.
 
 sharded_optimizer=True registers the optimizer state as not replicated
 (ZeRO-style: each rank holds a different shard); the extra states are never
-replicated (RNG states differ per rank). streams= replaces the copy stream
+replicated (RNG states differ per rank; under every=0 the param_groups are).
+streams= replaces the copy stream
 (tests: reft._streams.CpuStreams with a hook). This module imports torch,
 reft does not.
 """
@@ -1049,9 +1050,10 @@ class Checkpointer:
                 # snapshots (a lost rank's state is gone, e.g. per-rank state
                 # under every=0, or beyond the SPEC's tolerance).
                 none = [r for r, (steps, _) in enumerate(lists) if not steps]
-                s._log("restore: no step is held by every rank (rank(s) %s hold none; rank %d holds %s), "
-                       "so training starts from the beginning; the agents' logs say what was lost"
-                       % (none[:16], d.get_rank(), lists[d.get_rank()][0] or "none"))
+                who = "rank(s) %s hold none" % none[:16] if none else "the ranks' steps have none in common"
+                s._log("restore: no step is held by every rank (%s; this rank holds %s), so training "
+                       "starts from the beginning; the agents' logs say what was lost"
+                       % (who, sorted(lists[d.get_rank()][0] or []) or "none"))
             if step is None:
                 if partial is not None:
                     raise Error("Checkpointer.restore(): step %d could not be restored on every "
