@@ -19,6 +19,15 @@ SIGKILL itself at the start of STEP, only in a run that did not resume, so a
 relaunch with the same flags restores and finishes. Launch with srun -K1 so
 that the step ends when a rank dies.
 
+--hold-in-update STEP:TENSOR (needs --undo and srun --reft) makes every rank
+stop inside its optimizer.step() of STEP before parameter tensor TENSOR
+(0-based, model order), the tensors before it updated, and say so on stderr
+("torch_ddp: hold-in-update: rank R holds in step STEP's update before
+tensor TENSOR ..."), until a JIT flush interrupts the step; the step is then
+undone, the flush saves STEP-1 and the rank exits with an error. Only in a
+run that did not resume. It is the test of a node lost while the survivors
+are inside the optimizer step (reft.undo.UpdateUndo.hold; docs/UNDO.md).
+
 Snapshots: with REFT_AGENT_SOCKET set (srun --reft=...) reft.torch's
 Checkpointer saves every --save-every steps and restores at start-up;
 without it the program trains without snapshots and says so. Between saves
@@ -60,6 +69,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import reft
 from reft.torch import Checkpointer
+from reft.undo import UpdateInterrupted
 
 PROG = "torch_ddp"
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -78,6 +88,9 @@ def parse_args(argv):
     p.add_argument("--undo", action="store_true",
                    help="make optimizer.step() undoable (reft.undo): a JIT flush that finds a rank inside it saves the "
                    "previous step; advised under --reft=...,every=0 (docs/UNDO.md)")
+    p.add_argument("--hold-in-update", default="", metavar="STEP:TENSOR",
+                   help="test hook (needs --undo and srun --reft): every rank stops in STEP's optimizer.step() before "
+                   "parameter tensor TENSOR until a JIT flush interrupts it (only in a run that did not resume)")
     p.add_argument("--log-every", type=int, default=1, help="print rank 0's loss every N steps (default 1)")
     p.add_argument("--fail-at", default="", metavar="STEP:RANK",
                    help="that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
@@ -99,6 +112,21 @@ def parse_args(argv):
             sep = ""
         if not sep or a.fail_step < 1 or a.fail_rank < 0:
             p.error("--fail-at %r is not STEP:RANK with STEP >= 1 and RANK >= 0 (e.g. --fail-at 5:2)" % a.fail_at)
+    a.hold_step = a.hold_tensor = None
+    if a.hold_in_update:
+        step, sep, tensor = a.hold_in_update.partition(":")
+        try:
+            a.hold_step, a.hold_tensor = int(step), int(tensor)
+        except ValueError:
+            sep = ""
+        if not sep or a.hold_step < 1 or a.hold_tensor < 0:
+            p.error("--hold-in-update %r is not STEP:TENSOR with STEP >= 1 and TENSOR >= 0 (e.g. "
+                    "--hold-in-update 8:2)" % a.hold_in_update)
+        if not a.undo:
+            p.error("--hold-in-update needs --undo: the hold ends when a JIT flush interrupts the update, "
+                    "which --undo then undoes")
+        if a.ckpt_dir:
+            p.error("--hold-in-update needs reft's JIT flush, not --ckpt-dir")
     for name in ("steps", "size", "layers", "batch", "threads", "log_every"):
         if getattr(a, name) < 1:
             p.error("--%s must be >= 1" % name.replace("_", "-"))
@@ -343,6 +371,14 @@ def params_sha256(module):
 def train(a, rank, world, dev):
     log = (lambda *x: print(*x, flush=True)) if rank == 0 else (lambda *x: None)
     model = build_model(a).to(dev)
+    if a.hold_step is not None:
+        n = len(list(model.parameters()))
+        if a.hold_tensor >= n:
+            raise reft.Error("--hold-in-update %s: the model has %d parameter tensors (0..%d)"
+                             % (a.hold_in_update, n, n - 1))
+        if not os.environ.get("REFT_AGENT_SOCKET"):
+            raise reft.Error("--hold-in-update needs reft snapshots (srun --reft=...): only a JIT flush "
+                             "ends the hold")
     ddp = model
     if world > 1:
         ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)  # broadcasts rank 0's state
@@ -364,7 +400,11 @@ def train(a, rank, world, dev):
                 raise reft.Error("restored step %d is past --steps %d" % (resumed, a.steps))
             log("resumed from step %d" % resumed)
     elif os.environ.get("REFT_AGENT_SOCKET"):
-        ck = Checkpointer(ddp, opt, undo=a.undo)  # rank and world from torch.distributed; JIT flush on notices
+        # rank and world from torch.distributed; JIT flush on notices. rng=False:
+        # the ranks draw no random numbers after start-up (batches come from
+        # their own generators), so there is no RNG state to keep, and without
+        # per-rank state --reft=...,every=0 can restore a lost rank from its peers.
+        ck = Checkpointer(ddp, opt, undo=a.undo, rng=False)
         ck.flush_on_signal()  # and at Slurm's SIGTERM, within its KillWait
         resumed = ck.restore()
         if resumed is not None:
@@ -388,7 +428,18 @@ def train(a, rank, world, dev):
         opt.zero_grad()
         loss = F.mse_loss(ddp(x), y)
         loss.backward()  # DDP all-reduces the gradients here
-        opt.step()  # the Checkpointer's hook orders it after the last snapshot's copy
+        if resumed is None and step == a.hold_step:
+            ck.undo.hold(a.hold_tensor, note=lambda: print(
+                "%s: hold-in-update: rank %d holds in step %d's update before tensor %d until a JIT flush "
+                "interrupts it" % (PROG, rank, step, a.hold_tensor), file=sys.stderr, flush=True))
+        try:
+            opt.step()  # the Checkpointer's hook orders it after the last snapshot's copy
+        except UpdateInterrupted:
+            # The flush that interrupted the step saves step-1 from its own
+            # (daemon) thread: wait for it, or save step-1 here, before
+            # the process ends and takes that thread with it.
+            ck.session.flush("training stopped: step %d's update was interrupted" % step, timeout=10.0)
+            raise
         if ck is not None and a.save_every and step % a.save_every == 0:
             ck.save(step)  # copies in the background during the next forward/backward
         elif ck is not None:

@@ -179,9 +179,9 @@ func cleanStores(t *testing.T, job string, nodes []string) {
 		"--ntasks-per-node=1", "rm", "-rf", reftStoreRoot+"/"+strings.TrimSpace(u)+"/"+job)
 }
 
-// holdRe is reft-train's line for a rank held inside its update
-// (--hold-in-update).
-var holdRe = regexp.MustCompile(`(?m)^reft-train: hold-in-update: rank (\d+) holds in step (\d+)'s update before tensor (\d+)`)
+// holdRe is reft-train's and torch_ddp.py's line for a rank held inside
+// its update (--hold-in-update).
+var holdRe = regexp.MustCompile(`(?m)^(?:reft-train|torch_ddp): hold-in-update: rank (\d+) holds in step (\d+)'s update before tensor (\d+)`)
 
 // TestEvery0NodeLossInUpdate: issue 20's every=0 mode. --reft=arc,every=0,
 // DP=4 on n1-n4 with a spare, reft-train --undo: no snapshot on the step
@@ -244,5 +244,98 @@ func TestEvery0NodeLossInUpdate(t *testing.T) {
 		t.Fatalf("job %s: relaunch %v, want 'resumed from step %d':\n%s", r.job, m, held-1, r.resumed)
 	}
 	t.Logf("job %s: resumed from step %d after n2 died inside step %d's update: 1 step lost, final hash as uninterrupted", r.job, held-1, held)
+	r.checkRestores(t, held-1, []string{"restore_peer", "decode"}, "")
+}
+
+// torchJITSaveRe is the Python client's line for a JIT save (without the
+// rank: the Session logs it as is).
+var torchJITSaveRe = regexp.MustCompile(`(?m)^reft: JIT save of step (\d+) committed in [0-9.]+ ms \((.*)\)$`)
+
+// TestEvery0NodeLossInUpdateTorch: TestEvery0NodeLossInUpdate with the
+// PyTorch trainer. --reft=arc,every=0, DP=4 (examples/torch_ddp.py, DDP over
+// gloo, AdamW, Checkpointer(undo=True) through --undo) on n1-n4 with a
+// spare: Checkpointer.save sends heartbeats only. Every rank stops inside
+// step 8's optimizer.step() with two parameter tensors applied
+// (--hold-in-update 8:2, reft.undo.UpdateUndo.hold, first step only), and
+// n2 dies then. Each survivor's JIT flush (the agent's notice, or srun's
+// SIGTERM, whichever comes first) interrupts the step, which undoes the two
+// tensors bit for bit, and saves step 7 with its ring successor's shard;
+// rank 1's replacement on n5 restores step 7 from the peers. One step (8)
+// is lost, and the final parameters are an uninterrupted run's.
+func TestEvery0NodeLossInUpdateTorch(t *testing.T) {
+	const spec, held = "arc,every=0,spares=1", 8
+	c := nodeLossCase{spec: spec, dp: 4, kill: []string{"n2"}, steps: 20, torch: true, flags: []string{"--undo"},
+		firstFlags: []string{"--hold-in-update", fmt.Sprintf("%d:2", held)},
+		ready:      func(_, stderr string) bool { return len(holdRe.FindAllString(stderr, -1)) == 4 }}
+	r := nodeLoss(t, c)
+
+	ranks := map[string]bool{}
+	for _, m := range holdRe.FindAllStringSubmatch(r.first.Stderr, -1) {
+		ranks[m[1]] = true
+		if m[2] != strconv.Itoa(held) || m[3] != "2" {
+			t.Errorf("rank %s held in step %s before tensor %s, want step %d before tensor 2", m[1], m[2], m[3], held)
+		}
+	}
+	if len(ranks) != 4 {
+		t.Errorf("job %s: ranks %v held, want 0-3 once each:\n%s", r.job, ranks, r.first.Stderr)
+	}
+	if n := strings.Count(r.first.Stderr, "every=0 ("+spec+"): no snapshot on the step path"); n != 4 {
+		t.Errorf("job %s: %d ranks said that save() keeps nothing under every=0, want 4 (once each):\n%s", r.job, n, r.first.Stderr)
+	}
+	// The three survivors undid the two applied tensors (the Checkpointer's
+	// warning); rank 1 died held.
+	if n := strings.Count(r.first.Stderr, "undid the update of 2 parameter tensors"); n != 3 {
+		t.Errorf("job %s: %d ranks undid step %d's two applied tensors, want 3 (the survivors):\n%s", r.job, n, held, r.first.Stderr)
+	}
+	if r.lastLogged != held-1 {
+		t.Errorf("job %s: rank 0 logged step %d before the kill, want %d (the step before the held update)", r.job, r.lastLogged, held-1)
+	}
+
+	// One JIT save per survivor, each of step 7 (the Python client's lines
+	// carry no rank: the agents' events below say whose).
+	saves := torchJITSaveRe.FindAllStringSubmatch(r.first.Stderr, -1)
+	for _, m := range saves {
+		t.Logf("job %s: JIT save of step %s (%s)", r.job, m[1], m[2])
+		if m[1] != strconv.Itoa(held-1) {
+			t.Errorf("job %s: a JIT save of step %s, want only %d", r.job, m[1], held-1)
+		}
+	}
+	if len(saves) != 3 {
+		t.Errorf("job %s: %d JIT saves, want 3 (one per survivor):\n%s", r.job, len(saves), r.first.Stderr)
+	}
+	// Every survivor's agent committed its rank's step 7 and nothing else:
+	// every=0 kept no snapshot on the step path.
+	for rank, n := range r.nodes {
+		if n == "n2" {
+			continue
+		}
+		own := false
+		for _, e := range agentEvents(t, r.job, n)["committed"] {
+			if s, _ := e["step"].(float64); int64(s) != held-1 {
+				t.Errorf("job %s: %s's agent committed step %v; under every=0 only the JIT flush's step %d", r.job, n, e["step"], held-1)
+			}
+			if rr, ok := e["rank"].(float64); ok && int(rr) == rank {
+				own = true
+			}
+		}
+		if !own {
+			t.Errorf("job %s: %s's agent logged no commit of rank %d's step %d", r.job, n, rank, held-1)
+		}
+	}
+
+	// The relaunch resumed from the flushed step: one step lost (nodeLoss
+	// checked the final hash and the losses against the uninterrupted run).
+	m := resumedRe.FindStringSubmatch(r.resumed.Stdout)
+	if m == nil || m[1] != strconv.Itoa(held-1) {
+		r.logRestores(t)
+		t.Fatalf("job %s: relaunch %v, want 'resumed from step %d':\n%s", r.job, m, held-1, r.resumed)
+	}
+	if l := lossRe.FindStringSubmatch(r.resumed.Stdout); l == nil || l[1] != strconv.Itoa(held) {
+		t.Errorf("job %s: the relaunch's first step is %v, want %d", r.job, l, held)
+	}
+	if strings.Contains(r.resumed.Stderr, "hold-in-update: rank") {
+		t.Errorf("job %s: the relaunch held (it has no --hold-in-update):\n%s", r.job, r.resumed.Stderr)
+	}
+	t.Logf("job %s: resumed from step %d after n2 died inside step %d's optimizer.step(): 1 step lost, final hash as uninterrupted", r.job, held-1, held)
 	r.checkRestores(t, held-1, []string{"restore_peer", "decode"}, "")
 }

@@ -69,6 +69,10 @@ type nodeLossCase struct {
 	// ready, if set, replaces the killAt line as the kill's trigger: the
 	// nodes die once it returns true for the first step's output so far.
 	ready func(stdout, stderr string) bool
+	// torch runs examples/torch_ddp.py (DDP over gloo, one rank per node)
+	// instead of reft-train: flags and firstFlags are its flags, added
+	// to torchFlags and --steps.
+	torch bool
 }
 
 // nodeLossRun is what a scenario left for the checks.
@@ -167,6 +171,21 @@ func referenceRun(t *testing.T, ranks int, flags []string) refRun {
 	return r
 }
 
+// torchReferenceRun is referenceRun for examples/torch_ddp.py: without
+// reft, in its own job, ranks ranks on as many nodes, once per flags.
+func torchReferenceRun(t *testing.T, ranks int, flags []string) refRun {
+	t.Helper()
+	key := "torch " + strconv.Itoa(ranks) + " " + strings.Join(flags, " ")
+	if r, ok := refRuns[key]; ok {
+		return r
+	}
+	n := strconv.Itoa(ranks)
+	ref := mustRun(t, 3*time.Minute, alice, append([]string{"srun", "-K1", "-N" + n, "-n" + n}, torchTask(flags...)...)...)
+	r := refRun{hash: torchRun(t, "uninterrupted run", ref), loss: lossLines(ref.Stdout)}
+	refRuns[key] = r
+	return r
+}
+
 // killNodes kills nodes of the test cluster at once (one kill-node each,
 // concurrently), for the rest of the test.
 func killNodes(t *testing.T, nodes ...string) {
@@ -225,12 +244,17 @@ func writeHostfile(t *testing.T, dir, name string, nodes []string) string {
 // lost one, holding its CPUs (reft run's steps are not left so: the SPANK
 // plugin's step-end hold).
 func placedStep(job, spec, hostfile string, nodes, exclude []string, flags []string) []string {
+	return placedTask(job, spec, hostfile, nodes, exclude, append([]string{bin("reft-train")}, flags...))
+}
+
+// placedTask is placedStep with any task command (torchTask's).
+func placedTask(job, spec, hostfile string, nodes, exclude []string, task []string) []string {
 	args := []string{"env", "SLURM_HOSTFILE=" + hostfile, "srun", "--jobid=" + job, "--reft=" + spec, "-K1", "--mpi=pmix",
 		"--distribution=arbitrary", "--nodes=" + strconv.Itoa(len(nodes)), "--ntasks=" + strconv.Itoa(len(nodes))}
 	if len(exclude) > 0 {
 		args = append(args, "--exclude="+strings.Join(exclude, ","), "--overlap")
 	}
-	return append(append(args, bin("reft-train")), flags...)
+	return append(args, task...)
 }
 
 // committedAtFailure is the newest step that every one of ranks had
@@ -282,8 +306,18 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 	enableReft(t)
 	flags := append(append(append([]string{}, trainFlags...), reftTrainFlags...),
 		"--steps", strconv.FormatInt(c.steps, 10), "--dp", strconv.Itoa(c.dp))
+	task := func(flags []string) []string { return append([]string{bin("reft-train")}, flags...) }
+	if c.torch {
+		flags = append(append([]string{}, torchFlags...), "--steps", strconv.FormatInt(c.steps, 10))
+		task = func(flags []string) []string { return torchTask(flags...) }
+	}
 	flags = append(flags, c.flags...)
-	ref := referenceRun(t, c.dp, flags)
+	var ref refRun
+	if c.torch {
+		ref = torchReferenceRun(t, c.dp, flags)
+	} else {
+		ref = referenceRun(t, c.dp, flags)
+	}
 
 	nodes := clusterNodes[:c.dp]
 	spares := clusterNodes[c.dp:]
@@ -314,8 +348,14 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 	// Steps padded to 100 ms (no change to the results): on a loaded
 	// machine srun's output reached the test in bursts, and the job had run
 	// all its steps before the kill landed (seen under two parallel runs).
-	padded := append(append(append([]string{}, flags...), "--min-step", "100ms"), c.firstFlags...)
-	step := placedStep(job, c.spec, writeHostfile(t, dir, "hostfile.0", nodes), nodes, spares, padded)
+	// (torch_ddp.py has no padding; its tests trigger the kill on a hold
+	// instead, which ends only with the failure.)
+	padded := append(append([]string{}, flags...), "--min-step", "100ms")
+	if c.torch {
+		padded = slices.Clone(flags)
+	}
+	padded = append(padded, c.firstFlags...)
+	step := placedTask(job, c.spec, writeHostfile(t, dir, "hostfile.0", nodes), nodes, spares, task(padded))
 	want := fmt.Sprintf("\nstep %d loss ", c.killAt)
 	ready := c.ready
 	if ready == nil {
@@ -401,7 +441,7 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 		relaunched[r] = spares[i]
 		replaced[r] = spares[i]
 	}
-	step = placedStep(job, c.spec, writeHostfile(t, dir, "hostfile.1", relaunched), relaunched, c.kill, flags)
+	step = placedTask(job, c.spec, writeHostfile(t, dir, "hostfile.1", relaunched), relaunched, c.kill, task(flags))
 	relaunchAt := time.Now()
 	resumed := run(t, 3*time.Minute, alice, step...)
 	if resumed.Code != 0 {
@@ -419,8 +459,10 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 		}
 	}
 	// Where the relaunch ran: sacct's record of its step.
-	if r := run(t, time.Minute, alice, "sacct", "-n", "-P", "-j", job, "-o", "JobID,JobName,NodeList"); !strings.Contains(r.Stdout, "|reft-train|"+compressHosts(relaunched)+"\n") {
-		t.Errorf("sacct shows no reft-train step on %v (%s):\n%s", relaunched, compressHosts(relaunched), r.Stdout)
+	// (A step's name is its program's: env for torch_ddp.py's.)
+	name := filepath.Base(task(nil)[0])
+	if r := run(t, time.Minute, alice, "sacct", "-n", "-P", "-j", job, "-o", "JobID,JobName,NodeList"); !strings.Contains(r.Stdout, "|"+name+"|"+compressHosts(relaunched)+"\n") {
+		t.Errorf("sacct shows no %s step on %v (%s):\n%s", name, relaunched, compressHosts(relaunched), r.Stdout)
 	}
 	return nodeLossRun{job: job, nodes: nodes, relaunched: relaunched, replaced: replaced, lastLogged: lastLogged,
 		committed: committed, newest: newest, relaunchAt: relaunchAt, resumed: resumed, what: what, ref: ref,

@@ -176,9 +176,16 @@ of the step undoes it too. SGD, Adam and AdamW; others are refused with
 reft.undo.UndoUnsupported. Install it before other wrappers of
 optimizer.step (an LR scheduler's counter is kept).
 
+Under --reft=...,every=0 (no snapshot on the step path; docs/UNDO.md) only
+replicated state survives a lost rank, through its peers' JIT flushes: with
+several ranks the Checkpointer refuses per-rank state (rng=True, extra=,
+sharded_optimizer=True, sharded DTensors) with reft.Error, and registers the
+optimizer's param_groups as replicated.
+
 sharded_optimizer=True registers the optimizer state as not replicated
 (ZeRO-style: each rank holds a different shard); the extra states are never
-replicated (RNG states differ per rank). streams= replaces the copy stream
+replicated (RNG states differ per rank; under every=0 the param_groups are).
+streams= replaces the copy stream
 (tests: reft._streams.CpuStreams with a hook). This module imports torch,
 reft does not.
 """
@@ -540,6 +547,7 @@ class _Extra:
     def __init__(self, name, obj):
         self.name, self.obj = name, obj
         self.buf = None
+        self.replicated = False  # per rank, unless the Checkpointer knows better (every=0)
 
     def _blob(self):
         out = io.BytesIO()
@@ -630,11 +638,18 @@ class Checkpointer:
                     raise Error("Checkpointer(jit=False) under --reft=...,every=0: no snapshot is taken on "
                                 "the step path, so without the JIT flush nothing would ever be saved; "
                                 "pass jit=True or launch without every=0")
+                if session.world > 1:
+                    self._every0_state(rng, extra, sharded_optimizer)
                 if not undo:
                     warnings.warn("reft.torch: every=0 without undo=True: a failure while this rank is inside "
                                   "optimizer.step() leaves no consistent step to flush until the step ends; "
                                   "pass undo=True (docs/UNDO.md)", RuntimeWarning, stacklevel=2)
             self._register()
+            if session.enabled and session.every == 0 and session.world > 1 and self._any_sharded:
+                raise Error("Checkpointer under --reft=...,every=0 with %d ranks: the model is sharded "
+                            "(DTensor, FSDP2), and a rank's own shard is copied to no peer before a "
+                            "failure (no snapshot on the step path), so a lost rank could not be "
+                            "restored; launch with every=1 (the default)" % session.world)
             if undo:
                 from .undo import UpdateUndo  # raises UndoUnsupported naming the reason
                 self._undo = UpdateUndo(optimizer, on_undone=self._undone)
@@ -652,6 +667,36 @@ class Checkpointer:
             if self._own_session:
                 session.close()
             raise
+
+    def _every0_state(self, rng, extra, sharded_optimizer):
+        """every=0 in a job of several ranks: the JIT flush of a survivor
+        carries its ring successor's copy of the replicated state only, so
+        state that differs per rank never leaves a rank that dies. Refuse
+        it, and register the optimizer's hyperparameters (the same on every
+        data-parallel rank: one optimizer built alike) as replicated."""
+        per_rank = []
+        if rng:
+            per_rank.append("rng=True (each rank's RNG states)")
+        if extra:
+            per_rank.append("extra= (%s)" % ", ".join(sorted(extra)))
+        if sharded_optimizer:
+            per_rank.append("sharded_optimizer=True (each rank's optimizer shard)")
+        if per_rank:
+            raise Error("Checkpointer under --reft=...,every=0 with %d ranks: %s is state of its own rank, "
+                        "which every=0 copies to no peer before a failure (no snapshot on the step path; "
+                        "a survivor's JIT flush carries only the replicated state), so a lost rank could "
+                        "not be restored and the job would start over. Drop it (rng=False when the "
+                        "ranks draw no random numbers after start-up; no extra=; an optimizer that is "
+                        "not sharded), or launch with every=1 (the default)" % (self.session.world, " and ".join(per_rank)))
+        for x in self._extra:
+            if x.name == "reft.torch/param_groups":
+                x.replicated = True
+
+    @property
+    def undo(self):
+        """The reft.undo.UpdateUndo that makes optimizer.step() undoable
+        (undo=True), or None: for its test hook, UpdateUndo.hold()."""
+        return self._undo
 
     # --- registration ------------------------------------------------------
 
@@ -737,7 +782,7 @@ class Checkpointer:
 
         for x in self._extra:
             fp.update(("extra %s\n" % x.name).encode())
-            s.register(_name("extra", x.name), x.register(), replicated=False)
+            s.register(_name("extra", x.name), x.register(), replicated=x.replicated)
 
         # meta: magic, format version, step, fingerprint of names, dtypes and shapes.
         self._fingerprint = int.from_bytes(fp.digest()[:8], "little", signed=True)
@@ -1000,6 +1045,15 @@ class Checkpointer:
                     raise Error("Checkpointer.restore(): rank %d could not list its snapshots: %s"
                                 % (r, err[1]), code=err[0])
             step = common_newest([steps for steps, _ in lists])
+            if step is None and partial is None and any(steps for steps, _ in lists):
+                # Not silent: the job starts over although some ranks hold
+                # snapshots (a lost rank's state is gone, e.g. per-rank state
+                # under every=0, or beyond the SPEC's tolerance).
+                none = [r for r, (steps, _) in enumerate(lists) if not steps]
+                who = "rank(s) %s hold none" % none[:16] if none else "the ranks' steps have none in common"
+                s._log("restore: no step is held by every rank (%s; this rank holds %s), so training "
+                       "starts from the beginning; the agents' logs say what was lost"
+                       % (who, sorted(lists[d.get_rank()][0] or []) or "none"))
             if step is None:
                 if partial is not None:
                     raise Error("Checkpointer.restore(): step %d could not be restored on every "

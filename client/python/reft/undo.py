@@ -43,7 +43,11 @@ import torch
 from ._errors import Error
 from ._optstep import unwrap_step
 
-__all__ = ["UpdateUndo", "UndoUnsupported", "UpdateInterrupted", "check_undoable"]
+__all__ = ["UpdateUndo", "UndoUnsupported", "UpdateInterrupted", "check_undoable", "HOLD_MAX"]
+
+# HOLD_MAX bounds UpdateUndo.hold's wait for a stop request (reft-train's
+# --hold-in-update waits as long).
+HOLD_MAX = 120.0
 
 
 class UndoUnsupported(Error):
@@ -132,7 +136,8 @@ class UpdateUndo:
     undoes the applied tensors, calls ``on_undone(tensors, cause)`` and
     re-raises (UpdateInterrupted for a request). ``before_tensor(i)`` (for
     tests) is called before tensor i and once more, with i = the number of
-    tensors, after the last.
+    tensors, after the last. hold() makes the next step wait before a
+    tensor until request_stop() (a test hook).
 
     ``stats`` after a step: {"elements", "p", "exp_avg", ...}: how many
     elements the step updated and how many exceptions it kept per buffer.
@@ -147,6 +152,7 @@ class UpdateUndo:
         self.stats = {}
         self._recs = []
         self._stop = threading.Event()
+        self._hold = None  # (tensor, note, timeout) for the next step; hold()
         self._installed = None
 
     # --- installation ----------------------------------------------------------
@@ -187,6 +193,30 @@ class UpdateUndo:
         undo what it applied (thread-safe; a no-op between steps)."""
         self._stop.set()
 
+    def hold(self, tensor, note=None, timeout=HOLD_MAX):
+        """Test hook: the next step() stops before parameter tensor
+        ``tensor`` (0-based, in the order step() updates them: the param
+        groups' tensors that have a gradient), the ones before it applied,
+        calls ``note()`` and waits until request_stop() — a JIT flush's
+        interrupt — then undoes the applied tensors and raises
+        UpdateInterrupted, as at any stop. It stands for an update that a
+        failure keeps from ending (a collective inside the step, held open
+        while a test kills a node). After ``timeout`` seconds without a
+        request the step is undone and raises reft.Error. One step only;
+        call it from the training thread between steps.
+
+        With torch >= 2.0 the Checkpointer's step pre-hook (which declares
+        the update to the session) runs per tensor, so before tensor 0 the
+        session does not yet know the trainer is updating, and a flush then
+        saves without interrupting: hold before tensor 1 or later there."""
+        n = sum(len(g["params"]) for g in self.optimizer.param_groups)
+        if isinstance(tensor, bool) or not isinstance(tensor, int) or not 0 <= tensor < n:
+            raise Error("update-undo: hold before tensor %r: the optimizer updates parameter tensors 0..%d"
+                        % (tensor, n - 1))
+        if not timeout > 0:
+            raise Error("update-undo: hold's timeout must be > 0 seconds, not %r" % (timeout,))
+        self._hold = (tensor, note, float(timeout))
+
     # --- the step ----------------------------------------------------------------
 
     @torch.no_grad()
@@ -210,11 +240,21 @@ class UpdateUndo:
         # A stop requested since the last step ended applies to this one
         # (the flush found the trainer updating before the step began).
         todo = [(gi, p) for gi, g in enumerate(groups) for p in saved[gi] if p.grad is not None]
+        hold, self._hold = self._hold, None
+        if hold is not None and hold[0] >= len(todo):
+            raise Error("update-undo: hold before tensor %d, but this step updates %d tensors (the others "
+                        "have no gradient): hold before 0..%d" % (hold[0], len(todo), len(todo) - 1))
         cur, orig = None, None
         try:
             for i, (gi, p) in enumerate(todo):
                 if self.before_tensor is not None:
                     self.before_tensor(i)
+                if hold is not None and i == hold[0]:
+                    if hold[1] is not None:
+                        hold[1]()
+                    if not self._stop.wait(hold[2]):
+                        raise Error("update-undo: held before parameter tensor %d, and no JIT flush "
+                                    "interrupted the update within %.0f s" % (i, hold[2]))
                 if self._stop.is_set():
                     raise UpdateInterrupted("optimizer.step() stopped before parameter tensor %d of %d "
                                             "at a JIT flush's request" % (i, len(todo)))

@@ -514,7 +514,7 @@ class TestDistributedAgreement(TorchCase):
     def agent(self, spec="aor"):
         return super().agent(spec)
 
-    def launch(self, agent, phase, last=(0, 0)):
+    def launch(self, agent, phase, last=(0, 0), stderr=False):
         with socket.socket() as sk:
             sk.bind(("127.0.0.1", 0))
             port = sk.getsockname()[1]
@@ -532,6 +532,8 @@ class TestDistributedAgreement(TorchCase):
             out, err = p.communicate(timeout=180)
             self.assertEqual(p.returncode, 0, "phase %s rank failed:\n%s\nits output:\n%s" % (phase, err, out))
             outs.append([l for l in out.split("\n") if l])
+            if stderr:
+                outs.append(err)
         return outs
 
     @staticmethod
@@ -571,6 +573,17 @@ class TestDistributedAgreement(TorchCase):
         for rank, out in enumerate(self.launch(agent, "restore")):
             self.assertEqual(out[0], "restored 2 %s" % at2[rank], "rank %d: %s" % (rank, out))
             self.assertRegex(out[1], r"^warning reft.torch: step 3 is not restorable on rank\(s\) \[0\]")
+
+    def test_no_common_step_is_said(self):
+        """Some ranks hold snapshots, one holds none: every rank starts
+        from the beginning and says why, not silently."""
+        agent = self.agent()
+        self.launch(agent, "save", (2, 0))  # rank 1 saves nothing
+        out0, err0, out1, err1 = self.launch(agent, "restore", stderr=True)
+        for rank, (out, err, holds) in enumerate(((out0, err0, "[1, 2]"), (out1, err1, "none"))):
+            self.assertEqual([l.split()[:2] for l in out], [["restored", "None"]], "rank %d" % rank)
+            self.assertIn("restore: no step is held by every rank (rank(s) [1] hold none; this rank holds %s), "
+                          "so training starts from the beginning" % holds, err)
 
     def test_no_common_step_after_a_partial_restore_is_an_error(self):
         agent = self.agent()

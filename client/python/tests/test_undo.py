@@ -7,6 +7,9 @@ reft.torch.Checkpointer(undo=True) against the real agent
 """
 
 import os
+import re
+import signal
+import subprocess
 import sys
 import threading
 import unittest
@@ -16,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..")))
 sys.path.insert(0, HERE)
 
-from test_torch import torch, needs_torch, TorchCase, state, setUpModule, tearDownModule  # noqa: E402,F401
+from test_torch import torch, needs_torch, TorchCase, state, setUpModule, tearDownModule, REPO  # noqa: E402,F401
 
 if torch is not None:
     import torch.nn.functional as F
@@ -209,6 +212,138 @@ class Undo(SameBits, unittest.TestCase):
 
 
 @needs_torch
+class Hold(SameBits, unittest.TestCase):
+    """UpdateUndo.hold, the test hook behind torch_ddp.py --hold-in-update."""
+
+    def test_hold_until_stop(self):
+        """The next step stops before the held tensor, says so once, waits
+        for request_stop() from another thread, then undoes the applied
+        tensors and raises UpdateInterrupted; the step after is not held."""
+        for at in (0, 2, 5):
+            with self.subTest(before_tensor=at):
+                model, opt, u = Undo.run_steps(self, "adamw", 3)
+                grads(model, 4)
+                before = bits_state(model, opt)
+                undone, noted = [], []
+
+                def note():
+                    noted.append(at)
+                    # The flush's thread: it asks while the step waits.
+                    threading.Thread(target=u.request_stop).start()
+                u.on_undone = lambda n, cause: undone.append((n, type(cause)))
+                u.hold(at, note=note)
+                with self.assertRaisesRegex(UpdateInterrupted, "before parameter tensor %d of 6" % at):
+                    opt.step()
+                self.assertEqual(noted, [at])
+                self.assertEqual(undone, [(at, UpdateInterrupted)])
+                self.assertSameBits(bits_state(model, opt), before)
+                opt.step()  # not held again
+                self.assertEqual(noted, [at])
+                ref_model, ref_opt, _ = Undo.run_steps(self, "adamw", 4, undo=False)
+                self.assertSameBits(bits_state(model, opt), bits_state(ref_model, ref_opt))
+
+    def test_hold_refused(self):
+        """Bad holds are refused with the valid range, before any tensor
+        is touched; a hold that no request ends is undone and says why."""
+        model, opt, u = Undo.run_steps(self, "sgd-momentum", 2)
+        for bad, want in ((-1, r"tensor -1: .* 0\.\.5"), (6, r"tensor 6: .* 0\.\.5"),
+                          (True, r"tensor True"), ("2", r"tensor '2'")):
+            with self.subTest(tensor=bad):
+                with self.assertRaisesRegex(reft.Error, want):
+                    u.hold(bad)
+        with self.assertRaisesRegex(reft.Error, "timeout must be > 0"):
+            u.hold(1, timeout=0)
+        # Tensors without a gradient are not updated: a hold past the
+        # ones that are is refused at the step, which then changes nothing.
+        grads(model, 3)
+        params = list(model.parameters())
+        for p in params[4:]:
+            p.grad = None
+        before = bits_state(model, opt)
+        u.hold(5)
+        with self.assertRaisesRegex(reft.Error, r"hold before tensor 5, but this step updates 4 tensors"):
+            opt.step()
+        self.assertSameBits(bits_state(model, opt), before)
+        # No request within the timeout: undone, and the error says so.
+        grads(model, 3)
+        before = bits_state(model, opt)
+        u.hold(3, timeout=0.01)
+        with self.assertRaisesRegex(reft.Error, "held before parameter tensor 3, and no JIT flush interrupted"):
+            opt.step()
+        self.assertSameBits(bits_state(model, opt), before)
+
+
+SCRIPT = os.path.join(REPO, "examples", "torch_ddp.py")
+HASH = re.compile(r"^final-params-sha256: ([0-9a-f]{64})$", re.M)
+HOLD = re.compile(r"^torch_ddp: hold-in-update: rank 0 holds in step (\d+)'s update before tensor (\d+) ", re.M)
+
+
+def example(agent, *flags, wait=True):
+    """examples/torch_ddp.py as one rank, on agent (None: without reft)."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, ".."), PYTHONDONTWRITEBYTECODE="1")
+    for k in ("REFT_AGENT_SOCKET", "SLURM_PROCID", "SLURM_NTASKS"):
+        env.pop(k, None)
+    if agent is not None:
+        env["REFT_AGENT_SOCKET"] = agent.path
+    args = [sys.executable, SCRIPT, "--steps", "8", "--seed", "3", "--optimizer", "adam"] + list(flags)
+    if wait:
+        return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@needs_torch
+class ExampleHold(TorchCase):
+    def test_flags_refused(self):
+        """torch_ddp.py --hold-in-update refuses what cannot hold: a step
+        below 1, a tensor out of range, no --undo, no reft."""
+        for flags, agent, code, want in (
+                (["--hold-in-update", "0:1", "--undo"], False, 2, "STEP >= 1 and TENSOR >= 0"),
+                (["--hold-in-update", "5:-1", "--undo"], False, 2, "STEP >= 1 and TENSOR >= 0"),
+                (["--hold-in-update", "5", "--undo"], False, 2, "is not STEP:TENSOR"),
+                (["--hold-in-update", "5:1"], False, 2, "--hold-in-update needs --undo"),
+                (["--hold-in-update", "5:1", "--undo", "--ckpt-dir", "/nonexistent"], False, 2, "not --ckpt-dir"),
+                (["--hold-in-update", "5:1", "--undo"], False, 1, "needs reft snapshots"),
+                (["--hold-in-update", "5:10", "--undo"], True, 1, r"the model has 10 parameter tensors \(0\.\.9\)")):
+            with self.subTest(flags=flags, agent=agent):
+                r = example(self.agent("arc,every=0") if agent else None, *flags)
+                self.assertEqual(r.returncode, code, r.stderr)
+                self.assertRegex(r.stderr, want)
+                self.assertNotIn("hold-in-update: rank", r.stderr)
+
+    def test_held_then_flushed(self):
+        """every=0 on a real agent: the rank holds inside step 5's update
+        with two tensors applied and says so; SIGTERM (Slurm's step kill)
+        flushes, which interrupts and undoes the update and saves step 4;
+        the relaunch resumes from step 4 and ends with the bits of a run
+        that was never interrupted."""
+        ref = example(None, "--undo")
+        self.assertEqual(ref.returncode, 0, ref.stderr)
+        want = HASH.findall(ref.stdout)
+        self.assertEqual(len(want), 1, ref.stdout)
+        agent = self.agent("arc,every=0")
+        p = example(agent, "--undo", "--hold-in-update", "5:2", wait=False)
+        err = []
+        for line in p.stderr:
+            err.append(line)
+            if HOLD.match(line):
+                break
+        self.assertEqual([HOLD.match(x).groups() for x in err if HOLD.match(x)], [("5", "2")], "".join(err))
+        p.send_signal(signal.SIGTERM)
+        out, rest = p.communicate(timeout=120)
+        err = "".join(err) + rest
+        self.assertEqual(p.returncode, -signal.SIGTERM, err)  # the signal flush dies of the signal
+        self.assertIn("JIT save of step 4 committed", err)
+        self.assertIn("undid the update of 2 parameter tensors", err)
+        self.assertNotRegex(err, r"JIT save of step (?!4 )\d+")
+        self.assertNotIn("final-params-sha256", out)
+        again = example(agent, "--undo", "--hold-in-update", "5:2")
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertIn("resumed from step 4\n", again.stdout)
+        self.assertNotRegex(again.stderr, "hold-in-update: rank")  # a resumed run does not hold
+        self.assertEqual(HASH.findall(again.stdout), want, again.stdout)
+
+
+@needs_torch
 class CheckpointerUndo(SameBits, TorchCase):
     def test_flush_mid_step_saves_previous_step(self):
         """save every 0 (consistent() only): a JIT flush that finds the
@@ -325,6 +460,35 @@ class CheckpointerEvery0(SameBits, TorchCase):
         ck2 = self.checkpointer(model2, opt2, agent, undo=True)
         self.assertEqual(ck2.restore(), 4)
         self.assertSameBits(bits_state(model2, opt2), want)
+
+    def test_every0_per_rank_state(self):
+        """every=0 with several ranks: state that differs per rank never
+        leaves a rank that dies, so the Checkpointer refuses it, naming it
+        and the fix; the optimizer's hyperparameters, the same on every
+        data-parallel rank, are registered replicated (a survivor's flush
+        then carries them for a lost rank)."""
+        agent = self.agent("arc,every=0")
+        model = model_of(3)
+        opt = SUPPORTED["adam"](model.parameters())
+        # (On its own optimizer: torch 2's scheduler wraps its optimizer's
+        # step, and undo then refuses to install on that one.)
+        sched = torch.optim.lr_scheduler.StepLR(SUPPORTED["adam"](model.parameters()), 1)
+        for kw, want in (({}, r"rng=True \(each rank's RNG states\) is state of its own rank"),
+                         ({"rng": False, "extra": {"sched": sched}}, r"extra= \(sched\) is state of its own rank"),
+                         ({"rng": False, "sharded_optimizer": True}, r"sharded_optimizer=True")):
+            with self.subTest(**{k: str(v) for k, v in kw.items()}):
+                with self.assertRaisesRegex(reft.Error, "every=0 with 2 ranks: " + want + ".*launch with every=1"):
+                    Checkpointer(model, opt, session=self.session(agent, world=2), undo=True, **kw)
+        s = self.session(agent, world=2)
+        ck = Checkpointer(model, opt, session=s, undo=True, rng=False)
+        self.addCleanup(ck.close)
+        groups = [b for b in s._buffers if "param_groups" in b.name]
+        self.assertEqual([b.replicated for b in groups], [True])
+        # Under every=1 they stay per rank (the ranks' snapshots copy them).
+        s1 = self.session(self.agent("arc"), world=2)
+        ck1 = Checkpointer(model, SUPPORTED["adam"](model.parameters()), session=s1, undo=True)
+        self.addCleanup(ck1.close)
+        self.assertEqual([b.replicated for b in s1._buffers if "param_groups" in b.name], [False])
 
 
 if __name__ == "__main__":
