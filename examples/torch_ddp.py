@@ -75,6 +75,21 @@ PROG = "torch_ddp"
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 
 
+def _step_pair(p, flag, value, second, example):
+    """Parse flag's STEP:N value (None, None when unset), STEP >= 1 and
+    N >= 0, or exit through p.error naming the form and an example."""
+    if not value:
+        return None, None
+    step, sep, n = value.partition(":")
+    try:
+        step, n = int(step), int(n)
+    except ValueError:
+        sep = ""
+    if not sep or step < 1 or n < 0:
+        p.error("%s %r is not STEP:%s with STEP >= 1 and %s >= 0 (e.g. %s %s)" % (flag, value, second, second, flag, example))
+    return step, n
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
@@ -103,25 +118,9 @@ def parse_args(argv):
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto (default): CUDA when torch sees a GPU, else the CPU")
     a = p.parse_args(argv)
-    a.fail_step = a.fail_rank = None
-    if a.fail_at:
-        step, sep, rank = a.fail_at.partition(":")
-        try:
-            a.fail_step, a.fail_rank = int(step), int(rank)
-        except ValueError:
-            sep = ""
-        if not sep or a.fail_step < 1 or a.fail_rank < 0:
-            p.error("--fail-at %r is not STEP:RANK with STEP >= 1 and RANK >= 0 (e.g. --fail-at 5:2)" % a.fail_at)
-    a.hold_step = a.hold_tensor = None
+    a.fail_step, a.fail_rank = _step_pair(p, "--fail-at", a.fail_at, "RANK", "5:2")
+    a.hold_step, a.hold_tensor = _step_pair(p, "--hold-in-update", a.hold_in_update, "TENSOR", "8:2")
     if a.hold_in_update:
-        step, sep, tensor = a.hold_in_update.partition(":")
-        try:
-            a.hold_step, a.hold_tensor = int(step), int(tensor)
-        except ValueError:
-            sep = ""
-        if not sep or a.hold_step < 1 or a.hold_tensor < 0:
-            p.error("--hold-in-update %r is not STEP:TENSOR with STEP >= 1 and TENSOR >= 0 (e.g. "
-                    "--hold-in-update 8:2)" % a.hold_in_update)
         if not a.undo:
             p.error("--hold-in-update needs --undo: the hold ends when a JIT flush interrupts the update, "
                     "which --undo then undoes")
