@@ -311,6 +311,15 @@ func TestSocketPathMatchesAgent(t *testing.T) {
 
 // fakeAgent answers status requests on a Unix socket.
 func fakeAgent(t *testing.T, sock string) {
+	fakeStatusAgent(t, sock, func() proto.Status {
+		return proto.Status{Job: "42", Node: "n1",
+			Ranks: []proto.RankStatus{{Rank: 0, Newest: 6, Generations: []int64{6, 5}, Bytes: 100}}}
+	})
+}
+
+// fakeStatusAgent answers every status request on a Unix socket with
+// reply(), called once per request, from the request's goroutine.
+func fakeStatusAgent(t *testing.T, sock string, reply func() proto.Status) {
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -328,8 +337,7 @@ func fakeAgent(t *testing.T, sock string) {
 				if err != nil || f.Type != proto.TStatus {
 					return
 				}
-				proto.WriteMsg(c, proto.TStatusReply, f.ID, proto.Status{Job: "42", Node: "n1",
-					Ranks: []proto.RankStatus{{Rank: 0, Newest: 6, Generations: []int64{6, 5}, Bytes: 100}}})
+				proto.WriteMsg(c, proto.TStatusReply, f.ID, reply())
 			}()
 		}
 	}()

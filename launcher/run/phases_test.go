@@ -3,7 +3,6 @@ package run
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -287,45 +286,26 @@ func TestStatusLocalStopWaitsForFlush(t *testing.T) {
 	defer agentProc.Wait()
 	defer agentProc.Process.Kill()
 
-	l, err := net.Listen("unix", socketPath(runDir, "42"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
 	var mu sync.Mutex
 	queries := 0
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				f, err := proto.Decode(c)
-				if err != nil || f.Type != proto.TStatus {
-					return
-				}
-				mu.Lock()
-				queries++
-				// Rank 0 connected for the first queries, its flush (step
-				// 18) committed on the third, its connection closed from
-				// the fifth.
-				newest := int64(17)
-				progress := &proto.RankProgress{Step: 17}
-				if queries >= 3 {
-					newest = 18
-				}
-				if queries >= 5 {
-					progress = nil
-				}
-				mu.Unlock()
-				// Clients stays 4: closed sessions winding down count.
-				proto.WriteMsg(c, proto.TStatusReply, f.ID, proto.Status{Job: "42", Node: "n1", PID: agentProc.Process.Pid, Clients: 4,
-					Ranks: []proto.RankStatus{{Rank: 0, Newest: newest, Generations: []int64{newest}, Progress: progress}}})
-			}()
+	fakeStatusAgent(t, socketPath(runDir, "42"), func() proto.Status {
+		mu.Lock()
+		defer mu.Unlock()
+		queries++
+		// Rank 0 connected for the first queries, its flush (step 18)
+		// committed on the third, its connection closed from the fifth.
+		newest := int64(17)
+		progress := &proto.RankProgress{Step: 17}
+		if queries >= 3 {
+			newest = 18
 		}
-	}()
+		if queries >= 5 {
+			progress = nil
+		}
+		// Clients stays 4: closed sessions winding down count.
+		return proto.Status{Job: "42", Node: "n1", PID: agentProc.Process.Pid, Clients: 4,
+			Ranks: []proto.RankStatus{{Rank: 0, Newest: newest, Generations: []int64{newest}, Progress: progress}}}
+	})
 
 	var out, errb strings.Builder
 	if code := StatusLocal([]string{"--config", conf, "--job", "42", "--stop-agent", "--flush-wait", "20s"}, &out, &errb); code != 0 {
