@@ -6,6 +6,8 @@
 #
 #   bash tests/gpu/run.sh            # on the GPU machine
 #   bash tests/gpu/run.sh --cpu      # the dry run, CPU tensors, toy sizes
+#   bash tests/gpu/run.sh --undo     # tests/gpu/undo_check.py instead (update-undo
+#                                    # on CUDA, every=0's cost); --undo --cpu too
 #
 # REFT_GPU_AGENT overrides the agent binary; PYTHON the interpreter. (Not
 # REFT_CONFORMANCE_AGENT: the conformance agent reads that as its layout.)
@@ -21,6 +23,11 @@ cd "$(dirname "$0")/../.."
 AGENT=${REFT_GPU_AGENT:-bin/conformance-agent}
 [ -x "$AGENT" ] || { echo "no agent at $AGENT: go build -o $AGENT ./tests/conformance-agent" >&2; exit 2; }
 PY=${PYTHON:-python3}
+SCRIPT=tests/gpu/gpu_check.py
+if [ "${1:-}" = --undo ]; then
+  SCRIPT=tests/gpu/undo_check.py
+  shift
+fi
 # Arenas live in /dev/shm when it can hold a few snapshots of the GPT
 # (containers often give it 64 MiB); else in /tmp (page cache, same path).
 STORE=""
@@ -30,4 +37,4 @@ if [ "${avail:-0}" -lt $((24 << 30)) ]; then
   echo "note: /dev/shm has $((avail >> 20)) MiB free; the agent's store goes to /tmp"
 fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader || true
-PYTHONPATH=client/python${PYTHONPATH:+:$PYTHONPATH} exec timeout 330 "$PY" tests/gpu/gpu_check.py --agent "$AGENT" ${STORE:+--store-dir $STORE} "$@"
+PYTHONPATH=client/python${PYTHONPATH:+:$PYTHONPATH} exec timeout 330 "$PY" "$SCRIPT" --agent "$AGENT" ${STORE:+--store-dir $STORE} "$@"
