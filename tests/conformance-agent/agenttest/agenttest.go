@@ -41,6 +41,10 @@ type Options struct {
 	// agent's default). This agent has no peering, so under a SPEC that
 	// protects across nodes it is always short.
 	DegradedGrace time.Duration
+	// MemoryBudget is agent.Info.MemoryBudget, which the message log's
+	// per-rank cap is derived from (0: none, so every log append is over
+	// the cap). The store's arenas are not capped by it here.
+	MemoryBudget uint64
 }
 
 // Agent is a running agent server and its store.
@@ -102,7 +106,7 @@ func Start(opt Options) (a *Agent, err error) {
 	}
 	node, _ := os.Hostname()
 	a.srv, err = agent.Listen(a.Socket, agent.Info{Job: opt.Job, Node: node, Spec: opt.Spec, Version: "agenttest",
-		UID: os.Getuid(), StoreDir: a.Store.Dir(), DegradedGrace: opt.DegradedGrace}, opt.Log)
+		UID: os.Getuid(), StoreDir: a.Store.Dir(), DegradedGrace: opt.DegradedGrace, MemoryBudget: opt.MemoryBudget}, opt.Log)
 	if err != nil {
 		return nil, fmt.Errorf("agenttest: %w", err)
 	}
