@@ -31,7 +31,9 @@ type LogKey struct {
 	Seq    int    `json:"seq"`
 }
 
-func (k LogKey) String() string { return fmt.Sprintf("stream %q step %d seq %d", k.Stream, k.Step, k.Seq) }
+func (k LogKey) String() string {
+	return fmt.Sprintf("stream %q step %d seq %d", k.Stream, k.Step, k.Seq)
+}
 
 // LogAppend is the payload of a log_append request: Size bytes whose
 // CRC-32C (Castagnoli) is CRC32C, to be stored as Key.
