@@ -86,6 +86,19 @@ func (a *arenas) get(path string, size int64, write bool) ([]byte, error) {
 			return nil, err
 		}
 	}
+	data, err := mapArena(path, size, write)
+	if err != nil {
+		return nil, err
+	}
+	m := &mapping{path: path, write: write, data: data}
+	a.m[k] = m
+	a.register(m)
+	return data, nil
+}
+
+// mapArena maps size bytes of the arena file at path, read-write or
+// read-only, after checking that it is a regular file of this user.
+func mapArena(path string, size int64, write bool) ([]byte, error) {
 	if size <= 0 || int64(int(size)) != size {
 		return nil, fmt.Errorf("arena %s: the agent gave a size of %d bytes", path, size)
 	}
@@ -122,9 +135,6 @@ func (a *arenas) get(path string, size int64, write bool) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mapping arena %s (%d bytes): %w", path, size, err)
 	}
-	m := &mapping{path: path, write: write, data: data}
-	a.m[k] = m
-	a.register(m)
 	return data, nil
 }
 

@@ -39,6 +39,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/reft-hpc/reft/agent/proto"
@@ -172,6 +173,12 @@ type Client struct {
 	// the spec says nothing); 0 (every=0): Save does not snapshot.
 	every   int
 	everyed sync.Once // the every=0 notice, once
+
+	// logMu serializes the message log's requests with their copies
+	// (msglog.go); never held while taking mu. logRegistered: the rank is
+	// registered, so log requests need not take mu.
+	logMu         sync.Mutex
+	logRegistered atomic.Bool
 }
 
 type buffer struct {
