@@ -291,3 +291,63 @@ func TestLogRefusals(t *testing.T) {
 		t.Fatalf("a disabled client's append: %v, want ErrLogDisabled", err)
 	}
 }
+
+// TestLogBesideSaves: a logging goroutine appends, reads and truncates
+// while the training goroutine saves and another reads the agent's
+// status: the calls take turns on the one connection (run under -race in
+// make unit).
+func TestLogBesideSaves(t *testing.T) {
+	a := startAgentWith(t, agenttest.Options{MemoryBudget: 1 << 30})
+	c := open(t, a, client.Options{})
+	state := patterned(1<<20, 1)
+	if err := c.Register("w", state, client.Sharded); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	done := make(chan error, 2)
+	go func() {
+		for step := int64(1); step <= 20; step++ {
+			data := patterned(300<<10, int(step))
+			if err := c.LogAppend("act>1", step, 0, data); err != nil {
+				done <- err
+				return
+			}
+			dst := make([]byte, len(data))
+			if err := c.LogRead(ctx, "act>1", step, 0, dst); err != nil {
+				done <- err
+				return
+			}
+			if !slices.Equal(dst, data) {
+				done <- errors.New("a message read back differs")
+				return
+			}
+			if step%4 == 0 {
+				if err := c.LogTruncate(step - 2); err != nil {
+					done <- err
+					return
+				}
+			}
+		}
+		done <- nil
+	}()
+	go func() {
+		for range 20 {
+			_ = a.Status()
+		}
+		done <- nil
+	}()
+	for step := int64(1); step <= 10; step++ {
+		if err := c.Save(step).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := c.LogSteps(ctx, "act>1")
+	if err != nil || !slices.Equal(got, []int64{19, 20}) {
+		t.Fatalf("steps %v (%v), want [19 20]", got, err)
+	}
+}

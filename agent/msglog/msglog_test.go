@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/reft-hpc/reft/internal/crc32c"
@@ -341,4 +342,79 @@ func TestBeginChecksKey(t *testing.T) {
 			t.Errorf("Begin(%+v, %d): %v, want an error saying %q", tc.k, tc.size, err, tc.want)
 		}
 	}
+}
+
+// TestConcurrent: ranks append, read, list and truncate side by side, and
+// one rank's reads race its own truncations (from another connection);
+// run under -race (make unit). A read either returns the bytes appended
+// or says the message is gone; the byte counts add up at the end.
+func TestConcurrent(t *testing.T) {
+	f := newFixture(1 << 30)
+	// memArena's Remove is not safe for concurrent use: count under a lock.
+	var mu sync.Mutex
+	removed := 0
+	f.s.cfg.Alloc = func(path string, size int64) (Arena, error) {
+		return &lockedArena{memArena{path: path, b: make([]byte, (size+4095)/4096*4096), removed: new(int)}, &mu, &removed}, nil
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for rank := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for step := int64(1); step <= 40; step++ {
+				data := msgBytes(5000+rank, int(step))
+				if _, err := f.append(rank, key("act>1", step, 0), data); err != nil {
+					errs <- err
+					return
+				}
+				st, err := f.s.Read(rank, key("act>1", step, 0))
+				if err != nil && !errors.Is(err, ErrNotFound) {
+					errs <- err
+					return
+				}
+				if err == nil && (st.Size != int64(len(data)) || st.CRC32C != crc32c.Checksum(data)) {
+					errs <- fmt.Errorf("rank %d step %d: read %d bytes with %#x", rank, step, st.Size, st.CRC32C)
+					return
+				}
+				f.s.Steps(rank, "act>1")
+				if step%5 == 0 {
+					f.s.Truncate(rank, step-3)
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // rank 0 truncated from elsewhere while it reads
+		defer wg.Done()
+		for i := int64(0); i < 40; i++ {
+			f.s.Truncate(0, i)
+			_ = f.s.Held()
+		}
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	var sum int64
+	for rank := range 4 {
+		sum += f.s.RankHeld(rank)
+	}
+	if f.s.Held() != sum {
+		t.Fatalf("held %d bytes, the ranks %d", f.s.Held(), sum)
+	}
+}
+
+type lockedArena struct {
+	memArena
+	mu      *sync.Mutex
+	removed *int
+}
+
+func (a *lockedArena) Remove() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	*a.removed++
+	return nil
 }
