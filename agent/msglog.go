@@ -90,7 +90,8 @@ func (m *msgLogs) status() *proto.MsgLogStatus {
 	st := &proto.MsgLogStatus{}
 	st.RankCap, _ = m.capBytes()
 	if l := m.st.Load(); l != nil {
-		st.Bytes, st.AppendedBytes, st.Corrupt = l.Held(), l.Appended(), l.Corrupt()
+		n := l.Counts()
+		st.Bytes, st.AppendedBytes, st.Corrupt = n.Held, n.Appended, n.Corrupt
 	}
 	return st
 }
@@ -140,80 +141,105 @@ func (m *msgLogs) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Lo
 		log.Error().Err(err).Msg("message log unavailable")
 		return replyErr(c, f.ID, proto.CodeInternal, "%s: %v", f.Type, err)
 	}
-	rank := rc.key.Rank
 	if f.Type != proto.TLogCommit && rc.logPending != nil {
 		rc.logPending.Abort()
 		rc.logPending = nil
 	}
-	reply := func(v any) error { return proto.WriteMsg(c, f.Type|proto.ReplyBit, f.ID, v) }
-	fail := func(err error) error {
-		code := logErr(err)
-		switch code {
-		case proto.CodeCorrupt:
-			log.Error().Err(err).Str("event", "msglog_corrupt").Int("rank", rank).Msg("message log")
-		case proto.CodeNoSpace:
-			m.warned.warn(log, fmt.Sprintf("msglog-space:%d", rank)).Err(err).Str("event", "msglog_full").Int("rank", rank).
-				Msg("a message log append was refused (said once per rank; later ones at debug)")
-		case proto.CodeInternal:
-			log.Error().Err(err).Int("rank", rank).Msg("message log")
-		}
-		return replyErr(c, f.ID, code, "%s: %v", f.Type, err)
-	}
+	r := logReq{m: m, st: st, c: c, rc: rc, f: f, log: log}
 	switch f.Type {
 	case proto.TLogAppend:
-		return decoded(c, f, proto.LogAppend{}, func(req proto.LogAppend) error {
-			if err := proto.CheckLogAppend(req); err != nil {
-				return replyErr(c, f.ID, proto.CodeInvalid, "log_append: %v", err)
-			}
-			p, stored, err := st.Begin(rank, req.LogKey, req.Size, req.CRC32C)
-			if err != nil {
-				return fail(err)
-			}
-			if stored {
-				return reply(proto.LogAppendReply{Stored: true})
-			}
-			rc.logPending = p
-			a := p.Arena()
-			return reply(proto.LogAppendReply{Arena: a.FilePath(), ArenaSize: a.Size()})
-		})
+		return decoded(c, f, proto.LogAppend{}, r.append)
 	case proto.TLogCommit:
-		return decoded(c, f, proto.LogKey{}, func(req proto.LogKey) error {
-			p := rc.logPending
-			if p == nil || p.Key() != req {
-				return replyErr(c, f.ID, proto.CodeBadState, "log_commit of %s: no append of it is open on this connection (send log_append first)", req)
-			}
-			rc.logPending = nil
-			if err := p.Commit(); err != nil {
-				return fail(err)
-			}
-			return reply(req)
-		})
+		return decoded(c, f, proto.LogKey{}, r.commit)
 	case proto.TLogRead:
-		return decoded(c, f, proto.LogKey{}, func(req proto.LogKey) error {
-			if err := proto.CheckLogKey(req); err != nil {
-				return replyErr(c, f.ID, proto.CodeInvalid, "log_read: %v", err)
-			}
-			s, err := st.Read(rank, req)
-			if err != nil {
-				return fail(err)
-			}
-			return reply(proto.LogReadReply{Arena: s.Arena, ArenaSize: s.ArenaSize, Size: s.Size, CRC32C: s.CRC32C})
-		})
+		return decoded(c, f, proto.LogKey{}, r.read)
 	case proto.TLogTruncate:
-		return decoded(c, f, proto.LogTruncate{UpTo: -1}, func(req proto.LogTruncate) error {
-			n, b := st.Truncate(rank, req.UpTo)
-			held := st.RankHeld(rank)
-			log.Debug().Str("event", "msglog_truncated").Int("rank", rank).Int64("up_to", req.UpTo).Int("messages", n).
-				Int64("bytes", b).Int64("held", held).Msg("message log truncated")
-			return reply(proto.LogTruncateReply{Messages: n, Bytes: b, Held: held})
-		})
+		return decoded(c, f, proto.LogTruncate{UpTo: -1}, r.truncate)
 	case proto.TLogSteps:
-		return decoded(c, f, proto.LogStream{}, func(req proto.LogStream) error {
-			if err := proto.CheckLogStream(req.Stream); err != nil {
-				return replyErr(c, f.ID, proto.CodeInvalid, "log_steps: %v", err)
-			}
-			return reply(proto.LogStepsReply{Steps: st.Steps(rank, req.Stream)})
-		})
+		return decoded(c, f, proto.LogStream{}, r.steps)
 	}
 	return replyErr(c, f.ID, proto.CodeUnknownType, "unknown message type %s", f.Type)
+}
+
+// logReq is one message log request being served.
+type logReq struct {
+	m   *msgLogs
+	st  *msglog.Store
+	c   net.Conn
+	rc  *rankConn
+	f   proto.Frame
+	log zerolog.Logger
+}
+
+func (r logReq) reply(v any) error { return proto.WriteMsg(r.c, r.f.Type|proto.ReplyBit, r.f.ID, v) }
+
+// fail replies with err's code, and logs what an operator must see: a
+// corrupt message always, a refused append once per rank.
+func (r logReq) fail(err error) error {
+	code, rank := logErr(err), r.rc.key.Rank
+	switch code {
+	case proto.CodeCorrupt:
+		r.log.Error().Err(err).Str("event", "msglog_corrupt").Int("rank", rank).Msg("message log")
+	case proto.CodeNoSpace:
+		r.m.warned.warn(r.log, fmt.Sprintf("msglog-space:%d", rank)).Err(err).Str("event", "msglog_full").Int("rank", rank).
+			Msg("a message log append was refused (said once per rank; later ones at debug)")
+	case proto.CodeInternal:
+		r.log.Error().Err(err).Int("rank", rank).Msg("message log")
+	}
+	return replyErr(r.c, r.f.ID, code, "%s: %v", r.f.Type, err)
+}
+
+func (r logReq) append(req proto.LogAppend) error {
+	if err := proto.CheckLogAppend(req); err != nil {
+		return replyErr(r.c, r.f.ID, proto.CodeInvalid, "log_append: %v", err)
+	}
+	p, stored, err := r.st.Begin(r.rc.key.Rank, req.LogKey, req.Size, req.CRC32C)
+	if err != nil {
+		return r.fail(err)
+	}
+	if stored {
+		return r.reply(proto.LogAppendReply{Stored: true})
+	}
+	r.rc.logPending = p
+	a := p.Arena()
+	return r.reply(proto.LogAppendReply{Arena: a.FilePath(), ArenaSize: a.Size()})
+}
+
+func (r logReq) commit(req proto.LogKey) error {
+	p := r.rc.logPending
+	if p == nil || p.Key() != req {
+		return replyErr(r.c, r.f.ID, proto.CodeBadState, "log_commit of %s: no append of it is open on this connection (send log_append first)", req)
+	}
+	r.rc.logPending = nil
+	if err := p.Commit(); err != nil {
+		return r.fail(err)
+	}
+	return r.reply(req)
+}
+
+func (r logReq) read(req proto.LogKey) error {
+	if err := proto.CheckLogKey(req); err != nil {
+		return replyErr(r.c, r.f.ID, proto.CodeInvalid, "log_read: %v", err)
+	}
+	s, err := r.st.Read(r.rc.key.Rank, req)
+	if err != nil {
+		return r.fail(err)
+	}
+	return r.reply(proto.LogReadReply{Arena: s.Arena, ArenaSize: s.ArenaSize, Size: s.Size, CRC32C: s.CRC32C})
+}
+
+func (r logReq) truncate(req proto.LogTruncate) error {
+	rank := r.rc.key.Rank
+	n, b := r.st.Truncate(rank, req.UpTo)
+	held := r.st.RankHeld(rank)
+	r.log.Debug().Str("event", "msglog_truncated").Int("rank", rank).Int64("up_to", req.UpTo).Int("messages", n).
+		Int64("bytes", b).Int64("held", held).Msg("message log truncated")
+	return r.reply(proto.LogTruncateReply{Messages: n, Bytes: b, Held: held})
+}
+
+func (r logReq) steps(req proto.LogStream) error {
+	if err := proto.CheckLogStream(req.Stream); err != nil {
+		return replyErr(r.c, r.f.ID, proto.CodeInvalid, "log_steps: %v", err)
+	}
+	return r.reply(proto.LogStepsReply{Steps: r.st.Steps(r.rc.key.Rank, req.Stream)})
 }

@@ -110,8 +110,8 @@ func FuzzLogFrames(f *testing.F) {
 			} else if r.Type != typ|proto.ReplyBit {
 				t.Fatalf("%s answered with %s", typ, r.Type)
 			}
-			if st := m.st.Load(); st.Held() != st.RankHeld(0) || st.Held() < 0 {
-				t.Fatalf("held %d bytes, rank 0 %d", st.Held(), st.RankHeld(0))
+			if st := m.st.Load(); st.Counts().Held != st.RankHeld(0) || st.Counts().Held < 0 {
+				t.Fatalf("held %d bytes, rank 0 %d", st.Counts().Held, st.RankHeld(0))
 			}
 		}
 		rc.close()

@@ -342,10 +342,9 @@ func collect(ch chan<- prometheus.Metric, st *proto.Status) {
 	} else if st.MemoryBudget > 0 {
 		g(fMemBudget, float64(st.MemoryBudget))
 	}
-	if l := st.MsgLog; l != nil {
-		g(fMsgLogBytes, float64(l.Bytes))
-		c(fMsgLogAppend, float64(l.AppendedBytes))
-	}
+	l := msgLogOf(st)
+	g(fMsgLogBytes, float64(l.Bytes))
+	c(fMsgLogAppend, float64(l.AppendedBytes))
 	m := st.Metrics
 	if m == nil {
 		return // an agent without the metrics section (older): no timings
@@ -370,6 +369,15 @@ func collect(ch chan<- prometheus.Metric, st *proto.Status) {
 	for _, src := range sortedKeys(m.RestoreSeconds) {
 		h(fRestoreDur, m.RestoreSeconds[src], src)
 	}
+}
+
+// msgLogOf is st's message log section, zero when it has none (no
+// store: nothing logged).
+func msgLogOf(st *proto.Status) proto.MsgLogStatus {
+	if st.MsgLog == nil {
+		return proto.MsgLogStatus{}
+	}
+	return *st.MsgLog
 }
 
 func sortedKeys[V any](m map[string]V) []string {

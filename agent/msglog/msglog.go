@@ -103,14 +103,17 @@ func New(cfg Config) *Store {
 	return &Store{cfg: cfg, ranks: map[int]*rankLog{}}
 }
 
-// Held is the payload bytes of every stored message, all ranks.
-func (s *Store) Held() int64 { return s.held.Load() }
+// Counts are a store's byte and event counts, all ranks together.
+type Counts struct {
+	Held     int64 // payload bytes of the stored messages
+	Appended int64 // payload bytes committed since the store was made
+	Corrupt  int64 // messages found corrupt on a read
+}
 
-// Appended is the payload bytes committed since the store was made.
-func (s *Store) Appended() int64 { return s.appended.Load() }
-
-// Corrupt counts the messages found corrupt on a read.
-func (s *Store) Corrupt() int64 { return s.corrupt.Load() }
+// Counts returns the store's counts now.
+func (s *Store) Counts() Counts {
+	return Counts{Held: s.held.Load(), Appended: s.appended.Load(), Corrupt: s.corrupt.Load()}
+}
 
 // RankBytes is the arena bytes rank's log holds, as the cap counts them.
 func (s *Store) RankBytes(rank int) int64 {
@@ -203,7 +206,7 @@ func (s *Store) take(rank int, rl *rankLog, size int64) (Arena, error) {
 	}
 	capBytes, how := s.cfg.Cap()
 	if rl.arenas+size > capBytes {
-		s.dropSpares(rl)
+		rl.dropSpares()
 	}
 	if rl.arenas+size > capBytes {
 		return nil, fmt.Errorf("%w: rank %d's message log holds %d bytes and this message needs %d more, over the rank's cap of %d bytes (%s); "+
@@ -213,12 +216,16 @@ func (s *Store) take(rank int, rl *rankLog, size int64) (Arena, error) {
 	s.next++
 	path := filepath.Join(s.cfg.Dir, "r"+strconv.Itoa(rank)+"-"+strconv.FormatUint(s.next, 10))
 	a, err := s.cfg.Alloc(path, size)
-	if err != nil && s.anySpares() {
-		// The node's budget or tmpfs may be full of other ranks' spares.
+	if err != nil {
+		// The node's budget or tmpfs may be full of the ranks' spares.
+		spares := false
 		for _, o := range s.ranks {
-			s.dropSpares(o)
+			spares = spares || len(o.spares) > 0
+			o.dropSpares()
 		}
-		a, err = s.cfg.Alloc(path, size)
+		if spares {
+			a, err = s.cfg.Alloc(path, size)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("msglog: rank %d: an arena of %d bytes for a message: %w", rank, size, err)
@@ -227,17 +234,8 @@ func (s *Store) take(rank int, rl *rankLog, size int64) (Arena, error) {
 	return a, nil
 }
 
-func (s *Store) anySpares() bool {
-	for _, rl := range s.ranks {
-		if len(rl.spares) > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// dropSpares frees rl's arenas kept for reuse. s.mu is held.
-func (s *Store) dropSpares(rl *rankLog) {
+// dropSpares frees rl's arenas kept for reuse. Store.mu is held.
+func (rl *rankLog) dropSpares() {
 	for _, a := range rl.spares {
 		rl.arenas -= a.Size()
 		a.Remove()
@@ -261,14 +259,14 @@ func (p *Pending) Commit() error {
 	defer s.mu.Unlock()
 	rl := s.rank(p.rank)
 	if got != p.m.crc {
-		s.free(rl, p.m.arena)
+		rl.free(p.m.arena)
 		return fmt.Errorf("%w: rank %d's %s: the %d bytes copied into the agent's arena have CRC-32C %#08x, the client checksummed %#08x: "+
 			"the buffer changed while it was copied, or this host's memory is failing; append it again",
 			ErrCorrupt, p.rank, p.key, p.m.size, got, p.m.crc)
 	}
 	if old := rl.msgs[p.key]; old != nil {
 		if !old.bad {
-			s.free(rl, p.m.arena)
+			rl.free(p.m.arena)
 			if old.size == p.m.size && old.crc == p.m.crc {
 				return nil
 			}
@@ -289,12 +287,12 @@ func (p *Pending) Abort() {
 	}
 	p.done = true
 	p.s.mu.Lock()
-	p.s.free(p.s.rank(p.rank), p.m.arena)
+	p.s.rank(p.rank).free(p.m.arena)
 	p.s.mu.Unlock()
 }
 
-// free keeps a for reuse. s.mu is held.
-func (s *Store) free(rl *rankLog, a Arena) { rl.spares = append(rl.spares, a) }
+// free keeps a for reuse. Store.mu is held.
+func (rl *rankLog) free(a Arena) { rl.spares = append(rl.spares, a) }
 
 // drop removes m from the stored bytes; its arena is freed now, or by the
 // last checksum pass that reads it. s.mu is held.
@@ -302,7 +300,7 @@ func (s *Store) drop(rl *rankLog, m *msg) {
 	m.dropped = true
 	s.held.Add(-m.size)
 	if m.readers == 0 {
-		s.free(rl, m.arena)
+		rl.free(m.arena)
 	}
 }
 
@@ -322,7 +320,7 @@ func (s *Store) Read(rank int, key Key) (Stored, error) {
 	rl := s.rank(rank)
 	m := rl.msgs[key]
 	if m == nil {
-		steps := s.steps(rl, key.Stream)
+		steps := rl.steps(key.Stream)
 		s.mu.Unlock()
 		return Stored{}, fmt.Errorf("%w: rank %d holds no %s on this node (steps of the stream held: %s); "+
 			"it was never appended, was truncated, or the agent restarted since (a restart loses the logs)",
@@ -342,7 +340,7 @@ func (s *Store) Read(rank int, key Key) (Stored, error) {
 	m.readers--
 	if m.dropped {
 		if m.readers == 0 {
-			s.free(rl, m.arena)
+			rl.free(m.arena)
 		}
 		return Stored{}, fmt.Errorf("%w: rank %d's %s was truncated while it was read", ErrNotFound, rank, key)
 	}
@@ -408,10 +406,10 @@ func (s *Store) Steps(rank int, stream string) []int64 {
 	if rl == nil {
 		return []int64{}
 	}
-	return s.steps(rl, stream)
+	return rl.steps(stream)
 }
 
-func (s *Store) steps(rl *rankLog, stream string) []int64 {
+func (rl *rankLog) steps(stream string) []int64 {
 	out := []int64{}
 	for k := range rl.msgs {
 		if k.Stream == stream {

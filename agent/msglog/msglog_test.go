@@ -251,7 +251,7 @@ func TestStore(t *testing.T) {
 					t.Fatalf("op %d: %s: error %q does not say %q", i, what, err, o.wantIn)
 				}
 			}
-			if got := f.s.Held(); got != tc.held {
+			if got := f.s.Counts().Held; got != tc.held {
 				t.Errorf("held %d bytes, want %d", got, tc.held)
 			}
 			if int64(f.allocs) != tc.allocs {
@@ -263,8 +263,8 @@ func TestStore(t *testing.T) {
 			if f.removed != f.allocs {
 				t.Errorf("Close removed %d of %d arenas", f.removed, f.allocs)
 			}
-			if f.s.Held() != 0 {
-				t.Errorf("held %d bytes after Close", f.s.Held())
+			if f.s.Counts().Held != 0 {
+				t.Errorf("held %d bytes after Close", f.s.Counts().Held)
 			}
 		})
 	}
@@ -286,8 +286,8 @@ func TestCommitChecksBytes(t *testing.T) {
 	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), `stream "act>3" step 7 seq 2`) || !strings.Contains(err.Error(), "append it again") {
 		t.Fatalf("commit of changed bytes: %v", err)
 	}
-	if f.s.Held() != 0 || f.s.Appended() != 0 || len(f.s.Steps(0, "act>3")) != 0 {
-		t.Fatalf("a refused commit left %d bytes held, %d appended", f.s.Held(), f.s.Appended())
+	if f.s.Counts().Held != 0 || f.s.Counts().Appended != 0 || len(f.s.Steps(0, "act>3")) != 0 {
+		t.Fatalf("a refused commit left %d bytes held, %d appended", f.s.Counts().Held, f.s.Counts().Appended)
 	}
 	if err := p.Commit(); err == nil {
 		t.Fatal("a second commit of one append succeeded")
@@ -296,8 +296,8 @@ func TestCommitChecksBytes(t *testing.T) {
 	if _, err := f.append(0, k, data); err != nil {
 		t.Fatal(err)
 	}
-	if f.allocs != 1 || f.s.Appended() != 5000 {
-		t.Fatalf("%d allocations, %d bytes appended; want 1 and 5000", f.allocs, f.s.Appended())
+	if f.allocs != 1 || f.s.Counts().Appended != 5000 {
+		t.Fatalf("%d allocations, %d bytes appended; want 1 and 5000", f.allocs, f.s.Counts().Appended)
 	}
 }
 
@@ -389,7 +389,7 @@ func TestConcurrent(t *testing.T) {
 		defer wg.Done()
 		for i := int64(0); i < 40; i++ {
 			f.s.Truncate(0, i)
-			_ = f.s.Held()
+			_ = f.s.Counts().Held
 		}
 	}()
 	wg.Wait()
@@ -401,8 +401,8 @@ func TestConcurrent(t *testing.T) {
 	for rank := range 4 {
 		sum += f.s.RankHeld(rank)
 	}
-	if f.s.Held() != sum {
-		t.Fatalf("held %d bytes, the ranks %d", f.s.Held(), sum)
+	if f.s.Counts().Held != sum {
+		t.Fatalf("held %d bytes, the ranks %d", f.s.Counts().Held, sum)
 	}
 }
 
