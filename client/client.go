@@ -179,6 +179,7 @@ type Client struct {
 	// registered, so log requests need not take mu.
 	logMu         sync.Mutex
 	logRegistered atomic.Bool
+	logMaps       logMaps // under logMu
 }
 
 type buffer struct {
@@ -449,5 +450,10 @@ func (c *Client) Close() error {
 	if err := c.maps.unmapAll(); err != nil {
 		errs = append(errs, err)
 	}
+	c.logMu.Lock()
+	if err := c.logMaps.sweep(true); err != nil {
+		errs = append(errs, err)
+	}
+	c.logMu.Unlock()
 	return errors.Join(errs...)
 }

@@ -70,9 +70,11 @@ func (c *Client) LogAppend(stream string, step int64, seq int, data []byte) erro
 		// The agent drops the open append at the next log request.
 		return fail(fmt.Errorf("log_append reply: %w", err))
 	}
-	if err := withArena(rep.Arena, rep.ArenaSize, true, func(b []byte) { copy(b, data) }); err != nil {
+	arena, err := c.logMaps.get(rep.Arena, rep.ArenaSize)
+	if err != nil {
 		return fail(err)
 	}
+	copy(arena, data)
 	// The agent checksums the bytes it now holds and refuses them unless
 	// they are req.CRC32C.
 	if err := c.conn.call(ctx, proto.TLogCommit, req.LogKey, nil); err != nil {
@@ -106,11 +108,11 @@ func (c *Client) LogRead(ctx context.Context, stream string, step int64, seq int
 	if rep.Size != int64(len(dst)) {
 		return fail(fmt.Errorf("the stored message has %d bytes, dst has %d: read it into a buffer of its exact length", rep.Size, len(dst)))
 	}
-	var got uint32
-	if err := withArena(rep.Arena, rep.ArenaSize, false, func(b []byte) { got = crc32c.Copy(0, dst, b[:rep.Size]) }); err != nil {
+	arena, err := c.logMaps.get(rep.Arena, rep.ArenaSize)
+	if err != nil {
 		return fail(err)
 	}
-	if got != rep.CRC32C {
+	if got := crc32c.Copy(0, dst, arena[:rep.Size]); got != rep.CRC32C {
 		return fail(fmt.Errorf("%w: the agent verified %#08x, the copy has %#08x: its arena was rewritten during the copy "+
 			"(another process of this rank truncated and appended meanwhile) or this host's memory is failing; read it again",
 			ErrLogCopyCorrupt, rep.CRC32C, got))
@@ -129,6 +131,9 @@ func (c *Client) LogTruncate(upTo int64) error {
 	c.logMu.Lock()
 	defer c.logMu.Unlock()
 	if err := c.conn.call(ctx, proto.TLogTruncate, proto.LogTruncate{UpTo: upTo}, nil); err != nil {
+		return fail(err)
+	}
+	if err := c.logMaps.sweep(false); err != nil {
 		return fail(err)
 	}
 	return nil
@@ -182,17 +187,62 @@ func (c *Client) logReady(ctx context.Context) error {
 	return nil
 }
 
-// withArena maps a message's arena for one copy and unmaps it: each
-// message has an arena of its own, freed by a truncation, and a mapping
-// kept would keep its memory alive after the agent freed it.
-func withArena(path string, size int64, write bool, copyFn func([]byte)) error {
-	b, err := mapArena(path, size, write)
+// logMaps caches the mappings of message arenas, by path, under logMu.
+// Mapping a message's arena (MAP_POPULATE) and unmapping it cost more
+// than copying the message, and in steady state the agent hands the same
+// arenas out again (a truncated message's arena serves a later append).
+// An arena is mapped read-write, once, for appends and reads alike.
+//
+// A mapping keeps its pages alive after the agent freed the arena (an
+// arena over the cap, a full budget): sweep unmaps those whose file is
+// gone or replaced, at every LogTruncate (the agent frees arenas only at
+// appends, so a freed one stays mapped at most until the rank's next
+// truncation) and at Close.
+type logMaps struct {
+	m map[string]*logMap
+}
+
+type logMap struct {
+	data     []byte
+	dev, ino uint64
+}
+
+// get returns the mapping of the arena at path (size bytes), mapping it
+// when it is not cached or the file at path is no longer the one mapped.
+func (l *logMaps) get(path string, size int64) ([]byte, error) {
+	if m := l.m[path]; m != nil {
+		var st unix.Stat_t
+		if unix.Lstat(path, &st) == nil && st.Dev == m.dev && st.Ino == m.ino && int64(len(m.data)) == size {
+			return m.data, nil
+		}
+		delete(l.m, path)
+		if err := unix.Munmap(m.data); err != nil {
+			return nil, fmt.Errorf("unmapping arena %s: %w", path, err)
+		}
+	}
+	data, st, err := mapArena(path, size, true)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	copyFn(b)
-	if err := unix.Munmap(b); err != nil {
-		return fmt.Errorf("unmapping arena %s: %w", path, err)
+	if l.m == nil {
+		l.m = map[string]*logMap{}
 	}
-	return nil
+	l.m[path] = &logMap{data: data, dev: st.Dev, ino: st.Ino}
+	return data, nil
+}
+
+// sweep unmaps the arenas whose file is gone or replaced; all with all.
+func (l *logMaps) sweep(all bool) error {
+	var errs []error
+	for path, m := range l.m {
+		var st unix.Stat_t
+		if !all && unix.Lstat(path, &st) == nil && st.Dev == m.dev && st.Ino == m.ino {
+			continue
+		}
+		delete(l.m, path)
+		if err := unix.Munmap(m.data); err != nil {
+			errs = append(errs, fmt.Errorf("unmapping arena %s: %w", path, err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -351,3 +351,80 @@ func TestLogBesideSaves(t *testing.T) {
 		t.Fatalf("steps %v (%v), want [19 20]", got, err)
 	}
 }
+
+// logMappings counts this process's mappings of files under dir, and of
+// those the ones whose file was deleted.
+func logMappings(t *testing.T, dir string) (all, deleted int) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, dir+"/") {
+			all++
+			if strings.HasSuffix(line, "(deleted)") {
+				deleted++
+			}
+		}
+	}
+	return all, deleted
+}
+
+// TestLogMappingsFollowArenas: the client keeps its mappings of message
+// arenas for their reuse, and a truncation unmaps those the agent freed,
+// so that no mapping keeps a freed arena's memory alive past it.
+func TestLogMappingsFollowArenas(t *testing.T) {
+	a := startAgentWith(t, agenttest.Options{MemoryBudget: 16 << 20}) // a rank cap of 8 MiB
+	c := logClient(t, a, 0, 1)
+	dir := filepath.Join(a.Store.Dir(), "msglog")
+	// The agent runs in this process: /proc/self/maps holds its mapping
+	// of every arena it holds besides the client's.
+	for step := int64(1); step <= 4; step++ {
+		if err := c.LogAppend("act>1", step, 0, patterned(2<<20, int(step))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := logMappings(t, dir); n != 4+4 {
+		t.Fatalf("%d arena mappings after 4 appends, want 4 of the agent's and 4 of the client's", n)
+	}
+	// Truncated: the agent keeps the 4 arenas for reuse, the client its
+	// mappings; a message of the same size reuses one.
+	if err := c.LogTruncate(4); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.LogAppend("act>1", 5, 0, patterned(2<<20, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if n, del := logMappings(t, dir); n != 4+4 || del != 0 {
+		t.Fatalf("%d arena mappings (%d deleted) after a reuse, want 4+4 (0)", n, del)
+	}
+	// 1 MiB fits none of the 2 MiB arenas kept, and the cap needs their
+	// memory: the agent frees the three spares, while the client still
+	// maps them.
+	if err := c.LogAppend("act>1", 6, 0, patterned(1<<20, 6)); err != nil {
+		t.Fatal(err)
+	}
+	if n, del := logMappings(t, dir); n != 2+5 || del != 3 {
+		t.Fatalf("%d arena mappings (%d deleted), want 2 of the agent's and 5 of the client's (3 deleted)", n, del)
+	}
+	if err := c.LogTruncate(0); err != nil {
+		t.Fatal(err)
+	}
+	if n, del := logMappings(t, dir); n != 2+2 || del != 0 {
+		t.Fatalf("after a truncation: %d arena mappings (%d deleted), want 2+2 (0)", n, del)
+	}
+	for step, size := range map[int64]int{5: 2 << 20, 6: 1 << 20} {
+		dst := make([]byte, size)
+		if err := c.LogRead(ctxT(t), "act>1", step, 0, dst); err != nil {
+			t.Fatal(err)
+		}
+		mustEqual(t, "a message", dst, patterned(size, int(step)))
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := logMappings(t, dir); n != 2 {
+		t.Fatalf("%d arena mappings after Close, want the agent's 2", n)
+	}
+}
