@@ -150,7 +150,7 @@ func (m *msgLogs) handle(c net.Conn, rc *rankConn, f proto.Frame, log zerolog.Lo
 	case proto.TLogAppend:
 		return decoded(c, f, proto.LogAppend{}, r.append)
 	case proto.TLogCommit:
-		return decoded(c, f, proto.LogKey{}, r.commit)
+		return decoded(c, f, proto.LogCommit{}, r.commit)
 	case proto.TLogRead:
 		return decoded(c, f, proto.LogKey{}, r.read)
 	case proto.TLogTruncate:
@@ -193,28 +193,26 @@ func (r logReq) append(req proto.LogAppend) error {
 	if err := proto.CheckLogAppend(req); err != nil {
 		return replyErr(r.c, r.f.ID, proto.CodeInvalid, "log_append: %v", err)
 	}
-	p, stored, err := r.st.Begin(r.rc.key.Rank, req.LogKey, req.Size, req.CRC32C)
+	p, err := r.st.Begin(r.rc.key.Rank, req.LogKey, req.Size)
 	if err != nil {
 		return r.fail(err)
-	}
-	if stored {
-		return r.reply(proto.LogAppendReply{Stored: true})
 	}
 	r.rc.logPending = p
 	a := p.Arena()
 	return r.reply(proto.LogAppendReply{Arena: a.FilePath(), ArenaSize: a.Size()})
 }
 
-func (r logReq) commit(req proto.LogKey) error {
+func (r logReq) commit(req proto.LogCommit) error {
 	p := r.rc.logPending
-	if p == nil || p.Key() != req {
-		return replyErr(r.c, r.f.ID, proto.CodeBadState, "log_commit of %s: no append of it is open on this connection (send log_append first)", req)
+	if p == nil || p.Key() != req.LogKey {
+		return replyErr(r.c, r.f.ID, proto.CodeBadState, "log_commit of %s: no append of it is open on this connection (send log_append first)", req.LogKey)
 	}
 	r.rc.logPending = nil
-	if err := p.Commit(); err != nil {
+	held, err := p.Commit(req.CRC32C)
+	if err != nil {
 		return r.fail(err)
 	}
-	return r.reply(req)
+	return r.reply(proto.LogCommitReply{LogKey: req.LogKey, Held: held})
 }
 
 func (r logReq) read(req proto.LogKey) error {

@@ -51,17 +51,19 @@ var logTypes = []proto.Type{proto.TLogAppend, proto.TLogCommit, proto.TLogRead, 
 // sum of the rank's messages; and when the connection and the store
 // close, every arena is freed exactly once.
 func FuzzLogFrames(f *testing.F) {
-	f.Add([]byte{0, 1, 2, 4, 3}, []byte(`{"stream":"act>1","step":1,"seq":0,"size":100,"crc32c":0}
-{"stream":"act>1","step":1,"seq":0}
+	f.Add([]byte{0, 1, 2, 4, 3}, []byte(`{"stream":"act>1","step":1,"seq":0,"size":100}
+{"stream":"act>1","step":1,"seq":0,"crc32c":0}
 {"stream":"act>1","step":1,"seq":0}
 {"stream":"act>1"}
 {"up_to":1}`))
 	// 100 zero bytes have CRC-32C 0x07cb9ff6 (the arena starts zeroed).
-	f.Add([]byte{0, 1, 0, 2, 0}, []byte(`{"stream":"a","step":2,"seq":1,"size":100,"crc32c":130785270}
+	f.Add([]byte{0, 1, 0, 1, 2, 0, 1}, []byte(`{"stream":"a","step":2,"seq":1,"size":100}
+{"stream":"a","step":2,"seq":1,"crc32c":130785270}
+{"stream":"a","step":2,"seq":1,"size":100}
+{"stream":"a","step":2,"seq":1,"crc32c":130785270}
 {"stream":"a","step":2,"seq":1}
-{"stream":"a","step":2,"seq":1,"size":100,"crc32c":130785270}
-{"stream":"a","step":2,"seq":1}
-{"stream":"a","step":2,"seq":1,"size":100,"crc32c":1}`))
+{"stream":"a","step":2,"seq":1,"size":100}
+{"stream":"a","step":2,"seq":1,"crc32c":1}`))
 	f.Add([]byte{0, 0, 1}, []byte("{\"stream\":\"x\",\"size\":1048577}\n[]\n{\"stream\":7}"))
 	store, err := tmpfs.Open(tmpfs.Options{Root: f.TempDir(), JobID: "7"})
 	if err != nil {

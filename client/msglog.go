@@ -54,30 +54,27 @@ func (c *Client) LogAppend(stream string, step int64, seq int, data []byte) erro
 	if err := c.logReady(ctx); err != nil {
 		return fail(err)
 	}
-	// Checksummed first: a message already stored (a replayed step's) is
-	// then recognized without a copy.
-	req.CRC32C = crc32c.Checksum(data)
 	c.logMu.Lock()
 	defer c.logMu.Unlock()
 	var rep proto.LogAppendReply
 	if err := c.conn.call(ctx, proto.TLogAppend, req, &rep); err != nil {
 		return fail(err)
 	}
-	if rep.Stored {
-		return nil
-	}
+	// On a failure from here on, the agent drops the open append at the
+	// connection's next log request.
 	if err := proto.CheckLogArena(rep.Arena, rep.ArenaSize, req.Size); err != nil {
-		// The agent drops the open append at the next log request.
 		return fail(fmt.Errorf("log_append reply: %w", err))
 	}
 	arena, err := c.logMaps.get(rep.Arena, rep.ArenaSize)
 	if err != nil {
 		return fail(err)
 	}
-	copy(arena, data)
-	// The agent checksums the bytes it now holds and refuses them unless
-	// they are req.CRC32C.
-	if err := c.conn.call(ctx, proto.TLogCommit, req.LogKey, nil); err != nil {
+	// The CRC-32C is computed as the bytes are copied (they cross the
+	// memory bus once); the agent checksums the bytes it then holds and
+	// stores them only when the two agree, and keeps an equal message it
+	// already held instead.
+	crc := crc32c.Copy(0, arena[:len(data)], data)
+	if err := c.conn.call(ctx, proto.TLogCommit, proto.LogCommit{LogKey: req.LogKey, CRC32C: crc}, nil); err != nil {
 		return fail(err)
 	}
 	return nil

@@ -150,34 +150,33 @@ func (p *Pending) Key() Key { return p.key }
 // Arena is where the client copies the message (at offset 0).
 func (p *Pending) Arena() Arena { return p.m.arena }
 
-// Begin starts rank's append of key: size bytes with CRC-32C crc. When the
-// key is stored with the same size and CRC-32C it returns (nil, true,
-// nil): a replayed step's message is already there. Other bytes under the
-// key are ErrConflict (a message found corrupt is replaced instead). Over
-// the rank's cap it fails with ErrOverCap; the allocator's errors (a full
-// memory budget or tmpfs) pass through, after freed arenas kept for reuse
-// were given back and the allocation tried once more.
-func (s *Store) Begin(rank int, key Key, size int64, crc uint32) (p *Pending, stored bool, err error) {
+// Begin starts rank's append of key, size bytes, and returns the arena to
+// copy them into. A key held with another size is ErrConflict at once (a
+// message found corrupt is replaced instead); one held with the same size
+// is decided by Commit. Over the rank's cap it fails with ErrOverCap; the
+// allocator's errors (a full memory budget or tmpfs) pass through, after
+// freed arenas kept for reuse were given back and the allocation tried
+// once more.
+func (s *Store) Begin(rank int, key Key, size int64) (*Pending, error) {
 	if err := proto.CheckLogKey(key); err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	if size <= 0 {
-		return nil, false, fmt.Errorf("msglog: %s: size %d must be positive", key, size)
+		return nil, fmt.Errorf("msglog: %s: size %d must be positive", key, size)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rl := s.rank(rank)
-	if m := rl.msgs[key]; m != nil && !m.bad {
-		if m.size == size && m.crc == crc {
-			return nil, true, nil
-		}
-		return nil, false, conflict(rank, key, m, size, crc)
+	if m := rl.msgs[key]; m != nil && !m.bad && m.size != size {
+		return nil, fmt.Errorf("%w: rank %d's %s is logged as %d bytes, this append has %d: "+
+			"a step sends the same bytes every time it runs (a replay must be bit-identical), so this rank computed something else "+
+			"for that step; truncate the log past it if the old message is no longer wanted", ErrConflict, rank, key, m.size, size)
 	}
 	a, err := s.take(rank, rl, size)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	return &Pending{s: s, rank: rank, key: key, m: &msg{arena: a, size: size, crc: crc}}, false, nil
+	return &Pending{s: s, rank: rank, key: key, m: &msg{arena: a, size: size}}, nil
 }
 
 func conflict(rank int, key Key, m *msg, size int64, crc uint32) error {
@@ -244,13 +243,14 @@ func (rl *rankLog) dropSpares() {
 }
 
 // Commit checksums the copied bytes and stores the message. Bytes whose
-// CRC-32C is not the one Begin was given are refused with ErrCorrupt (the
-// client's buffer changed during the copy, or memory failed) and the
-// arena is freed; a key stored meanwhile by another connection of the
-// rank follows Begin's rules.
-func (p *Pending) Commit() error {
+// CRC-32C is not crc, the client's as it copied them, are refused with
+// ErrCorrupt (the client's buffer changed during the copy, or memory
+// failed) and the arena is freed. A key already held with the same size
+// and CRC-32C (a replayed step's message) keeps the held copy and frees
+// this one: held is true. Other bytes under a held key are ErrConflict.
+func (p *Pending) Commit(crc uint32) (held bool, err error) {
 	if p.done {
-		return fmt.Errorf("msglog: %s: the append was already committed or aborted", p.key)
+		return false, fmt.Errorf("msglog: %s: the append was already committed or aborted", p.key)
 	}
 	p.done = true
 	got := crc32c.Checksum(p.m.arena.Bytes()[:p.m.size])
@@ -258,26 +258,27 @@ func (p *Pending) Commit() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rl := s.rank(p.rank)
-	if got != p.m.crc {
+	if got != crc {
 		rl.free(p.m.arena)
-		return fmt.Errorf("%w: rank %d's %s: the %d bytes copied into the agent's arena have CRC-32C %#08x, the client checksummed %#08x: "+
+		return false, fmt.Errorf("%w: rank %d's %s: the %d bytes copied into the agent's arena have CRC-32C %#08x, the client's copy had %#08x: "+
 			"the buffer changed while it was copied, or this host's memory is failing; append it again",
-			ErrCorrupt, p.rank, p.key, p.m.size, got, p.m.crc)
+			ErrCorrupt, p.rank, p.key, p.m.size, got, crc)
 	}
+	p.m.crc = got
 	if old := rl.msgs[p.key]; old != nil {
 		if !old.bad {
 			rl.free(p.m.arena)
 			if old.size == p.m.size && old.crc == p.m.crc {
-				return nil
+				return true, nil
 			}
-			return conflict(p.rank, p.key, old, p.m.size, p.m.crc)
+			return false, conflict(p.rank, p.key, old, p.m.size, p.m.crc)
 		}
 		s.drop(rl, old)
 	}
 	rl.msgs[p.key] = p.m
 	s.held.Add(p.m.size)
 	s.appended.Add(p.m.size)
-	return nil
+	return false, nil
 }
 
 // Abort frees the append's arena for reuse; a no-op after Commit.

@@ -50,13 +50,12 @@ func newFixture(capBytes int64) *fixture {
 
 // append is what the agent and the client do for one append: begin,
 // copy, commit.
-func (f *fixture) append(rank int, k Key, data []byte) (stored bool, err error) {
-	p, stored, err := f.s.Begin(rank, k, int64(len(data)), crc32c.Checksum(data))
-	if err != nil || stored {
-		return stored, err
+func (f *fixture) append(rank int, k Key, data []byte) (held bool, err error) {
+	p, err := f.s.Begin(rank, k, int64(len(data)))
+	if err != nil {
+		return false, err
 	}
-	copy(p.Arena().Bytes(), data)
-	return false, p.Commit()
+	return p.Commit(crc32c.Copy(0, p.Arena().Bytes()[:len(data)], data))
 }
 
 func (f *fixture) read(rank int, k Key) ([]byte, error) {
@@ -96,9 +95,9 @@ type op struct {
 	corrupt  bool
 	failNew  bool // the allocator refuses new arenas from this op on
 
-	wantErr    error // errors.Is; nil: success
-	wantStored bool  // an append found the same bytes stored
-	wantIn     string
+	wantErr  error // errors.Is; nil: success
+	wantHeld bool  // an append found the same bytes held
+	wantIn   string
 }
 
 func upTo(n int64) *int64 { return &n }
@@ -118,15 +117,17 @@ func TestStore(t *testing.T) {
 		}, held: 10000, allocs: 1},
 		{name: "same bytes again is a no-op", cap: 1 << 20, ops: []op{
 			{k: key("act>1", 1, 0), data: a1},
-			{k: key("act>1", 1, 0), data: a1, wantStored: true},
+			{k: key("act>1", 1, 0), data: a1, wantHeld: true},
 			{k: key("act>1", 1, 0), read: a1},
-		}, held: 10000, allocs: 1},
+			// the copy's arena was kept for reuse
+			{k: key("act>1", 2, 0), data: a1},
+		}, held: 20000, allocs: 2},
 		{name: "other bytes again conflict", cap: 1 << 20, ops: []op{
 			{k: key("act>1", 1, 0), data: a1},
 			{k: key("act>1", 1, 0), data: a2, wantErr: ErrConflict, wantIn: `stream "act>1" step 1 seq 0`},
-			{k: key("act>1", 1, 0), data: a3, wantErr: ErrConflict, wantIn: "bit-identical"},
+			{k: key("act>1", 1, 0), data: a3, wantErr: ErrConflict, wantIn: "logged as 10000 bytes, this append has 20000"},
 			{k: key("act>1", 1, 0), read: a1},
-		}, held: 10000, allocs: 1},
+		}, held: 10000, allocs: 2},
 		{name: "seq and stream are part of the key", cap: 1 << 20, ops: []op{
 			{k: key("act>1", 1, 0), data: a1},
 			{k: key("act>1", 1, 1), data: a2},
@@ -226,10 +227,10 @@ func TestStore(t *testing.T) {
 					continue
 				case o.data != nil:
 					what = "append"
-					var stored bool
-					stored, err = f.append(o.rank, o.k, o.data)
-					if err == nil && stored != o.wantStored {
-						t.Fatalf("op %d: append stored = %v, want %v", i, stored, o.wantStored)
+					var held bool
+					held, err = f.append(o.rank, o.k, o.data)
+					if err == nil && held != o.wantHeld {
+						t.Fatalf("op %d: append held = %v, want %v", i, held, o.wantHeld)
 					}
 				default:
 					what = "read"
@@ -276,20 +277,20 @@ func TestCommitChecksBytes(t *testing.T) {
 	f := newFixture(1 << 20)
 	data := msgBytes(5000, 4)
 	k := key("act>3", 7, 2)
-	p, _, err := f.s.Begin(0, k, int64(len(data)), crc32c.Checksum(data))
+	p, err := f.s.Begin(0, k, int64(len(data)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	copy(p.Arena().Bytes(), data)
+	crc := crc32c.Copy(0, p.Arena().Bytes()[:len(data)], data)
 	p.Arena().Bytes()[4999] ^= 1
-	err = p.Commit()
+	_, err = p.Commit(crc)
 	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), `stream "act>3" step 7 seq 2`) || !strings.Contains(err.Error(), "append it again") {
 		t.Fatalf("commit of changed bytes: %v", err)
 	}
 	if f.s.Counts().Held != 0 || f.s.Counts().Appended != 0 || len(f.s.Steps(0, "act>3")) != 0 {
 		t.Fatalf("a refused commit left %d bytes held, %d appended", f.s.Counts().Held, f.s.Counts().Appended)
 	}
-	if err := p.Commit(); err == nil {
+	if _, err := p.Commit(crc); err == nil {
 		t.Fatal("a second commit of one append succeeded")
 	}
 	// The refused arena is reused by the next append.
@@ -306,7 +307,7 @@ func TestCommitChecksBytes(t *testing.T) {
 func TestAbortKeepsArena(t *testing.T) {
 	f := newFixture(1 << 20)
 	data := msgBytes(8192, 5)
-	p, _, err := f.s.Begin(3, key("a", 1, 0), int64(len(data)), crc32c.Checksum(data))
+	p, err := f.s.Begin(3, key("a", 1, 0), int64(len(data)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +339,7 @@ func TestBeginChecksKey(t *testing.T) {
 		{key("a", 1, -2), 1, "seq = -2"},
 		{key("a", 1, 0), 0, "size 0 must be positive"},
 	} {
-		if _, _, err := f.s.Begin(0, tc.k, tc.size, 0); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := f.s.Begin(0, tc.k, tc.size); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Begin(%+v, %d): %v, want an error saying %q", tc.k, tc.size, err, tc.want)
 		}
 	}

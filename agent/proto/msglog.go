@@ -24,7 +24,7 @@ const MaxLogStream = 64
 const MaxLogSeq = math.MaxInt32
 
 // LogKey names one logged message: (stream, step, seq). It is the payload
-// of log_commit and log_read requests, and of a log_commit reply.
+// of log_read requests.
 type LogKey struct {
 	Stream string `json:"stream"`
 	Step   int64  `json:"step"`
@@ -35,22 +35,35 @@ func (k LogKey) String() string {
 	return fmt.Sprintf("stream %q step %d seq %d", k.Stream, k.Step, k.Seq)
 }
 
-// LogAppend is the payload of a log_append request: Size bytes whose
-// CRC-32C (Castagnoli) is CRC32C, to be stored as Key.
+// LogAppend is the payload of a log_append request: Size bytes to be
+// stored as Key.
 type LogAppend struct {
 	LogKey
-	Size   int64  `json:"size"`
+	Size int64 `json:"size"`
+}
+
+// LogAppendReply is the payload of a log_append reply: the client copies
+// the message to the start of Arena (ArenaSize bytes, at least the size)
+// and sends log_commit.
+type LogAppendReply struct {
+	Arena     string `json:"arena"`
+	ArenaSize int64  `json:"arena_size"`
+}
+
+// LogCommit is the payload of a log_commit request: the append open on
+// the connection, and the CRC-32C (Castagnoli) of the bytes the client
+// copied, computed as it copied them.
+type LogCommit struct {
+	LogKey
 	CRC32C uint32 `json:"crc32c"`
 }
 
-// LogAppendReply is the payload of a log_append reply. Stored: the agent
-// already holds the key with the same size and CRC-32C, and nothing is to
-// be copied. Else the client copies the message to the start of Arena
-// (ArenaSize bytes, at least Size) and sends log_commit.
-type LogAppendReply struct {
-	Stored    bool   `json:"stored,omitempty"`
-	Arena     string `json:"arena,omitempty"`
-	ArenaSize int64  `json:"arena_size,omitempty"`
+// LogCommitReply is the payload of a log_commit reply. Held: the key was
+// already held with the same size and CRC-32C (a replayed step's message),
+// and the copy was dropped.
+type LogCommitReply struct {
+	LogKey
+	Held bool `json:"held,omitempty"`
 }
 
 // LogReadReply is the payload of a log_read reply: the message's Size

@@ -8,13 +8,13 @@ import (
 
 // FuzzLogRequest: a message log request's payload comes from any process
 // of the job's user. Decoded and checked as the agent does (JSON, then
-// CheckLogAppend, CheckLogKey or CheckLogStream by type), an accepted
+// CheckLogAppend, CheckLogKey (commit, read) or CheckLogStream by type), an accepted
 // request names a stream of 1 to MaxLogStream bytes of printable ASCII
 // without spaces (it reaches the agent's log and error lines), a step
 // that is not negative, a seq within [0, MaxLogSeq] and, for an append, a
 // positive size.
 func FuzzLogRequest(f *testing.F) {
-	for _, s := range []string{`{"stream":"act>3","step":1,"seq":0,"size":4096,"crc32c":123}`, `{"stream":"grad>1","step":7,"seq":2}`,
+	for _, s := range []string{`{"stream":"act>3","step":1,"seq":0,"size":4096}`, `{"stream":"grad>1","step":7,"seq":2,"crc32c":123}`,
 		`{"stream":"a b","step":1}`, `{"stream":"a\n","step":1}`, `{"stream":"","step":-1}`, `{"up_to":5}`, `{"stream":"x","seq":2147483648}`,
 		`{"stream":"\u00e9"}`, `{"stream":"act>1","size":-1}`} {
 		for typ := range 5 {
@@ -34,7 +34,13 @@ func FuzzLogRequest(f *testing.F) {
 				t.Fatalf("accepted an append of %d bytes", a.Size)
 			}
 			k = a.LogKey
-		case 1, 2:
+		case 1:
+			var cm LogCommit
+			if fr.Unmarshal(&cm) != nil || CheckLogKey(cm.LogKey) != nil {
+				return
+			}
+			k = cm.LogKey
+		case 2:
 			if fr.Unmarshal(&k) != nil || CheckLogKey(k) != nil {
 				return
 			}
@@ -75,7 +81,7 @@ func FuzzLogRequest(f *testing.F) {
 func FuzzLogReply(f *testing.F) {
 	for _, s := range []string{`{"arena":"/dev/shm/reft/1000/42/msglog/r0-1","arena_size":4096,"size":100,"crc32c":5}`,
 		`{"arena":"rel","arena_size":4096,"size":1}`, `{"arena":"/a","arena_size":1,"size":2}`, `{"arena":"/a","arena_size":-1,"size":-5}`,
-		`{"stored":true}`, `{"arena":"/a","arena_size":9223372036854775807,"size":1}`} {
+		`{}`, `{"arena":"/a","arena_size":9223372036854775807,"size":1}`} {
 		f.Add(false, []byte(s))
 		f.Add(true, []byte(s))
 	}
@@ -90,7 +96,7 @@ func FuzzLogReply(f *testing.F) {
 			arena, arenaSize, size = r.Arena, r.ArenaSize, r.Size
 		} else {
 			var r LogAppendReply
-			if json.Unmarshal(payload, &r) != nil || r.Stored {
+			if json.Unmarshal(payload, &r) != nil {
 				return
 			}
 			arena, arenaSize, size = r.Arena, r.ArenaSize, 4096 // the client's own message size
