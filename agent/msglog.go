@@ -41,11 +41,18 @@ type msgLogs struct {
 }
 
 // capBytes is a rank's cap: the budget's share split among the ranks
-// registered on this node so far.
+// registered on this node so far. The budget is the store's (memory_budget,
+// or the job's memory limit when that is lower), else Info.MemoryBudget.
 func (m *msgLogs) capBytes() (int64, string) {
-	n := m.regs.count()
-	return int64(m.info.MemoryBudget / msgLogShare / uint64(n)),
-		fmt.Sprintf("1/%d of the node's memory budget of %d bytes split among its %d registered rank(s)", msgLogShare, m.info.MemoryBudget, n)
+	n := int64(m.regs.count())
+	budget, from := int64(m.info.MemoryBudget), "memory_budget"
+	if m.store != nil {
+		if b := m.store.Allocator().Budget(); b != nil {
+			budget, from = b.Limit(), b.LimitFrom()
+		}
+	}
+	return budget / msgLogShare / n,
+		fmt.Sprintf("1/%d of the node's memory budget of %d bytes, set by %s, split among its %d registered rank(s)", msgLogShare, budget, from, n)
 }
 
 // open makes the store at the first request: its directory, emptied of

@@ -154,7 +154,7 @@ func TestLogCap(t *testing.T) {
 	if agentErr(err) != client.CodeNoSpace {
 		t.Fatalf("an append over the cap: %v, want no_space", err)
 	}
-	for _, want := range []string{"cap of 8388608 bytes", "1/2 of the node's memory budget of 16777216 bytes split among its 1 registered rank(s)",
+	for _, want := range []string{"cap of 8388608 bytes", "1/2 of the node's memory budget of 16777216 bytes, set by memory_budget, split among its 1 registered rank(s)",
 		"snapshot more often", "memory_budget", "nothing was dropped"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the over-cap error does not say %q: %v", want, err)
@@ -426,5 +426,33 @@ func TestLogMappingsFollowArenas(t *testing.T) {
 	}
 	if n, _ := logMappings(t, dir); n != 2 {
 		t.Fatalf("%d arena mappings after Close, want the agent's 2", n)
+	}
+}
+
+// TestLogStoreBudget: under a node's memory budget (a hostmem budget, as
+// the agent charges its arenas to) the rank's cap derives from that budget,
+// and the log's arenas are charged to it like snapshot arenas.
+func TestLogStoreBudget(t *testing.T) {
+	a := startAgentWith(t, agenttest.Options{MemoryBudget: 1 << 30, StoreBudget: 16 << 20})
+	c := logClient(t, a, 0, 1)
+	if err := c.LogAppend("act>1", 0, 0, []byte{1}); err != nil { // registers, and maps the first arena
+		t.Fatal(err)
+	}
+	before := a.Status().Memory.InUse
+	for step := int64(1); step <= 3; step++ {
+		if err := c.LogAppend("act>1", step, 0, patterned(2<<20, int(step))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := a.Status().Memory.InUse - before; got != 3*2<<20 {
+		t.Fatalf("the budget's use grew by %d bytes over three 2 MiB messages, want %d", got, 3*2<<20)
+	}
+	if st := a.Status().MsgLog; st.RankCap != 8<<20 {
+		t.Fatalf("rank cap %d, want half the 16 MiB budget", st.RankCap)
+	}
+	err := c.LogAppend("act>1", 4, 0, patterned(2<<20, 4))
+	if agentErr(err) != client.CodeNoSpace || !strings.Contains(err.Error(), "cap of 8388608 bytes") ||
+		!strings.Contains(err.Error(), "memory budget of 16777216 bytes, set by memory_budget = 16 MiB in reft.toml, split") {
+		t.Fatalf("an append over the cap: %v", err)
 	}
 }

@@ -45,6 +45,10 @@ type Options struct {
 	// per-rank cap is derived from (0: none, so every log append is over
 	// the cap). The store's arenas are not capped by it here.
 	MemoryBudget uint64
+	// StoreBudget, when positive, charges the store's arenas to a
+	// hostmem budget of that many bytes, as a node's agent does (the
+	// message log's cap then derives from it).
+	StoreBudget int64
 }
 
 // Agent is a running agent server and its store.
@@ -95,7 +99,13 @@ func Start(opt Options) (a *Agent, err error) {
 		}
 	}()
 	// No pinning: tests must not depend on RLIMIT_MEMLOCK.
-	alloc, err := hostmem.NewAllocator(hostmem.Config{NoPin: true, Log: opt.Log})
+	var budget *hostmem.Budget
+	if opt.StoreBudget > 0 {
+		if budget, err = hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: opt.StoreBudget}}, nil); err != nil {
+			return nil, fmt.Errorf("agenttest: budget: %w", err)
+		}
+	}
+	alloc, err := hostmem.NewAllocator(hostmem.Config{NoPin: true, Budget: budget, Log: opt.Log})
 	if err != nil {
 		return nil, fmt.Errorf("agenttest: allocator: %w", err)
 	}
