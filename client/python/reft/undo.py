@@ -199,8 +199,14 @@ class UpdateUndo:
         if self._installed is not None:
             return
         inner = opt.__dict__.get("step")
+        # An LR scheduler created before us wrapped step on the instance
+        # (torch < 2.0: counting calls, "_with_counter"; torch >= 2.0:
+        # noting the call, "_wrapped_by_lr_sched"). Ours replaces its
+        # wrapper and does what it did, so that the scheduler neither warns
+        # that step() was overridden nor that it ran before step().
         counted = inner is not None and getattr(inner, "_with_counter", False)
-        if inner is not None and not counted:
+        noted = inner is not None and getattr(inner, "_wrapped_by_lr_sched", False)
+        if inner is not None and not (counted or noted):
             raise UndoUnsupported("update-undo: %s.step is already wrapped on the instance (by %r); "
                                   "install undo first (reft.torch.Checkpointer(undo=True) before "
                                   "other wrappers)" % (type(opt).__name__, inner))
@@ -208,11 +214,15 @@ class UpdateUndo:
 
         def step(o, closure=None):
             if counted:
-                o._step_count += 1  # what the LR scheduler's wrapper we replace did
+                o._step_count += 1
+            if noted:
+                o._opt_called = True
             return undo.step(closure)
 
         if counted:
             step._with_counter = True
+        if noted:
+            step._wrapped_by_lr_sched = True
         import types
         opt.step = bound = types.MethodType(step, opt)
         self._installed = (bound, inner)

@@ -259,6 +259,46 @@ class Undo(SameBits, unittest.TestCase):
                 with self.assertRaisesRegex(reft.Error, "chunk_elements must be an integer >= 1 or None"):
                     UpdateUndo(torch.optim.SGD(p, lr=0.1), chunk_elements=bad)
 
+    def test_scheduler_made_first(self):
+        """An LR scheduler created before undo (it wraps the optimizer's
+        step on the instance, differently in torch 1 and 2): undo installs
+        over it, the scheduler sees its steps without a warning, the bits
+        are those of the same run without undo, and an interrupted step
+        is undone as any other."""
+        runs = []
+        for undo in (False, True):
+            model = model_of(1)
+            opt = SUPPORTED["adamw"](model.parameters())
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+            u = None
+            if undo:
+                u = UpdateUndo(opt)
+                u.install()
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                for s in range(1, 6):
+                    grads(model, s)
+                    opt.step()
+                    sched.step()
+            self.assertEqual([str(x.message) for x in w if "lr_scheduler" in str(x.message) or
+                              "optimizer.step()" in str(x.message)], [])
+            runs.append((model, opt, sched, u))
+        self.assertSameBits(bits_state(*runs[0][:2]), bits_state(*runs[1][:2]))
+        self.assertEqual(runs[0][2].get_last_lr(), runs[1][2].get_last_lr())
+        model, opt, sched, u = runs[1]
+        grads(model, 6)
+        before = bits_state(model, opt)
+
+        def boom(i):
+            if i == 3:
+                raise RuntimeError("injected")
+        u.before_tensor = boom
+        with self.assertRaisesRegex(RuntimeError, "injected"):
+            opt.step()
+        self.assertSameBits(bits_state(model, opt), before)
+        u.uninstall()  # the scheduler's wrapper is back
+        self.assertTrue(getattr(opt.step, "_with_counter", False) or getattr(opt.step, "_wrapped_by_lr_sched", False))
+
     def test_stop_request(self):
         """request_stop() from another thread stops the step at the next
         chunk boundary with UpdateInterrupted, the applied part undone."""
@@ -546,9 +586,7 @@ class CheckpointerEvery0(SameBits, TorchCase):
         agent = self.agent("arc,every=0")
         model = model_of(3)
         opt = SUPPORTED["adam"](model.parameters())
-        # (On its own optimizer: torch 2's scheduler wraps its optimizer's
-        # step, and undo then refuses to install on that one.)
-        sched = torch.optim.lr_scheduler.StepLR(SUPPORTED["adam"](model.parameters()), 1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 1)  # made first: undo installs over its wrapper
         for kw, want in (({}, r"rng=True \(each rank's RNG states\) is state of its own rank"),
                          ({"rng": False, "extra": {"sched": sched}}, r"extra= \(sched\) is state of its own rank"),
                          ({"rng": False, "sharded_optimizer": True}, r"sharded_optimizer=True")):
