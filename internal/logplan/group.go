@@ -13,8 +13,7 @@ const (
 	// Under a per-node cap a node's log memory depends only on its own
 	// group's two edges (an inner node holds no log), so feasibility is
 	// per group and R(𝒢) is a sum over groups: a dynamic program over
-	// the group ending at each node is exact, in O(N²) like the paper's
-	// greedy.
+	// the group ending at each node is exact, in O(N²).
 	Optimal Algorithm = "optimal"
 	// Greedy is SWIFT's algorithm as section 5.3 states it: start with one
 	// group per node and merge the adjacent pair of least ΔR/ΔM until the
@@ -32,42 +31,48 @@ func Choose(in Input, algo Algorithm) (Plan, error) {
 	}
 	switch algo {
 	case Optimal:
-		return in.planFor(in.optimal()), nil
+		m := newModel(in)
+		return m.planFor(m.optimal()), nil
 	case Greedy:
-		return in.planFor(in.greedy()), nil
+		m := newModel(in)
+		return m.planFor(m.greedy()), nil
 	}
 	return Plan{}, fmt.Errorf("algorithm %q: use %q (the least expected recovery time) or %q (SWIFT's heuristic)", algo, Optimal, Greedy)
 }
 
 // fits says whether the group first..last, with both its edges logged,
-// keeps its nodes within the cap. Only its first and last node hold logs.
-func (in Input) fits(first, last int) bool {
-	n := len(in.StageSeconds)
-	logged := make([]bool, n-1)
+// keeps its nodes within the cap. Only its first and last node hold logs:
+// the first the gradients it sends back over first-1|first, the last the
+// activations it sends over last|last+1.
+func (m *model) fits(first, last int) bool {
+	var head, tail float64
 	if first > 0 {
-		logged[first-1] = true
+		head = m.logBytes(m.BackwardBytes[first-1])
 	}
-	if last < n-1 {
-		logged[last] = true
+	if last < len(m.StageSeconds)-1 {
+		tail = m.logBytes(m.ForwardBytes[last])
 	}
-	return in.nodeBytes(first, logged) <= in.NodeCap && in.nodeBytes(last, logged) <= in.NodeCap
+	if first == last {
+		return head+tail <= m.NodeCap
+	}
+	return head <= m.NodeCap && tail <= m.NodeCap
 }
 
 // optimal returns the logged boundaries of the least-R(𝒢) grouping.
 // best[j] is the least sum of |G|/N*R(G) over groupings of nodes 0..j-1;
 // ties keep the smallest first node of the last group (fewer groups, less
 // memory). One group always fits: it logs nothing.
-func (in Input) optimal() []bool {
-	n := len(in.StageSeconds)
+func (m *model) optimal() []bool {
+	n := len(m.StageSeconds)
 	best := make([]float64, n+1)
 	from := make([]int, n+1)
 	for j := 1; j <= n; j++ {
 		best[j] = math.Inf(1)
 		for i := 0; i < j; i++ {
-			if math.IsInf(best[i], 1) || !in.fits(i, j-1) {
+			if math.IsInf(best[i], 1) || !m.fits(i, j-1) {
 				continue
 			}
-			if c := best[i] + in.weighted(i, j-1); c < best[j] {
+			if c := best[i] + m.weighted(i, j-1); c < best[j] {
 				best[j], from[j] = c, i
 			}
 		}
@@ -81,7 +86,8 @@ func (in Input) optimal() []bool {
 	return logged
 }
 
-// greedy is section 5.3's loop. ΔR is the paper's
+// greedy is section 5.3's loop, O(N³) as written (N merges, each scanning
+// the boundaries and their groups). ΔR is the paper's
 //
 //	ΔR = R(G_i ∪ G_i+1)(|G_i|+|G_i+1|)/N - R(G_i)|G_i|/N - R(G_i+1)|G_i+1|/N
 //
@@ -90,8 +96,8 @@ func (in Input) optimal() []bool {
 // fits M_max; under a per-node cap it stops when every node fits, and
 // only merges that relieve a node over the cap are candidates: any other
 // merge adds recovery time and brings no node under it.
-func (in Input) greedy() []bool {
-	n := len(in.StageSeconds)
+func (m *model) greedy() []bool {
+	n := len(m.StageSeconds)
 	logged := make([]bool, n-1)
 	for i := range logged {
 		logged[i] = true
@@ -99,10 +105,10 @@ func (in Input) greedy() []bool {
 	for {
 		best, bestRatio := -1, math.Inf(1)
 		for b := range logged {
-			if !logged[b] || !(in.nodeBytes(b, logged) > in.NodeCap || in.nodeBytes(b+1, logged) > in.NodeCap) {
+			if !logged[b] || !(m.nodeBytes(b, logged) > m.NodeCap || m.nodeBytes(b+1, logged) > m.NodeCap) {
 				continue
 			}
-			if r := in.mergeCost(b, logged) / (in.logBytes(in.ForwardBytes[b]) + in.logBytes(in.BackwardBytes[b])); r < bestRatio {
+			if r := m.mergeCost(b, logged) / (m.logBytes(m.ForwardBytes[b]) + m.logBytes(m.BackwardBytes[b])); r < bestRatio {
 				best, bestRatio = b, r
 			}
 		}
@@ -114,7 +120,7 @@ func (in Input) greedy() []bool {
 }
 
 // mergeCost is ΔR of merging the two groups that meet at boundary b.
-func (in Input) mergeCost(b int, logged []bool) float64 {
+func (m *model) mergeCost(b int, logged []bool) float64 {
 	first, last := b, b+1
 	for first > 0 && !logged[first-1] {
 		first--
@@ -122,5 +128,5 @@ func (in Input) mergeCost(b int, logged []bool) float64 {
 	for last < len(logged) && !logged[last] {
 		last++
 	}
-	return in.weighted(first, last) - in.weighted(first, b) - in.weighted(b+1, last)
+	return m.weighted(first, last) - m.weighted(first, b) - m.weighted(b+1, last)
 }

@@ -30,7 +30,6 @@
 package logplan
 
 import (
-	"errors"
 	"fmt"
 	"math"
 )
@@ -86,41 +85,107 @@ type Plan struct {
 	FullRestart float64
 }
 
-// Validate checks the input, naming the bad field and the fix.
+// Fields of Input, as FieldError names them.
+const (
+	FieldStageSeconds  = "stage seconds"
+	FieldForwardBytes  = "forward bytes"
+	FieldBackwardBytes = "backward bytes"
+	FieldBandwidth     = "bandwidth"
+	FieldInterval      = "interval"
+	FieldNodeCap       = "node cap"
+	FieldStepSeconds   = "step seconds"
+)
+
+// FieldError is a bad Input field: Field names it (one of the Field
+// constants) so that a caller can name its own flag or key, and Msg says
+// what is wrong and the fix.
+type FieldError struct{ Field, Msg string }
+
+func (e *FieldError) Error() string { return e.Msg }
+
+func bad(field, format string, a ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, a...)}
+}
+
+// Validate checks the input; its errors are *FieldError.
 func (in Input) Validate() error {
 	n := len(in.StageSeconds)
 	if n == 0 {
-		return errors.New("no stages: give one compute time per node of the pipeline")
+		return bad(FieldStageSeconds, "no stages: give one compute time per node of the pipeline")
 	}
 	for i, s := range in.StageSeconds {
 		if !(s > 0) || math.IsInf(s, 0) {
-			return fmt.Errorf("stage %d's compute time is %v: every stage needs a measured time > 0 seconds per step", i, s)
+			return bad(FieldStageSeconds, "stage %d's compute time is %v: every stage needs a measured time > 0 seconds per step", i, s)
 		}
 	}
 	for _, d := range []struct {
-		name string
-		v    []float64
-	}{{"forward", in.ForwardBytes}, {"backward", in.BackwardBytes}} {
+		field, name string
+		v           []float64
+	}{{FieldForwardBytes, "forward", in.ForwardBytes}, {FieldBackwardBytes, "backward", in.BackwardBytes}} {
 		if len(d.v) != n-1 {
-			return fmt.Errorf("%d %s message sizes for %d stages: give one per boundary, %d", len(d.v), d.name, n, n-1)
+			return bad(d.field, "%d %s message sizes for %d stages: give one per boundary, %d", len(d.v), d.name, n, n-1)
 		}
 		for i, b := range d.v {
 			if !(b > 0) || math.IsInf(b, 0) {
-				return fmt.Errorf("%s bytes at boundary %d|%d are %v: a pipeline boundary carries data every step; measure it (> 0)", d.name, i, i+1, b)
+				return bad(d.field, "%s bytes at boundary %d|%d are %v: a pipeline boundary carries data every step; measure it (> 0)", d.name, i, i+1, b)
 			}
 		}
 	}
 	switch {
 	case !(in.Bandwidth > 0) || math.IsInf(in.Bandwidth, 0):
-		return fmt.Errorf("bandwidth %v: give the node-to-node bandwidth in bytes per second (> 0)", in.Bandwidth)
+		return bad(FieldBandwidth, "bandwidth %v: give the node-to-node bandwidth in bytes per second (> 0)", in.Bandwidth)
 	case in.Interval < 1:
-		return fmt.Errorf("snapshot interval %d: give the steps between snapshots (>= 1)", in.Interval)
+		return bad(FieldInterval, "snapshot interval %d: give the steps between snapshots (>= 1)", in.Interval)
 	case !(in.NodeCap >= 0):
-		return fmt.Errorf("node log cap %v: give bytes >= 0, or +Inf for unlimited", in.NodeCap)
+		return bad(FieldNodeCap, "node log cap %v: give bytes >= 0, or +Inf for unlimited", in.NodeCap)
 	case !(in.StepSeconds > 0) || math.IsInf(in.StepSeconds, 0):
-		return fmt.Errorf("step time %v: give the pipeline's measured seconds per training step (> 0)", in.StepSeconds)
+		return bad(FieldStepSeconds, "step time %v: give the pipeline's measured seconds per training step (> 0)", in.StepSeconds)
+	}
+	return in.checkRange()
+}
+
+// checkRange refuses measurements whose products overflow (a unit
+// mistake: bytes for GiB, seconds for ms), which would reach the report
+// as +Inf.
+func (in Input) checkRange() error {
+	lost := float64(in.Interval) / 2
+	if math.IsInf(in.StepSeconds*lost, 0) {
+		return bad(FieldStepSeconds, "step time %v over %d steps overflows: check the unit (seconds)", in.StepSeconds, in.Interval)
+	}
+	m := newModel(in)
+	n := len(in.StageSeconds)
+	if math.IsInf(m.compute[n]*lost, 0) {
+		return bad(FieldStageSeconds, "the stages' compute times overflow when summed: check the unit (seconds)")
+	}
+	if math.IsInf(m.comm[n-1]*lost, 0) || math.IsInf(m.replay(0, n-1)*lost, 0) {
+		return bad(FieldBandwidth, "the transfer times (bytes / bandwidth) overflow: check the units (bytes, bytes per second)")
+	}
+	for i := 0; i < n-1; i++ {
+		if math.IsInf(in.logBytes(in.ForwardBytes[i])+in.logBytes(in.BackwardBytes[i]), 0) {
+			return bad(FieldForwardBytes, "the log of boundary %d|%d over %d steps overflows: check the unit (bytes)", i, i+1, in.Interval)
+		}
 	}
 	return nil
+}
+
+// model is an Input with the prefix sums that make R(G) O(1): compute[i]
+// is the compute of nodes 0..i-1, comm[i] the transfers across
+// boundaries 0..i-1.
+type model struct {
+	Input
+	compute, comm []float64
+}
+
+func newModel(in Input) *model {
+	n := len(in.StageSeconds)
+	m := &model{Input: in, compute: make([]float64, n+1), comm: make([]float64, n)}
+	for i, c := range in.StageSeconds {
+		m.compute[i+1] = m.compute[i] + c
+		if i < n-1 {
+			m.comm[i+1] = m.comm[i] + (in.ForwardBytes[i]+in.BackwardBytes[i])/in.Bandwidth
+		}
+	}
+	return m
 }
 
 // logBytes is what one logged direction of a boundary costs its sender.
@@ -143,24 +208,18 @@ func (in Input) nodeBytes(i int, logged []bool) float64 {
 
 // replay is R(G) for the nodes first..last: their compute plus the
 // transfers across their inner boundaries, which replay also redoes.
-func (in Input) replay(first, last int) float64 {
-	r := 0.0
-	for i := first; i <= last; i++ {
-		r += in.StageSeconds[i]
-		if i < last {
-			r += (in.ForwardBytes[i] + in.BackwardBytes[i]) / in.Bandwidth
-		}
-	}
-	return r
+func (m *model) replay(first, last int) float64 {
+	return m.compute[last+1] - m.compute[first] + m.comm[last] - m.comm[first]
 }
 
 // weighted is |G|/N * R(G): G's share of the expected recovery per step.
-func (in Input) weighted(first, last int) float64 {
-	return float64(last-first+1) / float64(len(in.StageSeconds)) * in.replay(first, last)
+func (m *model) weighted(first, last int) float64 {
+	return float64(last-first+1) / float64(len(m.StageSeconds)) * m.replay(first, last)
 }
 
 // planFor fills in a Plan for the groups whose edges logged marks.
-func (in Input) planFor(logged []bool) Plan {
+func (m *model) planFor(logged []bool) Plan {
+	in := m.Input
 	n := len(in.StageSeconds)
 	p := Plan{Logged: logged, NodeLogBytes: make([]float64, n), LostSteps: float64(in.Interval) / 2}
 	first := 0
@@ -169,8 +228,8 @@ func (in Input) planFor(logged []bool) Plan {
 		p.NodeLogBytes[i] = in.nodeBytes(i, logged)
 		if i == n-1 || logged[i] {
 			p.Groups = append(p.Groups, Group{first, i})
-			p.ReplaySeconds = append(p.ReplaySeconds, in.replay(first, i))
-			perStep += in.weighted(first, i)
+			p.ReplaySeconds = append(p.ReplaySeconds, m.replay(first, i))
+			perStep += m.weighted(first, i)
 			first = i + 1
 		}
 	}

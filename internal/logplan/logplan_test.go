@@ -1,6 +1,7 @@
 package logplan
 
 import (
+	"errors"
 	"math"
 	"math/rand"
 	"reflect"
@@ -121,31 +122,40 @@ func close(got, want []float64) bool {
 func TestChooseRefuses(t *testing.T) {
 	mod := func(f func(*Input)) Input { in := three(1000); f(&in); return in }
 	tests := []struct {
-		name string
-		in   Input
-		algo Algorithm
-		want string
+		name  string
+		in    Input
+		algo  Algorithm
+		want  string
+		field string // the FieldError's field; "" for other errors
 	}{
-		{"no stages", mod(func(in *Input) { in.StageSeconds = nil }), Optimal, "no stages"},
-		{"zero time", mod(func(in *Input) { in.StageSeconds[1] = 0 }), Optimal, "stage 1's compute time is 0"},
-		{"negative time", mod(func(in *Input) { in.StageSeconds[0] = -1 }), Optimal, "stage 0's compute time is -1"},
-		{"NaN time", mod(func(in *Input) { in.StageSeconds[2] = math.NaN() }), Optimal, "stage 2's compute time is NaN"},
-		{"too few forward", mod(func(in *Input) { in.ForwardBytes = in.ForwardBytes[:1] }), Optimal, "1 forward message sizes for 3 stages: give one per boundary, 2"},
-		{"too many backward", mod(func(in *Input) { in.BackwardBytes = append(in.BackwardBytes, 1) }), Optimal, "3 backward message sizes"},
-		{"zero bytes", mod(func(in *Input) { in.BackwardBytes[1] = 0 }), Optimal, "backward bytes at boundary 1|2 are 0"},
-		{"infinite bytes", mod(func(in *Input) { in.ForwardBytes[0] = math.Inf(1) }), Optimal, "forward bytes at boundary 0|1 are +Inf"},
-		{"no bandwidth", mod(func(in *Input) { in.Bandwidth = 0 }), Optimal, "bandwidth 0"},
-		{"no interval", mod(func(in *Input) { in.Interval = 0 }), Optimal, "snapshot interval 0"},
-		{"negative cap", mod(func(in *Input) { in.NodeCap = -1 }), Optimal, "node log cap -1"},
-		{"NaN cap", mod(func(in *Input) { in.NodeCap = math.NaN() }), Optimal, "node log cap NaN"},
-		{"no step time", mod(func(in *Input) { in.StepSeconds = 0 }), Optimal, "step time 0"},
-		{"unknown algorithm", three(1000), "best", `algorithm "best": use "optimal"`},
+		{"no stages", mod(func(in *Input) { in.StageSeconds = nil }), Optimal, "no stages", FieldStageSeconds},
+		{"zero time", mod(func(in *Input) { in.StageSeconds[1] = 0 }), Optimal, "stage 1's compute time is 0", FieldStageSeconds},
+		{"negative time", mod(func(in *Input) { in.StageSeconds[0] = -1 }), Optimal, "stage 0's compute time is -1", FieldStageSeconds},
+		{"NaN time", mod(func(in *Input) { in.StageSeconds[2] = math.NaN() }), Optimal, "stage 2's compute time is NaN", FieldStageSeconds},
+		{"too few forward", mod(func(in *Input) { in.ForwardBytes = in.ForwardBytes[:1] }), Optimal, "1 forward message sizes for 3 stages: give one per boundary, 2", FieldForwardBytes},
+		{"too many backward", mod(func(in *Input) { in.BackwardBytes = append(in.BackwardBytes, 1) }), Optimal, "3 backward message sizes", FieldBackwardBytes},
+		{"zero bytes", mod(func(in *Input) { in.BackwardBytes[1] = 0 }), Optimal, "backward bytes at boundary 1|2 are 0", FieldBackwardBytes},
+		{"infinite bytes", mod(func(in *Input) { in.ForwardBytes[0] = math.Inf(1) }), Optimal, "forward bytes at boundary 0|1 are +Inf", FieldForwardBytes},
+		{"no bandwidth", mod(func(in *Input) { in.Bandwidth = 0 }), Optimal, "bandwidth 0", FieldBandwidth},
+		{"no interval", mod(func(in *Input) { in.Interval = 0 }), Optimal, "snapshot interval 0", FieldInterval},
+		{"negative cap", mod(func(in *Input) { in.NodeCap = -1 }), Optimal, "node log cap -1", FieldNodeCap},
+		{"NaN cap", mod(func(in *Input) { in.NodeCap = math.NaN() }), Optimal, "node log cap NaN", FieldNodeCap},
+		{"no step time", mod(func(in *Input) { in.StepSeconds = 0 }), Optimal, "step time 0", FieldStepSeconds},
+		{"overflowing step", mod(func(in *Input) { in.StepSeconds, in.Interval = math.MaxFloat64, 4 }), Optimal, "step time 1.7976931348623157e+308 over 4 steps overflows", FieldStepSeconds},
+		{"overflowing stages", mod(func(in *Input) { in.StageSeconds[0], in.StageSeconds[1] = math.MaxFloat64, math.MaxFloat64 }), Optimal, "compute times overflow", FieldStageSeconds},
+		{"overflowing transfer", mod(func(in *Input) { in.Bandwidth = 1e-320 }), Optimal, "transfer times (bytes / bandwidth) overflow", FieldBandwidth},
+		{"overflowing log", mod(func(in *Input) { in.ForwardBytes[1], in.Bandwidth = 1e308, 1e300 }), Optimal, "the log of boundary 1|2 over 1 steps overflows", FieldForwardBytes},
+		{"unknown algorithm", three(1000), "best", `algorithm "best": use "optimal"`, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Choose(tc.in, tc.algo)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+			var fe *FieldError
+			if got := errors.As(err, &fe); got != (tc.field != "") || got && fe.Field != tc.field {
+				t.Errorf("error %#v, want a FieldError for %q", err, tc.field)
 			}
 		})
 	}
@@ -174,7 +184,7 @@ func TestOptimalIsExact(t *testing.T) {
 			for b := range logged {
 				logged[b] = mask&(1<<b) != 0
 			}
-			if p := in.planFor(logged); fitsCap(p, in.NodeCap) && p.Expected < brute {
+			if p := newModel(in).planFor(logged); fitsCap(p, in.NodeCap) && p.Expected < brute {
 				brute = p.Expected
 			}
 		}

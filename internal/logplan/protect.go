@@ -61,7 +61,7 @@ func Protect(dp, pp int, p Plan) ([]StageProtection, error) {
 	if dp >= 2 {
 		for i := range out {
 			out[i] = StageProtection{Stage: i, Kind: Replicas,
-				Why: fmt.Sprintf("%d other data-parallel ranks hold this stage's state", dp-1)}
+				Why: fmt.Sprintf("%d other data-parallel rank(s) hold this stage's state", dp-1)}
 		}
 		return out, nil
 	}
