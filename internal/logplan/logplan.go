@@ -18,6 +18,9 @@
 //	                                                               every node fails alike)
 //	M(i,i+1)  = forward + backward bytes crossing boundary i per step
 //
+// and the objective min R(𝒢) subject to the memory cap. Choose solves it
+// exactly (Optimal) or with the paper's greedy merges (Greedy).
+//
 // reft's memory differs from the paper's in two ways, both from how the
 // agent holds logs. (1) The paper caps the total, M(𝒢) = T * sum M(G_i,
 // G_i+1) <= M_max; reft keeps a log on its sender's node, under that node's
@@ -118,18 +121,11 @@ func (in Input) Validate() error {
 			return bad(FieldStageSeconds, "stage %d's compute time is %v: every stage needs a measured time > 0 seconds per step", i, s)
 		}
 	}
-	for _, d := range []struct {
-		field, name string
-		v           []float64
-	}{{FieldForwardBytes, "forward", in.ForwardBytes}, {FieldBackwardBytes, "backward", in.BackwardBytes}} {
-		if len(d.v) != n-1 {
-			return bad(d.field, "%d %s message sizes for %d stages: give one per boundary, %d", len(d.v), d.name, n, n-1)
-		}
-		for i, b := range d.v {
-			if !(b > 0) || math.IsInf(b, 0) {
-				return bad(d.field, "%s bytes at boundary %d|%d are %v: a pipeline boundary carries data every step; measure it (> 0)", d.name, i, i+1, b)
-			}
-		}
+	if err := checkMessages(FieldForwardBytes, "forward", in.ForwardBytes, n); err != nil {
+		return err
+	}
+	if err := checkMessages(FieldBackwardBytes, "backward", in.BackwardBytes, n); err != nil {
+		return err
 	}
 	switch {
 	case !(in.Bandwidth > 0) || math.IsInf(in.Bandwidth, 0):
@@ -142,6 +138,19 @@ func (in Input) Validate() error {
 		return bad(FieldStepSeconds, "step time %v: give the pipeline's measured seconds per training step (> 0)", in.StepSeconds)
 	}
 	return in.checkRange()
+}
+
+// checkMessages checks one direction's sizes: one per boundary, each > 0.
+func checkMessages(field, name string, v []float64, n int) error {
+	if len(v) != n-1 {
+		return bad(field, "%d %s message sizes for %d stages: give one per boundary, %d", len(v), name, n, n-1)
+	}
+	for i, b := range v {
+		if !(b > 0) || math.IsInf(b, 0) {
+			return bad(field, "%s bytes at boundary %d|%d are %v: a pipeline boundary carries data every step; measure it (> 0)", name, i, i+1, b)
+		}
+	}
+	return nil
 }
 
 // checkRange refuses measurements whose products overflow (a unit
