@@ -86,8 +86,8 @@ func (m *model) optimal() []bool {
 	return logged
 }
 
-// greedy is section 5.3's loop, O(N³) as written (N merges, each scanning
-// the boundaries and their groups). ΔR is the paper's
+// greedy is section 5.3's loop: at most N-1 merges, each scanning the
+// boundaries, O(N²). ΔR is the paper's
 //
 //	ΔR = R(G_i ∪ G_i+1)(|G_i|+|G_i+1|)/N - R(G_i)|G_i|/N - R(G_i+1)|G_i+1|/N
 //
@@ -95,10 +95,16 @@ func (m *model) optimal() []bool {
 // T·M(G_i, G_i+1), times KeptIntervals). The paper stops when the total
 // fits M_max; under a per-node cap it stops when every node fits, and
 // only merges that relieve a node over the cap are candidates: any other
-// merge adds recovery time and brings no node under it.
+// merge adds recovery time and brings no node under it. Ties go to the
+// lowest boundary.
 func (m *model) greedy() []bool {
 	n := len(m.StageSeconds)
 	logged := make([]bool, n-1)
+	// first[i], last[i]: the group node i is in, kept up to date on merges.
+	first, last := make([]int, n), make([]int, n)
+	for i := range first {
+		first[i], last[i] = i, i
+	}
 	for i := range logged {
 		logged[i] = true
 	}
@@ -108,7 +114,8 @@ func (m *model) greedy() []bool {
 			if !logged[b] || !(m.nodeBytes(b, logged) > m.NodeCap || m.nodeBytes(b+1, logged) > m.NodeCap) {
 				continue
 			}
-			if r := m.mergeCost(b, logged) / (m.logBytes(m.ForwardBytes[b]) + m.logBytes(m.BackwardBytes[b])); r < bestRatio {
+			dR := m.weighted(first[b], last[b+1]) - m.weighted(first[b], b) - m.weighted(b+1, last[b+1])
+			if r := dR / (m.logBytes(m.ForwardBytes[b]) + m.logBytes(m.BackwardBytes[b])); r < bestRatio {
 				best, bestRatio = b, r
 			}
 		}
@@ -116,17 +123,9 @@ func (m *model) greedy() []bool {
 			return logged // every node fits
 		}
 		logged[best] = false
+		f, l := first[best], last[best+1]
+		for i := f; i <= l; i++ {
+			first[i], last[i] = f, l
+		}
 	}
-}
-
-// mergeCost is ΔR of merging the two groups that meet at boundary b.
-func (m *model) mergeCost(b int, logged []bool) float64 {
-	first, last := b, b+1
-	for first > 0 && !logged[first-1] {
-		first--
-	}
-	for last < len(logged) && !logged[last] {
-		last++
-	}
-	return m.weighted(first, last) - m.weighted(first, b) - m.weighted(b+1, last)
 }

@@ -37,6 +37,10 @@ import (
 	"math"
 )
 
+// MaxStages bounds N: a pipeline spans at most a few hundred nodes, and
+// the planners are O(N²).
+const MaxStages = 4096
+
 // KeptIntervals is how many snapshot intervals of logs a sender keeps:
 // those since the second newest snapshot of the receiving stage.
 const KeptIntervals = 2
@@ -115,6 +119,9 @@ func (in Input) Validate() error {
 	n := len(in.StageSeconds)
 	if n == 0 {
 		return bad(FieldStageSeconds, "no stages: give one compute time per node of the pipeline")
+	}
+	if n > MaxStages {
+		return bad(FieldStageSeconds, "%d stages, more than %d: give one entry per node of one pipeline", n, MaxStages)
 	}
 	for i, s := range in.StageSeconds {
 		if !(s > 0) || math.IsInf(s, 0) {

@@ -129,6 +129,7 @@ func TestChooseRefuses(t *testing.T) {
 		field string // the FieldError's field; "" for other errors
 	}{
 		{"no stages", mod(func(in *Input) { in.StageSeconds = nil }), Optimal, "no stages", FieldStageSeconds},
+		{"too many stages", mod(func(in *Input) { in.StageSeconds = make([]float64, MaxStages+1) }), Optimal, "4097 stages, more than 4096", FieldStageSeconds},
 		{"zero time", mod(func(in *Input) { in.StageSeconds[1] = 0 }), Optimal, "stage 1's compute time is 0", FieldStageSeconds},
 		{"negative time", mod(func(in *Input) { in.StageSeconds[0] = -1 }), Optimal, "stage 0's compute time is -1", FieldStageSeconds},
 		{"NaN time", mod(func(in *Input) { in.StageSeconds[2] = math.NaN() }), Optimal, "stage 2's compute time is NaN", FieldStageSeconds},
@@ -215,4 +216,36 @@ func fitsCap(p Plan, cap float64) bool {
 		}
 	}
 	return true
+}
+
+// TestMaxStages plans the largest pipeline Validate accepts with both
+// algorithms: the plans fit the cap, and the optimum is no worse.
+func TestMaxStages(t *testing.T) {
+	rng := rand.New(rand.NewSource(4096))
+	in := Input{StageSeconds: make([]float64, MaxStages), Bandwidth: 1e10, Interval: 10, StepSeconds: 1}
+	for i := range in.StageSeconds {
+		in.StageSeconds[i] = 0.01 + 0.1*rng.Float64()
+		if i > 0 {
+			in.ForwardBytes = append(in.ForwardBytes, float64((1+rng.Intn(64))<<20))
+			in.BackwardBytes = append(in.BackwardBytes, float64((1+rng.Intn(64))<<20))
+		}
+	}
+	in.NodeCap = 1 << 30 // holds about one direction's log: many merges
+	opt, err := Choose(in, Optimal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr, err := Choose(in, Greedy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fitsCap(opt, in.NodeCap) || !fitsCap(gr, in.NodeCap) {
+		t.Fatal("a plan exceeds the cap")
+	}
+	if len(gr.Groups) == MaxStages || len(gr.Groups) == 1 {
+		t.Fatalf("the greedy made %d groups: the cap did not force merges", len(gr.Groups))
+	}
+	if opt.Expected > gr.Expected*(1+1e-9) {
+		t.Errorf("optimal %g worse than greedy %g", opt.Expected, gr.Expected)
+	}
 }
