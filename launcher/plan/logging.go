@@ -146,7 +146,7 @@ type loggingFlags struct {
 var measurementFlags = []string{"stage-seconds", "fwd-bytes", "bwd-bytes", "bandwidth", "interval", "node-cap", "step-seconds", "dp"}
 
 func (lf *loggingFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&lf.stages, "stage-seconds", "", "each node's compute `LIST` per step, forward+backward, in pipeline order, as in 0.12,0.10,0.15")
+	fs.StringVar(&lf.stages, "stage-seconds", "", "each node's compute seconds per step (forward+backward), a `LIST` in pipeline order, as in 0.12,0.10,0.15")
 	fs.StringVar(&lf.fwd, "fwd-bytes", "", "activation bytes per step across each boundary, `LIST` of stages-1 sizes, as in 64MiB,64MiB")
 	fs.StringVar(&lf.bwd, "bwd-bytes", "", "gradient bytes per step across each boundary, `LIST` (default: --fwd-bytes; a gradient has its activation's shape)")
 	fs.StringVar(&lf.bandwidth, "bandwidth", "", "node-to-node `BYTES` per second, as in 11GiB (about 100 Gb/s)")
