@@ -30,7 +30,7 @@ type loggingFile struct {
 	Interval      int             `json:"snapshot_interval_steps"`
 	NodeCap       json.RawMessage `json:"node_cap_bytes"`
 	StepSeconds   float64         `json:"step_seconds"`
-	DP            int             `json:"dp"`
+	DP            *int            `json:"dp"` // absent: 1
 }
 
 // maxInputBytes bounds --input: a pipeline of thousands of stages is a
@@ -60,12 +60,13 @@ func decodeLoggingInput(data []byte) (logplan.Input, int, error) {
 	if f.BackwardBytes == nil {
 		f.BackwardBytes = f.ForwardBytes
 	}
-	if f.DP == 0 {
-		f.DP = 1
+	dp := 1
+	if f.DP != nil {
+		dp = *f.DP
 	}
 	in := logplan.Input{StageSeconds: f.StageSeconds, ForwardBytes: f.ForwardBytes, BackwardBytes: f.BackwardBytes,
 		Bandwidth: f.Bandwidth, Interval: f.Interval, NodeCap: capBytes, StepSeconds: f.StepSeconds}
-	return in, f.DP, nil
+	return in, dp, nil
 }
 
 func parseCapJSON(raw json.RawMessage) (float64, error) {
@@ -301,6 +302,9 @@ func runLogging(args []string, stdout, stderr io.Writer) error {
 	}
 	prot, err := logplan.Protect(dp, len(in.StageSeconds), p)
 	if err != nil {
+		if lf.input != "" {
+			return fmt.Errorf("--input %s: dp: %w", lf.input, err)
+		}
 		return fmt.Errorf("--dp: %w", err)
 	}
 	r := loggingReport(in, dp, lf.algo, p, prot)

@@ -114,6 +114,10 @@ func TestLoggingRefuses(t *testing.T) {
 	if err := os.WriteFile(file, []byte(strings.Replace(threeJSON, `"snapshot_interval_steps": 1`, `"snapshot_interval_steps": 0`, 1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	dp0 := filepath.Join(t.TempDir(), "dp0.json")
+	if err := os.WriteFile(dp0, []byte(strings.Replace(threeJSON, `"step_seconds": 5`, `"step_seconds": 5, "dp": 0`, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	with := func(flag, value string) []string {
 		out := []string{"logging"}
 		for i := 0; i < len(threeFlags); i += 2 {
@@ -148,6 +152,7 @@ func TestLoggingRefuses(t *testing.T) {
 		{"plot", append(with("", ""), "--plot", "x.png"), "--plot: the logging plan has no curves"},
 		{"both", []string{"logging", "--input", file, "--interval", "3"}, "--input and --interval: give the measurements in the file or as flags, not both"},
 		{"file field", []string{"logging", "--input", file}, "--input " + file + ": snapshot_interval_steps: snapshot interval 0"},
+		{"file dp 0", []string{"logging", "--input", dp0}, "--input " + dp0 + ": dp: dp 0, pp 3"},
 		{"no file", []string{"logging", "--input", file + ".absent"}, "--input: open"},
 	}
 	for _, tc := range tests {
