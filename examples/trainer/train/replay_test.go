@@ -269,6 +269,11 @@ func TestReplayTruncated(t *testing.T) {
 // jobWide hides MemStore's per-rank restore, as reft's client does today.
 type jobWide struct{ Snapshotter }
 
+// everyZero is a snapshotter of a job launched with every=0.
+type everyZero struct{ Snapshotter }
+
+func (everyZero) Every() int { return 0 }
+
 // TestLoggingNeeds: logging without a log or snapshots is refused; with a
 // snapshotter that restores only a common step it logs, says once that no
 // replay can happen, and changes no bits.
@@ -281,6 +286,12 @@ func TestLoggingNeeds(t *testing.T) {
 	_, errs = RunLocal(c, 2, func(r int) Options { return Options{MsgLog: NewMemLog(DefaultLogCap)} })
 	if errs[0] == nil || !strings.Contains(errs[0].Error(), "--log-messages needs snapshots") {
 		t.Errorf("no snapshots: %v", errs[0])
+	}
+	_, errs = RunLocal(c, 2, func(r int) Options {
+		return Options{Snap: everyZero{NewMemStore(2).Rank(r)}, MsgLog: NewMemLog(DefaultLogCap)}
+	})
+	if errs[0] == nil || !strings.Contains(errs[0].Error(), "--log-messages under every=0") {
+		t.Errorf("every=0: %v", errs[0])
 	}
 	want := runAll(t, pipeCfg(2, LogOff), 2, nil)
 	store := NewMemStore(2)

@@ -273,7 +273,7 @@ func newTrainer(cfg Config, o Options) (*trainer, error) {
 		}
 		if o.Snap == nil {
 			return nil, errors.New("--log-messages needs snapshots: a lost stage replays from its snapshot, and the logs are truncated as snapshots commit; " +
-				"launch under reft (srun --reft=...) or drop --log-messages")
+				"launch under reft (srun --reft=...) or with --ckpt-dir, or drop --log-messages")
 		}
 		// A separate buffer per microbatch for the gradient sent back, so
 		// that the bubble-time copy can read it while later microbatches
@@ -377,7 +377,7 @@ func (t *trainer) run(o Options) (*Result, error) {
 				restore = lr.RestoreLocal
 			} else {
 				fmt.Fprintln(t.log, "message logging: this snapshotter restores only a step that every rank holds, so a failure rolls every stage back "+
-					"and the logs are not replayed (replay needs a per-rank restore, which reft's client does not offer yet; docs/LOGGING.md)")
+					"and the logs are not replayed (replay needs a per-rank restore, train.LocalRestorer, which neither reft's client nor --ckpt-dir offers yet; docs/LOGGING.md)")
 			}
 		}
 		step, ok, err := restore()
@@ -785,6 +785,10 @@ func (t *trainer) every0(s Snapshotter) error {
 	}
 	if !t.cfg.JIT {
 		return errors.New("the job runs --reft=...,every=0 (no snapshot on the step path) and --jit=false: nothing would ever be saved; drop --jit=false, or launch without every=0")
+	}
+	if t.mlog != nil {
+		return errors.New("--log-messages under every=0: a lost stage replays from its own snapshot, and every=0 takes none on the step path " +
+			"(the logs would also never be truncated); drop --log-messages, or launch without every=0")
 	}
 	if !t.cfg.Undo {
 		fmt.Fprintln(t.log, "every=0 without --undo: a failure while the survivors are inside the optimizer update leaves them no consistent step to flush "+
