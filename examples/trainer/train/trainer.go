@@ -398,7 +398,7 @@ func (t *trainer) run(o Options) (*Result, error) {
 			fmt.Fprintf(t.log, "resumed from step %d\n", step)
 		}
 		if t.mlog != nil && local {
-			if plan, err = t.agree(step); err != nil {
+			if plan, err = t.agree(res.ResumedFrom); err != nil {
 				return nil, err
 			}
 		}
