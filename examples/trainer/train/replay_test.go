@@ -255,7 +255,9 @@ func TestReplayTruncated(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(errs[0].Error(), "(it holds steps 7..11 of act>1)") {
+	// Step 11's activations are in rank 0's log if it sent them before the
+	// world was aborted.
+	if !regexp.MustCompile(`\(it holds steps 7\.\.1[01] of act>1\)`).MatchString(errs[0].Error()) {
 		t.Errorf("rank 0 does not say what its log holds: %v", errs[0])
 	}
 	c.LogMessages = LogOff
