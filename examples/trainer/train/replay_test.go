@@ -137,30 +137,35 @@ var replayLine = regexp.MustCompile(`REPLAY stage (\d+) from (\d+) to (\d+) step
 // stages restore an older snapshot (6: the node took generation 9 with it
 // before its peer copy landed; or 9) and get an empty log. The relaunch
 // replays only the lost stages, from their neighbours' logs, to step 10,
-// and the run ends bit-identical to an uninterrupted one.
+// and the run ends bit-identical to an uninterrupted one, for every
+// optimizer.
 func TestReplay(t *testing.T) {
 	for _, tc := range []struct {
 		pp   int
 		lost []int
 		keep int64 // the lost stages' newest surviving generation
 		mode string
+		opt  string
 	}{
-		{2, []int{0}, 6, LogSync},
-		{2, []int{1}, 6, LogBubble},
-		{3, []int{1}, 6, LogBubble},
-		{3, []int{2}, 9, LogSync},
-		{4, []int{0}, 6, LogBubble},
-		{4, []int{1}, 6, LogSync},
-		{4, []int{2}, 9, LogBubble},
-		{4, []int{3}, 6, LogSync},
-		{4, []int{1, 2}, 6, LogBubble}, // one node with two adjacent stages
+		{2, []int{0}, 6, LogSync, SGD},
+		{2, []int{1}, 6, LogBubble, Momentum},
+		{3, []int{1}, 6, LogBubble, Adam},
+		{3, []int{2}, 9, LogSync, AdamW},
+		{4, []int{0}, 6, LogBubble, AdamW},
+		{4, []int{1}, 6, LogSync, Momentum},
+		{4, []int{2}, 9, LogBubble, Adam},
+		{4, []int{3}, 6, LogSync, AdamW},
+		{4, []int{1, 2}, 6, LogBubble, AdamW}, // one node with two adjacent stages
 	} {
-		t.Run(fmt.Sprintf("pp%d-lost%v-from%d-%s", tc.pp, tc.lost, tc.keep, tc.mode), func(t *testing.T) {
+		t.Run(fmt.Sprintf("pp%d-lost%v-from%d-%s-%s", tc.pp, tc.lost, tc.keep, tc.mode, tc.opt), func(t *testing.T) {
 			const T = 10
 			n := tc.pp
-			want := runAll(t, pipeCfg(n, LogOff), n, nil)
+			ref := pipeCfg(n, LogOff)
+			ref.Optimizer = tc.opt
+			want := runAll(t, ref, n, nil)
 
 			c := pipeCfg(n, tc.mode)
+			c.Optimizer = tc.opt
 			store := NewMemStore(n)
 			snaps := make([]Snapshotter, n)
 			logs := make([]*MemLog, n)
