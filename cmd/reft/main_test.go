@@ -21,6 +21,8 @@ func TestRun(t *testing.T) {
 		{"unknown", []string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
 		{"explain listed", []string{"help"}, 0, "explain", ""},
 		{"explain", []string{"explain", "--spec", "arc", "--dp", "2", "--nodes", "n[1-2]"}, 0, "1 failed node: 2 of 2 sets survive", ""},
+		{"plan logging", []string{"plan", "logging", "--stage-seconds", "1,2,3", "--fwd-bytes", "100,100", "--bandwidth", "100",
+			"--interval", "1", "--node-cap", "300", "--step-seconds", "5"}, 0, "groups [0-1] [2]; logged boundaries: 1|2", ""},
 		{"explain bad flag", []string{"explain", "--spec", "arc"}, 2, "", "--nodes is required"},
 	}
 	for _, tt := range tests {

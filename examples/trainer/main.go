@@ -33,6 +33,12 @@
 // filesystem) every --save-every steps, and a resume from the newest
 // complete one (train.FileCheckpoint; the goodput benchmark's status quo).
 //
+// --log-messages=sync|bubble (--pp >= 2, --dp 1) makes every stage log the
+// activations and gradients it sends, for a stage-local replay after a
+// failure (docs/LOGGING.md). The log is in-process memory for now, so it
+// serves the cost measurement, not a recovery: the replay needs logs that
+// outlive the rank, which reft's agent will keep.
+//
 // Memory per rank is about 6x the stage's parameter bytes with adam/adamw
 // (parameters, float32 gradients, int64 fixed-point gradients, two moments),
 // less the moments' (dp-1)/dp under --zero1.
@@ -103,9 +109,19 @@ func run() int {
 		abortWorld()
 		return 1
 	}
+	var msgLog train.MessageLog
+	if cfg.LogMessages != train.LogOff {
+		msgLog = train.NewMemLog(cfg.LogCap)
+		if rank0 && snap != nil {
+			fmt.Printf("message-log: --log-messages=%s keeps each rank's log in its own process memory (train.MemLog, --log-cap %d bytes): "+
+				"it does not outlive the process, so a relaunch has no logs to replay; logs stored by reft's agent are not built yet (docs/LOGGING.md)\n",
+				cfg.LogMessages, cfg.LogCap)
+		}
+	}
 	opts := train.Options{
 		Comm:    world,
 		Snap:    snap,
+		MsgLog:  msgLog,
 		SnapOff: snapshotsOff,
 		Log:     os.Stdout,
 		Note:    func(msg string) { fmt.Fprintln(os.Stderr, "reft-train:", msg) },

@@ -77,6 +77,7 @@ func TestDependencyDirections(t *testing.T) {
 			why: "reft run links the run record without the agent"},
 		{from: "internal/crc32c", only: []string{}, why: "a leaf"},
 		{from: "internal/jit", only: []string{}, why: "a neutral model: imports only math"},
+		{from: "internal/logplan", only: []string{}, why: "a neutral model (SWIFT's selective logging): the agent and reft plan share it"},
 	}
 	for _, r := range rules {
 		t.Run(r.from, func(t *testing.T) {

@@ -24,6 +24,7 @@ var subcommands = map[string]subcommand{
 	"placement": {"recovery probability of group/mixed vs ring replica placement (GEMINI Corollary 1)", runPlacement},
 	"interval":  {"optimal persistent-checkpoint frequency and wasted time (JIT Eq. 3, 5, 6)", runInterval},
 	"memory":    {"host memory per node for snapshots against REFT's 3x bound", runMemory},
+	"logging":   {"which pipeline boundaries to log under a per-node cap, and the recovery time (SWIFT 5.3)", runLogging},
 	"simulate":  {"Monte Carlo check of the survival model, up to 16384 nodes", runSimulate},
 }
 

@@ -114,31 +114,37 @@ def exactness(dev):
                 m1 = model(dev, dtype, 1)
                 o1 = mk(m1.parameters())
                 ntensors = sum(1 for _ in m1.parameters())
-                k = ntensors // 2
-                arm = {"on": False}
+                # Chunks of at most 70,000 elements: [0..3] and [4..7] here
+                # (the default makes the whole model one chunk); the stop
+                # comes before the second, the first applied.
+                starts, arm = [], {"at": None}
 
                 def before(i):
-                    if arm["on"] and i == k:
+                    if arm["at"] is None:
+                        starts.append(i)
+                    elif i == arm["at"]:
                         raise Stop()
 
-                u = UpdateUndo(o1, before_tensor=before, measure=True)
+                u = UpdateUndo(o1, before_tensor=before, measure=True, chunk_elements=70000)
                 u.install()
                 max_abs, kept, elems, nbytes = 0.0, 0, 0, 0
-                undone_ok = None
+                undone_ok, k = None, None
                 for st in range(1, steps + 1):
                     grads(m1, st, dev, dtype)
                     if st == cut:
                         g.sync(dev)
                         pre = g.digest(m1, o1)
-                        arm["on"] = True
+                        k = arm["at"] = starts[-2] if len(starts) > 2 else None
                         try:
                             o1.step()
-                            raise AssertionError("the armed step did not stop")
+                            raise AssertionError("the armed step did not stop (chunk starts %s)" % starts[:4])
                         except Stop:
                             pass
-                        arm["on"] = False
+                        arm["at"] = -1
                         g.sync(dev)
                         undone_ok = g.digest(m1, o1) == pre
+                    elif arm["at"] is None:
+                        starts.clear()
                     o1.step()
                     s = u.stats
                     max_abs = max(max_abs, float(s.get("max_abs", 0.0)))
@@ -252,8 +258,9 @@ def cost(agent, dev, cfg, rounds, per_round, fused):
         ck.save(n)
         g.sync(dev)
         peak_extra = (torch.cuda.max_memory_allocated(dev) - base) / 2**30
-    say("  GPT: %.0fM params in %d tensors, d=%d, %d layers, batch %d x %d tokens, bf16; AdamW %s"
-        % (nparams / 1e6, ntensors, d, layers, batch, ctx, "fused" if fused else "foreach (default)"))
+    say("  GPT: %.0fM params in %d tensors (%s chunks of the undoable step), d=%d, %d layers, batch %d x %d "
+        "tokens, bf16; AdamW %s" % (nparams / 1e6, ntensors, ck.undo.stats.get("chunks", "?"), d, layers, batch,
+                                    ctx, "fused" if fused else "foreach (default)"))
     plain, undo = [], []
     for r in range(rounds):
         for mode in (("undo", "plain") if r % 2 == 0 else ("plain", "undo")):

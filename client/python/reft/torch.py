@@ -167,14 +167,16 @@ it gives up after its timeout and says so. Module buffers and the extra
 states are staged at consistent(), so a forward pass that changes them
 (BatchNorm) does not tear a flushed snapshot.
 
-undo=True (reft.undo.UpdateUndo; docs/UNDO.md) steps the optimizer one
-parameter tensor at a time and keeps what undoing the step needs: a JIT
-flush that finds the trainer inside optimizer.step() has it stop at the next
-tensor and undo the applied ones, bit for bit (step() then raises
-reft.undo.UpdateInterrupted), and saves the previous step; an exception out
-of the step undoes it too. SGD, Adam and AdamW; others are refused with
-reft.undo.UndoUnsupported. Install it before other wrappers of
-optimizer.step (an LR scheduler's counter is kept).
+undo=True (reft.undo.UpdateUndo; docs/UNDO.md) steps the optimizer in
+chunks (a parameter tensor at a time on the CPU, runs of tensors on a GPU)
+and keeps what undoing the step needs: a JIT flush that finds the trainer
+inside optimizer.step() has it stop at the next chunk and undo the applied
+ones, bit for bit (step() then raises reft.undo.UpdateInterrupted), and
+saves the previous step; an exception out of the step undoes it too. SGD,
+Adam and AdamW; others are refused with reft.undo.UndoUnsupported. An LR
+scheduler may be created before or after the Checkpointer (undo takes over
+what the scheduler's step wrapper does, in torch 1 and 2); other wrappers
+of optimizer.step must come after it.
 
 Under --reft=...,every=0 (no snapshot on the step path; docs/UNDO.md) only
 replicated state survives a lost rank, through its peers' JIT flushes: with

@@ -115,37 +115,73 @@ def check_undoable(optimizer):
     return kind
 
 
-class _Rec:
-    """One parameter tensor's update: applied or not, and its exceptions
-    (name -> (flat indices, original values))."""
-    __slots__ = ("p", "group", "grad", "applied", "exc", "new_buf", "created", "had_state", "plain")
+# CHUNK_ELEMENTS bounds how many elements one chunk of the update steps at
+# once on a GPU (see UpdateUndo). Its temporaries at the step are about
+# eleven float32 copies of a chunk for Adam (the originals, the
+# concatenated current values and the inverse's work): ~350 MiB at 2^23
+# elements, on the GPU. On the CPU, where a launch costs nothing and the
+# concatenations are extra passes over memory, a tensor is its own chunk.
+CHUNK_ELEMENTS = 1 << 23
 
-    def __init__(self, p, group):
-        self.p, self.group, self.grad = p, group, p.grad
-        self.applied, self.exc, self.new_buf = False, {}, False
-        self.created, self.had_state = (), True  # state keys the step created
-        self.plain = {}  # the state's non-tensor values before the step (SGD's None buffer)
+
+class _Rec:
+    """One chunk's update: consecutive parameter tensors of one param
+    group with the same dtype, device, state keys and step count, stepped
+    by one call of torch's step (its multi-tensor kernels), their
+    exceptions kept over the chunk's flattened concatenation (name ->
+    (int8 corrections, flat indices, original values))."""
+    __slots__ = ("ps", "first", "gi", "group", "grads", "applied", "exc", "new_buf", "before", "created",
+                 "had_state", "plain", "pre", "step")
+
+    def __init__(self, ps, first, group, key):
+        self.ps, self.first, self.gi, self.group = ps, first, key[0], group
+        self.grads = [p.grad for p in ps]
+        _, _, _, self.had_state, self.pre, self.before, self.new_buf = key
+        # The step count the update leaves (Adam's bias corrections use it):
+        # torch adds 1 to it (to 0, for a tensor without state).
+        self.step = None if self.pre is None else self.pre + 1
+        if not self.had_state:
+            self.pre = None
+        self.applied, self.exc, self.created = False, {}, ()
+        self.plain = [{} for _ in ps]  # per tensor, the state's non-tensor values before (SGD's None buffer)
 
 
 class UpdateUndo:
     """Make ``optimizer``'s step undoable; see the module docstring.
 
     install() replaces optimizer.step (on the instance) with step(), which
-    updates tensor by tensor and keeps the undo data until the step ends;
-    an exception out of the step, or request_stop() before a tensor,
-    undoes the applied tensors, calls ``on_undone(tensors, cause)`` and
-    re-raises (UpdateInterrupted for a request). ``before_tensor(i)`` (for
-    tests) is called before tensor i and once more, with i = the number of
-    tensors, after the last. hold() makes the next step wait before a
-    tensor until request_stop() (a test hook).
+    updates the parameter tensors in chunks and keeps the undo data until
+    the step ends; an exception out of the step, or request_stop() before a
+    chunk, undoes the applied chunks, calls ``on_undone(tensors, cause)``
+    and re-raises (UpdateInterrupted for a request). A chunk is a run of
+    consecutive tensors of one param group alike in dtype, device, state
+    and step count, of at most ``chunk_elements`` elements (one tensor
+    when it alone is larger; 1 makes every tensor its own chunk): torch's
+    step runs once per chunk with its multi-tensor kernels, and the undo
+    data is computed over the chunk's concatenation, so the work launched
+    per step grows with the chunks, not the tensors (on a GPU, per-tensor
+    stepping cost 4.2x the step of a 148-tensor model: docs/UNDO.md).
+    The default (None) is CHUNK_ELEMENTS for CUDA tensors and 1 for CPU
+    tensors.
+    ``before_tensor(i)`` (for tests) is called before the chunk that
+    starts at tensor i and once more, with i = the number of tensors,
+    after the last. hold() makes the next step wait before a tensor until
+    request_stop() (a test hook; a chunk starts at that tensor).
 
-    ``stats`` after a step: {"elements", "p", "exp_avg", ...}: how many
-    elements the step updated and how many exceptions it kept per buffer.
+    ``stats`` after a step: {"elements", "bytes", "exceptions", "chunks",
+    ...}: how many elements the step updated, in how many chunks, what the
+    undo data took, and, with measure=True, how many elements the inverse
+    alone got wrong per buffer and by how much at most ("max_abs").
     """
 
-    def __init__(self, optimizer, on_undone=None, before_tensor=None, measure=False):
+    def __init__(self, optimizer, on_undone=None, before_tensor=None, measure=False, chunk_elements=None):
         self.kind = check_undoable(optimizer)
-        self.measure = measure  # stats also get "max_abs": the inverse alone's largest error
+        if chunk_elements is not None and (isinstance(chunk_elements, bool) or
+                                           not isinstance(chunk_elements, int) or chunk_elements < 1):
+            raise Error("update-undo: chunk_elements must be an integer >= 1 or None, not %r"
+                        % (chunk_elements,))
+        self.chunk_elements = chunk_elements
+        self.measure = measure
         self.optimizer = optimizer
         self.on_undone = on_undone
         self.before_tensor = before_tensor
@@ -163,8 +199,14 @@ class UpdateUndo:
         if self._installed is not None:
             return
         inner = opt.__dict__.get("step")
+        # An LR scheduler created before us wrapped step on the instance
+        # (torch < 2.0: counting calls, "_with_counter"; torch >= 2.0:
+        # noting the call, "_wrapped_by_lr_sched"). Ours replaces its
+        # wrapper and does what it did, so that the scheduler neither warns
+        # that step() was overridden nor that it ran before step().
         counted = inner is not None and getattr(inner, "_with_counter", False)
-        if inner is not None and not counted:
+        noted = inner is not None and getattr(inner, "_wrapped_by_lr_sched", False)
+        if inner is not None and not (counted or noted):
             raise UndoUnsupported("update-undo: %s.step is already wrapped on the instance (by %r); "
                                   "install undo first (reft.torch.Checkpointer(undo=True) before "
                                   "other wrappers)" % (type(opt).__name__, inner))
@@ -172,11 +214,15 @@ class UpdateUndo:
 
         def step(o, closure=None):
             if counted:
-                o._step_count += 1  # what the LR scheduler's wrapper we replace did
+                o._step_count += 1
+            if noted:
+                o._opt_called = True
             return undo.step(closure)
 
         if counted:
             step._with_counter = True
+        if noted:
+            step._wrapped_by_lr_sched = True
         import types
         opt.step = bound = types.MethodType(step, opt)
         self._installed = (bound, inner)
@@ -189,24 +235,25 @@ class UpdateUndo:
         self._installed = None
 
     def request_stop(self):
-        """Ask the step in progress to stop at the next tensor boundary and
+        """Ask the step in progress to stop at the next chunk boundary and
         undo what it applied (thread-safe; a no-op between steps)."""
         self._stop.set()
 
     def hold(self, tensor, note=None, timeout=HOLD_MAX):
         """Test hook: the next step() stops before parameter tensor
         ``tensor`` (0-based, in the order step() updates them: the param
-        groups' tensors that have a gradient), the ones before it applied,
-        calls ``note()`` and waits until request_stop() — a JIT flush's
-        interrupt — then undoes the applied tensors and raises
-        UpdateInterrupted, as at any stop. It stands for an update that a
-        failure keeps from ending (a collective inside the step, held open
-        while a test kills a node). After ``timeout`` seconds without a
-        request the step is undone and raises reft.Error. One step only;
-        call it from the training thread between steps.
+        groups' tensors that have a gradient; a chunk starts there), the
+        ones before it applied, calls ``note()`` and waits until
+        request_stop() — a JIT flush's interrupt — then undoes the applied
+        tensors and raises UpdateInterrupted, as at any stop. It stands for
+        an update that a failure keeps from ending (a collective inside the
+        step, held open while a test kills a node). After ``timeout``
+        seconds without a request the step is undone and raises
+        reft.Error. One step only; call it from the training thread between
+        steps.
 
         With torch >= 2.0 the Checkpointer's step pre-hook (which declares
-        the update to the session) runs per tensor, so before tensor 0 the
+        the update to the session) runs per chunk, so before tensor 0 the
         session does not yet know the trainer is updating, and a flush then
         saves without interrupting: hold before tensor 1 or later there."""
         n = sum(len(g["params"]) for g in self.optimizer.param_groups)
@@ -220,12 +267,57 @@ class UpdateUndo:
     # --- the step ----------------------------------------------------------------
 
     @torch.no_grad()
-    def _one(self, gi, p):
-        """torch's own step on parameter p alone."""
+    def _one(self, gi, ps):
+        """torch's own step on the parameters ps of group gi alone."""
         groups = self.optimizer.param_groups
         for gj, g in enumerate(groups):
-            g["params"] = [p] if gj == gi else []
+            g["params"] = ps if gj == gi else []
         type(self.optimizer).step(self.optimizer)
+
+    def _counts(self, todo):
+        """Each tensor's optimizer step count before this update (Adam's;
+        None for SGD and for a tensor without state): read once per step,
+        one transfer per device, not one per tensor (a CUDA step count is a
+        device tensor under capturable or fused)."""
+        if self.kind == "sgd":
+            return [None] * len(todo)
+        out, on = [None] * len(todo), {}
+        for i, (_, p) in enumerate(todo):
+            st = self.optimizer.state.get(p)
+            v = None if not st else st.get("step")
+            if torch.is_tensor(v):
+                on.setdefault(v.device, []).append((i, v))
+            elif v is not None:
+                out[i] = float(v)
+            else:
+                out[i] = 0.0  # no state yet: the step creates the count at 0 and adds 1
+        for items in on.values():
+            vals = torch.stack([v.reshape(()) for _, v in items]).tolist()  # one copy, not one per tensor
+            for (i, _), x in zip(items, vals):
+                out[i] = x
+        return out
+
+    def _chunks(self, todo, split_at):
+        """Split todo into _Rec chunks (see the class docstring); a chunk
+        also starts at split_at (hold's tensor)."""
+        opt, counts = self.optimizer, self._counts(todo)
+        chunks, size = [], 0
+        for i, (gi, p) in enumerate(todo):
+            st = opt.state.get(p, {})
+            new_buf = self.kind == "sgd" and opt.param_groups[gi].get("momentum", 0) != 0 and \
+                st.get("momentum_buffer") is None
+            key = (gi, p.dtype, p.device, p in opt.state, counts[i],
+                   tuple(sorted(k for k, v in st.items() if torch.is_tensor(v))), new_buf)
+            last = chunks[-1] if chunks else None
+            cap = self.chunk_elements or (CHUNK_ELEMENTS if p.is_cuda else 1)
+            if last is not None and last[2] == key and i != split_at and size + p.numel() <= cap:
+                last[1].append(p)
+                size += p.numel()
+            else:
+                chunks.append((i, [p], key))
+                size = p.numel()
+        groups = opt.param_groups
+        return [_Rec(ps, first, groups[key[0]], key) for first, ps, key in chunks]
 
     def step(self, closure=None):
         loss = None
@@ -246,7 +338,12 @@ class UpdateUndo:
                         "have no gradient): hold before 0..%d" % (hold[0], len(todo), len(todo) - 1))
         cur, orig = None, None
         try:
-            for i, (gi, p) in enumerate(todo):
+            for p in (p for _, p in todo):
+                if p.grad.is_sparse:
+                    raise UndoUnsupported("update-undo: a sparse gradient cannot be undone; use dense "
+                                          "gradients or run without undo")
+            for rec in self._chunks(todo, hold[0] if hold is not None else None):
+                i = rec.first
                 if self.before_tensor is not None:
                     self.before_tensor(i)
                 if hold is not None and i == hold[0]:
@@ -258,20 +355,14 @@ class UpdateUndo:
                 if self._stop.is_set():
                     raise UpdateInterrupted("optimizer.step() stopped before parameter tensor %d of %d "
                                             "at a JIT flush's request" % (i, len(todo)))
-                cur = _Rec(p, groups[gi])
-                if p.grad.is_sparse:
-                    raise UndoUnsupported("update-undo: a sparse gradient cannot be undone; use dense "
-                                          "gradients or run without undo")
-                cur.had_state = p in opt.state
-                st = opt.state.get(p, {})
-                cur.new_buf = self.kind == "sgd" and groups[gi].get("momentum", 0) != 0 and \
-                    st.get("momentum_buffer") is None
-                orig = self._originals(p, st)
-                cur.plain = {k: v for k, v in st.items() if not torch.is_tensor(v)}
-                self._one(gi, p)
-                self._record(cur, orig)
-                cur.applied = True
-                self._recs.append(cur)
+                cur = rec
+                for j, p in enumerate(rec.ps):
+                    rec.plain[j] = {k: v for k, v in opt.state.get(p, {}).items() if not torch.is_tensor(v)}
+                orig = self._originals(rec)
+                self._one(rec.gi, rec.ps)
+                self._record(rec, orig)
+                rec.applied = True
+                self._recs.append(rec)
                 cur, orig = None, None
             if self.before_tensor is not None:
                 self.before_tensor(len(todo))
@@ -292,66 +383,99 @@ class UpdateUndo:
         self._stop.clear()
         return loss
 
-    def _originals(self, p, st):
-        o = {"p": p.detach().clone()}  # no state key is named "p"
-        for k, v in st.items():
-            if torch.is_tensor(v):
-                o[k] = v.detach().clone()
+    def _state_lists(self, rec, names):
+        st = self.optimizer.state
+        return {k: [st[p][k] for p in rec.ps] for k in names}
+
+    def _originals(self, rec):
+        """Copies of the chunk's parameters and tensor state (but the step
+        count, restored from rec.pre), flattened and concatenated."""
+        o = {"p": _flat(rec.ps, copy=True)}  # no state key is named "p"
+        for k, ts in self._state_lists(rec, [k for k in rec.before if k != "step"]).items():
+            o[k] = _flat(ts, copy=True)
         return o
 
-    def _put_back(self, rec, orig):
-        """Restore one tensor from its copy (an update interrupted inside
-        torch's step of it)."""
-        p = rec.p
-        st = self.optimizer.state.get(p, {})
-        with torch.no_grad():
-            p.copy_(orig["p"])
-            for k in list(st.keys()):
-                if k in orig and k != "p":
-                    st[k].copy_(orig[k])
-                elif torch.is_tensor(st[k]):  # created by this step (the first step's state)
-                    if k in rec.plain:
-                        st[k] = rec.plain[k]
-                    else:
-                        del st[k]
+    def _current(self, rec):
+        """The chunk's current values, flattened (a view for one tensor)."""
+        # .get: indexing the optimizer's state (a defaultdict) would create
+        # an entry, and the next step would chunk the tensor apart.
+        names = [k for k, v in self.optimizer.state.get(rec.ps[0], {}).items()
+                 if torch.is_tensor(v) and k != "step"]
+        c = {"p": _flat(rec.ps)}
+        for k, ts in self._state_lists(rec, names).items():
+            c[k] = _flat(ts)
+        return c
+
+    def _restore_plain(self, rec, keys):
+        """Drop the state keys in keys that the step created (or give back
+        their non-tensor value), and the state of tensors that had none."""
+        opt = self.optimizer
+        for p, plain in zip(rec.ps, rec.plain):
+            st = opt.state.get(p, {})
+            for k in keys:
+                if k in plain:
+                    st[k] = plain[k]
+                else:
+                    st.pop(k, None)
             if not rec.had_state:
-                self.optimizer.state.pop(p, None)
+                opt.state.pop(p, None)
+
+    def _put_back(self, rec, orig):
+        """Restore a chunk from its copies (an update interrupted inside
+        torch's step of it)."""
+        opt = self.optimizer
+        with torch.no_grad():
+            _scatter(orig["p"], rec.ps)
+            for k, ts in self._state_lists(rec, [k for k in orig if k != "p"]).items():
+                _scatter(orig[k], ts)
+            created = set()
+            for p in rec.ps:
+                st = opt.state.get(p, {})
+                created.update(k for k, v in st.items() if torch.is_tensor(v) and k not in rec.before)
+                if rec.pre is not None and "step" in rec.before:
+                    if torch.is_tensor(st["step"]):
+                        st["step"].fill_(rec.pre)
+                    else:
+                        st["step"] = rec.pre
+            self._restore_plain(rec, sorted(created))
 
     def _record(self, rec, orig):
-        st = self.optimizer.state[rec.p]
-        rec.created = tuple(k for k, v in st.items() if torch.is_tensor(v) and k not in orig)
-        cand = self._inverse(rec, st)
+        st = self.optimizer.state.get(rec.ps[0], {})
+        rec.created = tuple(k for k, v in st.items() if torch.is_tensor(v) and k not in rec.before)
+        cand = self._inverse(rec, self._current(rec))
         for name, c in cand.items():
             if name in rec.created:
                 continue  # dropped by undo: it did not exist before
             o = orig[name]
-            if not o.is_contiguous():
-                raise UndoUnsupported("update-undo: a non-contiguous %s tensor; undo keeps flat indices "
-                                      "and needs contiguous parameters and state" % name)
             rec.exc[name] = _encode(c, o)
             if self.measure:  # the estimate alone: how many differ, by how much
-                diff = (_bits(c) != _bits(o)).reshape(-1)
+                diff = _bits(c) != _bits(o)
                 self.stats[name] = self.stats.get(name, 0) + int(diff.sum())
                 if diff.any():
-                    err = (c.double() - o.double()).abs().reshape(-1)[diff]
+                    err = (c.double() - o.double()).abs()[diff]
                     self.stats["max_abs"] = max(self.stats.get("max_abs", 0.0), float(err.max()))
 
     @torch.no_grad()
-    def _inverse(self, rec, st):
-        """The estimates of the values before the update, from the updated
-        ones: a dict name -> tensor (the dtype of the tensor it inverts),
-        "p" and the state tensors; "step" is handled by undo. PyTorch's
-        expressions (torch/optim/sgd.py, adam.py, adamw.py), inverted
-        operand for operand, in float32 (float64 for float64 tensors). A
-        pure function of the updated values: record and undo both call it."""
-        g, p = rec.group, rec.p
+    def _inverse(self, rec, cur):
+        """The estimates of the chunk's values before the update, from the
+        updated ones (cur: name -> flat tensor): a dict name -> flat tensor
+        (the dtype of the tensor it inverts), "p" and the state tensors;
+        "step" is handled by undo. PyTorch's expressions
+        (torch/optim/sgd.py, adam.py, adamw.py), inverted operand for
+        operand, in float32 (float64 for float64 tensors); elementwise, so
+        a chunk's concatenation gives each element the bits its tensor
+        alone would. A pure function of the updated values: record and undo
+        both call it."""
+        g, p = rec.group, cur["p"]
         work = torch.float64 if p.dtype == torch.float64 else torch.float32
 
         def w(t):  # a float32 tensor is itself: only out-of-place ops on it
             return t.detach().to(work)
 
         lr, wd = float(g["lr"]), float(g.get("weight_decay", 0) or 0)
-        grad = rec.grad if not g.get("maximize", False) else -rec.grad
+        grad = _flat(rec.grads)
+        if g.get("maximize", False):
+            grad = -grad
         out = {}
         if self.kind == "sgd":
             mom, damp = float(g.get("momentum", 0)), float(g.get("dampening", 0))
@@ -362,7 +486,7 @@ class UpdateUndo:
                     x.div_(1 - lr * wd)
                 out["p"] = x.to(p.dtype)
                 return out
-            buf = st["momentum_buffer"]
+            buf = cur["momentum_buffer"]
             if g.get("nesterov", False):
                 # d = g + wd*p; buf' = mom*buf + (1-damp)*d; p' = p - lr*(d + mom*buf')
                 x = w(buf).mul(mom).add_(w(grad)).mul_(lr).add_(w(p))
@@ -379,8 +503,8 @@ class UpdateUndo:
             return out
         b1, b2 = (float(b) for b in g["betas"])
         eps = float(g["eps"])
-        m, v = st["exp_avg"], st["exp_avg_sq"]
-        step = float(st["step"].item()) if torch.is_tensor(st["step"]) else float(st["step"])
+        m, v = cur["exp_avg"], cur["exp_avg_sq"]
+        step = rec.step
         bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
         step_size = lr / bc1
         denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)  # as adam.py computes it
@@ -397,44 +521,55 @@ class UpdateUndo:
 
     @torch.no_grad()
     def undo(self):
-        """Undo the applied tensors of the step in progress (newest first);
-        return how many."""
+        """Undo the applied chunks of the step in progress (newest first);
+        return how many tensors."""
         n = 0
+        opt = self.optimizer
         for rec in reversed(self._recs):
             if not rec.applied:
                 continue
-            st = self.optimizer.state[rec.p]
-            cand = self._inverse(rec, st)
-            for name, c in cand.items():
-                if name in rec.created:
-                    continue
-                t = rec.p if name == "p" else st[name]
-                t.copy_(_decode(c, *rec.exc[name]))
+            cand = self._inverse(rec, self._current(rec))
+            dec = {name: _decode(c, *rec.exc[name]) for name, c in cand.items() if name not in rec.created}
+            for name, flat in dec.items():
+                _scatter(flat, rec.ps if name == "p" else [opt.state[p][name] for p in rec.ps])
             if self.kind != "sgd" and "step" not in rec.created:
-                st["step"] -= 1
-            for k in rec.created:
-                if k in rec.plain:
-                    st[k] = rec.plain[k]
-                else:
-                    del st[k]
-            if not rec.had_state:
-                del self.optimizer.state[rec.p]
+                for p in rec.ps:
+                    opt.state[p]["step"] -= 1
+            self._restore_plain(rec, rec.created)
             rec.applied = False
-            n += 1
+            n += len(rec.ps)
         self._recs = []
         return n
 
     def _summarize(self):
-        s = {"elements": 0, "bytes": 0, "exceptions": 0}
+        s = {"elements": 0, "bytes": 0, "exceptions": 0, "chunks": len(self._recs)}
         for k in ("max_abs", "p", "exp_avg", "exp_avg_sq", "momentum_buffer"):
             if k in self.stats:
                 s[k] = self.stats[k]
         for rec in self._recs:
-            s["elements"] += rec.p.numel()
+            s["elements"] += sum(p.numel() for p in rec.ps)
             for name, (dense, idx, vals) in rec.exc.items():
                 s["exceptions"] += idx.numel()
                 s["bytes"] += idx.numel() * (idx.element_size() + vals.element_size()) + dense.numel()
         self.stats = s
+
+
+def _flat(ts, copy=False):
+    """The tensors' values flattened and concatenated, in order: a new
+    tensor, or for one tensor with copy=False a view of it."""
+    if len(ts) == 1:
+        f = ts[0].detach().reshape(-1)
+        return f.clone() if copy else f
+    return torch.cat([t.detach().reshape(-1) for t in ts])
+
+
+def _scatter(flat, ts):
+    """Write flat (a chunk's concatenation) back into the tensors ts."""
+    off = 0
+    for t in ts:
+        n = t.numel()
+        t.detach().copy_(flat[off:off + n].view(t.shape))
+        off += n
 
 
 # The corrections: the difference of the bit patterns, original minus

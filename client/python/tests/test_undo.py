@@ -29,6 +29,12 @@ if torch is not None:
 
 # Every optimizer configuration undo supports (PyTorch's expressions of each
 # option are inverted separately).
+# UpdateUndo's chunk_elements in the tests -> the chunks a step of
+# model_of's six tensors (2048, 64, 4096, 64, 512 and 8 elements) makes:
+# every tensor alone; [w0 b0] [w1] [b1 w2 b2]; the whole model; the
+# default, on the CPU every tensor alone.
+CHUNKS = {1: 6, 3000: 3, 10**9: 1, None: 6}
+
 SUPPORTED = {
     "sgd": lambda p: torch.optim.SGD(p, lr=0.05),
     "sgd-wd": lambda p: torch.optim.SGD(p, lr=0.05, weight_decay=1e-2),
@@ -84,12 +90,15 @@ class SameBits:
 
 @needs_torch
 class Undo(SameBits, unittest.TestCase):
-    def run_steps(self, name, steps, dtype=None, undo=True):
+    def run_steps(self, name, steps, dtype=None, undo=True, chunk=1):
+        """chunk: UpdateUndo's chunk_elements; 1, every tensor its own
+        chunk (a stop possible before each); None, the default (on the
+        CPU, 1)."""
         model = model_of(1, dtype)
         opt = SUPPORTED[name](model.parameters())
         u = None
         if undo:
-            u = UpdateUndo(opt, measure=True)
+            u = UpdateUndo(opt, measure=True, chunk_elements=chunk)
             u.install()
         for s in range(1, steps + 1):
             grads(model, s)
@@ -97,13 +106,72 @@ class Undo(SameBits, unittest.TestCase):
         return model, opt, u
 
     def test_same_bits_as_torch(self):
-        """Stepping tensor by tensor with undo recorded gives torch's own
-        step's bits."""
+        """Stepping tensor by tensor, or in chunks of several tensors, with
+        undo recorded gives torch's own step's bits."""
         for name in SUPPORTED:
-            with self.subTest(name):
-                a = self.run_steps(name, 5, undo=False)
-                b = self.run_steps(name, 5, undo=True)
-                self.assertSameBits(bits_state(*a[:2]), bits_state(*b[:2]))
+            for chunk in CHUNKS:
+                with self.subTest(name=name, chunk=chunk):
+                    a = self.run_steps(name, 5, undo=False)
+                    b = self.run_steps(name, 5, undo=True, chunk=chunk)
+                    self.assertSameBits(bits_state(*a[:2]), bits_state(*b[:2]))
+                    self.assertEqual(b[2].stats["chunks"], CHUNKS[chunk], b[2].stats)
+
+    def test_interrupted_at_every_chunk(self):
+        """Table: every optimizer and chunking, a failure before each chunk
+        of step 6 (and after the last) undoes whole chunks to the bits of
+        step 5, and the step taken again is torch's; a failure inside
+        torch's step of a chunk (put back from its copies) too."""
+        starts = {3000: (0, 2, 3, 6), 10**9: (0, 6)}
+        for name in SUPPORTED:
+            for chunk, ks in starts.items():
+                model, opt, u = self.run_steps(name, 5, chunk=chunk)
+                grads(model, 6)
+                before = bits_state(model, opt)
+                for k in ks:
+                    with self.subTest(name=name, chunk=chunk, fail_before=k):
+                        seen = []
+
+                        def boom(i, k=k):
+                            seen.append(i)
+                            if i == k:
+                                raise RuntimeError("injected at %d" % i)
+                        u.before_tensor = boom
+                        with self.assertRaisesRegex(RuntimeError, "injected at %d" % k):
+                            opt.step()
+                        self.assertEqual(seen, [i for i in ks if i <= k])
+                        self.assertSameBits(bits_state(model, opt), before)
+                u.before_tensor = None
+                self.torn_step(model, opt, before, 2 if chunk == 3000 else 1)
+                opt.step()
+                ref_model, ref_opt, _ = self.run_steps(name, 6, undo=False)
+                self.assertSameBits(bits_state(model, opt), bits_state(ref_model, ref_opt))
+            with self.subTest(name=name, first_step=True):  # the state is created by the step
+                model, opt, u = self.run_steps(name, 0, chunk=3000)
+                grads(model, 1)
+                before = bits_state(model, opt)
+                self.torn_step(model, opt, before, 2)
+                self.assertEqual(len(opt.state), 0)
+                opt.step()
+                ref_model, ref_opt, _ = self.run_steps(name, 1, undo=False)
+                self.assertSameBits(bits_state(model, opt), bits_state(ref_model, ref_opt))
+
+    def torn_step(self, model, opt, before, at):
+        """A step whose torch step dies after updating chunk ``at`` (1, 2):
+        that chunk is put back from its copies, the one before undone."""
+        inner, calls = type(opt).step, []
+
+        def torn(o, *a, **kw):
+            inner(o, *a, **kw)
+            calls.append(1)
+            if len(calls) == at:
+                raise RuntimeError("inside torch's step")
+        type(opt).step = torn
+        try:
+            with self.assertRaisesRegex(RuntimeError, "inside torch's step"):
+                opt.step()
+        finally:
+            type(opt).step = inner
+        self.assertSameBits(bits_state(model, opt), before)
 
     def test_interrupted_at_every_tensor(self):
         """Table: every optimizer, a failure before tensor k of step 6 for
@@ -186,11 +254,55 @@ class Undo(SameBits, unittest.TestCase):
         for name, make in SUPPORTED.items():
             with self.subTest(name):
                 check_undoable(make(p))
+        for bad in (0, -1, True, 2.5, "8"):
+            with self.subTest(chunk_elements=bad):
+                with self.assertRaisesRegex(reft.Error, "chunk_elements must be an integer >= 1 or None"):
+                    UpdateUndo(torch.optim.SGD(p, lr=0.1), chunk_elements=bad)
+
+    def test_scheduler_made_first(self):
+        """An LR scheduler created before undo (it wraps the optimizer's
+        step on the instance, differently in torch 1 and 2): undo installs
+        over it, the scheduler sees its steps without a warning, the bits
+        are those of the same run without undo, and an interrupted step
+        is undone as any other."""
+        runs = []
+        for undo in (False, True):
+            model = model_of(1)
+            opt = SUPPORTED["adamw"](model.parameters())
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+            u = None
+            if undo:
+                u = UpdateUndo(opt)
+                u.install()
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                for s in range(1, 6):
+                    grads(model, s)
+                    opt.step()
+                    sched.step()
+            self.assertEqual([str(x.message) for x in w if "lr_scheduler" in str(x.message) or
+                              "optimizer.step()" in str(x.message)], [])
+            runs.append((model, opt, sched, u))
+        self.assertSameBits(bits_state(*runs[0][:2]), bits_state(*runs[1][:2]))
+        self.assertEqual(runs[0][2].get_last_lr(), runs[1][2].get_last_lr())
+        model, opt, sched, u = runs[1]
+        grads(model, 6)
+        before = bits_state(model, opt)
+
+        def boom(i):
+            if i == 3:
+                raise RuntimeError("injected")
+        u.before_tensor = boom
+        with self.assertRaisesRegex(RuntimeError, "injected"):
+            opt.step()
+        self.assertSameBits(bits_state(model, opt), before)
+        u.uninstall()  # the scheduler's wrapper is back
+        self.assertTrue(getattr(opt.step, "_with_counter", False) or getattr(opt.step, "_wrapped_by_lr_sched", False))
 
     def test_stop_request(self):
         """request_stop() from another thread stops the step at the next
-        tensor boundary with UpdateInterrupted, the applied part undone."""
-        model, opt, u = self.run_steps("adamw", 3)
+        chunk boundary with UpdateInterrupted, the applied part undone."""
+        model, opt, u = self.run_steps("adamw", 3, chunk=3000)
         grads(model, 4)
         before = bits_state(model, opt)
         undone = []
@@ -221,7 +333,9 @@ class Hold(SameBits, unittest.TestCase):
         tensors and raises UpdateInterrupted; the step after is not held."""
         for at in (0, 2, 5):
             with self.subTest(before_tensor=at):
-                model, opt, u = Undo.run_steps(self, "adamw", 3)
+                # The whole model one chunk: the hold starts a chunk at
+                # its tensor.
+                model, opt, u = Undo.run_steps(self, "adamw", 3, chunk=10**9)
                 grads(model, 4)
                 before = bits_state(model, opt)
                 undone, noted = [], []
@@ -377,6 +491,7 @@ class CheckpointerUndo(SameBits, TorchCase):
                         # at the next tensor boundary.
                         self.assertTrue(ck._undo._stop.wait(30) or flushed, "the flush never asked to stop")
                         self.flusher = t
+                ck._undo.chunk_elements = 3000  # chunks start at tensors 0, 2 and 3
                 ck._undo.before_tensor = flush_now
                 grads(model, 5)
                 with warnings.catch_warnings(record=True) as w:
@@ -444,6 +559,7 @@ class CheckpointerEvery0(SameBits, TorchCase):
                 t.start()
                 self.assertTrue(ck._undo._stop.wait(30), "the flush never asked to stop")
                 self.flusher = t
+        ck._undo.chunk_elements = 3000  # chunks start at tensors 0, 2 and 3
         ck._undo.before_tensor = flush_now
         grads(model, 5)
         with warnings.catch_warnings(record=True):
@@ -470,9 +586,7 @@ class CheckpointerEvery0(SameBits, TorchCase):
         agent = self.agent("arc,every=0")
         model = model_of(3)
         opt = SUPPORTED["adam"](model.parameters())
-        # (On its own optimizer: torch 2's scheduler wraps its optimizer's
-        # step, and undo then refuses to install on that one.)
-        sched = torch.optim.lr_scheduler.StepLR(SUPPORTED["adam"](model.parameters()), 1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 1)  # made first: undo installs over its wrapper
         for kw, want in (({}, r"rng=True \(each rank's RNG states\) is state of its own rank"),
                          ({"rng": False, "extra": {"sched": sched}}, r"extra= \(sched\) is state of its own rank"),
                          ({"rng": False, "sharded_optimizer": True}, r"sharded_optimizer=True")):
