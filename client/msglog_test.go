@@ -230,7 +230,7 @@ func TestLogCorrupt(t *testing.T) {
 	if err := c.LogAppend("act>1", 4, 2, data); err != nil {
 		t.Fatal(err)
 	}
-	arenas, err := filepath.Glob(filepath.Join(a.Store.Dir(), "msglog", "r0-*"))
+	arenas, err := filepath.Glob(filepath.Join(a.Store.Dir(), "msglog", "arena-*"))
 	if err != nil || len(arenas) != 1 {
 		t.Fatalf("the message's arena: %v (%v)", arenas, err)
 	}

@@ -31,10 +31,10 @@ func TestFreshDir(t *testing.T) {
 	if err := os.WriteFile(outside, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(d, "r0-1"), make([]byte, 4096), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(d, "arena-0"), make([]byte, 4096), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(outside, filepath.Join(d, "r0-2")); err != nil {
+	if err := os.Symlink(outside, filepath.Join(d, "arena-1")); err != nil {
 		t.Fatal(err)
 	}
 	if _, n, err := s.FreshDir("msglog"); err != nil || n != 2 {

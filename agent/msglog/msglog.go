@@ -212,8 +212,11 @@ func (s *Store) take(rank int, rl *rankLog, size int64) (Arena, error) {
 			"nothing was dropped: snapshot more often (a committed snapshot lets the trainer truncate the log), or raise store.memory_budget in reft.toml",
 			ErrOverCap, rank, rl.arenas, size, capBytes, how)
 	}
+	// Named as the store names its arenas: on hugetlbfs the file in the
+	// store is a link, and the job's cleanup (tmpfs.JobDir.Remove) follows
+	// links of that name to the mount's file.
+	path := filepath.Join(s.cfg.Dir, "arena-"+strconv.FormatUint(s.next, 10))
 	s.next++
-	path := filepath.Join(s.cfg.Dir, "r"+strconv.Itoa(rank)+"-"+strconv.FormatUint(s.next, 10))
 	a, err := s.cfg.Alloc(path, size)
 	if err != nil {
 		// The node's budget or tmpfs may be full of the ranks' spares.

@@ -79,7 +79,7 @@ func FuzzLogRequest(f *testing.F) {
 // accepted reply names an absolute path and an arena that holds the
 // message and fits in an int (the length of the mapping).
 func FuzzLogReply(f *testing.F) {
-	for _, s := range []string{`{"arena":"/dev/shm/reft/1000/42/msglog/r0-1","arena_size":4096,"size":100,"crc32c":5}`,
+	for _, s := range []string{`{"arena":"/dev/shm/reft/1000/42/msglog/arena-0","arena_size":4096,"size":100,"crc32c":5}`,
 		`{"arena":"rel","arena_size":4096,"size":1}`, `{"arena":"/a","arena_size":1,"size":2}`, `{"arena":"/a","arena_size":-1,"size":-5}`,
 		`{}`, `{"arena":"/a","arena_size":9223372036854775807,"size":1}`} {
 		f.Add(false, []byte(s))
