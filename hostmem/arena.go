@@ -81,6 +81,9 @@ func NewAllocator(cfg Config) (*Allocator, error) {
 // Metrics returns the allocator's metrics.
 func (a *Allocator) Metrics() *Metrics { return a.metrics }
 
+// Budget is the memory budget arenas are charged to; nil: none.
+func (a *Allocator) Budget() *Budget { return a.cfg.Budget }
+
 // Arena is one shared mapping of an arena file.
 type Arena struct {
 	path    string // as asked for (a symlink when on hugetlbfs)

@@ -41,6 +41,14 @@ type Options struct {
 	// agent's default). This agent has no peering, so under a SPEC that
 	// protects across nodes it is always short.
 	DegradedGrace time.Duration
+	// MemoryBudget is agent.Info.MemoryBudget, which the message log's
+	// per-rank cap is derived from (0: none, so every log append is over
+	// the cap). The store's arenas are not capped by it here.
+	MemoryBudget uint64
+	// StoreBudget, when positive, charges the store's arenas to a
+	// hostmem budget of that many bytes, as a node's agent does (the
+	// message log's cap then derives from it).
+	StoreBudget int64
 }
 
 // Agent is a running agent server and its store.
@@ -91,7 +99,13 @@ func Start(opt Options) (a *Agent, err error) {
 		}
 	}()
 	// No pinning: tests must not depend on RLIMIT_MEMLOCK.
-	alloc, err := hostmem.NewAllocator(hostmem.Config{NoPin: true, Log: opt.Log})
+	var budget *hostmem.Budget
+	if opt.StoreBudget > 0 {
+		if budget, err = hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: opt.StoreBudget}}, nil); err != nil {
+			return nil, fmt.Errorf("agenttest: budget: %w", err)
+		}
+	}
+	alloc, err := hostmem.NewAllocator(hostmem.Config{NoPin: true, Budget: budget, Log: opt.Log})
 	if err != nil {
 		return nil, fmt.Errorf("agenttest: allocator: %w", err)
 	}
@@ -102,7 +116,7 @@ func Start(opt Options) (a *Agent, err error) {
 	}
 	node, _ := os.Hostname()
 	a.srv, err = agent.Listen(a.Socket, agent.Info{Job: opt.Job, Node: node, Spec: opt.Spec, Version: "agenttest",
-		UID: os.Getuid(), StoreDir: a.Store.Dir(), DegradedGrace: opt.DegradedGrace}, opt.Log)
+		UID: os.Getuid(), StoreDir: a.Store.Dir(), DegradedGrace: opt.DegradedGrace, MemoryBudget: opt.MemoryBudget}, opt.Log)
 	if err != nil {
 		return nil, fmt.Errorf("agenttest: %w", err)
 	}
