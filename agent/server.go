@@ -111,6 +111,13 @@ func (s *Server) Path() string { return s.ls.Path() }
 
 // Serve accepts connections until ctx is done or Close is called.
 func (s *Server) Serve(ctx context.Context) error {
+	// The message logs an earlier agent left are adopted now, so that
+	// their memory counts against the budget before the first save.
+	if s.store != nil {
+		if _, err := s.logs.open(s.log); err != nil {
+			s.log.Error().Err(err).Msg("message log unavailable")
+		}
+	}
 	go func() {
 		<-ctx.Done()
 		s.Close()

@@ -287,7 +287,7 @@ func TestStore(t *testing.T) {
 // TestCommitChecksBytes: bytes copied that are not the ones the client
 // checksummed (its buffer changed meanwhile) are refused, nothing stored.
 func TestCommitChecksBytes(t *testing.T) {
-	f := newFixture(t, 1 << 20)
+	f := newFixture(t, 1<<20)
 	data := msgBytes(5000, 4)
 	k := key("act>3", 7, 2)
 	p, err := f.s.Begin(0, k, int64(len(data)))
@@ -318,7 +318,7 @@ func TestCommitChecksBytes(t *testing.T) {
 // TestAbortKeepsArena: an aborted append's arena is kept within the cap
 // for the next append.
 func TestAbortKeepsArena(t *testing.T) {
-	f := newFixture(t, 1 << 20)
+	f := newFixture(t, 1<<20)
 	data := msgBytes(8192, 5)
 	p, err := f.s.Begin(3, key("a", 1, 0), int64(len(data)))
 	if err != nil {
@@ -338,7 +338,7 @@ func TestAbortKeepsArena(t *testing.T) {
 }
 
 func TestBeginChecksKey(t *testing.T) {
-	f := newFixture(t, 1 << 20)
+	f := newFixture(t, 1<<20)
 	for _, tc := range []struct {
 		k    Key
 		size int64
@@ -363,7 +363,7 @@ func TestBeginChecksKey(t *testing.T) {
 // run under -race (make unit). A read either returns the bytes appended
 // or says the message is gone; the byte counts add up at the end.
 func TestConcurrent(t *testing.T) {
-	f := newFixture(t, 1 << 30)
+	f := newFixture(t, 1<<30)
 	// memArena's Remove is not safe for concurrent use: count under a lock.
 	var mu sync.Mutex
 	removed := 0

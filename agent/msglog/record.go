@@ -171,6 +171,9 @@ func writeRecord(dir, name string, r Record) error {
 // (when uid >= 0), opened without following a link.
 func readRecord(path string, uid int) (Record, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if errors.Is(err, unix.ELOOP) {
+		return Record{}, fmt.Errorf("%w: a symlink", errForeign)
+	}
 	if err != nil {
 		return Record{}, err
 	}
