@@ -69,6 +69,7 @@ func (a *Adopted) lose(why, path string, err error) {
 // returned only when the directory cannot be read.
 func (s *Store) Adopt() (Adopted, error) {
 	ad := Adopted{Lost: map[string]int{}}
+	ap := adopter{s: s, ad: &ad}
 	ents, err := os.ReadDir(s.cfg.Dir)
 	if err != nil {
 		return ad, fmt.Errorf("msglog: adopt the log an earlier agent left: %w", err)
@@ -91,7 +92,7 @@ func (s *Store) Adopt() (Adopted, error) {
 		if strings.HasPrefix(name, tempPrefix) {
 			why = LostStaleTemp
 		}
-		s.discard(&ad, why, filepath.Join(s.cfg.Dir, name), errors.New("not a file this log keeps"), false)
+		ap.discard(why, filepath.Join(s.cfg.Dir, name), errors.New("not a file this log keeps"), false)
 	}
 	// In arena order, so that a duplicate keeps the older message.
 	names := make([]string, 0, len(arenas))
@@ -105,24 +106,24 @@ func (s *Store) Adopt() (Adopted, error) {
 		path := filepath.Join(s.cfg.Dir, name)
 		if !records[name] {
 			ad.Unused++
-			s.discard(&ad, "", path, nil, true)
+			ap.discard("", path, nil, true)
 			continue
 		}
 		delete(records, name)
-		rec, why, err := s.adoptable(name, arenas[name])
+		rec, why, err := ap.record(name, arenas[name])
 		if err == nil {
-			why, err = s.adoptOne(name, rec)
+			why, err = ap.adopt(name, rec)
 		}
 		if err != nil {
-			s.discard(&ad, why, path, err, true)
-			s.discard(&ad, "", path+recordExt, nil, false)
+			ap.discard(why, path, err, true)
+			ap.discard("", path+recordExt, nil, false)
 			continue
 		}
 		ad.Messages++
 		ad.Bytes += rec.Size
 	}
 	for name := range records {
-		s.discard(&ad, LostNoArena, filepath.Join(s.cfg.Dir, name+recordExt), errors.New("a record whose arena is gone"), false)
+		ap.discard(LostNoArena, filepath.Join(s.cfg.Dir, name+recordExt), errors.New("a record whose arena is gone"), false)
 	}
 	for _, rl := range s.ranks {
 		if len(rl.msgs) > 0 {
@@ -132,9 +133,16 @@ func (s *Store) Adopt() (Adopted, error) {
 	return ad, nil
 }
 
-// adoptable reads the record of arena name (number n) and checks that it
-// is this job's and names this arena.
-func (s *Store) adoptable(name string, n uint64) (Record, string, error) {
+// adopter is one Store.Adopt pass.
+type adopter struct {
+	s  *Store
+	ad *Adopted
+}
+
+// record reads the record of arena name (number n) and checks that it is
+// this job's and names this arena; else it says why not.
+func (ap adopter) record(name string, n uint64) (Record, string, error) {
+	s := ap.s
 	rec, err := readRecord(filepath.Join(s.cfg.Dir, name+recordExt), s.cfg.UID)
 	switch {
 	case errors.Is(err, ErrBadRecord):
@@ -151,8 +159,10 @@ func (s *Store) adoptable(name string, n uint64) (Record, string, error) {
 	return rec, "", nil
 }
 
-// adoptOne maps arena name and stores rec's message in it. s.mu is held.
-func (s *Store) adoptOne(name string, rec Record) (string, error) {
+// adopt maps arena name and stores rec's message in it; else it says why
+// not. Store.mu is held.
+func (ap adopter) adopt(name string, rec Record) (string, error) {
+	s := ap.s
 	rl := s.rank(rec.Rank)
 	if rl.msgs[rec.Key] != nil {
 		return LostDuplicate, fmt.Errorf("rank %d's %s is held by an older arena already", rec.Rank, rec.Key)
@@ -177,7 +187,8 @@ func (s *Store) adoptOne(name string, rec Record) (string, error) {
 // discard removes path (an arena through Config.Discard, which follows a
 // hugetlbfs link to its own file only) and counts it under why ("": not
 // a loss).
-func (s *Store) discard(ad *Adopted, why, path string, cause error, arena bool) {
+func (ap adopter) discard(why, path string, cause error, arena bool) {
+	s, ad := ap.s, ap.ad
 	if why != "" {
 		ad.lose(why, path, cause)
 	}
