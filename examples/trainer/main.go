@@ -68,6 +68,10 @@ func main() {
 
 func run() int {
 	mpi.Init()
+	if err := errorsReturn(); err != nil {
+		fmt.Fprintln(os.Stderr, "reft-train:", err)
+		return 1
+	}
 	world, err := newMPIComm()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "reft-train: MPI_COMM_WORLD:", err)
@@ -110,11 +114,15 @@ func run() int {
 		return 1
 	}
 	var msgLog train.MessageLog
-	if cfg.LogMessages != train.LogOff {
+	if rs, ok := snap.(*reftSnap); ok && cfg.LogMessages != train.LogOff {
+		// Under reft the node's agent holds the log: it outlives this
+		// process, so a relaunch replays from it (docs/LOGGING.md).
+		msgLog = rs.messageLog()
+	} else if cfg.LogMessages != train.LogOff {
 		msgLog = train.NewMemLog(cfg.LogCap)
 		if rank0 && snap != nil {
 			fmt.Printf("message-log: --log-messages=%s keeps each rank's log in its own process memory (train.MemLog, --log-cap %d bytes): "+
-				"it does not outlive the process, so a relaunch has no logs to replay; logs stored by reft's agent are not built yet (docs/LOGGING.md)\n",
+				"it does not outlive the process, so a relaunch has no logs to replay; under srun --reft the node's agent holds them (docs/LOGGING.md)\n",
 				cfg.LogMessages, cfg.LogCap)
 		}
 	}

@@ -135,7 +135,7 @@ func (t *trainer) replay(p *replayPlan, res *Result) error {
 // waiting for a message that never comes).
 func (t *trainer) checkServe(p *replayPlan) error {
 	me := t.rank
-	var gap [3]int64 // step, receiving rank, 1 act / 2 grad
+	var gap [4]int64 // step, receiving rank, 1 act / 2 grad, 1 when the log holds some step of the stream
 	var detail string
 	for s := p.from + 1; s <= p.to && gap[0] == 0; s++ {
 		if p.active(me, s) {
@@ -154,23 +154,24 @@ func (t *trainer) checkServe(p *replayPlan) error {
 				return fmt.Errorf("replay: list the steps of %s in the message log: %w", nb.stream, err)
 			}
 			if _, ok := slices.BinarySearch(steps, s); !ok {
-				gap = [3]int64{s, int64(nb.to), nb.kind}
+				gap = [4]int64{s, int64(nb.to), nb.kind, 0}
 				detail = "it holds none of " + nb.stream
 				if len(steps) > 0 {
 					detail = fmt.Sprintf("it holds steps %d..%d of %s", steps[0], steps[len(steps)-1], nb.stream)
+					gap[3] = 1
 				}
 				break
 			}
 		}
 	}
 	n := t.world.Size()
-	v := make([]int64, 3*n)
-	copy(v[3*me:], gap[:])
+	v := make([]int64, 4*n)
+	copy(v[4*me:], gap[:])
 	if err := t.world.AllReduceSumI64(v); err != nil {
 		return fmt.Errorf("replay: agree on the logs: %w", err)
 	}
 	for r := 0; r < n; r++ {
-		s, to, kind := v[3*r], int(v[3*r+1]), v[3*r+2]
+		s, to, kind, some := v[4*r], int(v[4*r+1]), v[4*r+2], v[4*r+3]
 		if s == 0 {
 			continue
 		}
@@ -183,8 +184,15 @@ func (t *trainer) checkServe(p *replayPlan) error {
 		if r == me {
 			msg += " (" + detail + ")"
 		}
-		return fmt.Errorf("%s: logs are kept only since the second newest snapshot generation, so the stage cannot be brought to step %d; "+
-			"relaunch with --log-messages=off to restore every rank from the newest snapshot they all hold", msg, p.to)
+		why := "logs are kept only since the second newest snapshot generation"
+		if some == 0 {
+			// Not a truncation: the sender's log holds nothing of the
+			// stream (lost with its agent, or never written).
+			why = "the log holds no message of that stream at all: it was lost with its agent's memory, or never written " +
+				"(the first run had no --log-messages)"
+		}
+		return fmt.Errorf("%s: %s, so the stage cannot be brought to step %d; "+
+			"relaunch with --log-messages=off to restore every rank from the newest snapshot they all hold", msg, why, p.to)
 	}
 	return nil
 }

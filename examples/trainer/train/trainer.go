@@ -377,7 +377,7 @@ func (t *trainer) run(o Options) (*Result, error) {
 				restore = lr.RestoreLocal
 			} else {
 				fmt.Fprintln(t.log, "message logging: this snapshotter restores only a step that every rank holds, so a failure rolls every stage back "+
-					"and the logs are not replayed (replay needs a per-rank restore, train.LocalRestorer, which neither reft's client nor --ckpt-dir offers yet; docs/LOGGING.md)")
+					"and the logs are not replayed (replay needs a per-rank restore, train.LocalRestorer: reft's snapshots have one, --ckpt-dir does not; docs/LOGGING.md)")
 			}
 		}
 		step, ok, err := restore()
