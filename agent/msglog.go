@@ -102,12 +102,12 @@ func reportAdopted(ad msglog.Adopted, log zerolog.Logger) {
 		log.Info().Str("event", "msglog_adopted").Int("messages", ad.Messages).Int64("bytes", ad.Bytes).Int("ranks", ad.Ranks).
 			Int("unused_arenas", ad.Unused).Msg("adopted the message logs an earlier agent of this job left on this node")
 	}
-	if n := ad.LostFiles(); n > 0 || len(ad.Errors) > 0 {
+	if n := ad.LostCount(); n > 0 || len(ad.Errors) > 0 {
 		d := zerolog.Dict()
 		for why, c := range ad.Lost {
 			d.Int(why, c)
 		}
-		log.Warn().Str("event", "msglog_lost").Int("files", n).Dict("reasons", d).Strs("examples", ad.Details).
+		log.Warn().Str("event", "msglog_lost").Int("lost", n).Dict("reasons", d).Strs("examples", ad.Details).
 			Errs("remove_errors", ad.Errors).
 			Msg("removed message log files an earlier agent of this job left on this node that could not be adopted: " +
 				"a message among them is lost, and a stage that needs it recovers from its snapshot, not by replay")

@@ -2,12 +2,16 @@ package client_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/client"
 	"github.com/reft-hpc/reft/tests/conformance-agent/agenttest"
 )
@@ -554,5 +558,60 @@ func TestLogSurvivesAgentRestart(t *testing.T) {
 	}
 	if st := a.Status().MsgLog; st.Bytes != held+2048-5000 || st.AppendedBytes != 2048 {
 		t.Fatalf("status msglog = %+v, want %d held, 2048 appended", st, held+2048-5000)
+	}
+}
+
+// TestLogRestartReportsLoss: a message whose record is damaged (here
+// before the agent stops: the agent reads records only at its start) is
+// removed by the new agent and said once (msglog_lost, with the count by
+// reason and the file named); the other is adopted (msglog_adopted) and
+// read back; the lost one is not_found, not a wrong answer.
+func TestLogRestartReportsLoss(t *testing.T) {
+	logs := &logtest.Buffer{}
+	opt := agenttest.Options{MemoryBudget: 1 << 30, Log: zerolog.New(logs)}
+	a := startAgentWith(t, opt)
+	c := logClient(t, a, 0, 1)
+	keep, lose := patterned(8000, 1), patterned(9000, 2)
+	if err := c.LogAppend("act>1", 1, 0, keep); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.LogAppend("act>1", 2, 0, lose); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	// arena-1 holds the second message; flip a byte of its record's key.
+	rec := filepath.Join(a.Store.Dir(), "msglog", "arena-1.rec")
+	b, err := os.ReadFile(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[21] ^= 0x10
+	if err := os.WriteFile(rec, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Restart(opt); err != nil {
+		t.Fatal(err)
+	}
+	lost, adopted := logs.Events("msglog_lost"), logs.Events("msglog_adopted")
+	if len(lost) != 1 || len(adopted) != 1 {
+		t.Fatalf("%d msglog_lost and %d msglog_adopted lines, want one each:\n%s", len(lost), len(adopted), logs)
+	}
+	reasons, _ := lost[0]["reasons"].(map[string]any)
+	examples, _ := lost[0]["examples"].([]any)
+	if lost[0]["lost"] != float64(1) || reasons["bad_record"] != float64(1) || len(examples) != 1 ||
+		!strings.Contains(fmt.Sprint(examples[0]), "arena-1.rec") {
+		t.Fatalf("msglog_lost = %v, want 1 lost, reason bad_record, naming arena-1.rec", lost[0])
+	}
+	if adopted[0]["messages"] != float64(1) || adopted[0]["bytes"] != float64(len(keep)) {
+		t.Fatalf("msglog_adopted = %v, want 1 message of %d bytes", adopted[0], len(keep))
+	}
+	c = logClient(t, a, 0, 1)
+	dst := make([]byte, len(keep))
+	if err := c.LogRead(ctxT(t), "act>1", 1, 0, dst); err != nil {
+		t.Fatal(err)
+	}
+	mustEqual(t, "the adopted message", dst, keep)
+	if err := c.LogRead(ctxT(t), "act>1", 2, 0, make([]byte, len(lose))); agentErr(err) != client.CodeNotFound {
+		t.Fatalf("the lost message: %v, want not_found", err)
 	}
 }

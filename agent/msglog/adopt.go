@@ -35,16 +35,18 @@ type Adopted struct {
 	// Unused is the arenas without a record that were removed: appends
 	// never committed and arenas kept for reuse. No message was lost.
 	Unused int
-	// Lost counts the files removed because they could not be used, by
-	// why (the Lost* constants); Details names the first few with the
-	// error; Errors are removals that failed.
+	// Lost counts what was removed because it could not be used, by why
+	// (the Lost* constants): a message (its arena and record) once, a
+	// stray file once. Details names the first few with the error; Errors
+	// are removals that failed.
 	Lost    map[string]int
 	Details []string
 	Errors  []error
 }
 
-// LostFiles is how many files were removed as unusable.
-func (a Adopted) LostFiles() int {
+// LostCount is how many messages and stray files were removed as
+// unusable.
+func (a Adopted) LostCount() int {
 	n := 0
 	for _, c := range a.Lost {
 		n += c
@@ -52,10 +54,12 @@ func (a Adopted) LostFiles() int {
 	return n
 }
 
-func (a *Adopted) lose(why, path string, err error) {
+// lose counts one lost message or file under why, naming what (a file
+// name, or a message's two) with err among the first few.
+func (a *Adopted) lose(why, what string, err error) {
 	a.Lost[why]++
 	if len(a.Details) < lostDetailMax {
-		a.Details = append(a.Details, fmt.Sprintf("%s: %s: %v", filepath.Base(path), why, err))
+		a.Details = append(a.Details, fmt.Sprintf("%s: %s: %v", what, why, err))
 	}
 }
 
@@ -115,7 +119,9 @@ func (s *Store) Adopt() (Adopted, error) {
 			why, err = ap.adopt(name, rec)
 		}
 		if err != nil {
-			ap.discard(why, path, err, true)
+			// One message lost: counted once, its two files named.
+			ad.lose(why, name+" and its record "+name+recordExt, err)
+			ap.discard("", path, nil, true)
 			ap.discard("", path+recordExt, nil, false)
 			continue
 		}
@@ -190,7 +196,7 @@ func (ap adopter) adopt(name string, rec Record) (string, error) {
 func (ap adopter) discard(why, path string, cause error, arena bool) {
 	s, ad := ap.s, ap.ad
 	if why != "" {
-		ad.lose(why, path, cause)
+		ad.lose(why, filepath.Base(path), cause)
 	}
 	var err error
 	if arena && s.cfg.Discard != nil {

@@ -191,7 +191,7 @@ func TestAdopt(t *testing.T) {
 			if !mapsEqual(ad.Lost, tc.lost) || ad.Unused != tc.unused || len(ad.Errors) != 0 {
 				t.Fatalf("adopted %+v; want lost %v, %d unused, no errors", ad, tc.lost, tc.unused)
 			}
-			if n := ad.LostFiles(); n > 0 && len(ad.Details) != n {
+			if n := ad.LostCount(); n > 0 && len(ad.Details) != n {
 				t.Errorf("%d files lost and %d named: %v", n, len(ad.Details), ad.Details)
 			}
 			want := map[Key][]byte{}
