@@ -55,30 +55,63 @@ func (m *msgLogs) capBytes() (int64, string) {
 		fmt.Sprintf("1/%d of the node's memory budget of %d bytes, set by %s, split among its %d registered rank(s)", msgLogShare, budget, from, n)
 }
 
-// open makes the store at the first request: its directory, emptied of
-// what an earlier agent left (an agent restart loses the logs).
+// open makes the store, at the agent's start (Server.Serve) or at the
+// first request: its directory, and the messages an earlier agent of the
+// job left there, adopted (msglog.Store.Adopt). Files that could not be
+// adopted are removed, and said once (msglog_lost) with how many and why.
 func (m *msgLogs) open(log zerolog.Logger) (*msglog.Store, error) {
 	m.once.Do(func() {
-		dir, stale, err := m.store.FreshDir(msgLogDir)
+		dir, err := m.store.SubDir(msgLogDir)
 		if err != nil {
 			m.err = fmt.Errorf("message log directory: %w", err)
 			return
 		}
-		if stale > 0 {
-			log.Warn().Str("event", "msglog_lost").Int("arenas", stale).
-				Msg("removed the message logs an earlier agent of this job left on this node: an agent restart loses the logs, so a stage on this node recovers from its snapshot, not by replay")
-		}
 		alloc, owner := m.store.Allocator(), m.store.Owner()
-		m.st.Store(msglog.New(msglog.Config{Dir: dir, Cap: m.capBytes,
+		st := msglog.New(msglog.Config{Dir: dir, Cap: m.capBytes, Job: m.info.Job, UID: owner.UID,
 			Alloc: func(path string, size int64) (msglog.Arena, error) {
 				a, err := alloc.Create(path, size, owner)
 				if err != nil {
 					return nil, err // not a typed nil in the interface
 				}
 				return a, nil
-			}}))
+			},
+			Adopt: func(path string) (msglog.Arena, error) {
+				a, err := alloc.AdoptOwned(path, owner.UID)
+				if err != nil {
+					return nil, err
+				}
+				return a, nil
+			},
+			Discard: alloc.Discard})
+		ad, err := st.Adopt()
+		if err != nil {
+			m.err = err
+			return
+		}
+		reportAdopted(ad, log)
+		m.st.Store(st)
 	})
 	return m.st.Load(), m.err
+}
+
+// reportAdopted logs what the store took over from an earlier agent:
+// msglog_adopted (info) when it found anything, msglog_lost (warn) when
+// it removed files it could not use.
+func reportAdopted(ad msglog.Adopted, log zerolog.Logger) {
+	if ad.Messages > 0 || ad.Unused > 0 {
+		log.Info().Str("event", "msglog_adopted").Int("messages", ad.Messages).Int64("bytes", ad.Bytes).Int("ranks", ad.Ranks).
+			Int("unused_arenas", ad.Unused).Msg("adopted the message logs an earlier agent of this job left on this node")
+	}
+	if n := ad.LostCount(); n > 0 || len(ad.Errors) > 0 {
+		d := zerolog.Dict()
+		for why, c := range ad.Lost {
+			d.Int(why, c)
+		}
+		log.Warn().Str("event", "msglog_lost").Int("lost", n).Dict("reasons", d).Strs("examples", ad.Details).
+			Errs("remove_errors", ad.Errors).
+			Msg("removed message log files an earlier agent of this job left on this node that could not be adopted: " +
+				"a message among them is lost, and a stage that needs it recovers from its snapshot, not by replay")
+	}
 }
 
 // close frees the logs' memory; after the connections are closed.

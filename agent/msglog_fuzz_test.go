@@ -25,16 +25,18 @@ func (c *bufConn) Write(p []byte) (int, error) { return c.out.Write(p) }
 
 // memArena is a message arena in this process's memory.
 type memArena struct {
+	path string
 	b    []byte
 	live *int
 }
 
 func (a *memArena) Bytes() []byte    { return a.b }
 func (a *memArena) Size() int64      { return int64(len(a.b)) }
-func (a *memArena) FilePath() string { return "/fuzz/msglog/arena" }
+func (a *memArena) FilePath() string { return a.path }
+func (a *memArena) Close() error     { return a.Remove() }
 func (a *memArena) Remove() error {
 	if a.b == nil {
-		return errors.New("removed twice")
+		return errors.New("freed twice")
 	}
 	*a.live--
 	a.b = nil
@@ -49,7 +51,7 @@ var logTypes = []proto.Type{proto.TLogAppend, proto.TLogCommit, proto.TLogRead, 
 // answered, each with its reply type or an error of a protocol code
 // (malformed for a payload that does not decode); the held bytes stay the
 // sum of the rank's messages; and when the connection and the store
-// close, every arena is freed exactly once.
+// close, every arena is unmapped or freed exactly once.
 func FuzzLogFrames(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 4, 3}, []byte(`{"stream":"act>1","step":1,"seq":0,"size":100}
 {"stream":"act>1","step":1,"seq":0,"crc32c":0}
@@ -78,10 +80,10 @@ func FuzzLogFrames(f *testing.F) {
 		live := 0
 		m := &msgLogs{attached: &attached{info: Info{Job: "7", MemoryBudget: 8 << 20}, store: store}, regs: &registry{}, warned: &onceWarnings{}}
 		m.once.Do(func() {})
-		m.st.Store(msglog.New(msglog.Config{Dir: "/fuzz/msglog", Cap: m.capBytes,
-			Alloc: func(_ string, size int64) (msglog.Arena, error) {
+		m.st.Store(msglog.New(msglog.Config{Dir: t.TempDir(), Job: "7", UID: -1, Cap: m.capBytes,
+			Alloc: func(path string, size int64) (msglog.Arena, error) {
 				live++
-				return &memArena{b: make([]byte, (size+4095)/4096*4096), live: &live}, nil
+				return &memArena{path: path, b: make([]byte, (size+4095)/4096*4096), live: &live}, nil
 			}}))
 		rc := &rankConn{registered: true, key: tmpfs.Key{Rank: 0, Shard: tmpfs.DefaultShard}}
 		c := &bufConn{}

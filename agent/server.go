@@ -106,6 +106,21 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 	return s, nil
 }
 
+// AttachStore gives the server the job's snapshot store; call it before
+// Serve. Without one, snapshot and message log requests get a `disabled`
+// error. The message logs an earlier agent of the job left in the store
+// are adopted here, so that their memory counts against the budget
+// before the first save, and the first status reply counts them.
+func (s *Server) AttachStore(st *tmpfs.Store) {
+	s.attached.AttachStore(st)
+	if st == nil {
+		return
+	}
+	if _, err := s.logs.open(s.log); err != nil {
+		s.log.Error().Err(err).Msg("message log unavailable")
+	}
+}
+
 // Path returns the socket path.
 func (s *Server) Path() string { return s.ls.Path() }
 

@@ -2,12 +2,16 @@ package client_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/logging/logtest"
 	"github.com/reft-hpc/reft/client"
 	"github.com/reft-hpc/reft/tests/conformance-agent/agenttest"
 )
@@ -231,6 +235,8 @@ func TestLogCorrupt(t *testing.T) {
 		t.Fatal(err)
 	}
 	arenas, err := filepath.Glob(filepath.Join(a.Store.Dir(), "msglog", "arena-*"))
+	// Not the message's record (arena-N.rec), which lies beside it.
+	arenas = slices.DeleteFunc(arenas, func(p string) bool { return strings.HasSuffix(p, ".rec") })
 	if err != nil || len(arenas) != 1 {
 		t.Fatalf("the message's arena: %v (%v)", arenas, err)
 	}
@@ -454,5 +460,158 @@ func TestLogStoreBudget(t *testing.T) {
 	if agentErr(err) != client.CodeNoSpace || !strings.Contains(err.Error(), "cap of 8388608 bytes") ||
 		!strings.Contains(err.Error(), "memory budget of 16777216 bytes, set by memory_budget = 16 MiB in reft.toml, split") {
 		t.Fatalf("an append over the cap: %v", err)
+	}
+}
+
+// TestLogSurvivesAgentRestart: the messages two ranks logged outlive
+// their node's agent, as on a survivor of a node loss whose agent reft run
+// restarts: the new agent on the same store adopts them, and each rank's
+// new process (same rank numbering, a new connection) reads its own back
+// bit-exact, with LogSteps as before; a message truncated before the
+// restart stays gone, the held bytes count again, and the ranks' logs
+// go on.
+func TestLogSurvivesAgentRestart(t *testing.T) {
+	opt := agenttest.Options{MemoryBudget: 1 << 30}
+	a := startAgentWith(t, opt)
+	type msg struct {
+		rank   int
+		stream string
+		step   int64
+		seq    int
+		data   []byte
+	}
+	msgs := []msg{
+		{0, "act>1", 1, 0, patterned(100, 1)},
+		{0, "act>1", 2, 0, patterned(3<<20+5, 2)},
+		{0, "act>1", 2, 1, patterned(4097, 3)},
+		{0, "grad<1", 3, 0, patterned(1<<20, 4)},
+		{1, "grad>0", 2, 0, patterned(5000, 5)},
+		{1, "grad>0", 3, 0, patterned(6000, 6)},
+	}
+	before := []*client.Client{logClient(t, a, 0, 2), logClient(t, a, 1, 2)}
+	for _, m := range msgs {
+		if err := before[m.rank].LogAppend(m.stream, m.step, m.seq, m.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Rank 0 truncates its step 1, as after a snapshot of step 1.
+	if err := before[0].LogTruncate(1); err != nil {
+		t.Fatal(err)
+	}
+	msgs = msgs[1:]
+	var held int64
+	for _, m := range msgs {
+		held += int64(len(m.data))
+	}
+	for _, c := range before {
+		c.Close()
+	}
+
+	if err := a.Restart(opt); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Status().MsgLog; st == nil || st.Bytes != held || st.AppendedBytes != 0 {
+		t.Fatalf("the new agent's status msglog = %+v, want %d bytes held (adopted), none appended", st, held)
+	}
+	after := []*client.Client{logClient(t, a, 0, 2), logClient(t, a, 1, 2)}
+	ctx := ctxT(t)
+	for _, m := range msgs {
+		dst := make([]byte, len(m.data))
+		if err := after[m.rank].LogRead(ctx, m.stream, m.step, m.seq, dst); err != nil {
+			t.Fatalf("rank %d's %s step %d seq %d after the restart: %v", m.rank, m.stream, m.step, m.seq, err)
+		}
+		mustEqual(t, m.stream, dst, m.data)
+	}
+	for _, tc := range []struct {
+		rank   int
+		stream string
+		want   []int64
+	}{
+		{0, "act>1", []int64{2}},
+		{0, "grad<1", []int64{3}},
+		{1, "grad>0", []int64{2, 3}},
+		{1, "act>1", []int64{}}, // rank 0's stream: a log is its rank's only
+	} {
+		got, err := after[tc.rank].LogSteps(ctx, tc.stream)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("rank %d LogSteps(%q) after the restart = %v, %v; want %v", tc.rank, tc.stream, got, err, tc.want)
+		}
+	}
+	if err := after[0].LogRead(ctx, "act>1", 1, 0, make([]byte, 100)); agentErr(err) != client.CodeNotFound {
+		t.Fatalf("the message truncated before the restart: %v, want not_found", err)
+	}
+	// The logs go on: a new append, a truncation of adopted messages.
+	next := patterned(2048, 9)
+	if err := after[0].LogAppend("act>1", 4, 0, next); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, len(next))
+	if err := after[0].LogRead(ctx, "act>1", 4, 0, dst); err != nil {
+		t.Fatal(err)
+	}
+	mustEqual(t, "the append after the restart", dst, next)
+	if err := after[1].LogTruncate(2); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := after[1].LogSteps(ctx, "grad>0"); err != nil || !slices.Equal(got, []int64{3}) {
+		t.Fatalf("rank 1 after truncating adopted messages: %v, %v", got, err)
+	}
+	if st := a.Status().MsgLog; st.Bytes != held+2048-5000 || st.AppendedBytes != 2048 {
+		t.Fatalf("status msglog = %+v, want %d held, 2048 appended", st, held+2048-5000)
+	}
+}
+
+// TestLogRestartReportsLoss: a message whose record is damaged (here
+// before the agent stops: the agent reads records only at its start) is
+// removed by the new agent and said once (msglog_lost, with the count by
+// reason and the file named); the other is adopted (msglog_adopted) and
+// read back; the lost one is not_found, not a wrong answer.
+func TestLogRestartReportsLoss(t *testing.T) {
+	logs := &logtest.Buffer{}
+	opt := agenttest.Options{MemoryBudget: 1 << 30, Log: zerolog.New(logs)}
+	a := startAgentWith(t, opt)
+	c := logClient(t, a, 0, 1)
+	keep, lose := patterned(8000, 1), patterned(9000, 2)
+	if err := c.LogAppend("act>1", 1, 0, keep); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.LogAppend("act>1", 2, 0, lose); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	// arena-1 holds the second message; flip a byte of its record's key.
+	rec := filepath.Join(a.Store.Dir(), "msglog", "arena-1.rec")
+	b, err := os.ReadFile(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[21] ^= 0x10
+	if err := os.WriteFile(rec, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Restart(opt); err != nil {
+		t.Fatal(err)
+	}
+	lost, adopted := logs.Events("msglog_lost"), logs.Events("msglog_adopted")
+	if len(lost) != 1 || len(adopted) != 1 {
+		t.Fatalf("%d msglog_lost and %d msglog_adopted lines, want one each:\n%s", len(lost), len(adopted), logs)
+	}
+	reasons, _ := lost[0]["reasons"].(map[string]any)
+	examples, _ := lost[0]["examples"].([]any)
+	if lost[0]["lost"] != float64(1) || reasons["bad_record"] != float64(1) || len(examples) != 1 ||
+		!strings.Contains(fmt.Sprint(examples[0]), "arena-1.rec") {
+		t.Fatalf("msglog_lost = %v, want 1 lost, reason bad_record, naming arena-1.rec", lost[0])
+	}
+	if adopted[0]["messages"] != float64(1) || adopted[0]["bytes"] != float64(len(keep)) {
+		t.Fatalf("msglog_adopted = %v, want 1 message of %d bytes", adopted[0], len(keep))
+	}
+	c = logClient(t, a, 0, 1)
+	dst := make([]byte, len(keep))
+	if err := c.LogRead(ctxT(t), "act>1", 1, 0, dst); err != nil {
+		t.Fatal(err)
+	}
+	mustEqual(t, "the adopted message", dst, keep)
+	if err := c.LogRead(ctxT(t), "act>1", 2, 0, make([]byte, len(lose))); agentErr(err) != client.CodeNotFound {
+		t.Fatalf("the lost message: %v, want not_found", err)
 	}
 }

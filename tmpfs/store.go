@@ -522,30 +522,18 @@ func (s *Store) Drop(k Key) error {
 // Owner is the user the store's files belong to (the job's).
 func (s *Store) Owner() hostmem.Owner { return s.owner }
 
-// FreshDir makes <job dir>/name, a directory of the owner with mode 0700,
-// for files that do not outlive the agent (the message log's arenas), and
-// removes what an earlier agent left in it; it returns the directory and
-// how many entries it removed. name must not start with "r": the re-index
-// reads those as ranks.
-func (s *Store) FreshDir(name string) (string, int, error) {
-	if name == "" || strings.ContainsRune(name, '/') || strings.HasPrefix(name, "r") || name == LockName {
-		return "", 0, fmt.Errorf("tmpfs: %q cannot name a directory of the store", name)
+// SubDir makes <job dir>/name, a directory of the owner with mode 0700,
+// or checks the one an earlier agent made (a real directory of the owner
+// nobody else may read), and returns it; what is in it stays (the message
+// log adopts its files, agent/msglog). name must not start with "r": the
+// re-index reads those as ranks.
+func (s *Store) SubDir(name string) (string, error) {
+	if name == "" || strings.ContainsRune(name, '/') || strings.HasPrefix(name, "r") || name == LockName || name == "." || name == ".." {
+		return "", fmt.Errorf("tmpfs: %q cannot name a directory of the store", name)
 	}
 	d := filepath.Join(s.dir, name)
 	if err := s.mkdir(d); err != nil {
-		return "", 0, err
+		return "", err
 	}
-	ents, err := os.ReadDir(d)
-	if err != nil {
-		return "", 0, fmt.Errorf("tmpfs: read %s: %w", d, err)
-	}
-	n := 0
-	for _, e := range ents {
-		// os.Remove unlinks a symlink itself, never what it names.
-		if err := os.Remove(filepath.Join(d, e.Name())); err != nil {
-			return "", n, fmt.Errorf("tmpfs: remove what an earlier agent left in %s: %w", d, err)
-		}
-		n++
-	}
-	return d, n, nil
+	return d, nil
 }

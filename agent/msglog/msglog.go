@@ -12,6 +12,12 @@
 // (Config.Cap): an append over it fails, and nothing is ever dropped but
 // by Truncate.
 //
+// A stored message outlives the agent: next to its arena lies its record
+// (record.go), and the job's next agent on the node adopts both (Adopt),
+// as the snapshot store re-indexes its generations. Close unmaps and
+// keeps them; the job's end removes the store directory, and the node's
+// loss loses them.
+//
 // Concurrency: every method is safe for concurrent use. The checksum
 // passes (commit, read) run outside the store's lock; a message being
 // verified keeps its arena until the pass is done, even if a truncation
@@ -21,6 +27,7 @@ package msglog
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -36,7 +43,8 @@ import (
 type Arena interface {
 	Bytes() []byte    // the whole arena, Size bytes
 	Size() int64      // page-rounded, at least the size asked for
-	FilePath() string // what the rank maps
+	FilePath() string // what the rank maps; its base name is the arena's, arena-N
+	Close() error     // unmap, return the budget, keep the file
 	Remove() error    // unmap, return the budget, delete the file
 }
 
@@ -65,6 +73,19 @@ type Config struct {
 	// messages, an append in progress and freed arenas kept for reuse),
 	// and how it was derived, for the error; asked at every append.
 	Cap func() (bytes int64, how string)
+
+	// Job is the job's id, written in every record; Adopt refuses a
+	// record of another job.
+	Job string
+	// UID owns the directory's files; Adopt refuses another user's
+	// (negative: not checked).
+	UID int
+	// Adopt maps an arena file an earlier agent left, refusing one that is
+	// not an arena of UID (hostmem.Allocator.AdoptOwned); Discard removes
+	// one that cannot be adopted (hostmem.Allocator.Discard). Both are
+	// needed by Store.Adopt only.
+	Adopt   func(path string) (Arena, error)
+	Discard func(path string) error
 }
 
 // Store is the node's message logs, one per rank.
@@ -96,6 +117,10 @@ type msg struct {
 	bad     bool // failed its CRC-32C on a read
 	readers int
 	dropped bool
+	// stale: its record could not be removed, so its arena is deleted
+	// rather than reused (a reused arena under a stale record would be
+	// adopted as that message by the next agent, and fail its CRC-32C).
+	stale bool
 }
 
 // New returns an empty store.
@@ -268,14 +293,22 @@ func (p *Pending) Commit(crc uint32) (held bool, err error) {
 			ErrCorrupt, p.rank, p.key, p.m.size, got, crc)
 	}
 	p.m.crc = got
-	if old := rl.msgs[p.key]; old != nil {
-		if !old.bad {
-			rl.free(p.m.arena)
-			if old.size == p.m.size && old.crc == p.m.crc {
-				return true, nil
-			}
-			return false, conflict(p.rank, p.key, old, p.m.size, p.m.crc)
+	old := rl.msgs[p.key]
+	if old != nil && !old.bad {
+		rl.free(p.m.arena)
+		if old.size == p.m.size && old.crc == p.m.crc {
+			return true, nil
 		}
+		return false, conflict(p.rank, p.key, old, p.m.size, p.m.crc)
+	}
+	// The record first: a message the next agent could not adopt is not
+	// stored. It is written under s.mu so that a truncation cannot remove
+	// it before it exists.
+	if err := s.record(p.rank, p.key, p.m); err != nil {
+		rl.free(p.m.arena)
+		return false, fmt.Errorf("msglog: rank %d's %s: %w (the message is not stored: the job's next agent on this node could not adopt it; append it again)", p.rank, p.key, err)
+	}
+	if old != nil {
 		s.drop(rl, old)
 	}
 	rl.msgs[p.key] = p.m
@@ -298,13 +331,46 @@ func (p *Pending) Abort() {
 // free keeps a for reuse. Store.mu is held.
 func (rl *rankLog) free(a Arena) { rl.spares = append(rl.spares, a) }
 
-// drop removes m from the stored bytes; its arena is freed now, or by the
-// last checksum pass that reads it. s.mu is held.
+// release frees a dropped message's arena: kept for reuse, or deleted when
+// its record is stale. Store.mu is held.
+func (rl *rankLog) release(m *msg) {
+	if m.stale {
+		rl.arenas -= m.arena.Size()
+		m.arena.Remove()
+		return
+	}
+	rl.free(m.arena)
+}
+
+// arenaName is a's file name, arena-N, and N.
+func arenaName(a Arena) (string, uint64, bool) {
+	name := filepath.Base(a.FilePath())
+	n, ok := parseArena(name)
+	return name, n, ok
+}
+
+// record writes m's record next to its arena. s.mu is held.
+func (s *Store) record(rank int, key Key, m *msg) error {
+	name, n, ok := arenaName(m.arena)
+	if !ok {
+		return fmt.Errorf("arena file %s is not named arena-N", m.arena.FilePath())
+	}
+	return writeRecord(s.cfg.Dir, name, Record{Job: s.cfg.Job, Arena: n, Rank: rank, Key: key, Size: m.size, CRC: m.crc})
+}
+
+// drop removes m from the stored bytes and its record from the directory;
+// its arena is freed now, or by the last checksum pass that reads it.
+// s.mu is held.
 func (s *Store) drop(rl *rankLog, m *msg) {
 	m.dropped = true
 	s.held.Add(-m.size)
+	if name, _, ok := arenaName(m.arena); ok {
+		if err := os.Remove(filepath.Join(s.cfg.Dir, name+recordExt)); err != nil && !os.IsNotExist(err) {
+			m.stale = true
+		}
+	}
 	if m.readers == 0 {
-		rl.free(m.arena)
+		rl.release(m)
 	}
 }
 
@@ -327,7 +393,7 @@ func (s *Store) Read(rank int, key Key) (Stored, error) {
 		steps := rl.steps(key.Stream)
 		s.mu.Unlock()
 		return Stored{}, fmt.Errorf("%w: rank %d holds no %s on this node (steps of the stream held: %s); "+
-			"it was never appended, was truncated, or the agent restarted since (a restart loses the logs)",
+			"it was never appended, was truncated, or this is not the node that logged it (a node's loss loses its logs)",
 			ErrNotFound, rank, key, stepList(steps))
 	}
 	if m.bad {
@@ -344,7 +410,7 @@ func (s *Store) Read(rank int, key Key) (Stored, error) {
 	m.readers--
 	if m.dropped {
 		if m.readers == 0 {
-			rl.free(m.arena)
+			rl.release(m)
 		}
 		return Stored{}, fmt.Errorf("%w: rank %d's %s was truncated while it was read", ErrNotFound, rank, key)
 	}
@@ -434,9 +500,10 @@ func stepList(steps []int64) string {
 	return fmt.Sprint(steps)
 }
 
-// Close frees every arena of every rank; the store is empty after it. It
-// must not run while another method does (the agent closes the store
-// after its connections).
+// Close unmaps every stored message, keeping its arena file and record
+// for the job's next agent on the node (Adopt), and deletes the arenas
+// kept for reuse; the store is empty after it. It must not run while
+// another method does (the agent closes the store after its connections).
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -446,7 +513,7 @@ func (s *Store) Close() error {
 			delete(rl.msgs, k)
 			m.dropped = true
 			s.held.Add(-m.size)
-			errs = append(errs, m.arena.Remove())
+			errs = append(errs, m.arena.Close())
 		}
 		for _, a := range rl.spares {
 			errs = append(errs, a.Remove())

@@ -3,6 +3,7 @@ package msglog
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -17,12 +18,14 @@ type memArena struct {
 	path    string
 	b       []byte
 	removed *int
+	closed  *int
 }
 
 func (a *memArena) Bytes() []byte    { return a.b }
 func (a *memArena) Size() int64      { return int64(len(a.b)) }
 func (a *memArena) FilePath() string { return a.path }
 func (a *memArena) Remove() error    { *a.removed++; a.b = nil; return nil }
+func (a *memArena) Close() error     { *a.closed++; a.b = nil; return nil }
 
 // fixture is a store over memArenas with a settable cap and counts of
 // allocations and removals.
@@ -31,18 +34,19 @@ type fixture struct {
 	cap     int64
 	allocs  int
 	removed int
+	closed  int
 	failNew bool // the allocator refuses new arenas (a full budget)
 }
 
-func newFixture(capBytes int64) *fixture {
+func newFixture(t *testing.T, capBytes int64) *fixture {
 	f := &fixture{cap: capBytes}
-	f.s = New(Config{Dir: "/dev/shm/test/msglog",
+	f.s = New(Config{Dir: t.TempDir(), Job: "1", UID: -1,
 		Alloc: func(path string, size int64) (Arena, error) {
 			if f.failNew {
 				return nil, errors.New("budget full")
 			}
 			f.allocs++
-			return &memArena{path: path, b: make([]byte, (size+4095)/4096*4096), removed: &f.removed}, nil
+			return &memArena{path: path, b: make([]byte, (size+4095)/4096*4096), removed: &f.removed, closed: &f.closed}, nil
 		},
 		Cap: func() (int64, string) { return f.cap, "the test's cap" }})
 	return f
@@ -208,7 +212,7 @@ func TestStore(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(tc.cap)
+			f := newFixture(t, tc.cap)
 			for i, o := range tc.ops {
 				f.failNew = f.failNew || o.failNew
 				var err error
@@ -258,11 +262,20 @@ func TestStore(t *testing.T) {
 			if int64(f.allocs) != tc.allocs {
 				t.Errorf("%d arenas allocated, want %d", f.allocs, tc.allocs)
 			}
+			stored := 0
+			for _, rl := range f.s.ranks {
+				stored += len(rl.msgs)
+			}
 			if err := f.s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			if f.removed != f.allocs {
-				t.Errorf("Close removed %d of %d arenas", f.removed, f.allocs)
+			// The stored messages stay for the next agent, records and all;
+			// every other arena is deleted.
+			if f.closed != stored || f.removed+f.closed != f.allocs {
+				t.Errorf("Close kept %d and removed %d of %d arenas, want %d kept (the stored messages)", f.closed, f.removed, f.allocs, stored)
+			}
+			if recs, _ := filepath.Glob(filepath.Join(f.s.cfg.Dir, "arena-*.rec")); len(recs) != stored {
+				t.Errorf("%d records left after Close, want %d (one per stored message)", len(recs), stored)
 			}
 			if f.s.Counts().Held != 0 {
 				t.Errorf("held %d bytes after Close", f.s.Counts().Held)
@@ -274,7 +287,7 @@ func TestStore(t *testing.T) {
 // TestCommitChecksBytes: bytes copied that are not the ones the client
 // checksummed (its buffer changed meanwhile) are refused, nothing stored.
 func TestCommitChecksBytes(t *testing.T) {
-	f := newFixture(1 << 20)
+	f := newFixture(t, 1<<20)
 	data := msgBytes(5000, 4)
 	k := key("act>3", 7, 2)
 	p, err := f.s.Begin(0, k, int64(len(data)))
@@ -305,7 +318,7 @@ func TestCommitChecksBytes(t *testing.T) {
 // TestAbortKeepsArena: an aborted append's arena is kept within the cap
 // for the next append.
 func TestAbortKeepsArena(t *testing.T) {
-	f := newFixture(1 << 20)
+	f := newFixture(t, 1<<20)
 	data := msgBytes(8192, 5)
 	p, err := f.s.Begin(3, key("a", 1, 0), int64(len(data)))
 	if err != nil {
@@ -325,7 +338,7 @@ func TestAbortKeepsArena(t *testing.T) {
 }
 
 func TestBeginChecksKey(t *testing.T) {
-	f := newFixture(1 << 20)
+	f := newFixture(t, 1<<20)
 	for _, tc := range []struct {
 		k    Key
 		size int64
@@ -350,7 +363,7 @@ func TestBeginChecksKey(t *testing.T) {
 // run under -race (make unit). A read either returns the bytes appended
 // or says the message is gone; the byte counts add up at the end.
 func TestConcurrent(t *testing.T) {
-	f := newFixture(1 << 30)
+	f := newFixture(t, 1<<30)
 	// memArena's Remove is not safe for concurrent use: count under a lock.
 	var mu sync.Mutex
 	removed := 0
