@@ -108,17 +108,19 @@ func TestLoggingChangesNoBits(t *testing.T) {
 					wantBubble := int64(0)
 					if mode == LogBubble {
 						// What a stage sends goes to the log at its next
-						// wait for a message; at the end of the run, what
-						// it sent after its last wait goes at the drain:
-						// the first stage's last wait follows its sends,
-						// a middle stage sends one gradient after it, the
+						// wait for a message; what it sent after the
+						// step's last wait goes at the step's end, before
+						// the step is declared consistent (a JIT flush
+						// of it needs its messages in the log): the
+						// first stage's last wait follows its sends, a
+						// middle stage sends one gradient after it, the
 						// last stage all gradients of the step.
 						wantBubble = sent
 						switch {
 						case r == pp-1:
-							wantBubble -= local * msg
+							wantBubble -= c.Steps * local * msg
 						case r > 0:
-							wantBubble -= msg
+							wantBubble -= c.Steps * msg
 						}
 					}
 					if got[r].LogBubbleBytes != wantBubble {

@@ -552,6 +552,19 @@ func (t *trainer) step(step int64, io stageIO) error {
 		return fmt.Errorf("step %d: %w", step, err)
 	}
 	t.state[0] = step
+	if t.mlog != nil && t.cons != nil {
+		// A JIT flush saves the step declared consistent, and a stage lost
+		// meanwhile replays up to it from this rank's log: every message
+		// the step sent must be in the log first. Under bubble logging the
+		// ones sent since the rank last waited are still held (the last
+		// stage's gradients, sent after its last receive, and then a world
+		// collective is no bubble): they go to the log here. (Seen on the
+		// cluster: the last stage flushed step 14 while its log ended at
+		// 13, and the replay of the lost stage could not reach 14.)
+		if err := t.mlog.drain(); err != nil {
+			return fmt.Errorf("step %d: message log: %w", step, err)
+		}
+	}
 	if t.cons != nil {
 		t.cons.Consistent(step)
 	}
