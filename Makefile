@@ -252,7 +252,7 @@ bench: all
 	$(GO) test -timeout 60m -run '^$$' -bench . -skip '^BenchmarkAgentScale$$' -benchtime 3x ./...
 	REFT_SCALE_N=$(SCALE_N) nice -n 10 $(GO) test -timeout 30m -run '^$$' -bench '^BenchmarkAgentScale$$' -benchtime 1x ./agent/
 	@$(WITH_CLUSTER); \
-	$(GO) test -count=1 -tags e2e -timeout 30m -run '^$$' -bench StepLaunch -benchtime 1x ./tests/e2e/
+	$(GO) test -count=1 -tags e2e -timeout 30m -run '^$$' -bench 'StepLaunch|LoggingOverhead' -benchtime 1x -v ./tests/e2e/
 	@$(BENCH_GOODPUT_RUN)
 	@$(BENCH_GEMINI)
 

@@ -14,10 +14,7 @@ import (
 	"testing"
 )
 
-var (
-	replayRe   = regexp.MustCompile(`(?m)^REPLAY stage (\d+) from (\d+) to (\d+) steps (\d+) seconds (\S+)$`)
-	meanStepRe = regexp.MustCompile(`(?m)^mean-step-ms: (\S+)$`)
-)
+var replayRe = regexp.MustCompile(`(?m)^REPLAY stage (\d+) from (\d+) to (\d+) steps (\d+) seconds (\S+)$`)
 
 // TestLoggingReplayNodeLoss: reft-train --pp 4 (dp 1, a stage per node on
 // n1-n4, n5 the spare) with --log-messages=bubble, a snapshot every 4
