@@ -68,10 +68,6 @@ func main() {
 
 func run() int {
 	mpi.Init()
-	if err := errorsReturn(); err != nil {
-		fmt.Fprintln(os.Stderr, "reft-train:", err)
-		return 1
-	}
 	world, err := newMPIComm()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "reft-train: MPI_COMM_WORLD:", err)
