@@ -230,11 +230,13 @@ func (s *Server) accept() {
 		host := remoteHost(nc)
 		if !s.admit(host) {
 			<-s.unauth
-			nc.Close()
-			if s.stats.Shed.Add(1); shedLog.allow(10 * time.Second) {
-				s.log.Warn().Str("event", "peer_conn_shed").Str("remote", host).Uint64("shed", s.stats.Shed.Load()).
+			// Count and log before the close, so that whoever sees the
+			// close (the flooder, a test) also sees it counted.
+			if n := s.stats.Shed.Add(1); shedLog.allow(10 * time.Second) {
+				s.log.Warn().Str("event", "peer_conn_shed").Str("remote", host).Uint64("shed", n).
 					Msgf("closed a connection from %s unread: it holds %d unauthenticated connections already (a flood, or a misbehaving host)", host, s.cfg.MaxUnauthenticatedPerHost)
 			}
+			nc.Close()
 			continue
 		}
 		if !s.track(nc, func(c *conn) { s.serveCounted(c, func() { s.authenticated(host) }) }) {
