@@ -11,13 +11,15 @@ Run by tests/gpu/run.sh --undo (see there). Prints, for docs/BENCHMARKS.md:
    run continued, ends with the bits of a plain run that never had undo
    (per-tensor stepping equals torch's multi-tensor step); the inverse's
    own largest error before the kept corrections (measure=True) and how
-   many exceptions were kept.
+   many exceptions were kept; the same with keep="copy" (undo writes
+   back the kept originals).
 2. a JIT flush that interrupts a held update on CUDA (UpdateUndo.hold under
    a Checkpointer on an agent serving arc,every=0) saves step t-1; a fresh
    model restores it bit-exact.
 3. step time of a GPT-style model (bf16, AdamW) under every=0 + undo (each
-   step a heartbeat to the agent and an undoable update) against the same
-   model without reft, rounds interleaved; GPU memory of the undo data.
+   step a heartbeat to the agent and an undoable update), with each of
+   undo's kinds (keep="inverse", keep="copy"), against the same model
+   without reft, rounds interleaved; GPU memory of the undo data.
 
 --cpu runs the same code on CPU tensors at toy sizes (the dry run).
 Exit status 1 when a check fails.
@@ -42,7 +44,7 @@ import gpu_check as g  # noqa: E402  (Agent, session, digest, GPT, check, say)
 
 import reft  # noqa: E402
 from reft.torch import Checkpointer  # noqa: E402
-from reft.undo import UpdateInterrupted, UpdateUndo  # noqa: E402
+from reft.undo import KEEP, UpdateInterrupted, UpdateUndo  # noqa: E402
 
 say, check = g.say, g.check
 
@@ -100,67 +102,67 @@ def exactness(dev):
     opts = OPTS + (CUDA_OPTS if dev.type == "cuda" else [])
     steps, cut = 6, 4
     rows = []
-    for name, mk in opts:
-        for dtype in (torch.float32, torch.bfloat16):
-            label = "%s %s" % (name, str(dtype).replace("torch.", ""))
-            try:
-                m0 = model(dev, dtype, 1)
-                o0 = mk(m0.parameters())
-                for st in range(1, steps + 1):
-                    grads(m0, st, dev, dtype)
-                    o0.step()
-                want = g.digest(m0, o0)
+    for name, mk, dtype, keep in ((n, mk, dt, k) for n, mk in opts for k in KEEP
+                                  for dt in (torch.float32, torch.bfloat16)):
+        label = "%s %s%s" % (name, str(dtype).replace("torch.", ""), "" if keep == "inverse" else ", keep=copy")
+        try:
+            m0 = model(dev, dtype, 1)
+            o0 = mk(m0.parameters())
+            for st in range(1, steps + 1):
+                grads(m0, st, dev, dtype)
+                o0.step()
+            want = g.digest(m0, o0)
 
-                m1 = model(dev, dtype, 1)
-                o1 = mk(m1.parameters())
-                ntensors = sum(1 for _ in m1.parameters())
-                # Chunks of at most 70,000 elements: [0..3] and [4..7] here
-                # (the default makes the whole model one chunk); the stop
-                # comes before the second, the first applied.
-                starts, arm = [], {"at": None}
+            m1 = model(dev, dtype, 1)
+            o1 = mk(m1.parameters())
+            ntensors = sum(1 for _ in m1.parameters())
+            # Chunks of at most 70,000 elements: [0..3] and [4..7] here
+            # (the default makes the whole model one chunk); the stop
+            # comes before the second, the first applied.
+            starts, arm = [], {"at": None}
 
-                def before(i):
-                    if arm["at"] is None:
-                        starts.append(i)
-                    elif i == arm["at"]:
-                        raise Stop()
+            def before(i):
+                if arm["at"] is None:
+                    starts.append(i)
+                elif i == arm["at"]:
+                    raise Stop()
 
-                u = UpdateUndo(o1, before_tensor=before, measure=True, chunk_elements=70000)
-                u.install()
-                max_abs, kept, elems, nbytes = 0.0, 0, 0, 0
-                undone_ok, k = None, None
-                for st in range(1, steps + 1):
-                    grads(m1, st, dev, dtype)
-                    if st == cut:
-                        g.sync(dev)
-                        pre = g.digest(m1, o1)
-                        k = arm["at"] = starts[-2] if len(starts) > 2 else None
-                        try:
-                            o1.step()
-                            raise AssertionError("the armed step did not stop (chunk starts %s)" % starts[:4])
-                        except Stop:
-                            pass
-                        arm["at"] = -1
-                        g.sync(dev)
-                        undone_ok = g.digest(m1, o1) == pre
-                    elif arm["at"] is None:
-                        starts.clear()
-                    o1.step()
-                    s = u.stats
-                    max_abs = max(max_abs, float(s.get("max_abs", 0.0)))
-                    kept += int(s.get("exceptions", 0))
-                    nbytes += int(s.get("bytes", 0))
-                    elems += int(s.get("elements", 0))
-                u.uninstall()
-                got = g.digest(m1, o1)
-                rows.append((label, undone_ok, got == want, max_abs, kept, elems, nbytes))
-                check(undone_ok, "%s: step %d stopped before tensor %d of %d, undone to the exact prior bits"
-                      % (label, cut, k, ntensors))
-                check(got == want, "%s: the run then ends with the bits of a plain run without undo (%s == %s)"
-                      % (label, got, want))
-            except Exception:
-                traceback.print_exc()
-                check(False, "%s: raised" % label)
+            u = UpdateUndo(o1, before_tensor=before, measure=keep == "inverse", chunk_elements=70000, keep=keep)
+            u.install()
+            max_abs, kept, elems, nbytes = 0.0, 0, 0, 0
+            undone_ok, k = None, None
+            for st in range(1, steps + 1):
+                grads(m1, st, dev, dtype)
+                if st == cut:
+                    g.sync(dev)
+                    pre = g.digest(m1, o1)
+                    k = arm["at"] = starts[-2] if len(starts) > 2 else None
+                    try:
+                        o1.step()
+                        raise AssertionError("the armed step did not stop (chunk starts %s)" % starts[:4])
+                    except Stop:
+                        pass
+                    arm["at"] = -1
+                    g.sync(dev)
+                    undone_ok = g.digest(m1, o1) == pre
+                elif arm["at"] is None:
+                    starts.clear()
+                o1.step()
+                s = u.stats
+                max_abs = max(max_abs, float(s.get("max_abs", 0.0)))
+                kept += int(s.get("exceptions", 0))
+                nbytes += int(s.get("bytes", 0))
+                elems += int(s.get("elements", 0))
+            u.uninstall()
+            got = g.digest(m1, o1)
+            rows.append((label, undone_ok, got == want, max_abs, kept, elems, nbytes))
+            check(undone_ok, "%s: step %d stopped before tensor %d of %d, undone to the exact prior bits"
+                  % (label, cut, k, ntensors))
+            check(got == want, "%s: the run then ends with the bits of a plain run without undo (%s == %s)"
+                  % (label, got, want))
+        except Exception:
+            traceback.print_exc()
+            check(False, "%s: raised" % label)
     say("\n  | optimizer, dtype | undone = prior bits | run = plain run | inverse alone, max |error| | "
         "exceptions (index + value) / elements updated | undo data B/elem |")
     say("  | --- | --- | --- | --- | --- | --- |")
@@ -219,7 +221,7 @@ def flush_interrupts(agent, dev):
         check(False, "U2: raised")
 
 
-def cost(agent, dev, cfg, rounds, per_round, fused):
+def cost(agent, dev, cfg, rounds, per_round, fused, chunk=None):
     say("\n== U3. steady-state cost of every=0 + undo (%s, AdamW %s) ==" % (dev.type, "fused" if fused else "foreach"))
     vocab, d, layers, heads, ctx, batch = cfg
     kw = {"fused": True} if fused else {}
@@ -233,6 +235,8 @@ def cost(agent, dev, cfg, rounds, per_round, fused):
     data = torch.randint(0, vocab, (batch, ctx + 1), device=dev, generator=gen)
     s = g.session(agent)
     ck = Checkpointer(mr, orr, session=s, undo=True)
+    if chunk is not None:
+        ck.undo.chunk_elements = chunk
     nparams = sum(p.numel() for p in mr.parameters())
     ntensors = sum(1 for _ in mr.parameters())
 
@@ -243,45 +247,72 @@ def cost(agent, dev, cfg, rounds, per_round, fused):
         oo.step()
 
     n = 0
-    for _ in range(3):
+    for keep in KEEP:  # warm both kinds up
+        ck.undo.keep = keep
         step(mp, op)
         step(mr, orr)
         n += 1
         ck.save(n)
     g.sync(dev)
-    peak_extra = None
+    peak = {}
     if dev.type == "cuda":
+        g.sync(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         base = torch.cuda.memory_allocated(dev)
-        step(mr, orr)
-        n += 1
-        ck.save(n)
+        step(mp, op)
         g.sync(dev)
-        peak_extra = (torch.cuda.max_memory_allocated(dev) - base) / 2**30
-    say("  GPT: %.0fM params in %d tensors (%s chunks of the undoable step), d=%d, %d layers, batch %d x %d "
-        "tokens, bf16; AdamW %s" % (nparams / 1e6, ntensors, ck.undo.stats.get("chunks", "?"), d, layers, batch,
-                                    ctx, "fused" if fused else "foreach (default)"))
-    plain, undo = [], []
+        peak["plain"] = (torch.cuda.max_memory_allocated(dev) - base) / 2**30
+        for keep in KEEP:
+            ck.undo.keep = keep
+            g.sync(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            base = torch.cuda.memory_allocated(dev)
+            step(mr, orr)
+            n += 1
+            ck.save(n)
+            g.sync(dev)
+            peak[keep] = (torch.cuda.max_memory_allocated(dev) - base) / 2**30
+    state_gib = sum(p.numel() * p.element_size() for p in mr.parameters()) * 3 / 2**30
+    say("  GPT: %.0fM params in %d tensors, d=%d, %d layers, batch %d x %d "
+        "tokens, bf16; AdamW %s; parameters + optimizer state %.2f GiB"
+        % (nparams / 1e6, ntensors, d, layers, batch,
+           ctx, "fused" if fused else "foreach (default)", state_gib))
+    modes = ("plain",) + KEEP
+    times, chunks = {m: [] for m in modes}, {}
     for r in range(rounds):
-        for mode in (("undo", "plain") if r % 2 == 0 else ("plain", "undo")):
+        order = modes[r % len(modes):] + modes[:r % len(modes)]  # each mode first in turn
+        for mode in order:
             g.sync(dev)
             t0 = time.perf_counter()
+            if mode != "plain":
+                ck.undo.keep = mode
             for _ in range(per_round):
-                if mode == "undo":
+                if mode != "plain":
                     step(mr, orr)
                     n += 1
                     ck.save(n)
                 else:
                     step(mp, op)
             g.sync(dev)
-            (undo if mode == "undo" else plain).append((time.perf_counter() - t0) / per_round)
-    ratios = [a / b for a, b in zip(undo, plain)]
+            times[mode].append((time.perf_counter() - t0) / per_round)
+            if mode != "plain":
+                chunks[mode] = ck.undo.stats.get("chunks", "?")
+    plain = times["plain"]
     say("  step time, plain:          %s s (median %.4f)" % (["%.4f" % x for x in plain], statistics.median(plain)))
-    say("  step time, every=0 + undo: %s s (median %.4f)" % (["%.4f" % x for x in undo], statistics.median(undo)))
-    say("  per-round ratio: %s; median %.4f" % (["%.4f" % x for x in ratios], statistics.median(ratios)))
-    if peak_extra is not None:
-        say("  GPU memory peak above the steady state during an undoable step (grads, activations, "
-            "the per-tensor originals): %.2f GiB" % peak_extra)
+    if "plain" in peak:
+        say("    GPU memory peak above the steady state during a plain step (grads, activations): %.2f GiB"
+            % peak["plain"])
+    ratios = []
+    for keep in KEEP:
+        t = times[keep]
+        rs = [a / b for a, b in zip(t, plain)]
+        ratios += rs
+        say("  step time, every=0 + undo (keep=%s, %s chunks): %s s (median %.4f)"
+            % (keep, chunks[keep], ["%.4f" % x for x in t], statistics.median(t)))
+        say("    per-round ratio against plain: %s; median %.4f" % (["%.4f" % x for x in rs], statistics.median(rs)))
+        if keep in peak:
+            say("    GPU memory peak above the steady state during an undoable step (grads, activations, "
+                "the undo data): %.2f GiB" % peak[keep])
     check(all(x > 0 for x in ratios), "U3 measured (%d rounds)" % len(ratios))
     ck.close()
     s.close()
@@ -293,6 +324,7 @@ def main():
     ap.add_argument("--store-dir", default="")
     ap.add_argument("--cpu", action="store_true", help="dry run on CPU tensors at toy sizes")
     ap.add_argument("--only", default="123")
+    ap.add_argument("--chunk", type=int, default=None, help="U3: UpdateUndo's chunk_elements (default: its own)")
     a = ap.parse_args()
     dev = torch.device("cpu" if a.cpu else "cuda:0")
     say("reft tests/gpu/undo_check: %s UTC, torch %s, python %s, %s" % (
@@ -310,7 +342,7 @@ def main():
             for c in cfgs.split(";"):
                 for fused in ((False,) if a.cpu else (False, True)):
                     cost(agent, dev, tuple(int(x) for x in c.split(",")), rounds=2 if a.cpu else 4,
-                         per_round=3 if a.cpu else 6, fused=fused)
+                         per_round=3 if a.cpu else 6, fused=fused, chunk=a.chunk)
                     if dev.type == "cuda":
                         torch.cuda.empty_cache()
     finally:

@@ -176,7 +176,10 @@ saves the previous step; an exception out of the step undoes it too. SGD,
 Adam and AdamW; others are refused with reft.undo.UndoUnsupported. An LR
 scheduler may be created before or after the Checkpointer (undo takes over
 what the scheduler's step wrapper does, in torch 1 and 2); other wrappers
-of optimizer.step must come after it.
+of optimizer.step must come after it. undo=True (= "inverse") keeps about
+one byte per element and buffer; undo="copy" keeps a copy of the chunk's
+parameters and optimizer state until the step ends instead: on a GPU the
+fast one, for the memory of that copy (docs/UNDO.md has both costs).
 
 Under --reft=...,every=0 (no snapshot on the step path; docs/UNDO.md) only
 replicated state survives a lost rank, through its peers' JIT flushes: with
@@ -626,6 +629,10 @@ class Checkpointer:
         self._unhook = None
         self._unhook_comm = None
         self._undo = None
+        if not (isinstance(undo, bool) or undo in ("inverse", "copy")):
+            raise Error("Checkpointer: undo must be False, True (= 'inverse'), 'inverse' or 'copy', not %r "
+                        "(docs/UNDO.md: 'copy' is fast and keeps a copy of the parameters and optimizer "
+                        "state during the step; 'inverse' keeps about one byte per element)" % (undo,))
         if undo and optimizer is None:
             raise Error("Checkpointer(undo=True): undo needs the optimizer; pass it")
         self._own_session = session is None
@@ -654,7 +661,8 @@ class Checkpointer:
                             "restored; launch with every=1 (the default)" % session.world)
             if undo:
                 from .undo import UpdateUndo  # raises UndoUnsupported naming the reason
-                self._undo = UpdateUndo(optimizer, on_undone=self._undone)
+                self._undo = UpdateUndo(optimizer, on_undone=self._undone,
+                                        keep="inverse" if undo is True else undo)
                 self._undo.install()  # before the hook below, which calls it (torch 1.13)
                 session.set_update_interrupt(self._undo.request_stop)
             self._install_hook()

@@ -26,9 +26,17 @@ term), so right after each tensor's update the difference of the bit
 patterns, original minus estimate, is kept: one int8 per element and
 buffer, and, where it does not fit, the flat index and original value.
 Undo adds it back to the estimate's bits: integer arithmetic, exact
-whatever the rounding. The originals are copied one tensor at a time
+whatever the rounding. The originals are copied one chunk at a time
 (parameter and state) and freed once compared. docs/UNDO.md has the
 measured rates and cost.
+
+keep="copy" instead keeps each chunk's copy until the step ends and undo
+writes it back: no inverse, no comparison, no host synchronization, at
+the price of one copy of the parameters and their optimizer state in the
+tensors' own memory during the step (the inverse keeps one int8 per
+element and buffer, plus the exceptions, and one chunk's copy at a time).
+On a GPU the inverse's arithmetic and its per-chunk synchronization cost
+about as much as the step itself; the copy is one more pass over memory.
 
 Ordering: step() runs on the training thread. request_stop() may be called
 from any thread (a JIT flush's); the training thread honours it at the
@@ -43,7 +51,12 @@ import torch
 from ._errors import Error
 from ._optstep import unwrap_step
 
-__all__ = ["UpdateUndo", "UndoUnsupported", "UpdateInterrupted", "check_undoable", "HOLD_MAX"]
+__all__ = ["UpdateUndo", "UndoUnsupported", "UpdateInterrupted", "check_undoable", "HOLD_MAX", "KEEP"]
+
+# KEEP: what UpdateUndo keeps to undo a chunk: the inverse's corrections
+# (memory-light) or a copy of the originals (fast; one copy of the
+# parameters and their state during the step).
+KEEP = ("inverse", "copy")
 
 # HOLD_MAX bounds UpdateUndo.hold's wait for a stop request (reft-train's
 # --hold-in-update waits as long).
@@ -116,12 +129,17 @@ def check_undoable(optimizer):
 
 
 # CHUNK_ELEMENTS bounds how many elements one chunk of the update steps at
-# once on a GPU (see UpdateUndo). Its temporaries at the step are about
-# eleven float32 copies of a chunk for Adam (the originals, the
-# concatenated current values and the inverse's work): ~350 MiB at 2^23
-# elements, on the GPU. On the CPU, where a launch costs nothing and the
-# concatenations are extra passes over memory, a tensor is its own chunk.
-CHUNK_ELEMENTS = 1 << 23
+# once on a GPU (see UpdateUndo), per kind of undo data. keep="inverse":
+# its temporaries at the step are about eleven float32 copies of a chunk
+# for Adam (the originals, the concatenated current values and the
+# inverse's work): ~350 MiB at 2^23 elements. keep="copy": the chunk's
+# copy is the undo data itself, so a chunk costs no extra memory, and
+# fewer launches are faster (an H100, docs/UNDO.md: 1.04x the plain step
+# at 2^23, 1.02x at 2^26; a stop waits for at most one chunk's update,
+# well under a millisecond there). On the CPU, where a launch costs
+# nothing and the concatenations are extra passes over memory, a tensor
+# is its own chunk.
+CHUNK_ELEMENTS = {"inverse": 1 << 23, "copy": 1 << 26}
 
 
 class _Rec:
@@ -131,7 +149,7 @@ class _Rec:
     exceptions kept over the chunk's flattened concatenation (name ->
     (int8 corrections, flat indices, original values))."""
     __slots__ = ("ps", "first", "gi", "group", "grads", "applied", "exc", "new_buf", "before", "created",
-                 "had_state", "plain", "pre", "step")
+                 "had_state", "plain", "pre", "step", "orig")
 
     def __init__(self, ps, first, group, key):
         self.ps, self.first, self.gi, self.group = ps, first, key[0], group
@@ -142,7 +160,7 @@ class _Rec:
         self.step = None if self.pre is None else self.pre + 1
         if not self.had_state:
             self.pre = None
-        self.applied, self.exc, self.created = False, {}, ()
+        self.applied, self.exc, self.created, self.orig = False, {}, (), None
         self.plain = [{} for _ in ps]  # per tensor, the state's non-tensor values before (SGD's None buffer)
 
 
@@ -161,12 +179,16 @@ class UpdateUndo:
     data is computed over the chunk's concatenation, so the work launched
     per step grows with the chunks, not the tensors (on a GPU, per-tensor
     stepping cost 4.2x the step of a 148-tensor model: docs/UNDO.md).
-    The default (None) is CHUNK_ELEMENTS for CUDA tensors and 1 for CPU
-    tensors.
+    The default (None) is CHUNK_ELEMENTS[keep] for CUDA tensors and 1 for
+    CPU tensors.
     ``before_tensor(i)`` (for tests) is called before the chunk that
     starts at tensor i and once more, with i = the number of tensors,
     after the last. hold() makes the next step wait before a tensor until
     request_stop() (a test hook; a chunk starts at that tensor).
+
+    ``keep``: "inverse" (the default) keeps the inverse's corrections,
+    "copy" the originals themselves until the step ends (see the module
+    docstring for what each costs).
 
     ``stats`` after a step: {"elements", "bytes", "exceptions", "chunks",
     ...}: how many elements the step updated, in how many chunks, what the
@@ -174,8 +196,14 @@ class UpdateUndo:
     alone got wrong per buffer and by how much at most ("max_abs").
     """
 
-    def __init__(self, optimizer, on_undone=None, before_tensor=None, measure=False, chunk_elements=None):
+    def __init__(self, optimizer, on_undone=None, before_tensor=None, measure=False, chunk_elements=None,
+                 keep="inverse"):
         self.kind = check_undoable(optimizer)
+        if keep not in KEEP:
+            raise Error("update-undo: keep must be one of %s, not %r" % (", ".join(repr(k) for k in KEEP), keep))
+        if keep == "copy" and measure:
+            raise Error("update-undo: measure=True measures the inverse, which keep='copy' does not compute")
+        self.keep = keep
         if chunk_elements is not None and (isinstance(chunk_elements, bool) or
                                            not isinstance(chunk_elements, int) or chunk_elements < 1):
             raise Error("update-undo: chunk_elements must be an integer >= 1 or None, not %r"
@@ -309,7 +337,7 @@ class UpdateUndo:
             key = (gi, p.dtype, p.device, p in opt.state, counts[i],
                    tuple(sorted(k for k, v in st.items() if torch.is_tensor(v))), new_buf)
             last = chunks[-1] if chunks else None
-            cap = self.chunk_elements or (CHUNK_ELEMENTS if p.is_cuda else 1)
+            cap = self.chunk_elements or (CHUNK_ELEMENTS[self.keep] if p.is_cuda else 1)
             if last is not None and last[2] == key and i != split_at and size + p.numel() <= cap:
                 last[1].append(p)
                 size += p.numel()
@@ -360,7 +388,10 @@ class UpdateUndo:
                     rec.plain[j] = {k: v for k, v in opt.state.get(p, {}).items() if not torch.is_tensor(v)}
                 orig = self._originals(rec)
                 self._one(rec.gi, rec.ps)
-                self._record(rec, orig)
+                if self.keep == "copy":
+                    rec.orig = orig
+                else:
+                    self._record(rec, orig)
                 rec.applied = True
                 self._recs.append(rec)
                 cur, orig = None, None
@@ -528,6 +559,11 @@ class UpdateUndo:
         for rec in reversed(self._recs):
             if not rec.applied:
                 continue
+            if rec.orig is not None:
+                self._put_back(rec, rec.orig)
+                rec.orig, rec.applied = None, False
+                n += len(rec.ps)
+                continue
             cand = self._inverse(rec, self._current(rec))
             dec = {name: _decode(c, *rec.exc[name]) for name, c in cand.items() if name not in rec.created}
             for name, flat in dec.items():
@@ -548,6 +584,9 @@ class UpdateUndo:
                 s[k] = self.stats[k]
         for rec in self._recs:
             s["elements"] += sum(p.numel() for p in rec.ps)
+            if rec.orig is not None:
+                s["bytes"] += sum(t.numel() * t.element_size() for t in rec.orig.values())
+                rec.orig = None
             for name, (dense, idx, vals) in rec.exc.items():
                 s["exceptions"] += idx.numel()
                 s["bytes"] += idx.numel() * (idx.element_size() + vals.element_size()) + dense.numel()

@@ -23,7 +23,7 @@ from test_torch import torch, needs_torch, TorchCase, state, setUpModule, tearDo
 
 if torch is not None:
     import torch.nn.functional as F
-    from reft.undo import UpdateUndo, UndoUnsupported, UpdateInterrupted, check_undoable
+    from reft.undo import KEEP, UpdateUndo, UndoUnsupported, UpdateInterrupted, check_undoable
     from reft.torch import Checkpointer
     import reft
 
@@ -90,15 +90,15 @@ class SameBits:
 
 @needs_torch
 class Undo(SameBits, unittest.TestCase):
-    def run_steps(self, name, steps, dtype=None, undo=True, chunk=1):
+    def run_steps(self, name, steps, dtype=None, undo=True, chunk=1, keep="inverse"):
         """chunk: UpdateUndo's chunk_elements; 1, every tensor its own
         chunk (a stop possible before each); None, the default (on the
-        CPU, 1)."""
+        CPU, 1). keep: UpdateUndo's (the inverse measured)."""
         model = model_of(1, dtype)
         opt = SUPPORTED[name](model.parameters())
         u = None
         if undo:
-            u = UpdateUndo(opt, measure=True, chunk_elements=chunk)
+            u = UpdateUndo(opt, measure=keep == "inverse", chunk_elements=chunk, keep=keep)
             u.install()
         for s in range(1, steps + 1):
             grads(model, s)
@@ -110,11 +110,19 @@ class Undo(SameBits, unittest.TestCase):
         undo recorded gives torch's own step's bits."""
         for name in SUPPORTED:
             for chunk in CHUNKS:
-                with self.subTest(name=name, chunk=chunk):
-                    a = self.run_steps(name, 5, undo=False)
-                    b = self.run_steps(name, 5, undo=True, chunk=chunk)
-                    self.assertSameBits(bits_state(*a[:2]), bits_state(*b[:2]))
-                    self.assertEqual(b[2].stats["chunks"], CHUNKS[chunk], b[2].stats)
+                for keep in KEEP:
+                    with self.subTest(name=name, chunk=chunk, keep=keep):
+                        a = self.run_steps(name, 5, undo=False)
+                        b = self.run_steps(name, 5, undo=True, chunk=chunk, keep=keep)
+                        self.assertSameBits(bits_state(*a[:2]), bits_state(*b[:2]))
+                        self.assertEqual(b[2].stats["chunks"], CHUNKS[chunk], b[2].stats)
+                        if keep == "copy":  # the copies of the whole model and its state
+                            elems = sum(p.numel() for p in b[0].parameters())
+                            st = b[1].state[next(b[0].parameters())]
+                            per = 1 + sum(1 for k, v in st.items() if torch.is_tensor(v) and k != "step")
+                            self.assertEqual(per, 1 if name in ("sgd", "sgd-wd") else
+                                             2 if name.startswith("sgd") else 3, st.keys())
+                            self.assertEqual(b[2].stats["bytes"], 4 * per * elems, b[2].stats)
 
     def test_interrupted_at_every_chunk(self):
         """Table: every optimizer and chunking, a failure before each chunk
@@ -122,13 +130,13 @@ class Undo(SameBits, unittest.TestCase):
         step 5, and the step taken again is torch's; a failure inside
         torch's step of a chunk (put back from its copies) too."""
         starts = {3000: (0, 2, 3, 6), 10**9: (0, 6)}
-        for name in SUPPORTED:
+        for name, keep in ((n, k) for n in SUPPORTED for k in KEEP):
             for chunk, ks in starts.items():
-                model, opt, u = self.run_steps(name, 5, chunk=chunk)
+                model, opt, u = self.run_steps(name, 5, chunk=chunk, keep=keep)
                 grads(model, 6)
                 before = bits_state(model, opt)
                 for k in ks:
-                    with self.subTest(name=name, chunk=chunk, fail_before=k):
+                    with self.subTest(name=name, keep=keep, chunk=chunk, fail_before=k):
                         seen = []
 
                         def boom(i, k=k):
@@ -145,8 +153,8 @@ class Undo(SameBits, unittest.TestCase):
                 opt.step()
                 ref_model, ref_opt, _ = self.run_steps(name, 6, undo=False)
                 self.assertSameBits(bits_state(model, opt), bits_state(ref_model, ref_opt))
-            with self.subTest(name=name, first_step=True):  # the state is created by the step
-                model, opt, u = self.run_steps(name, 0, chunk=3000)
+            with self.subTest(name=name, keep=keep, first_step=True):  # the state is created by the step
+                model, opt, u = self.run_steps(name, 0, chunk=3000, keep=keep)
                 grads(model, 1)
                 before = bits_state(model, opt)
                 self.torn_step(model, opt, before, 2)
@@ -254,6 +262,12 @@ class Undo(SameBits, unittest.TestCase):
         for name, make in SUPPORTED.items():
             with self.subTest(name):
                 check_undoable(make(p))
+        for bad in ("originals", None, True):
+            with self.subTest(keep=bad):
+                with self.assertRaisesRegex(reft.Error, "keep must be one of 'inverse', 'copy'"):
+                    UpdateUndo(torch.optim.SGD(p, lr=0.1), keep=bad)
+        with self.assertRaisesRegex(reft.Error, "measure=True measures the inverse"):
+            UpdateUndo(torch.optim.SGD(p, lr=0.1), keep="copy", measure=True)
         for bad in (0, -1, True, 2.5, "8"):
             with self.subTest(chunk_elements=bad):
                 with self.assertRaisesRegex(reft.Error, "chunk_elements must be an integer >= 1 or None"):
@@ -459,17 +473,30 @@ class ExampleHold(TorchCase):
 
 @needs_torch
 class CheckpointerUndo(SameBits, TorchCase):
+    def test_undo_value_refused(self):
+        """A value of undo= other than False, True, 'inverse', 'copy' is
+        refused, naming the choices."""
+        model = model_of(3)
+        opt = SUPPORTED["adamw"](model.parameters())
+        for bad in ("fast", 1, "Copy"):
+            with self.subTest(undo=bad):
+                with self.assertRaisesRegex(reft.Error, "undo must be False, True .* 'inverse' or 'copy'"):
+                    Checkpointer(model, opt, session=object(), undo=bad)
+
     def test_flush_mid_step_saves_previous_step(self):
         """save every 0 (consistent() only): a JIT flush that finds the
         trainer inside optimizer.step() has it undo the applied tensors,
         saves the previous step, and a run restored from that ends
-        bit-identical to an uninterrupted one."""
-        for name in ("sgd-nesterov-wd", "adam", "adamw"):
-            with self.subTest(name):
+        bit-identical to an uninterrupted one. Both of undo's kinds
+        (undo=True is "inverse")."""
+        for name, undo in (("sgd-nesterov-wd", True), ("adam", True), ("adamw", True), ("adamw", "copy"),
+                           ("sgd-momentum", "copy")):
+            with self.subTest(name=name, undo=undo):
                 agent = self.agent()
                 model = model_of(3)
                 opt = SUPPORTED[name](model.parameters())
-                ck = self.checkpointer(model, opt, agent, undo=True, jit=False)
+                ck = self.checkpointer(model, opt, agent, undo=undo, jit=False)
+                self.assertEqual(ck.undo.keep, "inverse" if undo is True else undo)
                 for s in range(1, 5):
                     grads(model, s)
                     opt.step()
