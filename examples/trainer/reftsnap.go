@@ -48,6 +48,12 @@ func (s *reftSnap) Updating() { s.c.Updating() }
 // (train.UpdateInterrupter).
 func (s *reftSnap) SetUpdateInterrupt(fn func()) { s.c.SetUpdateInterrupt(fn) }
 
+// SetStepBack lets the JIT flush step back over the trainer's last complete
+// update, saving the step before it as well (train.StepBacker).
+func (s *reftSnap) SetStepBack(fn func(ctx context.Context, step int64) (int64, func() error, error)) {
+	s.c.SetStepBack(fn)
+}
+
 // Every is the job's SPEC every= (train.Interval): 0 under every=0.
 func (s *reftSnap) Every() int { return s.c.Every() }
 

@@ -359,3 +359,111 @@ func referenceAndAgent(t *testing.T, cfg train.Config, n int, spec string) ([]*t
 	t.Cleanup(func() { a.Close() })
 	return ref, a
 }
+
+// TestReftStraddle: survivors on either side of a step boundary. Over
+// DP=4, ranks 2 and 3 stay after the gradient all-reduce of step 7, before
+// their update (--hold-before-update 7:2,3, standing in for ranks still
+// blocked in an all-reduce that the others finished), holding step 6,
+// while ranks 0 and 1 finish step 7. Under arc each save holds the rank's
+// shard of the replicated state and its ring successor's, so neither step
+// has every shard: 7 lacks shard 3 (saved by ranks 0 and 1: shards 0-2),
+// 6 lacks shard 1 (ranks 2 and 3: shards 2, 3, 0). With the step-back at
+// the failure notice, ranks 0 and 1 save 6 and 7, ranks 2 and 3 save 5 and
+// 6, and the relaunch resumes at 6, one step lost, with the uninterrupted
+// bits, rather than from scratch (every=0) or step 4 (--save-every 4).
+// With DP=2 one rank's save holds both shards, so a step that one survivor
+// saved is restorable for both: the relaunch resumes at 7.
+func TestReftStraddle(t *testing.T) {
+	for _, tc := range []struct {
+		name, spec string
+		every      int64
+		opt        string
+		dp         int
+		held       []int
+		want       int64
+	}{
+		{"every=0 sgd dp4", "arc,every=0", 1, train.SGD, 4, []int{2, 3}, 6},
+		{"every=0 adam dp4", "arc,every=0", 1, train.Adam, 4, []int{2, 3}, 6},
+		{"save-every 4 momentum dp4", "", 4, train.Momentum, 4, []int{2, 3}, 6},
+		{"save-every 4 adamw dp4", "", 4, train.AdamW, 4, []int{2, 3}, 6},
+		{"every=0 adam dp2", "arc,every=0", 1, train.Adam, 2, []int{1}, 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := small()
+			cfg.Optimizer, cfg.DP, cfg.Steps, cfg.SaveEvery, cfg.JIT, cfg.Undo = tc.opt, tc.dp, 10, tc.every, true, true
+			ref, a := referenceAndAgent(t, cfg, tc.dp, tc.spec)
+			crash := cfg
+			crash.HoldBeforeStep, crash.HoldBeforeRanks = 7, tc.held
+			notes := make(chan string, tc.dp)
+			var seen []string
+			noted := make(chan struct{})
+			go func() {
+				defer close(noted)
+				for range tc.dp {
+					seen = append(seen, <-notes)
+				}
+				a.NotifyPeerFailure("n2", "test: node lost inside step 7's all-reduce")
+			}()
+			_, log, err := runReftNote(t, a, crash, tc.dp, func(msg string) { notes <- msg })
+			if !errors.Is(err, train.ErrHeld) {
+				t.Fatalf("the held run: %v, want the holds ended by the flushes' step-back\n%s", err, log)
+			}
+			<-noted
+			all := strings.Join(seen, "\n")
+			for r := range tc.dp {
+				want := fmt.Sprintf("rank %d finished step 7", r)
+				if slices.Contains(tc.held, r) {
+					want = fmt.Sprintf("rank %d holds after step 7's gradient all-reduce", r)
+				}
+				if !strings.Contains(all, want) {
+					t.Errorf("no note %q in:\n%s", want, all)
+				}
+			}
+			if strings.Contains(log, "step 7 loss") {
+				t.Errorf("rank 0 logged step 7's loss, which needs the held ranks:\n%s", log)
+			}
+			got, log, err := runReft(t, a, crash, tc.dp)
+			if err != nil {
+				t.Fatalf("relaunch: %v\n%s", err, log)
+			}
+			if got.ResumedFrom != tc.want {
+				t.Errorf("resumed from %d, want %d\n%s", got.ResumedFrom, tc.want, log)
+			}
+			if got.Hash != ref[0].Hash {
+				t.Errorf("resumed hash %s, uninterrupted %s", got.Hash, ref[0].Hash)
+			}
+		})
+	}
+}
+
+// TestReftStepBackRefused: where the step-back is not correct (ZeRO-1's
+// parameter shards, a pipeline's stages) the trainer does not offer it and
+// rank 0 says once why, in a job that saves less often than every step;
+// --hold-before-update, which needs it, is refused there.
+func TestReftStepBackRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		n      int
+		layout func(*train.Config)
+		want   string
+	}{
+		{"zero1", 2, func(c *train.Config) { c.DP, c.Zero1, c.Optimizer = 2, true, train.Adam }, "undo: no JIT step-back under --zero1"},
+		{"pp2", 2, func(c *train.Config) { c.DP, c.PP = 1, 2 }, "undo: no JIT step-back under --pp > 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := small()
+			cfg.Steps, cfg.SaveEvery, cfg.JIT, cfg.Undo = 3, 2, true, true
+			tc.layout(&cfg)
+			_, a := referenceAndAgent(t, cfg, tc.n, "")
+			_, log, err := runReft(t, a, cfg, tc.n)
+			if err != nil || strings.Count(log, tc.want) != 1 {
+				t.Errorf("%v; want one line %q from rank 0 in:\n%s", err, tc.want, log)
+			}
+			held := cfg
+			held.HoldBeforeStep, held.HoldBeforeRanks = 2, []int{0}
+			if _, _, err := runReft(t, a, held, tc.n); err == nil || !strings.Contains(err.Error(), "covers plain data parallelism only") {
+				t.Errorf("--hold-before-update: %v, want a refusal", err)
+			}
+		})
+	}
+}
