@@ -144,7 +144,9 @@ func (c *Client) SetUpdateInterrupt(fn func()) {
 // trainer to finish an update in progress. It returns the consistent step
 // (-1: none declared) and whether this call saved it; a step that the
 // trainer is already saving is waited for, not saved twice. reason says
-// why (a failed node, a signal) in the one line the client logs.
+// why (a failed node, a signal) in the one line the client logs. With a
+// step-back (SetStepBack) the first flush that needs one saves the step
+// before the consistent one first, then the consistent step.
 func (c *Client) Flush(ctx context.Context, reason string) (step int64, saved bool, err error) {
 	if c.disabled {
 		return -1, false, nil

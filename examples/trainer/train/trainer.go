@@ -480,7 +480,10 @@ func (t *trainer) run(o Options) (*Result, error) {
 		blocked += time.Since(tw)
 	}
 	clamped := []int64{t.clamped}
-	if err := t.world.AllReduceSumI64(clamped); err != nil {
+	t.unlockGate() // a survivor of a failure after the last step waits here
+	err := t.world.AllReduceSumI64(clamped)
+	t.lockGate()
+	if err != nil {
 		return nil, fmt.Errorf("clamp count: %w", err)
 	}
 	res.Clamped = clamped[0]
