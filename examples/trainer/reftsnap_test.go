@@ -114,7 +114,24 @@ func relaunchFromUndo(t *testing.T, a *agenttest.Agent, crash train.Config, hash
 // runReftNote is runReft with note as every rank's train.Options.Note.
 func runReftNote(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, note func(string)) (*train.Result, string, error) {
 	t.Helper()
+	return runReftHooks(t, a, cfg, n, hooks{note: note})
+}
+
+// hooks are runReftHooks' ways into a run.
+type hooks struct {
+	note      func(string)               // every rank's train.Options.Note
+	clientLog func(rank int, msg string) // the clients' lines; nil: the client's default
+	world     func(*train.LocalWorld)    // called with the world before the ranks start
+}
+
+// runReftHooks is runReft with h.
+func runReftHooks(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, h hooks) (*train.Result, string, error) {
+	t.Helper()
 	w := train.NewLocalWorld(n)
+	if h.world != nil {
+		h.world(w)
+	}
+	note := h.note
 	res := make([]*train.Result, n)
 	errs := make([]error, n)
 	var log bytes.Buffer
@@ -126,8 +143,12 @@ func runReftNote(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, note
 			comm := w.Comm(r)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			snap, err := openReft(ctx, client.Options{Socket: a.Socket, Rank: r, World: n, LocalRank: r,
-				Layout: fmt.Sprintf("dp=%d,pp=%d", cfg.DP, cfg.PP), Agree: agreeOver(n, slotGather(comm), nil)})
+			opt := client.Options{Socket: a.Socket, Rank: r, World: n, LocalRank: r,
+				Layout: fmt.Sprintf("dp=%d,pp=%d", cfg.DP, cfg.PP), Agree: agreeOver(n, slotGather(comm), nil)}
+			if h.clientLog != nil {
+				opt.Log = func(msg string) { h.clientLog(r, msg) }
+			}
+			snap, err := openReft(ctx, opt)
 			if err != nil {
 				errs[r] = err
 				w.Abort()
@@ -372,7 +393,9 @@ func referenceAndAgent(t *testing.T, cfg train.Config, n int, spec string) ([]*t
 // 6, and the relaunch resumes at 6, one step lost, with the uninterrupted
 // bits, rather than from scratch (every=0) or step 4 (--save-every 4).
 // With DP=2 one rank's save holds both shards, so a step that one survivor
-// saved is restorable for both: the relaunch resumes at 7.
+// saved is restorable for both: the relaunch resumes at 7. Once every
+// rank's flush is done the test tears the world down, as Slurm ends a step
+// whose node died.
 func TestReftStraddle(t *testing.T) {
 	for _, tc := range []struct {
 		name, spec string
@@ -395,28 +418,61 @@ func TestReftStraddle(t *testing.T) {
 			crash := cfg
 			crash.HoldBeforeStep, crash.HoldBeforeRanks = 7, tc.held
 			notes := make(chan string, tc.dp)
+			backs := make(chan string, tc.dp)
+			var mu sync.Mutex
+			lines := map[int][]string{}
+			worlds := make(chan *train.LocalWorld, 1)
 			var seen []string
-			noted := make(chan struct{})
+			done := make(chan struct{})
 			go func() {
-				defer close(noted)
+				defer close(done)
+				w := <-worlds
+				defer w.Abort()
 				for range tc.dp {
 					seen = append(seen, <-notes)
 				}
 				a.NotifyPeerFailure("n2", "test: node lost inside step 7's all-reduce")
+				for range tc.dp {
+					select {
+					case <-backs:
+					case <-time.After(time.Minute):
+						t.Errorf("not every rank's flush stepped back within a minute")
+						return
+					}
+				}
 			}()
-			_, log, err := runReftNote(t, a, crash, tc.dp, func(msg string) { notes <- msg })
-			if !errors.Is(err, train.ErrHeld) {
-				t.Fatalf("the held run: %v, want the holds ended by the flushes' step-back\n%s", err, log)
+			_, log, err := runReftHooks(t, a, crash, tc.dp, hooks{
+				note:  func(msg string) { notes <- msg },
+				world: func(w *train.LocalWorld) { worlds <- w },
+				clientLog: func(r int, msg string) {
+					mu.Lock()
+					lines[r] = append(lines[r], msg)
+					mu.Unlock()
+					if strings.Contains(msg, "JIT save of steps") {
+						backs <- msg
+					}
+				},
+			})
+			<-done
+			if !errors.Is(err, train.ErrAborted) {
+				t.Fatalf("the held run: %v, want every rank ended by the world's abort after the flushes\n%s", err, log)
 			}
-			<-noted
 			all := strings.Join(seen, "\n")
 			for r := range tc.dp {
-				want := fmt.Sprintf("rank %d finished step 7", r)
+				note := fmt.Sprintf("rank %d finished step 7", r)
+				back := "JIT save of steps 6 and 7 (step 7's update undone, saved, redone)"
 				if slices.Contains(tc.held, r) {
-					want = fmt.Sprintf("rank %d holds after step 7's gradient all-reduce", r)
+					note = fmt.Sprintf("rank %d holds after step 7's gradient all-reduce", r)
+					back = "JIT save of steps 5 and 6 (step 6's update undone, saved, redone)"
 				}
-				if !strings.Contains(all, want) {
-					t.Errorf("no note %q in:\n%s", want, all)
+				if !strings.Contains(all, note) {
+					t.Errorf("no note %q in:\n%s", note, all)
+				}
+				mu.Lock()
+				rl := strings.Join(lines[r], "\n")
+				mu.Unlock()
+				if !strings.Contains(rl, back) {
+					t.Errorf("rank %d's client did not log %q:\n%s", r, back, rl)
 				}
 			}
 			if strings.Contains(log, "step 7 loss") {

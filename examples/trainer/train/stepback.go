@@ -2,7 +2,6 @@ package train
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -23,9 +22,6 @@ import (
 // collectives that read none of the state (the gradient all-reduce, the
 // loss reduction) and after Run returns; the step-back takes it, so it
 // runs only while the trainer is blocked there or has stopped.
-
-// ErrHeld ends a --hold-before-update hold after the JIT flush stepped back.
-var ErrHeld = errors.New("held before the update until the JIT flush: the rank stops, as one stuck in the all-reduce would")
 
 // StepBacker is a snapshotter whose JIT flush can step back over the
 // trainer's last complete update (client.Client.SetStepBack): fn undoes the
@@ -111,8 +107,12 @@ func (t *trainer) stepBack(ctx context.Context, step int64) (int64, func() error
 }
 
 // holdBeforeUpdate is --hold-before-update's hold, after the gradient
-// all-reduce of step: the chosen rank stands in for one still blocked in
-// it, until a JIT flush has stepped back (HoldMax at most), then stops.
+// all-reduce of step: the chosen ranks stand in for ranks still blocked in
+// it. Once a JIT flush has stepped back (HoldMax at most) a held rank
+// stays blocked, as such a rank would, in a receive that nothing matches
+// (a tag of its own, from itself), until the job is torn down: returning
+// would end the job (reft-train aborts MPI on an error) before the other
+// survivors' flushes.
 func (t *trainer) holdBeforeUpdate(step int64) error {
 	c := &t.cfg
 	if t.resumed || step != c.HoldBeforeStep || !slices.Contains(c.HoldBeforeRanks, t.rank) {
@@ -121,8 +121,9 @@ func (t *trainer) holdBeforeUpdate(step int64) error {
 	t.note(fmt.Sprintf("hold-before-update: rank %d holds after step %d's gradient all-reduce, before its update, until a JIT flush steps back", t.rank, step))
 	select {
 	case <-t.stepped:
-		return fmt.Errorf("--hold-before-update %d:%d: %w", step, t.rank, ErrHeld)
 	case <-time.After(HoldMax):
 		return fmt.Errorf("--hold-before-update %d:%d: no JIT flush stepped back within %v", step, t.rank, HoldMax)
 	}
+	err := t.world.RecvF32(t.rank, tagHold, make([]float32, 1))
+	return fmt.Errorf("--hold-before-update %d:%d: held after the JIT flush stepped back, until the job ends: %w", step, t.rank, err)
 }

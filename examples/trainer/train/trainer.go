@@ -57,6 +57,7 @@ const (
 	tagAct = 1 + iota
 	tagGrad
 	tagParams
+	tagHold // never sent: --hold-before-update's receive that nothing matches
 )
 
 // ErrKilled is what a test Kill hook may return.
