@@ -16,8 +16,8 @@
 //
 // --hold-before-update STEP:RANK[,RANK...] (with --undo and --jit, plain data
 // parallelism) makes those ranks stop after STEP's gradient all-reduce,
-// before their update, until a JIT flush has stepped back, then fail; the
-// others say when they finished STEP: the test of survivors on either side
+// before their update, until a JIT flush has stepped back, and stay blocked
+// until the job is torn down; the others say when they finished STEP: the test of survivors on either side
 // of a step boundary (docs/UNDO.md).
 //
 // The surviving ranks of a --fail-at run block in MPI until the step is torn

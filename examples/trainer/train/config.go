@@ -76,8 +76,9 @@ type Config struct {
 	// HoldBefore (--hold-before-update STEP:RANK[,RANK...]) makes those ranks stop
 	// after the gradient all-reduce of STEP, before its update (only in a
 	// run that did not resume; needs Undo and JIT, plain data parallelism)
-	// until a JIT flush has stepped back (HoldMax at most), then fail: a
-	// rank still blocked in the all-reduce that the others finished, so
+	// until a JIT flush has stepped back (HoldMax at most), then stay
+	// blocked until the job is torn down: a rank still blocked in the
+	// all-reduce that the others finished, so
 	// that the survivors' flushes straddle a step boundary (the others say
 	// "hold-before-update: rank R finished step STEP").
 	HoldBeforeStep  int64
@@ -139,7 +140,7 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	hold := fs.String("hold-in-update", "", "STEP:TENSOR: every rank stops in its optimizer update of STEP before its tensor TENSOR "+
 		"until a JIT flush interrupts it (a failure inside the update, for tests), only in a run that did not resume; needs --undo and --jit")
 	holdBefore := fs.String("hold-before-update", "", "STEP:RANK[,RANK...]: those ranks stop after the gradient all-reduce of STEP, before its update, "+
-		"until a JIT flush steps back, then fails (survivors on either side of a step boundary, for tests), only in a run that did not resume; needs --undo and --jit")
+		"until a JIT flush steps back, and stay blocked until the job ends (survivors on either side of a step boundary, for tests), only in a run that did not resume; needs --undo and --jit")
 	fail := fs.String("fail-at", "", "STEP:RANK: that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
 	slow := fs.String("slow-at", "", "STEP:DURATION: every rank sleeps DURATION more at the end of STEP (a slow step; e.g. 12:2s)")
 	straggle := fs.String("slow-rank", "", "RANK:DURATION: that rank computes DURATION longer in every step, before the all-reduce (a straggler; e.g. 2:100ms)")
