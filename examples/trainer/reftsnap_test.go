@@ -122,6 +122,8 @@ type hooks struct {
 	note      func(string)               // every rank's train.Options.Note
 	clientLog func(rank int, msg string) // the clients' lines; nil: the client's default
 	world     func(*train.LocalWorld)    // called with the world before the ranks start
+	// snap, if set, is the snapshotter the trainer gets over the session.
+	snap func(*reftSnap) train.Snapshotter
 }
 
 // runReftHooks is runReft with h.
@@ -163,6 +165,9 @@ func runReftHooks(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, h h
 				snap.startJIT(ctx, func(msg string) { t.Errorf("rank %d: %s", r, msg) })
 			}
 			o := train.Options{Comm: comm, Snap: snap, Note: note}
+			if h.snap != nil {
+				o.Snap = h.snap(snap)
+			}
 			if r == 0 {
 				o.Log = &log
 			}
@@ -522,4 +527,75 @@ func TestReftStepBackRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReftStepBackRedo: the step-back is transparent to a trainer that
+// goes on (a failure notice with no failure, or a SIGTERM flush before the
+// kill): at a notice once both ranks hold step 1, every rank's flush waits for
+// the trainer to reach a collective, undoes its last update, saves that
+// step and the one before, redoes the update, and the run ends with the
+// bits of an uninterrupted one. (The session is given without its update
+// interrupt, noInterrupt: a notice landing inside an update would
+// otherwise stop the run, as it should at a real failure.)
+func TestReftStepBackRedo(t *testing.T) {
+	for _, opt := range []string{train.SGD, train.Momentum, train.Adam, train.AdamW} {
+		t.Run(opt, func(t *testing.T) {
+			cfg := small()
+			cfg.Optimizer, cfg.DP, cfg.Steps, cfg.JIT, cfg.Undo = opt, 2, 40, true, true
+			// Paced, so that the notice (sent at step 1) lands inside the
+			// run; if it came after, the sessions' close would cut the flush
+			// and the check of its lines below fails, loudly.
+			cfg.MinStep = 2 * time.Millisecond
+			ref, a := referenceAndAgent(t, cfg, 2, "arc,every=0")
+			var mu sync.Mutex
+			backs := map[int]string{}
+			started := 0
+			got, log, err := runReftHooks(t, a, cfg, 2, hooks{snap: noInterrupt, clientLog: func(r int, msg string) {
+				mu.Lock()
+				defer mu.Unlock()
+				// Each client's first Save, after its update of step 1, says
+				// every=0 once: notify when both ranks hold a step.
+				if strings.Contains(msg, "every=0") {
+					if started++; started == 2 {
+						a.NotifyPeerFailure("n2", "test: a notice while training goes on")
+					}
+				}
+				if strings.Contains(msg, "JIT save of steps") {
+					backs[r] = msg
+				}
+			}})
+			if err != nil {
+				t.Fatalf("%v\n%s", err, log)
+			}
+			if got.Hash != ref[0].Hash {
+				t.Errorf("final-params-sha256 %s after the step-back and redo, %s uninterrupted", got.Hash, ref[0].Hash)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(backs) != 2 {
+				t.Errorf("step-back saves by rank: %v, want one per rank", backs)
+			}
+			t.Logf("step-back saves by rank: %v", backs)
+		})
+	}
+}
+
+// noInterrupt is the session without SetUpdateInterrupt: a flush that finds
+// the trainer updating waits for the update to end rather than stop it, so
+// that a test of a trainer that goes on after a flush is not timing-bound.
+func noInterrupt(s *reftSnap) train.Snapshotter { return uninterrupted{s} }
+
+type uninterrupted struct{ s *reftSnap }
+
+func (u uninterrupted) Register(name string, buf []byte, replicated bool) error {
+	return u.s.Register(name, buf, replicated)
+}
+func (u uninterrupted) Save(step int64) (train.Waiter, error) { return u.s.Save(step) }
+func (u uninterrupted) Restore() (int64, bool, error)         { return u.s.Restore() }
+func (u uninterrupted) Close() error                          { return nil } // runReftHooks closes the session
+func (u uninterrupted) Consistent(step int64)                 { u.s.Consistent(step) }
+func (u uninterrupted) Updating()                             { u.s.Updating() }
+func (u uninterrupted) Every() int                            { return u.s.Every() }
+func (u uninterrupted) SetStepBack(fn func(context.Context, int64) (int64, func() error, error)) {
+	u.s.SetStepBack(fn)
 }
