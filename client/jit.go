@@ -250,7 +250,9 @@ func (c *Client) SetStepBack(fn StepBack) {
 
 // wantStepBack says whether a flush of step steps back first; j.mu is held.
 func (j *jitState) wantStepBack(step int64) bool {
-	return j.stepBack != nil && !j.stepTried && step >= 1 && !slices.Contains(j.held, step-1)
+	// Not to step 0: the state before the first update is where every
+	// rank starts anyway, with nothing to restore.
+	return j.stepBack != nil && !j.stepTried && step >= 2 && !slices.Contains(j.held, step-1)
 }
 
 // stepBackFlush is Flush with the step-back (SetStepBack) of the consistent

@@ -377,6 +377,18 @@ func jitSigtermChild(sock string) {
 // not when the client already holds s-1, at most once per client, and a
 // refusal leaves s saved alone and says so.
 func TestJITStepBack(t *testing.T) {
+	t.Run("no step-back to step 0", func(t *testing.T) {
+		r := newJITRank(t, 0)
+		r.c.SetStepBack(func(context.Context, int64) (int64, func() error, error) {
+			t.Error("step-back of step 1: step 0 is where every rank starts")
+			return 0, nil, fmt.Errorf("called")
+		})
+		r.step(1)
+		if step, saved, err := r.c.Flush(ctxT(t), "test"); err != nil || step != 1 || !saved {
+			t.Fatalf("Flush = %d, %v, %v; want 1, true, nil", step, saved, err)
+		}
+		r.checkRestores(t, 1)
+	})
 	for _, tc := range []struct {
 		name      string
 		savedPrev bool  // the trainer saved step 6 itself

@@ -531,18 +531,18 @@ func TestReftStepBackRefused(t *testing.T) {
 
 // TestReftStepBackRedo: the step-back is transparent to a trainer that
 // goes on (a failure notice with no failure, or a SIGTERM flush before the
-// kill): at a notice once both ranks hold step 1, every rank's flush waits for
+// kill): at a notice once both ranks hold step 3, every rank's flush waits for
 // the trainer to reach a collective, undoes its last update, saves that
 // step and the one before, redoes the update, and the run ends with the
 // bits of an uninterrupted one. (The session is given without its update
-// interrupt, noInterrupt: a notice landing inside an update would
+// interrupt, uninterrupted: a notice landing inside an update would
 // otherwise stop the run, as it should at a real failure.)
 func TestReftStepBackRedo(t *testing.T) {
 	for _, opt := range []string{train.SGD, train.Momentum, train.Adam, train.AdamW} {
 		t.Run(opt, func(t *testing.T) {
 			cfg := small()
 			cfg.Optimizer, cfg.DP, cfg.Steps, cfg.JIT, cfg.Undo = opt, 2, 40, true, true
-			// Paced, so that the notice (sent at step 1) lands inside the
+			// Paced, so that the notice (sent at step 3) lands inside the
 			// run; if it came after, the sessions' close would cut the flush
 			// and the check of its lines below fails, loudly.
 			cfg.MinStep = 2 * time.Millisecond
@@ -550,16 +550,20 @@ func TestReftStepBackRedo(t *testing.T) {
 			var mu sync.Mutex
 			backs := map[int]string{}
 			started := 0
-			got, log, err := runReftHooks(t, a, cfg, 2, hooks{snap: noInterrupt, clientLog: func(r int, msg string) {
+			snap := func(s *reftSnap) train.Snapshotter {
+				return uninterrupted{s: s, onSave: func(step int64) {
+					mu.Lock()
+					defer mu.Unlock()
+					if step == 3 { // after the update of step 3
+						if started++; started == 2 {
+							a.NotifyPeerFailure("n2", "test: a notice while training goes on")
+						}
+					}
+				}}
+			}
+			got, log, err := runReftHooks(t, a, cfg, 2, hooks{snap: snap, clientLog: func(r int, msg string) {
 				mu.Lock()
 				defer mu.Unlock()
-				// Each client's first Save, after its update of step 1, says
-				// every=0 once: notify when both ranks hold a step.
-				if strings.Contains(msg, "every=0") {
-					if started++; started == 2 {
-						a.NotifyPeerFailure("n2", "test: a notice while training goes on")
-					}
-				}
 				if strings.Contains(msg, "JIT save of steps") {
 					backs[r] = msg
 				}
@@ -580,22 +584,29 @@ func TestReftStepBackRedo(t *testing.T) {
 	}
 }
 
-// noInterrupt is the session without SetUpdateInterrupt: a flush that finds
-// the trainer updating waits for the update to end rather than stop it, so
-// that a test of a trainer that goes on after a flush is not timing-bound.
-func noInterrupt(s *reftSnap) train.Snapshotter { return uninterrupted{s} }
-
-type uninterrupted struct{ s *reftSnap }
+// uninterrupted is the session without SetUpdateInterrupt: a flush that
+// finds the trainer updating waits for the update to end rather than stop
+// it, so that a test of a trainer that goes on after a flush is not
+// timing-bound. onSave, if set, is called at each Save first.
+type uninterrupted struct {
+	s      *reftSnap
+	onSave func(step int64)
+}
 
 func (u uninterrupted) Register(name string, buf []byte, replicated bool) error {
 	return u.s.Register(name, buf, replicated)
 }
-func (u uninterrupted) Save(step int64) (train.Waiter, error) { return u.s.Save(step) }
-func (u uninterrupted) Restore() (int64, bool, error)         { return u.s.Restore() }
-func (u uninterrupted) Close() error                          { return nil } // runReftHooks closes the session
-func (u uninterrupted) Consistent(step int64)                 { u.s.Consistent(step) }
-func (u uninterrupted) Updating()                             { u.s.Updating() }
-func (u uninterrupted) Every() int                            { return u.s.Every() }
+func (u uninterrupted) Save(step int64) (train.Waiter, error) {
+	if u.onSave != nil {
+		u.onSave(step)
+	}
+	return u.s.Save(step)
+}
+func (u uninterrupted) Restore() (int64, bool, error) { return u.s.Restore() }
+func (u uninterrupted) Close() error                  { return nil } // runReftHooks closes the session
+func (u uninterrupted) Consistent(step int64)         { u.s.Consistent(step) }
+func (u uninterrupted) Updating()                     { u.s.Updating() }
+func (u uninterrupted) Every() int                    { return u.s.Every() }
 func (u uninterrupted) SetStepBack(fn func(context.Context, int64) (int64, func() error, error)) {
 	u.s.SetStepBack(fn)
 }
