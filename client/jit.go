@@ -216,6 +216,13 @@ func (c *Client) Flush(ctx context.Context, reason string) (step int64, saved bo
 	return step, true, nil
 }
 
+// ErrStepBackNotNeeded, wrapped in a StepBack function's error, says that
+// the trainer holds the consistent step s but made it by no complete update
+// since it could undo (it was restored, or its update of s+1 was
+// interrupted and undone: it passed step s+1's all-reduce, so every
+// survivor finished s). The flush then saves s alone, without a word.
+var ErrStepBackNotNeeded = errors.New("no step-back needed")
+
 // StepBack is SetStepBack's function: see there.
 type StepBack func(ctx context.Context, step int64) (prev int64, redo func() error, err error)
 
@@ -287,6 +294,9 @@ func (c *Client) stepBackFlush(ctx context.Context, step int64, reason string) (
 	}()
 	if err != nil {
 		finish(false)
+		if errors.Is(err, ErrStepBackNotNeeded) {
+			return 0, false, nil, false
+		}
 		c.opt.Log(fmt.Sprintf("JIT flush (%s): step %d not stepped back, so step %d is not saved: %v; "+
 			"if another survivor is still inside step %d the ranks will agree on an older step", reason, step, step-1, err, step))
 		return 0, false, nil, false

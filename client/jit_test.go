@@ -393,7 +393,7 @@ func TestJITStepBack(t *testing.T) {
 		name      string
 		savedPrev bool  // the trainer saved step 6 itself
 		savedCur  bool  // the trainer saved step 7 itself
-		back      int64 // the step the trainer steps back to; -1: it refuses
+		back      int64 // the step the trainer steps back to; -1: it refuses; -2: none needed
 		wantCalls int
 		wantGens  []int64
 		wantLog   string
@@ -403,6 +403,7 @@ func TestJITStepBack(t *testing.T) {
 		{"6 held: no step-back", true, false, 6, 0, []int64{6, 7}, "JIT save of step 7 committed"},
 		{"the trainer refuses", false, false, -1, 1, []int64{7}, "step 7 not stepped back, so step 6 is not saved: no update kept"},
 		{"the trainer steps back too far", false, false, 5, 1, []int64{7}, "step 7 not stepped back, so step 6 is not saved: the trainer stepped back to step 5, not 6"},
+		{"none needed: silent", false, false, -2, 1, []int64{7}, "JIT save of step 7 committed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newJITRank(t, 0)
@@ -412,8 +413,11 @@ func TestJITStepBack(t *testing.T) {
 				if step != 7 {
 					t.Errorf("step-back of step %d, want 7", step)
 				}
-				if tc.back < 0 {
+				switch tc.back {
+				case -1:
 					return 0, nil, fmt.Errorf("no update kept")
+				case -2:
+					return 0, nil, fmt.Errorf("restored: %w", client.ErrStepBackNotNeeded)
 				}
 				pattern(r.buf, int(tc.back))
 				return tc.back, func() error { redos++; pattern(r.buf, int(step)); return nil }, nil
@@ -436,6 +440,9 @@ func TestJITStepBack(t *testing.T) {
 			mustEqual(t, "the buffer after the flush", r.buf, patterned(len(r.buf), 7))
 			if !strings.Contains(r.log.all(), tc.wantLog) {
 				t.Errorf("client log lacks %q:\n%s", tc.wantLog, r.log.all())
+			}
+			if tc.back == -2 && strings.Contains(r.log.all(), "not stepped back") {
+				t.Errorf("a step-back that was not needed was logged:\n%s", r.log.all())
 			}
 			// Once per client: a second flush (the trainer's own, after its
 			// collective failed) steps back no further.

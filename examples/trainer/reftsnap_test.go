@@ -339,10 +339,17 @@ func TestReftEvery0(t *testing.T) {
 				}
 				a.NotifyPeerFailure("n2", "test: node lost while the ranks are inside the update")
 			}()
-			_, log, err := runReftNote(t, a, crash, 2, func(msg string) { held <- msg })
+			var clog lineLog
+			_, log, err := runReftHooks(t, a, crash, 2, hooks{note: func(msg string) { held <- msg },
+				clientLog: func(r int, msg string) { clog.add(fmt.Sprintf("rank %d: %s", r, msg)) }})
 			var ue *train.UndoneError
 			if !errors.Is(err, train.ErrUpdateInterrupted) || !errors.As(err, &ue) || ue.Step != 5 || ue.Tensors != 2 {
 				t.Fatalf("the held run: %v, want the update of step 6 interrupted and undone on 2 tensors, back at step 5\n%s", err, log)
+			}
+			// Inside step 6's update every rank had passed its all-reduce:
+			// no step-back is needed, and none is tried aloud.
+			if l := clog.String(); strings.Contains(l, "not stepped back") || strings.Count(l, "JIT save of step 5 committed") != 2 {
+				t.Errorf("want one plain JIT save of step 5 per rank and no step-back line:\n%s", l)
 			}
 			if !strings.Contains(log, "every=0: no snapshot on the step path") || !strings.Contains(log, "undo: step 6's update was interrupted") {
 				t.Errorf("rank 0 did not log every=0 and its undo:\n%s", log)
@@ -609,4 +616,22 @@ func (u uninterrupted) Updating()                     { u.s.Updating() }
 func (u uninterrupted) Every() int                    { return u.s.Every() }
 func (u uninterrupted) SetStepBack(fn func(context.Context, int64) (int64, func() error, error)) {
 	u.s.SetStepBack(fn)
+}
+
+// lineLog collects lines from several goroutines.
+type lineLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *lineLog) add(s string) {
+	l.mu.Lock()
+	l.lines = append(l.lines, s)
+	l.mu.Unlock()
+}
+
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
 }

@@ -2,6 +2,7 @@ package train
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -22,6 +23,12 @@ import (
 // collectives that read none of the state (the gradient all-reduce, the
 // loss reduction) and after Run returns; the step-back takes it, so it
 // runs only while the trainer is blocked there or has stopped.
+
+// ErrNoStepBack is the step-back's error when the trainer holds the step
+// but made it by no update it can undo: restored, or the update after it
+// was interrupted and undone (so it passed the next all-reduce, and every
+// survivor finished the step). Nothing is lost by saving the step alone.
+var ErrNoStepBack = errors.New("no complete update to undo, and none needed")
 
 // StepBacker is a snapshotter whose JIT flush can step back over the
 // trainer's last complete update (client.Client.SetStepBack): fn undoes the
@@ -79,9 +86,13 @@ func (t *trainer) stepBack(ctx context.Context, step int64) (int64, func() error
 			return 0, nil, fmt.Errorf("the trainer's save in flight failed: %w", err)
 		}
 	}
-	if !t.undo.kept() || t.state[0] != step {
+	switch {
+	case t.state[0] != step:
 		unlock()
-		return 0, nil, fmt.Errorf("the trainer holds step %d and no complete update of step %d to undo (an update interrupted or undone since)", t.state[0], step)
+		return 0, nil, fmt.Errorf("the trainer moved on to step %d", t.state[0])
+	case !t.undo.kept():
+		unlock()
+		return 0, nil, fmt.Errorf("step %d was restored, or the update after it interrupted and undone: %w", step, ErrNoStepBack)
 	}
 	lo := 0
 	if t.cfg.Zero1 {
