@@ -229,6 +229,11 @@ func TestEvery0NodeLossInUpdate(t *testing.T) {
 	if _, ok := saves[1]; ok {
 		t.Errorf("job %s: rank 1, on the killed node, logged a JIT save", r.job)
 	}
+	// Inside the update every survivor had passed step 8's all-reduce: no
+	// JIT step-back is needed (docs/UNDO.md), and none is tried aloud.
+	if strings.Contains(r.first.Stderr, "not stepped back") {
+		t.Errorf("job %s: a survivor logged a step-back that was not needed:\n%s", r.job, r.first.Stderr)
+	}
 	for _, n := range []string{"n1", "n3", "n4"} {
 		for _, e := range agentEvents(t, r.job, n)["committed"] {
 			if s, _ := e["step"].(float64); int64(s) != held-1 {
