@@ -134,7 +134,7 @@ build-trixie:
 # One P keeps the two apart; the detector still reports every access pair
 # not ordered by happens-before, which does not depend on real overlap.
 # tests/makefile's TestRaceBubblesOnOneP keeps this list complete.
-RACE_PKGS := ./agent/mesh/ ./agent/peer/ ./client/
+RACE_PKGS := ./agent/mesh/ ./agent/msglog/ ./agent/peer/ ./client/
 RACE_BUBBLE_PKGS := ./agent/detect/ ./launcher/run/
 RACE_AGENT_TESTS := ^(TestProgress|TestPeerFailure.*|TestJITFlushFollowsVerdicts|TestDetectorVerdictNotices|TestAgentPeering.*)$$
 unit:
@@ -143,6 +143,11 @@ unit:
 	$(GO) test -count=1 -race $(RACE_PKGS)
 	$(GO) test -count=1 -race -cpu 1 $(RACE_BUBBLE_PKGS)
 	$(GO) test -count=1 -race -run '$(RACE_AGENT_TESTS)' ./agent/
+# reft-train's stage-local replay over real Open MPI (3 ranks, one per
+# stage): examples/trainer/replay_mpi_test.go.
+	mkdir -p $(BUILD)
+	$(GO) test -c -tags mpi -o $(BUILD)/reft-train-mpi.test ./examples/trainer
+	timeout 300 mpirun --allow-run-as-root --oversubscribe -n 3 $(BUILD)/reft-train-mpi.test -test.run '^TestMPIReplay$$' -test.count=1
 	cd client/python && $(PYTHON) -m unittest discover -s tests
 	CGO_ENABLED=0 $(GO) build -o $(BUILD)/conformance-agent ./tests/conformance-agent
 	REFT_GPU_AGENT=$(BUILD)/conformance-agent PYTHON=$(PYTHON) bash tests/gpu/run.sh --cpu
@@ -247,7 +252,7 @@ bench: all
 	$(GO) test -timeout 60m -run '^$$' -bench . -skip '^BenchmarkAgentScale$$' -benchtime 3x ./...
 	REFT_SCALE_N=$(SCALE_N) nice -n 10 $(GO) test -timeout 30m -run '^$$' -bench '^BenchmarkAgentScale$$' -benchtime 1x ./agent/
 	@$(WITH_CLUSTER); \
-	$(GO) test -count=1 -tags e2e -timeout 30m -run '^$$' -bench StepLaunch -benchtime 1x ./tests/e2e/
+	$(GO) test -count=1 -tags e2e -timeout 30m -run '^$$' -bench 'StepLaunch|LoggingOverhead' -benchtime 1x -v ./tests/e2e/
 	@$(BENCH_GOODPUT_RUN)
 	@$(BENCH_GEMINI)
 

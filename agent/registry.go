@@ -89,3 +89,11 @@ func (g *registry) protection(rank int) *proto.RankProtection {
 	c.Members = slices.Clone(p.Members)
 	return &c
 }
+
+// count is how many ranks registered on this node since the agent
+// started, at least 1.
+func (g *registry) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return max(len(g.ranks), 1)
+}

@@ -74,6 +74,8 @@ type Server struct {
 	notes *notifier
 	// regs are the ranks registered on this node (registry.go).
 	regs *registry
+	// logs are the ranks' message logs (msglog.go).
+	logs *msgLogs
 
 	// Failure detection (detecting.go): the ranks' progress, and the
 	// peers the mesh found, for the detector.
@@ -100,7 +102,23 @@ func Listen(path string, info Info, log zerolog.Logger) (*Server, error) {
 	s.snaps = &snapshots{attached: a, rs: s.rs, views: s.views, rings: s.rings, repl: s.repl, regs: s.regs,
 		progress: &s.progress, met: s.met, warned: warned,
 		degraded: &degradedState{status: func() []string { st := s.Status(); return metrics.Degraded(&st) }}}
+	s.logs = &msgLogs{attached: a, regs: s.regs, warned: warned}
 	return s, nil
+}
+
+// AttachStore gives the server the job's snapshot store; call it before
+// Serve. Without one, snapshot and message log requests get a `disabled`
+// error. The message logs an earlier agent of the job left in the store
+// are adopted here, so that their memory counts against the budget
+// before the first save, and the first status reply counts them.
+func (s *Server) AttachStore(st *tmpfs.Store) {
+	s.attached.AttachStore(st)
+	if st == nil {
+		return
+	}
+	if _, err := s.logs.open(s.log); err != nil {
+		s.log.Error().Err(err).Msg("message log unavailable")
+	}
 }
 
 // Path returns the socket path.
@@ -119,7 +137,12 @@ func (s *Server) Serve(ctx context.Context) error {
 func (s *Server) Close() error {
 	// Every caller waits for the replicator: the store closes after Close.
 	defer s.repl.stop()
-	return s.ls.Close()
+	err := s.ls.Close()
+	// After the connections: no request reads a message's arena now.
+	if lerr := s.logs.close(); lerr != nil {
+		s.log.Warn().Err(lerr).Msg("freeing the message logs")
+	}
+	return err
 }
 
 // PeerCred returns the credentials of the process at the other end of c.
@@ -193,6 +216,8 @@ func (s *Server) handle(ctx context.Context, c net.Conn, rc *rankConn, f proto.F
 		return nil
 	case proto.TRegister, proto.TSave, proto.TCommit, proto.TAbort, proto.TGenerations, proto.TRestore, proto.TRelease:
 		return s.snaps.handle(ctx, c, rc, f, log)
+	case proto.TLogAppend, proto.TLogCommit, proto.TLogRead, proto.TLogTruncate, proto.TLogSteps:
+		return s.logs.handle(c, rc, f, log)
 	case proto.TWatch:
 		return s.notes.watch(c, rc, f, log)
 	case proto.TProgress:
@@ -213,6 +238,7 @@ func (s *Server) Status() proto.Status {
 		MemoryBudget: s.info.MemoryBudget, StoreDir: s.info.StoreDir, Ranks: rankStatus(s.store, &s.progress, s.regs),
 		Peering: s.peeringStatus(), GPU: s.gpuStatus(), PlacementWarnings: s.rings.placementWarnings(), Memory: memoryStatus(s.store, s.info.MemoryBudget),
 		Store: storeCounters(s.store), LostNodes: s.notes.lostNodes(), Metrics: s.repl.schedMetrics(s.met.Status()),
+		MsgLog: s.logs.status(),
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/event"
 	"github.com/reft-hpc/reft/agent/metrics"
+	"github.com/reft-hpc/reft/agent/msglog"
 	"github.com/reft-hpc/reft/agent/proto"
 	"github.com/reft-hpc/reft/agent/runrecord"
 	"github.com/reft-hpc/reft/agent/shard"
@@ -93,6 +94,9 @@ type rankConn struct {
 	comm bool
 	// watch is set once the connection sent watch (notices.go).
 	watch *watcher
+	// logPending is the connection's message log append whose bytes the
+	// client is copying (msglog.go); nil: none.
+	logPending *msglog.Pending
 	// verifyTooBig: a restore's checksums did not fit in its reply, which
 	// was logged once; the agent verifies such restores itself.
 	verifyTooBig bool
@@ -100,6 +104,10 @@ type rankConn struct {
 
 // close aborts the connection's unfinished save and drops its restore pins.
 func (rc *rankConn) close() {
+	if rc.logPending != nil {
+		rc.logPending.Abort()
+		rc.logPending = nil
+	}
 	if rc.open != nil {
 		rc.open.Abort() // a no-op when a newer save already discarded it
 		rc.open = nil

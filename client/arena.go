@@ -86,8 +86,22 @@ func (a *arenas) get(path string, size int64, write bool) ([]byte, error) {
 			return nil, err
 		}
 	}
+	data, _, err := mapArena(path, size, write)
+	if err != nil {
+		return nil, err
+	}
+	m := &mapping{path: path, write: write, data: data}
+	a.m[k] = m
+	a.register(m)
+	return data, nil
+}
+
+// mapArena maps size bytes of the arena file at path, read-write or
+// read-only, after checking that it is a regular file of this user; st is
+// the file's.
+func mapArena(path string, size int64, write bool) (_ []byte, st unix.Stat_t, _ error) {
 	if size <= 0 || int64(int(size)) != size {
-		return nil, fmt.Errorf("arena %s: the agent gave a size of %d bytes", path, size)
+		return nil, st, fmt.Errorf("arena %s: the agent gave a size of %d bytes", path, size)
 	}
 	flag, prot := os.O_RDONLY, unix.PROT_READ
 	if write {
@@ -100,32 +114,28 @@ func (a *arenas) get(path string, size int64, write bool) ([]byte, error) {
 	f, err := os.OpenFile(path, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ELOOP) {
-			return nil, fmt.Errorf("opening arena %s: it is a symlink; an arena is a regular file of this user: %w", path, err)
+			return nil, st, fmt.Errorf("opening arena %s: it is a symlink; an arena is a regular file of this user: %w", path, err)
 		}
-		return nil, fmt.Errorf("opening arena: %w", err)
+		return nil, st, fmt.Errorf("opening arena: %w", err)
 	}
 	defer f.Close() // the mapping outlives the descriptor
-	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("arena %s: %w", path, err)
+		return nil, st, fmt.Errorf("arena %s: %w", path, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() {
-		return nil, fmt.Errorf("arena %s is not a regular file of this user (uid %d, mode %#o); refusing to map it: the agent's store has been tampered with", path, st.Uid, st.Mode)
+		return nil, st, fmt.Errorf("arena %s is not a regular file of this user (uid %d, mode %#o); refusing to map it: the agent's store has been tampered with", path, st.Uid, st.Mode)
 	}
 	if st.Size < size {
-		return nil, fmt.Errorf("arena %s holds %d bytes, the agent says %d", path, st.Size, size)
+		return nil, st, fmt.Errorf("arena %s holds %d bytes, the agent says %d", path, st.Size, size)
 	}
 	// MAP_POPULATE builds the page tables now: the pages already exist
 	// (the agent preallocates arenas), and faulting them in one by one
 	// during the copy would cost more than the copy's memmove.
 	data, err := unix.Mmap(int(f.Fd()), 0, int(size), prot, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
-		return nil, fmt.Errorf("mapping arena %s (%d bytes): %w", path, size, err)
+		return nil, st, fmt.Errorf("mapping arena %s (%d bytes): %w", path, size, err)
 	}
-	m := &mapping{path: path, write: write, data: data}
-	a.m[k] = m
-	a.register(m)
-	return data, nil
+	return data, st, nil
 }
 
 // register registers a read-write mapping with the GPU runtime, once; a

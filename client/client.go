@@ -39,6 +39,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/reft-hpc/reft/agent/proto"
@@ -172,6 +173,13 @@ type Client struct {
 	// the spec says nothing); 0 (every=0): Save does not snapshot.
 	every   int
 	everyed sync.Once // the every=0 notice, once
+
+	// logMu serializes the message log's requests with their copies
+	// (msglog.go); never held while taking mu. logRegistered: the rank is
+	// registered, so log requests need not take mu.
+	logMu         sync.Mutex
+	logRegistered atomic.Bool
+	logMaps       logMaps // under logMu
 }
 
 type buffer struct {
@@ -442,5 +450,10 @@ func (c *Client) Close() error {
 	if err := c.maps.unmapAll(); err != nil {
 		errs = append(errs, err)
 	}
+	c.logMu.Lock()
+	if err := c.logMaps.sweep(true); err != nil {
+		errs = append(errs, err)
+	}
+	c.logMu.Unlock()
 	return errors.Join(errs...)
 }

@@ -81,6 +81,9 @@ func NewAllocator(cfg Config) (*Allocator, error) {
 // Metrics returns the allocator's metrics.
 func (a *Allocator) Metrics() *Metrics { return a.metrics }
 
+// Budget is the memory budget arenas are charged to; nil: none.
+func (a *Allocator) Budget() *Budget { return a.cfg.Budget }
+
 // Arena is one shared mapping of an arena file.
 type Arena struct {
 	path    string // as asked for (a symlink when on hugetlbfs)
@@ -222,6 +225,110 @@ func (a *Allocator) Adopt(path string) (*Arena, error) {
 	}
 	a.setup(r)
 	return r, nil
+}
+
+// ErrNotArena is wrapped by AdoptOwned's refusals of a file that is not
+// what Create makes (type, link, owner, links).
+var ErrNotArena = errors.New("not an arena file")
+
+// AdoptOwned adopts an arena file left by an earlier agent in a directory
+// of the user's, as Adopt does, after checking that it is what Create
+// makes: without hugetlbfs a regular file; with it a link whose target is
+// exactly the mount's file Create names for path, itself a regular file.
+// The file is opened with O_NOFOLLOW and must be uid's (when uid >= 0)
+// with one link. Anything else is refused with an error saying what it
+// is; the caller decides what to do with it (Discard).
+func (a *Allocator) AdoptOwned(path string, uid int) (*Arena, error) {
+	file, err := a.arenaFile(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(file, os.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("hostmem: adopt arena: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("hostmem: adopt arena %s: %w", file, err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		err = fmt.Errorf("not a regular file (type %#o)", st.Mode&unix.S_IFMT)
+	case uid >= 0 && int(st.Uid) != uid:
+		err = fmt.Errorf("owned by uid %d, not the job's user %d", st.Uid, uid)
+	case st.Nlink != 1:
+		err = fmt.Errorf("has %d hard links, an arena has one", st.Nlink)
+	case st.Size <= 0:
+		err = fmt.Errorf("is empty")
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("hostmem: adopt arena %s: %w: %w", file, ErrNotArena, err)
+	}
+	r := &Arena{path: path, f: f, size: st.Size, a: a, gpu: a.cfg.GPU}
+	if file != path {
+		r.target = file
+	}
+	if err := r.mapFile(false); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if b := a.cfg.Budget; b != nil {
+		b.Adopt(r.size)
+		r.charged = r.size
+	}
+	a.setup(r)
+	return r, nil
+}
+
+// arenaFile is the file an arena at path is, checked without following
+// anything: path itself when it is a regular file and there is no
+// hugetlbfs; the mount's file when path is a link naming exactly it.
+func (a *Allocator) arenaFile(path string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return "", fmt.Errorf("hostmem: adopt arena: %w", &os.PathError{Op: "lstat", Path: path, Err: err})
+	}
+	typ := st.Mode & unix.S_IFMT
+	if a.hugeSize == 0 {
+		if typ != unix.S_IFREG {
+			return "", fmt.Errorf("hostmem: adopt arena %s: not a regular file (type %#o; a symlink without [store] hugetlbfs is never an arena): %w", path, typ, ErrNotArena)
+		}
+		return path, nil
+	}
+	want := filepath.Join(a.cfg.HugeTLBDir, path)
+	if typ != unix.S_IFLNK {
+		return "", fmt.Errorf("hostmem: adopt arena %s: not a link to the hugetlbfs file %s (type %#o): %w", path, want, typ, ErrNotArena)
+	}
+	if t, err := os.Readlink(path); err != nil || t != want {
+		return "", fmt.Errorf("hostmem: adopt arena %s: links to %q, not to its hugetlbfs file %s (%v): %w", path, t, want, err, ErrNotArena)
+	}
+	return want, nil
+}
+
+// Discard removes what an earlier agent left at path in a directory of
+// the user's: the name itself (a link is unlinked, never followed), and,
+// with hugetlbfs, the mount's file Create would have made for path when
+// path links exactly to it (a link to anything else removes only the
+// link).
+func (a *Allocator) Discard(path string) error {
+	var errs []error
+	if a.hugeSize > 0 {
+		want := filepath.Join(a.cfg.HugeTLBDir, path)
+		if t, err := os.Readlink(path); err == nil && t == want {
+			if err := os.Remove(want); err != nil && !os.IsNotExist(err) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("hostmem: discard %s: %w", path, err)
+	}
+	return nil
 }
 
 func (a *Allocator) spaceHint(dir string, err error) string {

@@ -15,6 +15,9 @@
 //	                             their bytes lie ("regions")
 //	            COMMITTED        marker naming the manifest's length and CRC
 //	            BAD              present once a restore found a corrupt chunk
+//	    msglog/                  the ranks' message logs (agent/msglog, SubDir)
+//	        arena-<n>            one message's bytes
+//	        arena-<n>.rec        its record (job, rank, key, size, CRC-32C)
 //
 // A generation commits in this order: its bytes are in the arena, its
 // MANIFEST is in place, and its COMMITTED marker is renamed into place last.

@@ -518,3 +518,22 @@ func (s *Store) Drop(k Key) error {
 	}
 	return nil
 }
+
+// Owner is the user the store's files belong to (the job's).
+func (s *Store) Owner() hostmem.Owner { return s.owner }
+
+// SubDir makes <job dir>/name, a directory of the owner with mode 0700,
+// or checks the one an earlier agent made (a real directory of the owner
+// nobody else may read), and returns it; what is in it stays (the message
+// log adopts its files, agent/msglog). name must not start with "r": the
+// re-index reads those as ranks.
+func (s *Store) SubDir(name string) (string, error) {
+	if name == "" || strings.ContainsRune(name, '/') || strings.HasPrefix(name, "r") || name == LockName || name == "." || name == ".." {
+		return "", fmt.Errorf("tmpfs: %q cannot name a directory of the store", name)
+	}
+	d := filepath.Join(s.dir, name)
+	if err := s.mkdir(d); err != nil {
+		return "", err
+	}
+	return d, nil
+}

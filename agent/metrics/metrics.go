@@ -197,11 +197,13 @@ var (
 	fMemHeld      = fam("reft_memory_held_bytes", "gauge", "Payload bytes of every committed generation the store holds.")
 	fMemPinned    = fam("reft_memory_pinned_bytes", "gauge", "Arena bytes locked in memory.")
 	fChecksumFail = fam("reft_checksum_failures_total", "counter", "Corrupt snapshot chunks found (CRC-32C).")
+	fMsgLogBytes  = fam("reft_msglog_bytes", "gauge", "Payload bytes of the messages the ranks' message logs hold on this node.")
+	fMsgLogAppend = fam("reft_msglog_appended_bytes_total", "counter", "Payload bytes appended to the ranks' message logs on this node.")
 )
 
 var all = []*family{fInfo, fUptime, fSnapDur, fSnapBytes, fCommitted, fCommits, fSaveFail, fDegraded, fDegradedWhy,
 	fEncode, fReplBytes, fReplDur, fSchedChunks, fSchedSkipped, fSchedOverrun, fPeers, fPeersConn, fLost, fFailures, fDetectLat, fRestoreDur,
-	fMemBudget, fMemUsed, fMemHeld, fMemPinned, fChecksumFail}
+	fMemBudget, fMemUsed, fMemHeld, fMemPinned, fChecksumFail, fMsgLogBytes, fMsgLogAppend}
 
 // Families lists the exported family names and their types (counter,
 // gauge, histogram), for tests and the dashboard's check.
@@ -340,6 +342,9 @@ func collect(ch chan<- prometheus.Metric, st *proto.Status) {
 	} else if st.MemoryBudget > 0 {
 		g(fMemBudget, float64(st.MemoryBudget))
 	}
+	l := msgLogOf(st)
+	g(fMsgLogBytes, float64(l.Bytes))
+	c(fMsgLogAppend, float64(l.AppendedBytes))
 	m := st.Metrics
 	if m == nil {
 		return // an agent without the metrics section (older): no timings
@@ -364,6 +369,15 @@ func collect(ch chan<- prometheus.Metric, st *proto.Status) {
 	for _, src := range sortedKeys(m.RestoreSeconds) {
 		h(fRestoreDur, m.RestoreSeconds[src], src)
 	}
+}
+
+// msgLogOf is st's message log section, zero when it has none (no
+// store: nothing logged).
+func msgLogOf(st *proto.Status) proto.MsgLogStatus {
+	if st.MsgLog == nil {
+		return proto.MsgLogStatus{}
+	}
+	return *st.MsgLog
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -34,6 +34,7 @@ func status(job, node string) proto.Status {
 		Peering: &proto.Peering{State: proto.PeeringOn, Peers: []proto.PeerStatus{{Node: "n2", Connected: true}, {Node: "n3", Met: true}}},
 		Memory:  &proto.Memory{Budget: 8 << 30, InUse: 2 << 30, Held: 3 << 20, PinnedBytes: 1 << 30},
 		Store:   &proto.StoreCounters{Commits: 14, SaveFailures: 0},
+		MsgLog:  &proto.MsgLogStatus{Bytes: 5 << 20, AppendedBytes: 9 << 20},
 		Metrics: rec.Status(),
 	}
 }
@@ -147,6 +148,8 @@ func TestWriteParsesBack(t *testing.T) {
 		{"reft_memory_used_bytes", n1(), 2 << 30},
 		{"reft_memory_held_bytes", n1(), 3 << 20},
 		{"reft_snapshots_committed_total", n1(), 14},
+		{"reft_msglog_bytes", n1(), 5 << 20},
+		{"reft_msglog_appended_bytes_total", n1(), 9 << 20},
 		{"reft_agent_info", n1("spec", "arc", "version", "test"), 1},
 		{"reft_committed_step", map[string]string{"job_id": "42", "node": "n2", "rank": "0"}, 7},
 	}

@@ -68,6 +68,7 @@ var typeNames = map[Type]string{
 	THello: "hello", TStatus: "status", TRegister: "register", TSave: "save", TCommit: "commit",
 	TAbort: "abort", TGenerations: "generations", TRestore: "restore", TRelease: "release", TComm: "comm",
 	TWatch: "watch", TNotice: "notice", TProgress: "progress",
+	TLogAppend: "log_append", TLogCommit: "log_commit", TLogRead: "log_read", TLogTruncate: "log_truncate", TLogSteps: "log_steps",
 }
 
 // Requests lists the request types this package knows, for error messages
@@ -271,6 +272,9 @@ type Status struct {
 	// LostNodes are the job's nodes whose loss the agents' failure
 	// detector published, in the order this agent learned of them.
 	LostNodes []string `json:"lost_nodes,omitempty"`
+	// MsgLog is the ranks' message logs on this node (absent with
+	// snapshots off).
+	MsgLog *MsgLogStatus `json:"msglog,omitempty"`
 	// Metrics is what the agent timed and counted since it started that
 	// the sections above do not carry (agent/metrics exports both).
 	Metrics *Metrics `json:"metrics,omitempty"`

@@ -39,6 +39,12 @@
 // filesystem) every --save-every steps, and a resume from the newest
 // complete one (train.FileCheckpoint; the goodput benchmark's status quo).
 //
+// --log-messages=sync|bubble (--pp >= 2, --dp 1) makes every stage log the
+// activations and gradients it sends, for a stage-local replay after a
+// failure (docs/LOGGING.md). The log is in-process memory for now, so it
+// serves the cost measurement, not a recovery: the replay needs logs that
+// outlive the rank, which reft's agent will keep.
+//
 // Memory per rank is about 6x the stage's parameter bytes with adam/adamw
 // (parameters, float32 gradients, int64 fixed-point gradients, two moments),
 // less the moments' (dp-1)/dp under --zero1; --undo adds one float32 copy of
@@ -70,6 +76,10 @@ func main() {
 
 func run() int {
 	mpi.Init()
+	if err := errorsReturn(); err != nil {
+		fmt.Fprintln(os.Stderr, "reft-train:", err)
+		return 1
+	}
 	world, err := newMPIComm()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "reft-train: MPI_COMM_WORLD:", err)
@@ -111,9 +121,23 @@ func run() int {
 		abortWorld()
 		return 1
 	}
+	var msgLog train.MessageLog
+	if rs, ok := snap.(*reftSnap); ok && cfg.LogMessages != train.LogOff {
+		// Under reft the node's agent holds the log: it outlives this
+		// process, so a relaunch replays from it (docs/LOGGING.md).
+		msgLog = rs.messageLog()
+	} else if cfg.LogMessages != train.LogOff {
+		msgLog = train.NewMemLog(cfg.LogCap)
+		if rank0 && snap != nil {
+			fmt.Printf("message-log: --log-messages=%s keeps each rank's log in its own process memory (train.MemLog, --log-cap %d bytes): "+
+				"it does not outlive the process, so a relaunch has no logs to replay; under srun --reft the node's agent holds them (docs/LOGGING.md)\n",
+				cfg.LogMessages, cfg.LogCap)
+		}
+	}
 	opts := train.Options{
 		Comm:    world,
 		Snap:    snap,
+		MsgLog:  msgLog,
 		SnapOff: snapshotsOff,
 		Log:     os.Stdout,
 		Note:    func(msg string) { fmt.Fprintln(os.Stderr, "reft-train:", msg) },

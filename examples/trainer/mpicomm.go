@@ -45,11 +45,12 @@ func (m *mpiComm) AllReduceSumI64(buf []int64) error {
 	}
 	for off := 0; off < len(buf); off += reduceChunk {
 		end := min(off+reduceChunk, len(buf))
-		src := m.tmp[:end-off]
 		if cap(m.tmp) < end-off {
+			// A longer reduction than the first (the replay's
+			// agreement after the loss's single value).
 			m.tmp = make([]int64, end-off)
-			src = m.tmp
 		}
+		src := m.tmp[:end-off]
 		copy(src, buf[off:end])
 		if err := m.c.AllReduceI64(mpi.OpSum, buf[off:end], src); err != nil {
 			return fmt.Errorf("MPI_Allreduce of %d int64 at %d: %w", end-off, off, err)

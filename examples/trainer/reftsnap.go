@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/reft-hpc/reft/client"
 	"github.com/reft-hpc/reft/examples/trainer/train"
@@ -197,3 +198,60 @@ func agreeOver(size int, allGather func(dst, src []int64) error, onThread func()
 
 // errNotMPIThread is returned when the agreement is called off the MPI thread.
 var errNotMPIThread = errors.New("the restore agreement ran off the MPI thread: call Restore from the goroutine that initialized MPI")
+
+// RestoreLocal restores this rank's own newest generation, without the
+// agreement on a step every rank holds (train.LocalRestorer): under
+// --log-messages a stage lost with its node restores the peer copy of its
+// last snapshot while the survivors restore their JIT flush of a newer
+// step, and the trainer replays the difference from the message logs. A
+// generation the agent finds corrupt is dropped by it; the next older one
+// is tried.
+func (s *reftSnap) RestoreLocal() (int64, bool, error) {
+	ctx := context.Background()
+	steps, err := s.c.Generations(ctx)
+	if err != nil {
+		return 0, false, fmt.Errorf("listing this rank's generations: %w", err)
+	}
+	slices.Sort(steps)
+	for i := len(steps) - 1; i >= 0; i-- {
+		err := s.c.RestoreStep(ctx, steps[i])
+		if err == nil {
+			return steps[i], true, nil
+		}
+		var ae *client.Error
+		if !errors.As(err, &ae) || ae.Code != client.CodeCorrupt || i == 0 {
+			return 0, false, err
+		}
+	}
+	return 0, false, nil
+}
+
+// reftLog is the agent's message log of this rank behind train.MessageLog
+// (client.LogAppend and the rest): the messages live in the node agent's
+// memory, outside the trainer's process, so a relaunched rank's
+// neighbours still hold what it needs to replay.
+type reftLog struct{ c *client.Client }
+
+func f32bytes(v []float32) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*4)
+}
+
+func (l reftLog) Append(stream string, step int64, seq int, data []float32) error {
+	return l.c.LogAppend(stream, step, seq, f32bytes(data))
+}
+
+func (l reftLog) Read(stream string, step int64, seq int, dst []float32) error {
+	return l.c.LogRead(context.Background(), stream, step, seq, f32bytes(dst))
+}
+
+func (l reftLog) Truncate(upTo int64) error { return l.c.LogTruncate(upTo) }
+
+func (l reftLog) Steps(stream string) ([]int64, error) {
+	return l.c.LogSteps(context.Background(), stream)
+}
+
+// messageLog is the agent's message log of the session (train.MessageLog).
+func (s *reftSnap) messageLog() train.MessageLog { return reftLog{s.c} }

@@ -114,26 +114,36 @@ func relaunchFromUndo(t *testing.T, a *agenttest.Agent, crash train.Config, hash
 // runReftNote is runReft with note as every rank's train.Options.Note.
 func runReftNote(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, note func(string)) (*train.Result, string, error) {
 	t.Helper()
-	return runReftHooks(t, a, cfg, n, hooks{note: note})
+	return runReftHooks(t, a, cfg, n, hooks{note: note, flushKilled: true})
+}
+
+// runReftWith is runReftNote; flushKilled false leaves the rank that
+// --fail-at kills without a JIT flush (its node's memory lost with it,
+// as under --log-messages, where its state is not its peers' to save).
+// Under --log-messages every rank logs into the agent (reftLog).
+func runReftWith(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, note func(string), flushKilled bool) (*train.Result, string, error) {
+	t.Helper()
+	return runReftHooks(t, a, cfg, n, hooks{note: note, flushKilled: flushKilled})
 }
 
 // hooks are runReftHooks' ways into a run.
 type hooks struct {
-	note      func(string)               // every rank's train.Options.Note
-	clientLog func(rank int, msg string) // the clients' lines; nil: the client's default
-	world     func(*train.LocalWorld)    // called with the world before the ranks start
+	note        func(string)               // every rank's train.Options.Note
+	flushKilled bool                       // see runReftWith
+	clientLog   func(rank int, msg string) // the clients' lines; nil: the client's default
+	world       func(*train.LocalWorld)    // called with the world before the ranks start
 	// snap, if set, is the snapshotter the trainer gets over the session.
 	snap func(*reftSnap) train.Snapshotter
 }
 
-// runReftHooks is runReft with h.
+// runReftHooks is runReftWith with h.
 func runReftHooks(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, h hooks) (*train.Result, string, error) {
 	t.Helper()
 	w := train.NewLocalWorld(n)
 	if h.world != nil {
 		h.world(w)
 	}
-	note := h.note
+	note, flushKilled := h.note, h.flushKilled
 	res := make([]*train.Result, n)
 	errs := make([]error, n)
 	var log bytes.Buffer
@@ -168,6 +178,9 @@ func runReftHooks(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, h h
 			if h.snap != nil {
 				o.Snap = h.snap(snap)
 			}
+			if cfg.LogMessages != train.LogOff {
+				o.MsgLog = snap.messageLog()
+			}
 			if r == 0 {
 				o.Log = &log
 			}
@@ -177,7 +190,7 @@ func runReftHooks(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, h h
 				// of the last step is consistent (every rank flushes here,
 				// the killed one standing in for its state's copies on
 				// the survivors).
-				if cfg.JIT {
+				if cfg.JIT && (flushKilled || !errors.Is(errs[r], train.ErrKilled)) {
 					if err := snap.flush(errs[r]); err != nil {
 						errs[r] = errors.Join(errs[r], err)
 					}
@@ -198,7 +211,57 @@ func runReftHooks(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, h h
 	return res[0], log.String(), nil
 }
 
-var _ train.Consistency = (*reftSnap)(nil)
+var (
+	_ train.Consistency   = (*reftSnap)(nil)
+	_ train.LocalRestorer = (*reftSnap)(nil)
+	_ train.MessageLog    = reftLog{}
+)
+
+// TestReftLoggingReplay: a 3-stage pipeline logging its messages into the
+// agent (reftLog), snapshots every 4 steps; stage 1 dies at the start of
+// step 10 with no flush (its node's memory gone), so its newest generation
+// is step 8, while the survivors' JIT flushes save step 9. The relaunch
+// restores each rank's own newest (RestoreLocal), stage 1 alone replays
+// step 9 from its neighbours' logs read back from the agent, and the run
+// ends with the bits of an uninterrupted run without logging.
+func TestReftLoggingReplay(t *testing.T) {
+	for _, mode := range []string{train.LogSync, train.LogBubble} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := small()
+			cfg.PP, cfg.DP, cfg.Steps, cfg.SaveEvery, cfg.LogEvery = 3, 1, 14, 4, 1
+			ref, errs := train.RunLocal(cfg, 3, nil)
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			// The log's cap is half the node's memory budget, split among
+			// the ranks.
+			a, err := agenttest.Start(agenttest.Options{MemoryBudget: 64 << 20, Log: zerolog.New(zerolog.NewTestWriter(t))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { a.Close() })
+			crash := cfg
+			crash.LogMessages, crash.JIT = mode, true
+			crash.FailStep, crash.FailRank = 10, 1
+			if _, log, err := runReftWith(t, a, crash, 3, nil, false); !errors.Is(err, train.ErrKilled) {
+				t.Fatalf("the run with --fail-at 10:1: %v, want ErrKilled\n%s", err, log)
+			}
+			got, log, err := runReftWith(t, a, crash, 3, nil, false)
+			if err != nil {
+				t.Fatalf("relaunch: %v\n%s", err, log)
+			}
+			if got.Hash != ref[0].Hash {
+				t.Errorf("final-params-sha256 %s after the replay, %s uninterrupted\n%s", got.Hash, ref[0].Hash, log)
+			}
+			if want := "REPLAY stage 1 from 8 to 9 steps 1 "; !strings.Contains(log, want) {
+				t.Errorf("no %q line: stage 1 should replay step 9 alone\n%s", want, log)
+			}
+			if n := strings.Count(log, "REPLAY stage"); n != 1 {
+				t.Errorf("%d REPLAY lines, want 1 (only the lost stage replays)\n%s", n, log)
+			}
+		})
+	}
+}
 
 // TestReftJITResume: snapshots every 5 steps, a rank lost at the start of
 // step 13: every rank's JIT flush saves step 12 (the killed rank's stands

@@ -48,7 +48,7 @@ var clusterNodes = []string{"n1", "n2", "n3", "n4", "n5"}
 // restore (docs/RECOVERY.md, "Resumption").
 var restoreEventNames = []string{"restore_local", "restore_peer", "decode", "restore_persistent"}
 
-// nodeLossCase is one scenario: dp ranks, one per node on the first dp
+// nodeLossCase is one scenario: dp (x pp) ranks, one per node on the first
 // cluster nodes; the other cluster nodes are the spares.
 type nodeLossCase struct {
 	spec   string   // --reft of the allocation and of both steps
@@ -73,7 +73,16 @@ type nodeLossCase struct {
 	// instead of reft-train: flags and firstFlags are its flags, added
 	// to torchFlags and --steps.
 	torch bool
+	// pp, when above 1, makes the job dp x pp ranks (one per node, the
+	// stages of a DP replica on consecutive nodes) with --pp pp.
+	pp int
+	// reftFlags are flags of both reft steps, not of the uninterrupted
+	// reference (which runs without reft: --log-messages needs it).
+	reftFlags []string
 }
+
+// ranks is the job's rank count: dp x pp.
+func (c nodeLossCase) ranks() int { return c.dp * max(c.pp, 1) }
 
 // nodeLossRun is what a scenario left for the checks.
 type nodeLossRun struct {
@@ -306,6 +315,9 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 	enableReft(t)
 	flags := append(append(append([]string{}, trainFlags...), reftTrainFlags...),
 		"--steps", strconv.FormatInt(c.steps, 10), "--dp", strconv.Itoa(c.dp))
+	if c.pp > 1 {
+		flags = append(flags, "--pp", strconv.Itoa(c.pp))
+	}
 	task := func(flags []string) []string { return append([]string{bin("reft-train")}, flags...) }
 	if c.torch {
 		flags = append(append([]string{}, torchFlags...), "--steps", strconv.FormatInt(c.steps, 10))
@@ -316,11 +328,12 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 	if c.torch {
 		ref = torchReferenceRun(t, c.dp, flags)
 	} else {
-		ref = referenceRun(t, c.dp, flags)
+		ref = referenceRun(t, c.ranks(), flags)
 	}
+	flags = append(flags, c.reftFlags...)
 
-	nodes := clusterNodes[:c.dp]
-	spares := clusterNodes[c.dp:]
+	nodes := clusterNodes[:c.ranks()]
+	spares := clusterNodes[c.ranks():]
 	if len(spares) < len(c.kill) {
 		t.Fatalf("%d spares for %d lost nodes", len(spares), len(c.kill))
 	}
@@ -420,7 +433,7 @@ func nodeLoss(t *testing.T, c nodeLossCase) nodeLossRun {
 			t.Fatalf("job %s still holds %v 90 s after they died: %v", job, c.kill, left)
 		}
 	}
-	committed, newest := committedAtFailure(t, job, nodes, c.dp)
+	committed, newest := committedAtFailure(t, job, nodes, c.ranks())
 	if c.every <= 1 && committed >= 0 && committed < lastLogged-1 {
 		t.Errorf("the agents logged step %d as the newest that every rank committed, but rank 0 logged step %d, which every rank enters only after committing step %d",
 			committed, lastLogged, lastLogged-1)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -91,13 +90,6 @@ func BenchmarkReplicationInterference(b *testing.B) {
 	}
 }
 
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
-
 // writeBenchConf writes the e2e reft.toml with background_schedule
 // (empty: the default); the agents read it at the job's start.
 func writeBenchConf(t testing.TB, path, schedule string) {
@@ -112,30 +104,6 @@ func writeBenchConf(t testing.TB, path, schedule string) {
 	if err := os.WriteFile(path, base, 0o644); err != nil {
 		t.Fatal(err)
 	}
-}
-
-var meanStepRe = regexp.MustCompile(`(?m)^mean-step-ms: ([0-9.]+)$`)
-var benchJobRe = regexp.MustCompile(`(?m)^job=(\d+)$`)
-
-// benchTrain runs reft-train on nodes, one rank each, and returns the job
-// id and rank 0's mean step time.
-func benchTrain(t testing.TB, nodes []string, reft string, flags []string) (string, float64) {
-	t.Helper()
-	sh := `[ "$SLURM_PROCID" = 0 ] && echo job=$SLURM_JOB_ID; exec "$0" "$@"`
-	args := append([]string{"srun", "--mpi=pmix", reft, "-w", strings.Join(nodes, ","), "-N" + strconv.Itoa(len(nodes)), "-n" + strconv.Itoa(len(nodes)),
-		"sh", "-c", sh, bin("reft-train")}, flags...)
-	r := mustRun(t, 5*time.Minute, alice, args...)
-	j := benchJobRe.FindStringSubmatch(r.Stdout)
-	m := meanStepRe.FindAllStringSubmatch(r.Stdout, -1)
-	if j == nil || len(m) == 0 {
-		t.Fatalf("no job id or mean-step-ms line:\n%s", r)
-	}
-	var worst float64
-	for _, x := range m { // every rank prints one: take the slowest, which the job waits for
-		v, _ := strconv.ParseFloat(x[1], 64)
-		worst = max(worst, v)
-	}
-	return j[1], worst
 }
 
 // replicationSummary checks that job's agents committed replicas and, for

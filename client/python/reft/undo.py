@@ -292,7 +292,7 @@ class UpdateUndo:
             else:
                 out[i] = 0.0  # no state yet: the step creates the count at 0 and adds 1
         for items in on.values():
-            vals = torch.stack([v.reshape(()).to(torch.float64) for _, v in items]).tolist()
+            vals = torch.stack([v.reshape(()) for _, v in items]).tolist()  # one copy, not one per tensor
             for (i, _), x in zip(items, vals):
                 out[i] = x
         return out

@@ -141,6 +141,14 @@ func (c *localComm) exchange(v any) ([]any, error) {
 	case <-r.done:
 		return r.vals, nil
 	case <-c.w.abort:
+		// A round that every member reached has its result, as an MPI
+		// collective that completed before a peer died: select picks
+		// at random when both are ready.
+		select {
+		case <-r.done:
+			return r.vals, nil
+		default:
+		}
 		return nil, ErrAborted
 	}
 }

@@ -112,7 +112,27 @@ type Config struct {
 	// SaveEvery steps instead of snapshotting with reft (FileCheckpoint:
 	// the status quo of the goodput benchmark).
 	CkptDir string
+	// LogMessages (--log-messages) makes every pipeline stage log the
+	// activations and gradients it sends (LogSync or LogBubble; LogOff:
+	// none), so that a stage lost with its node replays from its older
+	// snapshot to the survivors' step (replay.go, docs/LOGGING.md). It
+	// changes no result.
+	LogMessages string
+	// LogCap bounds the in-process message log's bytes (--log-cap).
+	LogCap int64
 }
+
+// Message logging modes (--log-messages).
+const (
+	LogOff = ""
+	// LogSync appends each message to the log right after its send, on
+	// the training goroutine.
+	LogSync = "sync"
+	// LogBubble hands each sent message to a background goroutine at the
+	// rank's next wait for a message (a pipeline bubble), and waits for
+	// the copy only before the send buffer is written again.
+	LogBubble = "bubble"
+)
 
 // Defaults returns the configuration that ParseArgs starts from.
 func Defaults() Config {
@@ -122,6 +142,7 @@ func Defaults() Config {
 		SaveEvery: 1, // a failure then costs at most one step of work
 		Hints:     true,
 		JIT:       true,
+		LogCap:    DefaultLogCap,
 	}
 }
 
@@ -141,6 +162,10 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 		"until a JIT flush interrupts it (a failure inside the update, for tests), only in a run that did not resume; needs --undo and --jit")
 	holdBefore := fs.String("hold-before-update", "", "STEP:RANK[,RANK...]: those ranks stop after the gradient all-reduce of STEP, before its update, "+
 		"until a JIT flush steps back, and stay blocked until the job ends (survivors on either side of a step boundary, for tests), only in a run that did not resume; needs --undo and --jit")
+	logMsgs := fs.String("log-messages", "off", "off, sync or bubble: every pipeline stage logs the activations and gradients it sends "+
+		"(needs --pp >= 2 and --dp 1), so that a lost stage replays from its snapshot while the others keep their step (docs/LOGGING.md); "+
+		"sync appends after each send, bubble while the rank waits for a message")
+	logCap := fs.String("log-cap", "1GiB", "bound on the bytes of this rank's in-process message log (--log-messages)")
 	fail := fs.String("fail-at", "", "STEP:RANK: that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
 	slow := fs.String("slow-at", "", "STEP:DURATION: every rank sleeps DURATION more at the end of STEP (a slow step; e.g. 12:2s)")
 	straggle := fs.String("slow-rank", "", "RANK:DURATION: that rank computes DURATION longer in every step, before the all-reduce (a straggler; e.g. 2:100ms)")
@@ -186,6 +211,17 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 		return c, fmt.Errorf("--size: %w", err)
 	}
 	c.SizeBytes = n
+	switch *logMsgs {
+	case "off":
+		c.LogMessages = LogOff
+	case LogSync, LogBubble:
+		c.LogMessages = *logMsgs
+	default:
+		return c, fmt.Errorf("--log-messages %q: use off, sync or bubble", *logMsgs)
+	}
+	if c.LogCap, err = ParseSize(*logCap); err != nil {
+		return c, fmt.Errorf("--log-cap: %w", err)
+	}
 	if *fail != "" {
 		if c.FailStep, c.FailRank, err = parseFailAt(*fail); err != nil {
 			return c, fmt.Errorf("--fail-at: %w", err)
@@ -325,6 +361,9 @@ func (c *Config) check() error {
 	case c.FailStep < 0 || c.FailRank < 0:
 		return fmt.Errorf("--fail-at %d:%d: must be STEP:RANK with STEP >= 1", c.FailStep, c.FailRank)
 	}
+	if err := c.checkLogging(); err != nil {
+		return err
+	}
 	if c.Undo {
 		if err := checkUndo(c); err != nil {
 			return err
@@ -369,6 +408,13 @@ func (c *Config) Validate(world int) error {
 				"(--dp >= 2, --pp 1, no --zero1; docs/UNDO.md)", c.DP, c.PP, c.Zero1)
 		}
 	}
+	if c.LogMessages != LogOff && c.DP > 1 {
+		// SWIFT's rule: replicas when they exist, logging only for the
+		// stages that have none.
+		return fmt.Errorf("--log-messages with --dp %d: every pipeline stage has %d data-parallel replicas, and a stage lost with its node "+
+			"is restored from a replica's copy (SWIFT uses replicas where they exist, logging only for stages without one); "+
+			"logging would add cost and protect nothing more: drop --log-messages, or run --dp 1", c.DP, c.DP)
+	}
 	if c.Micro == 0 {
 		if c.Batch%c.DP != 0 {
 			return fmt.Errorf("--batch %d is not divisible by --dp %d: pick a batch that is a multiple of dp", c.Batch, c.DP)
@@ -397,6 +443,26 @@ func (c *Config) Validate(world int) error {
 	// MPI counts are C ints.
 	if per := int64(c.Layers/c.PP+1) * int64(c.Width()) * int64(c.Width()+1); per >= math.MaxInt32 {
 		return fmt.Errorf("--size %d: a pipeline stage would hold %d parameters, over MPI's 2^31 count limit: raise --pp", c.SizeBytes, per)
+	}
+	return nil
+}
+
+// checkLogging validates --log-messages against the other flags.
+func (c *Config) checkLogging() error {
+	switch c.LogMessages {
+	case LogOff:
+		return nil
+	case LogSync, LogBubble:
+	default:
+		return fmt.Errorf("--log-messages %q: use off, sync or bubble", c.LogMessages)
+	}
+	switch {
+	case c.PP < 2:
+		return fmt.Errorf("--log-messages needs --pp >= 2: it logs the activations and gradients pipeline stages send each other, and --pp %d sends none", c.PP)
+	case c.SaveEvery < 1:
+		return fmt.Errorf("--log-messages needs --save-every >= 1: a lost stage replays from its snapshot, and the logs are truncated as snapshots commit")
+	case c.LogCap < 1:
+		return fmt.Errorf("--log-cap %d: must be positive (e.g. 1GiB)", c.LogCap)
 	}
 	return nil
 }

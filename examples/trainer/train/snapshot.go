@@ -87,6 +87,16 @@ type Interval interface {
 	Every() int
 }
 
+// LocalRestorer is an optional interface of a Snapshotter that restores
+// this rank's own newest generation, without Restore's agreement on a step
+// every rank holds. Under --log-messages the trainer restores with it: the
+// ranks then hold different steps, agree on the newest (an all-reduce), and
+// the ones behind replay from their neighbours' message logs (replay.go).
+// It is collective in no way; call it after every Register.
+type LocalRestorer interface {
+	RestoreLocal() (step int64, ok bool, err error)
+}
+
 // OptimizerState is what an AOR replica of a ZeRO-1 optimizer shard needs
 // (the register message's "aor" object, docs/PROTOCOL.md).
 type OptimizerState struct {
@@ -161,6 +171,19 @@ func (s *MemStore) Generations() []int64 {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
+}
+
+// Lose drops rank's generations newer than keep, as the loss of its node
+// does when only the peer copy of generation keep (or none, keep 0)
+// survives elsewhere.
+func (s *MemStore) Lose(rank int, keep int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for step, ranks := range s.gens {
+		if step > keep {
+			delete(ranks, rank)
+		}
+	}
 }
 
 type memBuf struct {
@@ -293,20 +316,41 @@ func (m *memSnap) Restore() (int64, bool, error) {
 		return 0, false, nil
 	}
 	step := gens[len(gens)-1]
+	return step, true, m.restore(step)
+}
+
+// restore fills the registered buffers from this rank's generation step.
+func (m *memSnap) restore(step int64) error {
 	m.store.mu.Lock()
 	defer m.store.mu.Unlock()
 	g := m.store.gens[step][m.rank]
 	for _, b := range m.bufs {
 		src, ok := g[b.name]
 		if !ok {
-			return 0, false, fmt.Errorf("restore generation %d: rank %d has no buffer %q", step, m.rank, b.name)
+			return fmt.Errorf("restore generation %d: rank %d has no buffer %q", step, m.rank, b.name)
 		}
 		if len(src) != len(b.buf) {
-			return 0, false, fmt.Errorf("restore generation %d: buffer %q has %d bytes, registered %d", step, b.name, len(src), len(b.buf))
+			return fmt.Errorf("restore generation %d: buffer %q has %d bytes, registered %d", step, b.name, len(src), len(b.buf))
 		}
 		copy(b.buf, src)
 	}
-	return step, true, nil
+	return nil
+}
+
+// RestoreLocal restores this rank's newest generation (LocalRestorer).
+func (m *memSnap) RestoreLocal() (int64, bool, error) {
+	m.store.mu.Lock()
+	step, ok := int64(0), false
+	for st, ranks := range m.store.gens {
+		if _, has := ranks[m.rank]; has && st > step {
+			step, ok = st, true
+		}
+	}
+	m.store.mu.Unlock()
+	if !ok {
+		return 0, false, nil
+	}
+	return step, true, m.restore(step)
 }
 
 func (m *memSnap) Close() error {

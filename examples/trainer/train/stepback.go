@@ -78,13 +78,9 @@ func (t *trainer) stepBack(ctx context.Context, step int64) (int64, func() error
 		return 0, nil, fmt.Errorf("the trainer reached no collective and did not stop in time: %w", ctx.Err())
 	}
 	unlock := func() { <-t.gate }
-	if t.pending != nil {
-		err := t.pending.Wait() // the trainer's save reads the buffers
-		t.pending = nil
-		if err != nil {
-			unlock()
-			return 0, nil, fmt.Errorf("the trainer's save in flight failed: %w", err)
-		}
+	if err := t.waitSave(); err != nil { // the trainer's save reads the buffers
+		unlock()
+		return 0, nil, fmt.Errorf("the trainer's save in flight failed: %w", err)
 	}
 	switch {
 	case t.state[0] != step:

@@ -429,13 +429,13 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestParseArgs(t *testing.T) {
-	c, err := ParseArgs(strings.Fields("--steps 5 --size 1MiB --optimizer adamw --lr 0.01 --seed 9 --batch 8 --dp 2 --pp 2 --zero1 --save-every 2 --hints=false --jit=false --min-step 20ms --compute 7ms --fail-at 3:1 --slow-at 4:1s --slow-rank 1:5ms --log-every 1"), nil)
+	c, err := ParseArgs(strings.Fields("--steps 5 --size 1MiB --optimizer adamw --lr 0.01 --seed 9 --batch 8 --dp 2 --pp 2 --zero1 --save-every 2 --hints=false --jit=false --min-step 20ms --compute 7ms --fail-at 3:1 --slow-at 4:1s --slow-rank 1:5ms --log-every 1 --log-messages bubble --log-cap 64MiB"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Config{Steps: 5, SizeBytes: 1 << 20, Layers: 4, Optimizer: AdamW, LR: 0.01, WeightDecay: 0.01, Momentum: 0.9,
 		Seed: 9, Batch: 8, DP: 2, PP: 2, Zero1: true, SaveEvery: 2, FailStep: 3, FailRank: 1, LogEvery: 1, MinStep: 20 * time.Millisecond, Compute: 7 * time.Millisecond,
-		SlowAt: 4, SlowStep: time.Second, SlowRank: 1, SlowRankBy: 5 * time.Millisecond}
+		SlowAt: 4, SlowStep: time.Second, SlowRank: 1, SlowRankBy: 5 * time.Millisecond, LogMessages: LogBubble, LogCap: 64 << 20}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got %+v\nwant %+v", c, want)
 	}
@@ -488,6 +488,11 @@ func TestBadFlags(t *testing.T) {
 		{"--hold-before-update 5:0,1 --undo", 2, "at least one must finish the step"},
 		{"--hold-before-update 5:1 --undo --zero1", 2, "covers plain data parallelism only"},
 		{"--hold-before-update 5:1 --undo --pp 2", 4, "covers plain data parallelism only"},
+		{"--log-messages always --pp 2", 2, "use off, sync or bubble"},
+		{"--log-messages sync", 1, "needs --pp >= 2"},
+		{"--log-messages bubble --pp 2 --save-every 0", 2, "needs --save-every >= 1"},
+		{"--log-messages sync --pp 2 --log-cap 0", 2, "--log-cap"},
+		{"--log-messages sync --pp 2", 4, "--dp 2: every pipeline stage has 2 data-parallel replicas"},
 	} {
 		t.Run(tc.args, func(t *testing.T) {
 			c, err := ParseArgs(strings.Fields(tc.args), nil)

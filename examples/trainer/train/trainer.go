@@ -31,6 +31,8 @@ type Options struct {
 	beforeTensor func(step int64, seg int) error
 	// Note receives each rank's own lines (--hold-in-update's); nil: none.
 	Note func(msg string)
+	// MsgLog is this rank's message log, required under --log-messages.
+	MsgLog MessageLog
 }
 
 // Result is what a rank reports after training.
@@ -44,6 +46,15 @@ type Result struct {
 	SaveBlockedMs float64
 	Clamped       int64       // gradient values clamped to the fixed-point range, whole job
 	Params        [][]float32 // this rank's stage parameters, one slice per tensor
+	// Replayed is the number of steps this rank replayed from its
+	// neighbours' message logs after a restore (ReplayFrom+1 .. ReplayFrom+
+	// Replayed), in ReplaySeconds; 0 when it did not replay.
+	Replayed      int64
+	ReplayFrom    int64
+	ReplaySeconds float64
+	// LogBytes is what this rank put in its message log; LogBubbleBytes
+	// the part handed to the log in a pipeline bubble (--log-messages=bubble).
+	LogBytes, LogBubbleBytes int64
 }
 
 // StepLoss is one logged loss.
@@ -116,8 +127,6 @@ type trainer struct {
 	// a JIT flush's step-back (stepBack). holding: the trainer holds it.
 	gate    chan struct{}
 	holding bool
-	// pending is the trainer's save in flight; read and written under gate.
-	pending Waiter
 	// stepped is closed when a JIT flush's step-back has run (it ends
 	// --hold-before-update's hold).
 	stepped     chan struct{}
@@ -131,6 +140,17 @@ type trainer struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	note     func(string) // Options.Note; never nil
+
+	mlog     *sendLog    // nil without --log-messages
+	sentGrad [][]float32 // under --log-messages: per local microbatch, the gradient sent to the previous stage
+	// The step path's snapshot state (step).
+	snap        Snapshotter
+	cons        Consistency
+	pending     Waiter // the last Save, not yet waited for; read and written under gate
+	pendingStep int64
+	lastGen     int64 // the newest generation known committed; 0: none
+	blocked     time.Duration
+	saves       int64
 }
 
 // UndoneError is Run's error when a step's optimizer update was
@@ -161,7 +181,18 @@ func Run(cfg Config, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return t.run(o)
+	res, err := t.run(o)
+	if t.mlog != nil {
+		// Also when training failed: what was sent is logged before
+		// Run returns (SWIFT flushes its logging queue at a failure).
+		if lerr := t.mlog.close(); lerr != nil && err == nil {
+			err = fmt.Errorf("message log: %w", lerr)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
 }
 
 func newTrainer(cfg Config, o Options) (*trainer, error) {
@@ -253,6 +284,23 @@ func newTrainer(cfg Config, o Options) (*trainer, error) {
 		t.acts[i] = make([]float32, (len(t.layers)+1)*cfg.Micro*h)
 	}
 	t.gbuf, t.gbuf2 = make([]float32, cfg.Micro*h), make([]float32, cfg.Micro*h)
+	if cfg.LogMessages != LogOff {
+		if o.MsgLog == nil {
+			return nil, errors.New("--log-messages: no message log configured (Options.MsgLog)")
+		}
+		if o.Snap == nil {
+			return nil, errors.New("--log-messages needs snapshots: a lost stage replays from its snapshot, and the logs are truncated as snapshots commit; " +
+				"launch under reft (srun --reft=...) or with --ckpt-dir, or drop --log-messages")
+		}
+		// A separate buffer per microbatch for the gradient sent back, so
+		// that the bubble-time copy can read it while later microbatches
+		// compute (the activations sent forward have theirs in t.acts).
+		t.sentGrad = make([][]float32, local)
+		for i := range t.sentGrad {
+			t.sentGrad[i] = make([]float32, cfg.Micro*h)
+		}
+		t.mlog = newSendLog(o.MsgLog, cfg.LogMessages == LogBubble, local)
+	}
 	t.state = []int64{0, 0, cfg.fingerprint()}
 	return t, nil
 }
@@ -316,6 +364,7 @@ func (t *trainer) run(o Options) (*Result, error) {
 	cfg := &t.cfg
 	res := &Result{}
 	start := int64(1)
+	var plan *replayPlan
 	if o.Snap == nil {
 		off := o.SnapOff
 		if off == "" {
@@ -340,7 +389,17 @@ func (t *trainer) run(o Options) (*Result, error) {
 			return nil, fmt.Errorf("register snapshot buffers: %w", err)
 		}
 		t.installStepBack(o.Snap)
-		step, ok, err := o.Snap.Restore()
+		restore := o.Snap.Restore
+		lr, local := o.Snap.(LocalRestorer)
+		if t.mlog != nil {
+			if local {
+				restore = lr.RestoreLocal
+			} else {
+				fmt.Fprintln(t.log, "message logging: this snapshotter restores only a step that every rank holds, so a failure rolls every stage back "+
+					"and the logs are not replayed (replay needs a per-rank restore, train.LocalRestorer: reft's snapshots have one, --ckpt-dir does not; docs/LOGGING.md)")
+			}
+		}
+		step, ok, err := restore()
 		if err != nil {
 			return nil, fmt.Errorf("restore: %w", err)
 		}
@@ -353,8 +412,14 @@ func (t *trainer) run(o Options) (*Result, error) {
 			}
 			res.ResumedFrom = step
 			t.resumed = true
+			t.lastGen = step
 			start = step + 1
 			fmt.Fprintf(t.log, "resumed from step %d\n", step)
+		}
+		if t.mlog != nil && local {
+			if plan, err = t.agree(res.ResumedFrom); err != nil {
+				return nil, err
+			}
 		}
 	}
 	fmt.Fprintf(t.log, "reft-train: %d layers of width %d (%d parameters, %d bytes), dp %d pp %d zero1 %v, optimizer %s, batch %d in %d microbatches\n",
@@ -363,9 +428,10 @@ func (t *trainer) run(o Options) (*Result, error) {
 
 	// JIT flush: the snapshotter may save the newest consistent step when
 	// a failure is detected; it must know when the buffers hold one.
-	cons, _ := o.Snap.(Consistency)
-	if cons != nil && res.ResumedFrom > 0 {
-		cons.Consistent(res.ResumedFrom)
+	t.snap = o.Snap
+	t.cons, _ = o.Snap.(Consistency)
+	if t.cons != nil && res.ResumedFrom > 0 {
+		t.cons.Consistent(res.ResumedFrom)
 	}
 	t.lockGate()
 	defer func() {
@@ -373,15 +439,18 @@ func (t *trainer) run(o Options) (*Result, error) {
 			t.unlockGate() // a flush's step-back may come after Run
 		}
 	}()
+	if plan != nil && plan.needed() {
+		if err := t.replay(plan, res); err != nil {
+			return nil, err
+		}
+		start = plan.to + 1
+	}
 	var total time.Duration
 	var ran int64
-	// What training waited for its snapshots or checkpoints: Save plus
-	// the wait for the previous one before the update (the goodput
-	// benchmark's time blocked per save).
-	var blocked time.Duration
-	var saves int64
+	first, last := t.pipe == 0, t.pipe == cfg.PP-1
+	live := stageIO{sendAct: !last, sendGrad: !first}
 	for step := start; step <= cfg.Steps; step++ {
-		if res.ResumedFrom == 0 && step == cfg.FailStep && t.rank == cfg.FailRank {
+		if !t.resumed && step == cfg.FailStep && t.rank == cfg.FailRank {
 			fmt.Fprintf(t.log, "fail-at: rank %d kills itself at step %d\n", t.rank, step)
 			if o.Kill == nil {
 				return nil, fmt.Errorf("step %d: %w", step, ErrKilled)
@@ -391,70 +460,8 @@ func (t *trainer) run(o Options) (*Result, error) {
 			}
 		}
 		t0 := time.Now()
-		if err := t.computeGradients(step); err != nil {
-			return nil, fmt.Errorf("step %d: %w", step, err)
-		}
-		if cfg.Compute > 0 {
-			time.Sleep(cfg.Compute)
-		}
-		if cfg.SlowRankBy > 0 && t.rank == cfg.SlowRank {
-			time.Sleep(cfg.SlowRankBy)
-		}
-		if t.comm != nil {
-			t.comm.CommPhase(true, "gradient all-reduce")
-		}
-		// The all-reduce touches only t.acc: a flush's step-back may run
-		// meanwhile, while a failed peer keeps this rank blocked here.
-		t.unlockGate()
-		err := t.dpc.AllReduceSumI64(t.acc)
-		if t.comm != nil {
-			t.comm.CommPhase(false, "")
-		}
-		if err != nil {
-			return nil, fmt.Errorf("step %d: gradient allreduce: %w", step, err)
-		}
-		if err := t.holdBeforeUpdate(step); err != nil {
-			return nil, fmt.Errorf("step %d: %w", step, err)
-		}
-		t.lockGate()
-		// The previous save must have read the buffers before they change.
-		if t.pending != nil {
-			tw := time.Now()
-			if err := t.pending.Wait(); err != nil {
-				return nil, fmt.Errorf("step %d: wait for snapshot: %w", step, err)
-			}
-			blocked += time.Since(tw)
-			t.pending = nil
-		}
-		if cons != nil {
-			cons.Updating()
-		}
-		if err := t.update(); err != nil {
-			var ue *UndoneError
-			if errors.As(err, &ue) {
-				fmt.Fprintf(t.log, "undo: step %d's update was interrupted (%v): undid %d tensors, the state is step %d\n", step, ue.Err, ue.Tensors, ue.Step)
-				if cons != nil {
-					cons.Consistent(ue.Step)
-				}
-			}
-			return nil, fmt.Errorf("step %d: %w", step, err)
-		}
-		t.state[0] = step
-		if cons != nil {
-			cons.Consistent(step)
-		}
-		if o.Snap != nil && cfg.SaveEvery > 0 && step%cfg.SaveEvery == 0 {
-			ts := time.Now()
-			w, err := o.Snap.Save(step)
-			if err != nil {
-				return nil, fmt.Errorf("step %d: save: %w", step, err)
-			}
-			blocked += time.Since(ts)
-			saves++
-			t.pending = w
-		}
-		if c := cfg; !t.resumed && step == c.HoldBeforeStep && !slices.Contains(c.HoldBeforeRanks, t.rank) {
-			t.note(fmt.Sprintf("hold-before-update: rank %d finished step %d", t.rank, step))
+		if err := t.step(step, live); err != nil {
+			return nil, err
 		}
 		if step%cfg.LogEvery == 0 || step == cfg.Steps {
 			loss, err := t.loss()
@@ -473,12 +480,18 @@ func (t *trainer) run(o Options) (*Result, error) {
 		total += time.Since(t0)
 		ran++
 	}
-	if t.pending != nil {
-		tw := time.Now()
-		if err := t.pending.Wait(); err != nil {
-			return nil, fmt.Errorf("wait for last snapshot: %w", err)
+	if err := t.waitSave(); err != nil {
+		return nil, fmt.Errorf("wait for last snapshot: %w", err)
+	}
+	if t.mlog != nil {
+		if err := t.mlog.drain(); err != nil {
+			return nil, fmt.Errorf("message log: %w", err)
 		}
-		blocked += time.Since(tw)
+		res.LogBytes, res.LogBubbleBytes = t.mlog.bytes, t.mlog.bubbleBytes
+		if cfg.LogMessages == LogBubble && res.LogBytes > 0 {
+			fmt.Fprintf(t.log, "message-log: rank %d logged %d bytes, %.1f%% of them handed to the log in a pipeline bubble\n",
+				t.rank, res.LogBytes, 100*float64(res.LogBubbleBytes)/float64(res.LogBytes))
+		}
 	}
 	clamped := []int64{t.clamped}
 	t.unlockGate() // a survivor of a failure after the last step waits here
@@ -503,9 +516,9 @@ func (t *trainer) run(o Options) (*Result, error) {
 		res.Params = append(res.Params, l.w, l.b)
 	}
 	fmt.Fprintf(t.log, "mean-step-ms: %.3f\n", res.MeanStepMs)
-	if saves > 0 {
-		res.SaveBlockedMs = float64(blocked.Microseconds()) / 1e3 / float64(saves)
-		fmt.Fprintf(t.log, "save-blocked-ms: %.3f per save, %d saves\n", res.SaveBlockedMs, saves)
+	if t.saves > 0 {
+		res.SaveBlockedMs = float64(t.blocked.Microseconds()) / 1e3 / float64(t.saves)
+		fmt.Fprintf(t.log, "save-blocked-ms: %.3f per save, %d saves\n", res.SaveBlockedMs, t.saves)
 	}
 	if t.rank == 0 {
 		fmt.Fprintf(t.log, "final-params-sha256: %s\n", hash)
@@ -515,10 +528,136 @@ func (t *trainer) run(o Options) (*Result, error) {
 	return res, nil
 }
 
+// stageIO says which of a step's messages go to the neighbouring stages:
+// all of them in training; in a replay only those to a neighbour that
+// replays too (the others hold the step already, and the message goes to
+// the log only).
+type stageIO struct {
+	sendAct  bool // activations to the next stage
+	sendGrad bool // gradients to the previous stage
+}
+
+// step runs step: forward and backward (io), the gradient all-reduce, the
+// optimizer update, and a snapshot when one is due. What training waits
+// for its snapshots (Save, and the wait for the previous one before the
+// update) adds to t.blocked: the goodput benchmark's time blocked per save.
+func (t *trainer) step(step int64, io stageIO) error {
+	cfg := &t.cfg
+	if err := t.computeGradients(step, io); err != nil {
+		return fmt.Errorf("step %d: %w", step, err)
+	}
+	if cfg.Compute > 0 {
+		time.Sleep(cfg.Compute)
+	}
+	if cfg.SlowRankBy > 0 && t.rank == cfg.SlowRank {
+		time.Sleep(cfg.SlowRankBy)
+	}
+	if t.comm != nil {
+		t.comm.CommPhase(true, "gradient all-reduce")
+	}
+	// The all-reduce touches only t.acc: a flush's step-back may run
+	// meanwhile, while a failed peer keeps this rank blocked here.
+	t.unlockGate()
+	err := t.dpc.AllReduceSumI64(t.acc)
+	if t.comm != nil {
+		t.comm.CommPhase(false, "")
+	}
+	if err != nil {
+		return fmt.Errorf("step %d: gradient allreduce: %w", step, err)
+	}
+	if err := t.holdBeforeUpdate(step); err != nil {
+		return fmt.Errorf("step %d: %w", step, err)
+	}
+	t.lockGate()
+	// The previous save must have read the buffers before they change.
+	if err := t.waitSave(); err != nil {
+		return fmt.Errorf("step %d: wait for snapshot: %w", step, err)
+	}
+	if t.cons != nil {
+		t.cons.Updating()
+	}
+	if err := t.update(); err != nil {
+		var ue *UndoneError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(t.log, "undo: step %d's update was interrupted (%v): undid %d tensors, the state is step %d\n", step, ue.Err, ue.Tensors, ue.Step)
+			if t.cons != nil {
+				t.cons.Consistent(ue.Step)
+			}
+		}
+		return fmt.Errorf("step %d: %w", step, err)
+	}
+	t.state[0] = step
+	if t.mlog != nil && t.cons != nil {
+		// A JIT flush saves the step declared consistent, and a stage lost
+		// meanwhile replays up to it from this rank's log: every message
+		// the step sent must be in the log first. Under bubble logging the
+		// ones sent since the rank last waited are still held (the last
+		// stage's gradients, sent after its last receive, and then a world
+		// collective is no bubble): they go to the log here. (Seen on the
+		// cluster: the last stage flushed step 14 while its log ended at
+		// 13, and the replay of the lost stage could not reach 14.)
+		if err := t.mlog.drain(); err != nil {
+			return fmt.Errorf("step %d: message log: %w", step, err)
+		}
+	}
+	if t.cons != nil {
+		t.cons.Consistent(step)
+	}
+	if t.mlog != nil {
+		if err := t.mlog.check(); err != nil {
+			return fmt.Errorf("step %d: message log: %w", step, err)
+		}
+	}
+	if t.snap != nil && cfg.SaveEvery > 0 && step%cfg.SaveEvery == 0 {
+		ts := time.Now()
+		w, err := t.snap.Save(step)
+		if err != nil {
+			return fmt.Errorf("step %d: save: %w", step, err)
+		}
+		t.blocked += time.Since(ts)
+		t.saves++
+		t.pending, t.pendingStep = w, step
+	}
+	if c := cfg; !t.resumed && step == c.HoldBeforeStep && !slices.Contains(c.HoldBeforeRanks, t.rank) {
+		t.note(fmt.Sprintf("hold-before-update: rank %d finished step %d", t.rank, step))
+	}
+	return nil
+}
+
+// waitSave waits for the pending save, if any; once it has committed, the
+// message log drops what no restore can need any more: a message of step s
+// is needed until its receiver holds a generation >= s that survives the
+// loss of a node, and the newest generation may be the one lost with the
+// receiver's node before its peer copy landed, so the log keeps every step
+// after the second newest generation (docs/LOGGING.md).
+func (t *trainer) waitSave() error {
+	if t.pending == nil {
+		return nil
+	}
+	tw := time.Now()
+	err := t.pending.Wait()
+	t.blocked += time.Since(tw)
+	t.pending = nil
+	if err != nil {
+		return err
+	}
+	if t.mlog != nil {
+		if t.lastGen > 0 {
+			if err := t.mlog.log.Truncate(t.lastGen); err != nil {
+				return fmt.Errorf("truncate the message log up to step %d: %w", t.lastGen, err)
+			}
+		}
+		t.lastGen = t.pendingStep
+	}
+	return nil
+}
+
 // computeGradients runs forward and backward over this rank's microbatches
 // (GPipe order: all forwards, then all backwards) and leaves their
 // fixed-point gradient sum in t.acc, the loss sum in its last element.
-func (t *trainer) computeGradients(step int64) error {
+// io says which messages are sent; under --log-messages every message this
+// stage produces for a neighbour goes to its log, sent or not.
+func (t *trainer) computeGradients(step int64, io stageIO) error {
 	cfg, h, n := &t.cfg, t.width, t.cfg.Micro
 	clear(t.acc)
 	firstStage, lastStage := t.pipe == 0, t.pipe == cfg.PP-1
@@ -533,21 +672,34 @@ func (t *trainer) computeGradients(step int64) error {
 			for s := 0; s < n; s++ {
 				sampleInput(cfg.Seed, step, (mb0+m)*n+s, x[s*h:(s+1)*h])
 			}
-		} else if err := t.world.RecvF32(prev, tagAct, x); err != nil {
+		} else if err := t.recv(prev, tagAct, x); err != nil {
 			return fmt.Errorf("receive activations from rank %d: %w", prev, err)
 		}
 		for k, l := range t.layers {
+			if k == L-1 && t.mlog != nil {
+				// act(m, L) was sent last step; its copy must be done.
+				if err := t.mlog.fence(&t.mlog.act[m]); err != nil {
+					return err
+				}
+			}
 			l.forward(act(m, k), act(m, k+1), n, cfg.Threads)
 		}
-		if !lastStage {
+		if io.sendAct {
 			if err := t.world.SendF32(next, tagAct, act(m, L)); err != nil {
 				return fmt.Errorf("send activations to rank %d: %w", next, err)
 			}
 		}
+		if !lastStage && t.mlog != nil {
+			if err := t.mlog.sent(&t.mlog.act[m], actStream(next), step, m, act(m, L)); err != nil {
+				return err
+			}
+		}
 	}
-	gy, gx := t.gbuf, t.gbuf2
 	in, tgt := make([]float32, h), make([]float32, h)
 	for m := 0; m < local; m++ {
+		// Which of the two buffers holds what does not change a value:
+		// each is written whole before it is read.
+		gy, gx := t.gbuf, t.gbuf2
 		if lastStage {
 			// Loss 1/B sum_s mean_j (y-t)^2 over the global batch B.
 			y := act(m, L)
@@ -569,7 +721,7 @@ func (t *trainer) computeGradients(step int64) error {
 				t.clamped++
 			}
 			t.acc[len(t.acc)-1] += v
-		} else if err := t.world.RecvF32(next, tagGrad, gy); err != nil {
+		} else if err := t.recv(next, tagGrad, gy); err != nil {
 			return fmt.Errorf("receive gradients from rank %d: %w", next, err)
 		}
 		clear(t.grads)
@@ -578,12 +730,25 @@ func (t *trainer) computeGradients(step int64) error {
 			if k > 0 || !firstStage {
 				dst = gx
 			}
+			if k == 0 && dst != nil && t.mlog != nil {
+				// The gradient for the previous stage gets this
+				// microbatch's own buffer, free once last step's copy is.
+				if err := t.mlog.fence(&t.mlog.grad[m]); err != nil {
+					return err
+				}
+				dst = t.sentGrad[m]
+			}
 			t.layers[k].backward(act(m, k), act(m, k+1), gy, dst, n, cfg.Threads)
-			gy, gx = gx, gy
+			gy, gx = dst, gy
 		}
-		if !firstStage {
+		if io.sendGrad {
 			if err := t.world.SendF32(prev, tagGrad, gy); err != nil {
 				return fmt.Errorf("send gradients to rank %d: %w", prev, err)
+			}
+		}
+		if !firstStage && t.mlog != nil {
+			if err := t.mlog.sent(&t.mlog.grad[m], gradStream(prev), step, m, gy); err != nil {
+				return err
 			}
 		}
 		// addFixed runs on one goroutine and leaves the other cores idle:
@@ -600,6 +765,15 @@ func (t *trainer) computeGradients(step int64) error {
 		t.serial = time.Since(t0)
 	}
 	return nil
+}
+
+// recv receives a message from a neighbouring stage. The wait is a
+// pipeline bubble: the bubble-time logger copies there.
+func (t *trainer) recv(from, tag int, v []float32) error {
+	if t.mlog != nil {
+		t.mlog.bubbleStart()
+	}
+	return t.world.RecvF32(from, tag, v)
 }
 
 // update turns the reduced fixed-point gradient into float32 and applies the
@@ -662,6 +836,10 @@ func (t *trainer) every0(s Snapshotter) error {
 	}
 	if !t.cfg.JIT {
 		return errors.New("the job runs --reft=...,every=0 (no snapshot on the step path) and --jit=false: nothing would ever be saved; drop --jit=false, or launch without every=0")
+	}
+	if t.mlog != nil {
+		return errors.New("--log-messages under every=0: a lost stage replays from its own snapshot, and every=0 takes none on the step path " +
+			"(the logs would also never be truncated); drop --log-messages, or launch without every=0")
 	}
 	if !t.cfg.Undo {
 		fmt.Fprintln(t.log, "every=0 without --undo: a failure while the survivors are inside the optimizer update leaves them no consistent step to flush "+

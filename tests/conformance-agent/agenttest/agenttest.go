@@ -41,6 +41,14 @@ type Options struct {
 	// agent's default). This agent has no peering, so under a SPEC that
 	// protects across nodes it is always short.
 	DegradedGrace time.Duration
+	// MemoryBudget is agent.Info.MemoryBudget, which the message log's
+	// per-rank cap is derived from (0: none, so every log append is over
+	// the cap). The store's arenas are not capped by it here.
+	MemoryBudget uint64
+	// StoreBudget, when positive, charges the store's arenas to a
+	// hostmem budget of that many bytes, as a node's agent does (the
+	// message log's cap then derives from it).
+	StoreBudget int64
 }
 
 // Agent is a running agent server and its store.
@@ -83,37 +91,70 @@ func Start(opt Options) (a *Agent, err error) {
 	if dir, err = filepath.Abs(dir); err != nil {
 		return nil, fmt.Errorf("agenttest: %w", err)
 	}
-	a = &Agent{Socket: filepath.Join(dir, "agent.sock"), Dir: dir, done: make(chan error, 1)}
+	a = &Agent{Socket: filepath.Join(dir, "agent.sock"), Dir: dir}
 	made := a // a failed Start returns a nil a; its directory and store still go
 	defer func() {
 		if err != nil {
-			made.cleanup()
+			made.Close()
 		}
 	}()
+	if err := a.serve(opt); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// serve opens the store in a.Dir and serves the socket until Close.
+func (a *Agent) serve(opt Options) (err error) {
 	// No pinning: tests must not depend on RLIMIT_MEMLOCK.
-	alloc, err := hostmem.NewAllocator(hostmem.Config{NoPin: true, Log: opt.Log})
+	var budget *hostmem.Budget
+	if opt.StoreBudget > 0 {
+		if budget, err = hostmem.NewBudget(hostmem.BudgetConfig{Cap: hostmem.Cap{Bytes: opt.StoreBudget}}, nil); err != nil {
+			return fmt.Errorf("agenttest: budget: %w", err)
+		}
+	}
+	alloc, err := hostmem.NewAllocator(hostmem.Config{NoPin: true, Budget: budget, Log: opt.Log})
 	if err != nil {
-		return nil, fmt.Errorf("agenttest: allocator: %w", err)
+		return fmt.Errorf("agenttest: allocator: %w", err)
 	}
 	// Keep: 1 as the agent's own store (agent.Run), so clients see the same
 	// retention as in a job.
-	if a.Store, err = tmpfs.Open(tmpfs.Options{Root: filepath.Join(dir, "store"), JobID: opt.Job, Keep: 1, Alloc: alloc, Log: opt.Log}); err != nil {
-		return nil, fmt.Errorf("agenttest: store: %w", err)
+	if a.Store, err = tmpfs.Open(tmpfs.Options{Root: filepath.Join(a.Dir, "store"), JobID: opt.Job, Keep: 1, Alloc: alloc, Log: opt.Log}); err != nil {
+		return fmt.Errorf("agenttest: store: %w", err)
 	}
 	node, _ := os.Hostname()
 	a.srv, err = agent.Listen(a.Socket, agent.Info{Job: opt.Job, Node: node, Spec: opt.Spec, Version: "agenttest",
-		UID: os.Getuid(), StoreDir: a.Store.Dir(), DegradedGrace: opt.DegradedGrace}, opt.Log)
+		UID: os.Getuid(), StoreDir: a.Store.Dir(), DegradedGrace: opt.DegradedGrace, MemoryBudget: opt.MemoryBudget}, opt.Log)
 	if err != nil {
-		return nil, fmt.Errorf("agenttest: %w", err)
+		return fmt.Errorf("agenttest: %w", err)
 	}
 	if err := a.srv.SetTestLayout(opt.Layout); err != nil {
-		return nil, fmt.Errorf("agenttest: %w", err)
+		return fmt.Errorf("agenttest: %w", err)
 	}
 	a.srv.AttachStore(a.Store)
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
+	a.done = make(chan error, 1)
 	go func() { a.done <- a.srv.Serve(ctx) }()
-	return a, nil
+	return nil
+}
+
+// Restart stops the agent as a node's agent stops (its server, then its
+// store) and starts a new one with opt on the same directory, store and
+// socket, as reft run's relaunch does on a surviving node: the new agent
+// re-indexes the store and adopts the message logs. A client must open a
+// new connection. On an error the agent is stopped; Close still cleans up.
+func (a *Agent) Restart(opt Options) error {
+	if opt.Job == "" {
+		opt.Job = "4242"
+	}
+	if opt.Spec == "" {
+		opt.Spec = "arc"
+	}
+	if err := a.stop(); err != nil {
+		return err
+	}
+	return a.serve(opt)
 }
 
 // NotifyPeerFailure makes the agent tell its watching clients that node
@@ -125,6 +166,15 @@ func (a *Agent) Status() proto.Status { return a.srv.Status() }
 
 // Close stops the server, closes the store and removes the directory.
 func (a *Agent) Close() error {
+	err := a.stop()
+	if rerr := os.RemoveAll(a.Dir); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("agenttest: %w", rerr))
+	}
+	return err
+}
+
+// stop ends the server, then closes the store; the directory stays.
+func (a *Agent) stop() error {
 	var errs []error
 	if a.cancel != nil {
 		a.cancel()
@@ -133,22 +183,15 @@ func (a *Agent) Close() error {
 		}
 		a.cancel = nil
 	}
-	return errors.Join(append(errs, a.cleanup())...)
-}
-
-func (a *Agent) cleanup() error {
-	var errs []error
 	if a.srv != nil {
 		a.srv.Close()
+		a.srv = nil
 	}
 	if a.Store != nil {
 		if err := a.Store.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("agenttest: closing the store: %w", err))
 		}
 		a.Store = nil
-	}
-	if err := os.RemoveAll(a.Dir); err != nil {
-		errs = append(errs, fmt.Errorf("agenttest: %w", err))
 	}
 	return errors.Join(errs...)
 }
