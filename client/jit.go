@@ -302,6 +302,7 @@ func (c *Client) stepBackFlush(ctx context.Context, step int64, reason string) (
 		return 0, false, nil, false
 	}
 	// The buffers hold prev now, and the trainer is kept out until redo.
+	var hp *Handle
 	savePrev := func() error {
 		j.mu.Lock()
 		j.consistent, j.flushing = prev, true
@@ -309,20 +310,17 @@ func (c *Client) stepBackFlush(ctx context.Context, step int64, reason string) (
 		epoch := j.epoch
 		j.mu.Unlock()
 		c.mu.Lock()
-		h := c.save(prev)
-		h.jit, h.epoch = true, epoch
+		hp = c.save(prev)
+		hp.jit, hp.epoch = true, epoch
 		c.mu.Unlock()
-		return h.Wait(ctx)
+		return hp.Wait(ctx)
 	}
 	perr := savePrev()
 	if perr != nil && ctx.Err() != nil {
 		// Out of time: the copy may still read the buffers, so redo (and
 		// the trainer) wait for it.
 		go func() {
-			c.mu.Lock()
-			l := c.last
-			c.mu.Unlock()
-			<-l.done
+			<-hp.done
 			rerr := redo()
 			j.mu.Lock()
 			if rerr == nil {
