@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -46,7 +47,13 @@ type jitState struct {
 	epoch      uint64        // counts Updating calls: the buffers' version
 	flushing   bool          // a flush runs (and may be copying the buffers)
 	committed  int64         // newest step committed or restored here; -1: none
+	held       []int64       // the last heldSteps steps committed or restored here
 	interrupt  func()        // SetUpdateInterrupt's; nil: none
+	stepBack   StepBack      // SetStepBack's; nil: none
+	// steppingBack is set while a flush's step-back runs (other flushes
+	// wait for it; Updating does not: the trainer's side excludes itself),
+	// stepTried once one has run: it is done at most once per client.
+	steppingBack, stepTried bool
 
 	// The watcher of the agent's notices (WatchFailures).
 	watchConn   *conn
@@ -65,9 +72,19 @@ func (j *jitState) signalLocked() {
 	j.changed = make(chan struct{})
 }
 
+// heldSteps bounds jitState.held: a step-back asks only about the step
+// before the newest.
+const heldSteps = 8
+
 func (j *jitState) noteCommitted(step int64) {
 	j.mu.Lock()
 	j.committed = max(j.committed, step)
+	if !slices.Contains(j.held, step) {
+		if len(j.held) == heldSteps {
+			j.held = j.held[1:]
+		}
+		j.held = append(j.held, step)
+	}
 	j.mu.Unlock()
 }
 
@@ -127,7 +144,9 @@ func (c *Client) SetUpdateInterrupt(fn func()) {
 // trainer to finish an update in progress. It returns the consistent step
 // (-1: none declared) and whether this call saved it; a step that the
 // trainer is already saving is waited for, not saved twice. reason says
-// why (a failed node, a signal) in the one line the client logs.
+// why (a failed node, a signal) in the one line the client logs. With a
+// step-back (SetStepBack) the first flush that needs one saves the step
+// before the consistent one first, then the consistent step.
 func (c *Client) Flush(ctx context.Context, reason string) (step int64, saved bool, err error) {
 	if c.disabled {
 		return -1, false, nil
@@ -135,7 +154,7 @@ func (c *Client) Flush(ctx context.Context, reason string) (step int64, saved bo
 	j := &c.jit
 	j.mu.Lock()
 	asked := false
-	for j.flushing || j.updating {
+	for j.flushing || j.updating || j.steppingBack {
 		if j.updating && !asked && j.interrupt != nil {
 			// The trainer can undo its update: ask it to, rather than
 			// wait for an update that may never end.
@@ -156,6 +175,13 @@ func (c *Client) Flush(ctx context.Context, reason string) (step int64, saved bo
 		j.mu.Lock()
 	}
 	step, epoch := j.consistent, j.epoch
+	if j.wantStepBack(step) {
+		j.mu.Unlock()
+		if prev, saved, err, done := c.stepBackFlush(ctx, step, reason); done {
+			return prev, saved, err
+		}
+		return c.Flush(ctx, reason) // the buffers are unchanged: flush as usual
+	}
 	if step < 0 || step <= j.committed {
 		j.mu.Unlock()
 		return step, false, nil
@@ -188,6 +214,159 @@ func (c *Client) Flush(ctx context.Context, reason string) (step int64, saved bo
 	}
 	c.opt.Log(fmt.Sprintf("JIT save of step %d committed in %.1f ms (%s)", step, float64(time.Since(t).Microseconds())/1e3, reason))
 	return step, true, nil
+}
+
+// ErrStepBackNotNeeded, wrapped in a StepBack function's error, says that
+// the trainer holds the consistent step s but made it by no complete update
+// since it could undo (it was restored, or its update of s+1 was
+// interrupted and undone: it passed step s+1's all-reduce, so every
+// survivor finished s). The flush then saves s alone, without a word.
+var ErrStepBackNotNeeded = errors.New("no step-back needed")
+
+// StepBack is SetStepBack's function: see there.
+type StepBack func(ctx context.Context, step int64) (prev int64, redo func() error, err error)
+
+// SetStepBack sets fn (nil: none), which a flush calls, once per client
+// and from its own goroutine, when the consistent step s is one whose
+// previous step s-1 this client does not hold: fn returns the registered
+// buffers to step s-1 in place by undoing the update of step s
+// (reft-train --undo keeps what that needs until its next update begins)
+// and returns prev (s-1) and redo. The flush saves prev, then calls redo,
+// which applies step s's update again (the same bits) and lets the trainer
+// go on, and saves s. From fn's return until redo the trainer must neither
+// read nor change the buffers, and fn must not return while a save of the
+// trainer's own still reads them; after redo, Updating waits for the save
+// of s as for any flush. An error from fn means the buffers are unchanged:
+// the flush logs it and saves s alone. fn must not call the client.
+//
+// Why: when a node dies inside a collective, some survivors may have
+// finished step s while the others are still blocked in it, holding s-1.
+// Their flushes then save s and s-1, the ranks share no newer step than
+// their last periodic save (none under every=0), and the restore
+// agreement goes back to it. With every survivor holding its newest step
+// and the one before, the ranks agree on s-1 at worst (one step lost), and
+// on s when every survivor finished it. s-1 is saved first because the
+// agent keeps a rank's newest commit and drops a step at or above it as
+// a superseded timeline.
+func (c *Client) SetStepBack(fn StepBack) {
+	j := &c.jit
+	j.mu.Lock()
+	j.stepBack = fn
+	j.mu.Unlock()
+}
+
+// wantStepBack says whether a flush of step steps back first; j.mu is held.
+func (j *jitState) wantStepBack(step int64) bool {
+	// Not to step 0: the state before the first update is where every
+	// rank starts anyway, with nothing to restore.
+	return j.stepBack != nil && !j.stepTried && step >= 2 && !slices.Contains(j.held, step-1)
+}
+
+// stepBackFlush is Flush with the step-back (SetStepBack) of the consistent
+// step: it saves step-1, then step. done is false when the trainer could
+// not step back (it logs why), with the buffers unchanged. It gives fn half
+// of ctx's time, so that the plain flush that follows a refusal has the
+// rest.
+func (c *Client) stepBackFlush(ctx context.Context, step int64, reason string) (last int64, saved bool, err error, done bool) {
+	j := &c.jit
+	j.mu.Lock()
+	j.stepTried, j.steppingBack = true, true
+	j.mu.Unlock()
+	finish := func(flushing bool) {
+		j.mu.Lock()
+		j.steppingBack, j.flushing = false, flushing
+		j.signalLocked()
+		j.mu.Unlock()
+	}
+	t := time.Now()
+	bctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		bctx, cancel = context.WithDeadline(ctx, t.Add(time.Until(dl)/2))
+		defer cancel()
+	}
+	prev, redo, err := func() (int64, func() error, error) {
+		prev, redo, err := j.stepBack(bctx, step)
+		if err == nil && prev != step-1 {
+			err = errors.Join(fmt.Errorf("the trainer stepped back to step %d, not %d", prev, step-1), redo())
+		}
+		return prev, redo, err
+	}()
+	if err != nil {
+		finish(false)
+		if errors.Is(err, ErrStepBackNotNeeded) {
+			return 0, false, nil, false
+		}
+		c.opt.Log(fmt.Sprintf("JIT flush (%s): step %d not stepped back, so step %d is not saved: %v; "+
+			"if another survivor is still inside step %d the ranks will agree on an older step", reason, step, step-1, err, step))
+		return 0, false, nil, false
+	}
+	// The buffers hold prev now, and the trainer is kept out until redo.
+	var hp *Handle
+	savePrev := func() error {
+		j.mu.Lock()
+		j.consistent, j.flushing = prev, true
+		j.epoch++
+		epoch := j.epoch
+		j.mu.Unlock()
+		c.mu.Lock()
+		hp = c.save(prev)
+		hp.jit, hp.epoch = true, epoch
+		c.mu.Unlock()
+		return hp.Wait(ctx)
+	}
+	perr := savePrev()
+	if perr != nil && ctx.Err() != nil {
+		// Out of time: the copy may still read the buffers, so redo (and
+		// the trainer) wait for it.
+		go func() {
+			<-hp.done
+			rerr := redo()
+			j.mu.Lock()
+			if rerr == nil {
+				j.consistent = step
+			}
+			j.mu.Unlock()
+			finish(false)
+		}()
+		return prev, false, fmt.Errorf("JIT flush of step %d (%s): the save of step %d (step %d's update undone): %w", step, reason, prev, step, perr), true
+	}
+	if rerr := redo(); rerr != nil {
+		// The buffers are not step's: keep the trainer out of a flush of
+		// them and let its next Updating go on.
+		finish(false)
+		return prev, perr == nil, fmt.Errorf("JIT flush of step %d (%s): redoing step %d's update after saving step %d: %w", step, reason, step, prev, rerr), true
+	}
+	j.mu.Lock()
+	j.consistent = step
+	j.epoch++
+	epoch := j.epoch
+	j.mu.Unlock()
+	if perr != nil {
+		c.opt.Log(fmt.Sprintf("JIT flush (%s): the save of step %d (step %d's update undone) failed: %v", reason, prev, step, perr))
+	}
+	// Saved again even when committed before: prev's commit superseded it.
+	c.mu.Lock()
+	h := c.save(step)
+	h.jit, h.epoch = true, epoch
+	c.mu.Unlock()
+	serr := h.Wait(ctx)
+	select {
+	case <-h.done:
+		finish(false)
+	default:
+		go func() { <-h.done; finish(false) }() // Updating waits for the copy
+	}
+	if serr != nil {
+		return step, perr == nil, fmt.Errorf("JIT flush of step %d (%s), after step %d: %w", step, reason, prev, serr), true
+	}
+	if perr == nil {
+		c.opt.Log(fmt.Sprintf("JIT save of steps %d and %d (step %d's update undone, saved, redone) committed in %.1f ms (%s)",
+			prev, step, step, float64(time.Since(t).Microseconds())/1e3, reason))
+	} else {
+		c.opt.Log(fmt.Sprintf("JIT save of step %d committed in %.1f ms (%s)", step, float64(time.Since(t).Microseconds())/1e3, reason))
+	}
+	return step, true, nil, true
 }
 
 // saveJIT starts the flush's save of step, unless the trainer's own save

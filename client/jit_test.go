@@ -370,3 +370,96 @@ func jitSigtermChild(sock string) {
 	fmt.Println("ready")
 	time.Sleep(time.Hour)
 }
+
+// TestJITStepBack: a flush with a step-back (SetStepBack) has the trainer
+// undo the consistent step s's update, saves s-1, has it redo the update
+// and saves s, so that survivors still inside step s can agree with it;
+// not when the client already holds s-1, at most once per client, and a
+// refusal leaves s saved alone and says so.
+func TestJITStepBack(t *testing.T) {
+	t.Run("no step-back to step 0", func(t *testing.T) {
+		r := newJITRank(t, 0)
+		r.c.SetStepBack(func(context.Context, int64) (int64, func() error, error) {
+			t.Error("step-back of step 1: step 0 is where every rank starts")
+			return 0, nil, fmt.Errorf("called")
+		})
+		r.step(1)
+		if step, saved, err := r.c.Flush(ctxT(t), "test"); err != nil || step != 1 || !saved {
+			t.Fatalf("Flush = %d, %v, %v; want 1, true, nil", step, saved, err)
+		}
+		r.checkRestores(t, 1)
+	})
+	for _, tc := range []struct {
+		name      string
+		savedPrev bool  // the trainer saved step 6 itself
+		savedCur  bool  // the trainer saved step 7 itself
+		back      int64 // the step the trainer steps back to; -1: it refuses; -2: none needed
+		wantCalls int
+		wantGens  []int64
+		wantLog   string
+	}{
+		{"flush saves 6 then 7", false, false, 6, 1, []int64{6, 7}, "JIT save of steps 6 and 7 (step 7's update undone, saved, redone)"},
+		{"7 saved by the trainer, saved again after 6", false, true, 6, 1, []int64{6, 7}, "JIT save of steps 6 and 7"},
+		{"6 held: no step-back", true, false, 6, 0, []int64{6, 7}, "JIT save of step 7 committed"},
+		{"the trainer refuses", false, false, -1, 1, []int64{7}, "step 7 not stepped back, so step 6 is not saved: no update kept"},
+		{"the trainer steps back too far", false, false, 5, 1, []int64{7}, "step 7 not stepped back, so step 6 is not saved: the trainer stepped back to step 5, not 6"},
+		{"none needed: silent", false, false, -2, 1, []int64{7}, "JIT save of step 7 committed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newJITRank(t, 0)
+			calls, redos := 0, 0
+			r.c.SetStepBack(func(ctx context.Context, step int64) (int64, func() error, error) {
+				calls++
+				if step != 7 {
+					t.Errorf("step-back of step %d, want 7", step)
+				}
+				switch tc.back {
+				case -1:
+					return 0, nil, fmt.Errorf("no update kept")
+				case -2:
+					return 0, nil, fmt.Errorf("restored: %w", client.ErrStepBackNotNeeded)
+				}
+				pattern(r.buf, int(tc.back))
+				return tc.back, func() error { redos++; pattern(r.buf, int(step)); return nil }, nil
+			})
+			r.step(6)
+			if tc.savedPrev {
+				r.save(t, 6)
+			}
+			r.step(7)
+			if tc.savedCur {
+				r.save(t, 7)
+			}
+			step, saved, err := r.c.Flush(ctxT(t), "test")
+			if err != nil || step != 7 || !saved {
+				t.Fatalf("Flush = %d, %v, %v; want 7, true, nil\n%s", step, saved, err, r.log.all())
+			}
+			if calls != tc.wantCalls || (tc.back >= 0 && redos != calls) {
+				t.Errorf("step-back called %d times, redo %d; want %d each", calls, redos, tc.wantCalls)
+			}
+			mustEqual(t, "the buffer after the flush", r.buf, patterned(len(r.buf), 7))
+			if !strings.Contains(r.log.all(), tc.wantLog) {
+				t.Errorf("client log lacks %q:\n%s", tc.wantLog, r.log.all())
+			}
+			if tc.back == -2 && strings.Contains(r.log.all(), "not stepped back") {
+				t.Errorf("a step-back that was not needed was logged:\n%s", r.log.all())
+			}
+			// Once per client: a second flush (the trainer's own, after its
+			// collective failed) steps back no further.
+			if _, _, err := r.c.Flush(ctxT(t), "again"); err != nil || calls != tc.wantCalls {
+				t.Errorf("second Flush: %v, step-back calls %d, want %d", err, calls, tc.wantCalls)
+			}
+			gens, err := r.c.Generations(ctxT(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			slices.Sort(gens)
+			if !slices.Equal(gens, tc.wantGens) {
+				t.Errorf("generations %v, want %v", gens, tc.wantGens)
+			}
+			for _, s := range gens {
+				r.checkRestores(t, s)
+			}
+		})
+	}
+}

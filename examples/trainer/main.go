@@ -14,6 +14,12 @@
 // (each rank says so on stderr): the test of a node lost while the
 // survivors are inside the optimizer step (docs/UNDO.md, "every=0").
 //
+// --hold-before-update STEP:RANK[,RANK...] (with --undo and --jit, plain data
+// parallelism) makes those ranks stop after STEP's gradient all-reduce,
+// before their update, until a JIT flush has stepped back, and stay blocked
+// until the job is torn down; the others say when they finished STEP: the test of survivors on either side
+// of a step boundary (docs/UNDO.md).
+//
 // The surviving ranks of a --fail-at run block in MPI until the step is torn
 // down: launch with srun -K1 (--kill-on-bad-exit) unless reft's launcher
 // does that.
@@ -41,7 +47,9 @@
 //
 // Memory per rank is about 6x the stage's parameter bytes with adam/adamw
 // (parameters, float32 gradients, int64 fixed-point gradients, two moments),
-// less the moments' (dp-1)/dp under --zero1.
+// less the moments' (dp-1)/dp under --zero1; --undo adds one float32 copy of
+// the optimizer range (the last update's gradient, kept for the JIT
+// step-back) and a byte per element per buffer.
 package main
 
 import (

@@ -49,6 +49,18 @@ func (s *reftSnap) Updating() { s.c.Updating() }
 // (train.UpdateInterrupter).
 func (s *reftSnap) SetUpdateInterrupt(fn func()) { s.c.SetUpdateInterrupt(fn) }
 
+// SetStepBack lets the JIT flush step back over the trainer's last complete
+// update, saving the step before it as well (train.StepBacker).
+func (s *reftSnap) SetStepBack(fn func(ctx context.Context, step int64) (int64, func() error, error)) {
+	s.c.SetStepBack(func(ctx context.Context, step int64) (int64, func() error, error) {
+		prev, redo, err := fn(ctx, step)
+		if errors.Is(err, train.ErrNoStepBack) {
+			err = fmt.Errorf("%w: %w", client.ErrStepBackNotNeeded, err)
+		}
+		return prev, redo, err
+	})
+}
+
 // Every is the job's SPEC every= (train.Interval): 0 under every=0.
 func (s *reftSnap) Every() int { return s.c.Every() }
 

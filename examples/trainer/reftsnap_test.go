@@ -114,7 +114,7 @@ func relaunchFromUndo(t *testing.T, a *agenttest.Agent, crash train.Config, hash
 // runReftNote is runReft with note as every rank's train.Options.Note.
 func runReftNote(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, note func(string)) (*train.Result, string, error) {
 	t.Helper()
-	return runReftWith(t, a, cfg, n, note, true)
+	return runReftHooks(t, a, cfg, n, hooks{note: note, flushKilled: true})
 }
 
 // runReftWith is runReftNote; flushKilled false leaves the rank that
@@ -123,7 +123,27 @@ func runReftNote(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, note
 // Under --log-messages every rank logs into the agent (reftLog).
 func runReftWith(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, note func(string), flushKilled bool) (*train.Result, string, error) {
 	t.Helper()
+	return runReftHooks(t, a, cfg, n, hooks{note: note, flushKilled: flushKilled})
+}
+
+// hooks are runReftHooks' ways into a run.
+type hooks struct {
+	note        func(string)               // every rank's train.Options.Note
+	flushKilled bool                       // see runReftWith
+	clientLog   func(rank int, msg string) // the clients' lines; nil: the client's default
+	world       func(*train.LocalWorld)    // called with the world before the ranks start
+	// snap, if set, is the snapshotter the trainer gets over the session.
+	snap func(*reftSnap) train.Snapshotter
+}
+
+// runReftHooks is runReftWith with h.
+func runReftHooks(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, h hooks) (*train.Result, string, error) {
+	t.Helper()
 	w := train.NewLocalWorld(n)
+	if h.world != nil {
+		h.world(w)
+	}
+	note, flushKilled := h.note, h.flushKilled
 	res := make([]*train.Result, n)
 	errs := make([]error, n)
 	var log bytes.Buffer
@@ -135,8 +155,12 @@ func runReftWith(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, note
 			comm := w.Comm(r)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			snap, err := openReft(ctx, client.Options{Socket: a.Socket, Rank: r, World: n, LocalRank: r,
-				Layout: fmt.Sprintf("dp=%d,pp=%d", cfg.DP, cfg.PP), Agree: agreeOver(n, slotGather(comm), nil)})
+			opt := client.Options{Socket: a.Socket, Rank: r, World: n, LocalRank: r,
+				Layout: fmt.Sprintf("dp=%d,pp=%d", cfg.DP, cfg.PP), Agree: agreeOver(n, slotGather(comm), nil)}
+			if h.clientLog != nil {
+				opt.Log = func(msg string) { h.clientLog(r, msg) }
+			}
+			snap, err := openReft(ctx, opt)
 			if err != nil {
 				errs[r] = err
 				w.Abort()
@@ -151,6 +175,9 @@ func runReftWith(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, note
 				snap.startJIT(ctx, func(msg string) { t.Errorf("rank %d: %s", r, msg) })
 			}
 			o := train.Options{Comm: comm, Snap: snap, Note: note}
+			if h.snap != nil {
+				o.Snap = h.snap(snap)
+			}
 			if cfg.LogMessages != train.LogOff {
 				o.MsgLog = snap.messageLog()
 			}
@@ -375,10 +402,17 @@ func TestReftEvery0(t *testing.T) {
 				}
 				a.NotifyPeerFailure("n2", "test: node lost while the ranks are inside the update")
 			}()
-			_, log, err := runReftNote(t, a, crash, 2, func(msg string) { held <- msg })
+			var clog lineLog
+			_, log, err := runReftHooks(t, a, crash, 2, hooks{note: func(msg string) { held <- msg },
+				clientLog: func(r int, msg string) { clog.add(fmt.Sprintf("rank %d: %s", r, msg)) }})
 			var ue *train.UndoneError
 			if !errors.Is(err, train.ErrUpdateInterrupted) || !errors.As(err, &ue) || ue.Step != 5 || ue.Tensors != 2 {
 				t.Fatalf("the held run: %v, want the update of step 6 interrupted and undone on 2 tensors, back at step 5\n%s", err, log)
+			}
+			// Inside step 6's update every rank had passed its all-reduce:
+			// no step-back is needed, and none is tried aloud.
+			if l := clog.String(); strings.Contains(l, "not stepped back") || strings.Count(l, "JIT save of step 5 committed") != 2 {
+				t.Errorf("want one plain JIT save of step 5 per rank and no step-back line:\n%s", l)
 			}
 			if !strings.Contains(log, "every=0: no snapshot on the step path") || !strings.Contains(log, "undo: step 6's update was interrupted") {
 				t.Errorf("rank 0 did not log every=0 and its undo:\n%s", log)
@@ -420,4 +454,247 @@ func referenceAndAgent(t *testing.T, cfg train.Config, n int, spec string) ([]*t
 	}
 	t.Cleanup(func() { a.Close() })
 	return ref, a
+}
+
+// TestReftStraddle: survivors on either side of a step boundary. Over
+// DP=4, ranks 2 and 3 stay after the gradient all-reduce of step 7, before
+// their update (--hold-before-update 7:2,3, standing in for ranks still
+// blocked in an all-reduce that the others finished), holding step 6,
+// while ranks 0 and 1 finish step 7. Under arc each save holds the rank's
+// shard of the replicated state and its ring successor's, so neither step
+// has every shard: 7 lacks shard 3 (saved by ranks 0 and 1: shards 0-2),
+// 6 lacks shard 1 (ranks 2 and 3: shards 2, 3, 0). With the step-back at
+// the failure notice, ranks 0 and 1 save 6 and 7, ranks 2 and 3 save 5 and
+// 6, and the relaunch resumes at 6, one step lost, with the uninterrupted
+// bits, rather than from scratch (every=0) or step 4 (--save-every 4).
+// With DP=2 one rank's save holds both shards, so a step that one survivor
+// saved is restorable for both: the relaunch resumes at 7. Once every
+// rank's flush is done the test tears the world down, as Slurm ends a step
+// whose node died.
+func TestReftStraddle(t *testing.T) {
+	for _, tc := range []struct {
+		name, spec string
+		every      int64
+		opt        string
+		dp         int
+		held       []int
+		want       int64
+	}{
+		{"every=0 sgd dp4", "arc,every=0", 1, train.SGD, 4, []int{2, 3}, 6},
+		{"every=0 adam dp4", "arc,every=0", 1, train.Adam, 4, []int{2, 3}, 6},
+		{"save-every 4 momentum dp4", "", 4, train.Momentum, 4, []int{2, 3}, 6},
+		{"save-every 4 adamw dp4", "", 4, train.AdamW, 4, []int{2, 3}, 6},
+		{"every=0 adam dp2", "arc,every=0", 1, train.Adam, 2, []int{1}, 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := small()
+			cfg.Optimizer, cfg.DP, cfg.Steps, cfg.SaveEvery, cfg.JIT, cfg.Undo = tc.opt, tc.dp, 10, tc.every, true, true
+			ref, a := referenceAndAgent(t, cfg, tc.dp, tc.spec)
+			crash := cfg
+			crash.HoldBeforeStep, crash.HoldBeforeRanks = 7, tc.held
+			notes := make(chan string, tc.dp)
+			backs := make(chan string, tc.dp)
+			var mu sync.Mutex
+			lines := map[int][]string{}
+			worlds := make(chan *train.LocalWorld, 1)
+			var seen []string
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				w := <-worlds
+				defer w.Abort()
+				for range tc.dp {
+					seen = append(seen, <-notes)
+				}
+				a.NotifyPeerFailure("n2", "test: node lost inside step 7's all-reduce")
+				for range tc.dp {
+					select {
+					case <-backs:
+					case <-time.After(time.Minute):
+						t.Errorf("not every rank's flush stepped back within a minute")
+						return
+					}
+				}
+			}()
+			_, log, err := runReftHooks(t, a, crash, tc.dp, hooks{
+				note:  func(msg string) { notes <- msg },
+				world: func(w *train.LocalWorld) { worlds <- w },
+				clientLog: func(r int, msg string) {
+					mu.Lock()
+					lines[r] = append(lines[r], msg)
+					mu.Unlock()
+					if strings.Contains(msg, "JIT save of steps") {
+						backs <- msg
+					}
+				},
+			})
+			<-done
+			if !errors.Is(err, train.ErrAborted) {
+				t.Fatalf("the held run: %v, want every rank ended by the world's abort after the flushes\n%s", err, log)
+			}
+			all := strings.Join(seen, "\n")
+			for r := range tc.dp {
+				note := fmt.Sprintf("rank %d finished step 7", r)
+				back := "JIT save of steps 6 and 7 (step 7's update undone, saved, redone)"
+				if slices.Contains(tc.held, r) {
+					note = fmt.Sprintf("rank %d holds after step 7's gradient all-reduce", r)
+					back = "JIT save of steps 5 and 6 (step 6's update undone, saved, redone)"
+				}
+				if !strings.Contains(all, note) {
+					t.Errorf("no note %q in:\n%s", note, all)
+				}
+				mu.Lock()
+				rl := strings.Join(lines[r], "\n")
+				mu.Unlock()
+				if !strings.Contains(rl, back) {
+					t.Errorf("rank %d's client did not log %q:\n%s", r, back, rl)
+				}
+			}
+			if strings.Contains(log, "step 7 loss") {
+				t.Errorf("rank 0 logged step 7's loss, which needs the held ranks:\n%s", log)
+			}
+			got, log, err := runReft(t, a, crash, tc.dp)
+			if err != nil {
+				t.Fatalf("relaunch: %v\n%s", err, log)
+			}
+			if got.ResumedFrom != tc.want {
+				t.Errorf("resumed from %d, want %d\n%s", got.ResumedFrom, tc.want, log)
+			}
+			if got.Hash != ref[0].Hash {
+				t.Errorf("resumed hash %s, uninterrupted %s", got.Hash, ref[0].Hash)
+			}
+		})
+	}
+}
+
+// TestReftStepBackRefused: where the step-back is not correct (ZeRO-1's
+// parameter shards, a pipeline's stages) the trainer does not offer it and
+// rank 0 says once why, in a job that saves less often than every step;
+// --hold-before-update, which needs it, is refused there.
+func TestReftStepBackRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		n      int
+		layout func(*train.Config)
+		want   string
+	}{
+		{"zero1", 2, func(c *train.Config) { c.DP, c.Zero1, c.Optimizer = 2, true, train.Adam }, "undo: no JIT step-back under --zero1"},
+		{"pp2", 2, func(c *train.Config) { c.DP, c.PP = 1, 2 }, "undo: no JIT step-back under --pp > 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := small()
+			cfg.Steps, cfg.SaveEvery, cfg.JIT, cfg.Undo = 3, 2, true, true
+			tc.layout(&cfg)
+			_, a := referenceAndAgent(t, cfg, tc.n, "")
+			_, log, err := runReft(t, a, cfg, tc.n)
+			if err != nil || strings.Count(log, tc.want) != 1 {
+				t.Errorf("%v; want one line %q from rank 0 in:\n%s", err, tc.want, log)
+			}
+			held := cfg
+			held.HoldBeforeStep, held.HoldBeforeRanks = 2, []int{0}
+			if _, _, err := runReft(t, a, held, tc.n); err == nil || !strings.Contains(err.Error(), "covers plain data parallelism only") {
+				t.Errorf("--hold-before-update: %v, want a refusal", err)
+			}
+		})
+	}
+}
+
+// TestReftStepBackRedo: the step-back is transparent to a trainer that
+// goes on (a failure notice with no failure, or a SIGTERM flush before the
+// kill): at a notice once both ranks hold step 3, every rank's flush waits for
+// the trainer to reach a collective, undoes its last update, saves that
+// step and the one before, redoes the update, and the run ends with the
+// bits of an uninterrupted one. (The session is given without its update
+// interrupt, uninterrupted: a notice landing inside an update would
+// otherwise stop the run, as it should at a real failure.)
+func TestReftStepBackRedo(t *testing.T) {
+	for _, opt := range []string{train.SGD, train.Momentum, train.Adam, train.AdamW} {
+		t.Run(opt, func(t *testing.T) {
+			cfg := small()
+			cfg.Optimizer, cfg.DP, cfg.Steps, cfg.JIT, cfg.Undo = opt, 2, 40, true, true
+			// Paced, so that the notice (sent at step 3) lands inside the
+			// run; if it came after, the sessions' close would cut the flush
+			// and the check of its lines below fails, loudly.
+			cfg.MinStep = 2 * time.Millisecond
+			ref, a := referenceAndAgent(t, cfg, 2, "arc,every=0")
+			var mu sync.Mutex
+			backs := map[int]string{}
+			started := 0
+			snap := func(s *reftSnap) train.Snapshotter {
+				return uninterrupted{s: s, onSave: func(step int64) {
+					mu.Lock()
+					defer mu.Unlock()
+					if step == 3 { // after the update of step 3
+						if started++; started == 2 {
+							a.NotifyPeerFailure("n2", "test: a notice while training goes on")
+						}
+					}
+				}}
+			}
+			got, log, err := runReftHooks(t, a, cfg, 2, hooks{snap: snap, clientLog: func(r int, msg string) {
+				mu.Lock()
+				defer mu.Unlock()
+				if strings.Contains(msg, "JIT save of steps") {
+					backs[r] = msg
+				}
+			}})
+			if err != nil {
+				t.Fatalf("%v\n%s", err, log)
+			}
+			if got.Hash != ref[0].Hash {
+				t.Errorf("final-params-sha256 %s after the step-back and redo, %s uninterrupted", got.Hash, ref[0].Hash)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(backs) != 2 {
+				t.Errorf("step-back saves by rank: %v, want one per rank", backs)
+			}
+			t.Logf("step-back saves by rank: %v", backs)
+		})
+	}
+}
+
+// uninterrupted is the session without SetUpdateInterrupt: a flush that
+// finds the trainer updating waits for the update to end rather than stop
+// it, so that a test of a trainer that goes on after a flush is not
+// timing-bound. onSave, if set, is called at each Save first.
+type uninterrupted struct {
+	s      *reftSnap
+	onSave func(step int64)
+}
+
+func (u uninterrupted) Register(name string, buf []byte, replicated bool) error {
+	return u.s.Register(name, buf, replicated)
+}
+func (u uninterrupted) Save(step int64) (train.Waiter, error) {
+	if u.onSave != nil {
+		u.onSave(step)
+	}
+	return u.s.Save(step)
+}
+func (u uninterrupted) Restore() (int64, bool, error) { return u.s.Restore() }
+func (u uninterrupted) Close() error                  { return nil } // runReftHooks closes the session
+func (u uninterrupted) Consistent(step int64)         { u.s.Consistent(step) }
+func (u uninterrupted) Updating()                     { u.s.Updating() }
+func (u uninterrupted) Every() int                    { return u.s.Every() }
+func (u uninterrupted) SetStepBack(fn func(context.Context, int64) (int64, func() error, error)) {
+	u.s.SetStepBack(fn)
+}
+
+// lineLog collects lines from several goroutines.
+type lineLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *lineLog) add(s string) {
+	l.mu.Lock()
+	l.lines = append(l.lines, s)
+	l.mu.Unlock()
+}
+
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
 }

@@ -229,6 +229,11 @@ func TestEvery0NodeLossInUpdate(t *testing.T) {
 	if _, ok := saves[1]; ok {
 		t.Errorf("job %s: rank 1, on the killed node, logged a JIT save", r.job)
 	}
+	// Inside the update every survivor had passed step 8's all-reduce: no
+	// JIT step-back is needed (docs/UNDO.md), and none is tried aloud.
+	if strings.Contains(r.first.Stderr, "not stepped back") {
+		t.Errorf("job %s: a survivor logged a step-back that was not needed:\n%s", r.job, r.first.Stderr)
+	}
 	for _, n := range []string{"n1", "n3", "n4"} {
 		for _, e := range agentEvents(t, r.job, n)["committed"] {
 			if s, _ := e["step"].(float64); int64(s) != held-1 {
@@ -337,5 +342,61 @@ func TestEvery0NodeLossInUpdateTorch(t *testing.T) {
 		t.Errorf("job %s: the relaunch held (it has no --hold-in-update):\n%s", r.job, r.resumed.Stderr)
 	}
 	t.Logf("job %s: resumed from step %d after n2 died inside step %d's optimizer.step(): 1 step lost, final hash as uninterrupted", r.job, held-1, held)
+	r.checkRestores(t, held-1, []string{"restore_peer", "decode"}, "")
+}
+
+// straddleRe is reft-train's line for a rank held after the gradient
+// all-reduce (--hold-before-update) or one that finished the held step.
+var straddleRe = regexp.MustCompile(`(?m)^reft-train: hold-before-update: rank (\d+) (holds after|finished) step (\d+)`)
+
+// stepBackRe is the client's line for a JIT flush that stepped back.
+var stepBackRe = regexp.MustCompile(`(?m)^reft: rank (\d+): JIT save of steps (\d+) and (\d+) \(step \d+'s update undone, saved, redone\)`)
+
+// TestStraddleNodeLoss: survivors on either side of a step boundary
+// (docs/UNDO.md). --reft=arc,every=0, DP=4 on n1-n4 with a spare,
+// reft-train --undo. Ranks 2 and 3 stay after step 8's gradient all-reduce,
+// before their update (--hold-before-update 8:2,3, first step only: ranks
+// still blocked in an all-reduce that the others finished), holding step
+// 7; ranks 0 and 1 finish step 8; n2 (rank 1) dies then. Without the
+// step-back, rank 0 would flush 8 (shards 0 and 1), ranks 2 and 3 step 7
+// (shards 2, 3 and 0): neither step has every shard, and the relaunch
+// would start over. With it, rank 0 saves 7 and 8, ranks 2 and 3 save 6
+// and 7, and the relaunch (rank 1 on the spare) resumes from 7 with the
+// bits of an uninterrupted run.
+func TestStraddleNodeLoss(t *testing.T) {
+	const spec, held = "arc,every=0,spares=1", 8
+	c := nodeLossCase{spec: spec, dp: 4, kill: []string{"n2"}, steps: 20, flags: []string{"--undo"},
+		firstFlags: []string{"--hold-before-update", fmt.Sprintf("%d:2,3", held)},
+		ready:      func(_, stderr string) bool { return len(straddleRe.FindAllString(stderr, -1)) == 4 }}
+	r := nodeLoss(t, c)
+
+	for _, m := range straddleRe.FindAllStringSubmatch(r.first.Stderr, -1) {
+		want := "finished"
+		if m[1] == "2" || m[1] == "3" {
+			want = "holds after"
+		}
+		if m[2] != want || m[3] != strconv.Itoa(held) {
+			t.Errorf("job %s: rank %s %s step %s, want %q step %d", r.job, m[1], m[2], m[3], want, held)
+		}
+	}
+	backs := map[string][2]string{}
+	for _, m := range stepBackRe.FindAllStringSubmatch(r.first.Stderr, -1) {
+		backs[m[1]] = [2]string{m[2], m[3]}
+	}
+	t.Logf("job %s: JIT step-back saves by rank: %v", r.job, backs)
+	for rank, want := range map[string][2]string{"0": {"7", "8"}, "2": {"6", "7"}, "3": {"6", "7"}} {
+		if backs[rank] != want {
+			t.Errorf("job %s: rank %s's JIT flush saved steps %v, want %v:\n%s", r.job, rank, backs[rank], want, r.first.Stderr)
+		}
+	}
+	if _, ok := backs["1"]; ok {
+		t.Errorf("job %s: rank 1, on the killed node, logged a JIT save", r.job)
+	}
+	m := resumedRe.FindStringSubmatch(r.resumed.Stdout)
+	if m == nil || m[1] != strconv.Itoa(held-1) {
+		r.logRestores(t)
+		t.Fatalf("job %s: relaunch %v, want 'resumed from step %d':\n%s", r.job, m, held-1, r.resumed)
+	}
+	t.Logf("job %s: resumed from step %d after n2 died with the survivors on either side of step %d: 1 step lost, final hash as uninterrupted", r.job, held-1, held)
 	r.checkRestores(t, held-1, []string{"restore_peer", "decode"}, "")
 }

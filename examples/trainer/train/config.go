@@ -12,6 +12,7 @@ import (
 	"hash/fnv"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -72,10 +73,20 @@ type Config struct {
 	// e.g. a collective inside it, held open while a test kills a node.
 	HoldUpdateStep   int64
 	HoldUpdateTensor int
-	FailStep         int64 // --fail-at STEP:RANK; 0: off
-	FailRank         int
-	LogEvery         int64
-	Threads          int // compute goroutines per rank; 0: GOMAXPROCS
+	// HoldBefore (--hold-before-update STEP:RANK[,RANK...]) makes those ranks stop
+	// after the gradient all-reduce of STEP, before its update (only in a
+	// run that did not resume; needs Undo and JIT, plain data parallelism)
+	// until a JIT flush has stepped back (HoldMax at most), then stay
+	// blocked until the job is torn down: a rank still blocked in the
+	// all-reduce that the others finished, so
+	// that the survivors' flushes straddle a step boundary (the others say
+	// "hold-before-update: rank R finished step STEP").
+	HoldBeforeStep  int64
+	HoldBeforeRanks []int
+	FailStep        int64 // --fail-at STEP:RANK; 0: off
+	FailRank        int
+	LogEvery        int64
+	Threads         int // compute goroutines per rank; 0: GOMAXPROCS
 	// MinStep pads every step to at least this wall time by sleeping at
 	// its end: a stand-in for a bigger model, so that a demo or a failure
 	// test can hit a chosen step. It changes no result.
@@ -149,6 +160,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 		"(0-based; the tensors before it applied), only in a run that did not resume; needs --undo, which undoes them")
 	hold := fs.String("hold-in-update", "", "STEP:TENSOR: every rank stops in its optimizer update of STEP before its tensor TENSOR "+
 		"until a JIT flush interrupts it (a failure inside the update, for tests), only in a run that did not resume; needs --undo and --jit")
+	holdBefore := fs.String("hold-before-update", "", "STEP:RANK[,RANK...]: those ranks stop after the gradient all-reduce of STEP, before its update, "+
+		"until a JIT flush steps back, and stay blocked until the job ends (survivors on either side of a step boundary, for tests), only in a run that did not resume; needs --undo and --jit")
 	logMsgs := fs.String("log-messages", "off", "off, sync or bubble: every pipeline stage logs the activations and gradients it sends "+
 		"(needs --pp >= 2 and --dp 1), so that a lost stage replays from its snapshot while the others keep their step (docs/LOGGING.md); "+
 		"sync appends after each send, bubble while the rank waits for a message")
@@ -221,6 +234,21 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 		c.HoldUpdateTensor, e2 = strconv.Atoi(tn)
 		if !ok || e1 != nil || e2 != nil || c.HoldUpdateStep < 1 || c.HoldUpdateTensor < 0 {
 			return c, fmt.Errorf("--hold-in-update %q: want STEP:TENSOR with STEP >= 1 and TENSOR >= 0 (e.g. 12:3)", *hold)
+		}
+	}
+	if *holdBefore != "" {
+		st, rks, ok := strings.Cut(*holdBefore, ":")
+		var err error
+		c.HoldBeforeStep, err = strconv.ParseInt(st, 10, 64)
+		for _, rk := range strings.Split(rks, ",") {
+			r, e := strconv.Atoi(rk)
+			if e != nil || r < 0 {
+				ok = false
+			}
+			c.HoldBeforeRanks = append(c.HoldBeforeRanks, r)
+		}
+		if !ok || err != nil || c.HoldBeforeStep < 1 {
+			return c, fmt.Errorf("--hold-before-update %q: want STEP:RANK[,RANK...] with STEP >= 1 and RANKs >= 0 (e.g. 12:1 or 12:2,3)", *holdBefore)
 		}
 	}
 	if *failUpd != "" {
@@ -344,6 +372,9 @@ func (c *Config) check() error {
 	if c.FailUpdateStep > 0 && !c.Undo {
 		return fmt.Errorf("--fail-in-update needs --undo: without it the update is not applied tensor by tensor")
 	}
+	if c.HoldBeforeStep > 0 && (!c.Undo || !c.JIT) {
+		return fmt.Errorf("--hold-before-update needs --undo and --jit: the hold ends when a JIT flush steps back over the other ranks' last update, which needs --undo")
+	}
 	if c.HoldUpdateStep > 0 && (!c.Undo || !c.JIT) {
 		return fmt.Errorf("--hold-in-update needs --undo and --jit: the hold ends when a JIT flush interrupts the update, which --undo then undoes")
 	}
@@ -367,6 +398,15 @@ func (c *Config) Validate(world int) error {
 	}
 	if c.DP*c.PP != world {
 		return fmt.Errorf("world size %d != --dp %d x --pp %d: launch %d ranks or change --dp/--pp", world, c.DP, c.PP, c.DP*c.PP)
+	}
+	if c.HoldBeforeStep > 0 {
+		switch {
+		case slices.Max(c.HoldBeforeRanks) >= world || len(c.HoldBeforeRanks) >= world:
+			return fmt.Errorf("--hold-before-update %d:%v: the job has ranks 0..%d, and at least one must finish the step", c.HoldBeforeStep, c.HoldBeforeRanks, world-1)
+		case c.DP < 2 || c.PP > 1 || c.Zero1:
+			return fmt.Errorf("--hold-before-update with --dp %d --pp %d --zero1=%v: the JIT step-back that ends the hold covers plain data parallelism only "+
+				"(--dp >= 2, --pp 1, no --zero1; docs/UNDO.md)", c.DP, c.PP, c.Zero1)
+		}
 	}
 	if c.LogMessages != LogOff && c.DP > 1 {
 		// SWIFT's rule: replicas when they exist, logging only for the

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -435,7 +436,7 @@ func TestParseArgs(t *testing.T) {
 	want := Config{Steps: 5, SizeBytes: 1 << 20, Layers: 4, Optimizer: AdamW, LR: 0.01, WeightDecay: 0.01, Momentum: 0.9,
 		Seed: 9, Batch: 8, DP: 2, PP: 2, Zero1: true, SaveEvery: 2, FailStep: 3, FailRank: 1, LogEvery: 1, MinStep: 20 * time.Millisecond, Compute: 7 * time.Millisecond,
 		SlowAt: 4, SlowStep: time.Second, SlowRank: 1, SlowRankBy: 5 * time.Millisecond, LogMessages: LogBubble, LogCap: 64 << 20}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got %+v\nwant %+v", c, want)
 	}
 }
@@ -479,6 +480,14 @@ func TestBadFlags(t *testing.T) {
 		{"--hold-in-update 5:-1 --undo", 1, "STEP:TENSOR"},
 		{"--hold-in-update 5:1", 1, "needs --undo and --jit"},
 		{"--hold-in-update 5:1 --undo --jit=false", 1, "needs --undo and --jit"},
+		{"--hold-before-update 5", 2, "STEP:RANK[,RANK...]"},
+		{"--hold-before-update 0:1 --undo", 2, "STEP:RANK[,RANK...]"},
+		{"--hold-before-update 5:1,x --undo", 2, "STEP:RANK[,RANK...]"},
+		{"--hold-before-update 5:1", 2, "needs --undo and --jit"},
+		{"--hold-before-update 5:2 --undo", 2, "the job has ranks 0..1, and at least one must finish the step"},
+		{"--hold-before-update 5:0,1 --undo", 2, "at least one must finish the step"},
+		{"--hold-before-update 5:1 --undo --zero1", 2, "covers plain data parallelism only"},
+		{"--hold-before-update 5:1 --undo --pp 2", 4, "covers plain data parallelism only"},
 		{"--log-messages always --pp 2", 2, "use off, sync or bubble"},
 		{"--log-messages sync", 1, "needs --pp >= 2"},
 		{"--log-messages bubble --pp 2 --save-every 0", 2, "needs --save-every >= 1"},

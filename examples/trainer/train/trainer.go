@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -67,6 +68,7 @@ const (
 	tagAct = 1 + iota
 	tagGrad
 	tagParams
+	tagHold // never sent: --hold-before-update's receive that nothing matches
 )
 
 // ErrKilled is what a test Kill hook may return.
@@ -112,7 +114,23 @@ type trainer struct {
 	serial      time.Duration // the last single-threaded addFixed, the next window's estimate
 	undo        *undoLog      // nil without --undo
 	resumed     bool          // restored from a snapshot: --fail-in-update does not fire
-	undoSend    []float32     // ZeRO-1 all-gather send buffer under --undo (t.grads holds the gradient undo needs)
+	// undoGrad is the step's gradient over the optimizer range under
+	// --undo: the undo data, kept until the next update begins (the next
+	// step's backward reuses t.grads), so that a JIT flush can step back
+	// over a complete update (stepBack). nil without --undo or under AOR,
+	// whose stepGrad lives as long.
+	undoGrad []float32
+	// gate is held (a value in it) by whoever may read or change the
+	// parameters, optimizer state and t.state outside the client's
+	// Updating..Consistent: the trainer, except inside collectives that
+	// touch none of them (the gradient all-reduce, the loss reduction), or
+	// a JIT flush's step-back (stepBack). holding: the trainer holds it.
+	gate    chan struct{}
+	holding bool
+	// stepped is closed when a JIT flush's step-back has run (it ends
+	// --hold-before-update's hold).
+	stepped     chan struct{}
+	steppedOnce sync.Once
 	// beforeTensor, when set (tests), is called before each tensor's
 	// update under --undo; an error stops the update there.
 	beforeTensor func(seg int) error
@@ -128,7 +146,7 @@ type trainer struct {
 	// The step path's snapshot state (step).
 	snap        Snapshotter
 	cons        Consistency
-	pending     Waiter // the last Save, not yet waited for
+	pending     Waiter // the last Save, not yet waited for; read and written under gate
 	pendingStep int64
 	lastGen     int64 // the newest generation known committed; 0: none
 	blocked     time.Duration
@@ -178,7 +196,8 @@ func Run(cfg Config, o Options) (*Result, error) {
 }
 
 func newTrainer(cfg Config, o Options) (*trainer, error) {
-	t := &trainer{cfg: cfg, world: o.Comm, rank: o.Comm.Rank(), width: cfg.Width(), log: o.Log, stop: make(chan struct{}), note: o.Note}
+	t := &trainer{cfg: cfg, world: o.Comm, rank: o.Comm.Rank(), width: cfg.Width(), log: o.Log, stop: make(chan struct{}), note: o.Note,
+		gate: make(chan struct{}, 1), stepped: make(chan struct{})}
 	if t.note == nil {
 		t.note = func(string) {}
 	}
@@ -254,9 +273,7 @@ func newTrainer(cfg Config, o Options) (*trainer, error) {
 			return nil, fmt.Errorf("--hold-in-update %d:%d: rank %d updates %d tensors (0..%d)", cfg.HoldUpdateStep,
 				cfg.HoldUpdateTensor, t.rank, len(t.undo.segs), len(t.undo.segs)-1)
 		}
-		if cfg.Zero1 && cfg.DP > 1 {
-			t.undoSend = make([]float32, t.shardLen)
-		}
+		t.undoGrad = make([]float32, optLen)
 	}
 	if t.pipe == cfg.PP-1 {
 		t.teach = newTeacher(cfg.Seed, h)
@@ -315,6 +332,7 @@ func (t *trainer) register(s Snapshotter) error {
 	var shards [][2]int64
 	if useAOR {
 		t.stepGrad = make([]float32, len(t.params))
+		t.undoGrad = nil // the update's gradient is stepGrad's part
 		if err := s.Register("gradients", bytesOf(t.stepGrad), true); err != nil {
 			return err
 		}
@@ -370,6 +388,7 @@ func (t *trainer) run(o Options) (*Result, error) {
 		if err := t.register(o.Snap); err != nil {
 			return nil, fmt.Errorf("register snapshot buffers: %w", err)
 		}
+		t.installStepBack(o.Snap)
 		restore := o.Snap.Restore
 		lr, local := o.Snap.(LocalRestorer)
 		if t.mlog != nil {
@@ -414,6 +433,12 @@ func (t *trainer) run(o Options) (*Result, error) {
 	if t.cons != nil && res.ResumedFrom > 0 {
 		t.cons.Consistent(res.ResumedFrom)
 	}
+	t.lockGate()
+	defer func() {
+		if t.holding {
+			t.unlockGate() // a flush's step-back may come after Run
+		}
+	}()
 	if plan != nil && plan.needed() {
 		if err := t.replay(plan, res); err != nil {
 			return nil, err
@@ -469,7 +494,10 @@ func (t *trainer) run(o Options) (*Result, error) {
 		}
 	}
 	clamped := []int64{t.clamped}
-	if err := t.world.AllReduceSumI64(clamped); err != nil {
+	t.unlockGate() // a survivor of a failure after the last step waits here
+	err := t.world.AllReduceSumI64(clamped)
+	t.lockGate()
+	if err != nil {
 		return nil, fmt.Errorf("clamp count: %w", err)
 	}
 	res.Clamped = clamped[0]
@@ -527,6 +555,9 @@ func (t *trainer) step(step int64, io stageIO) error {
 	if t.comm != nil {
 		t.comm.CommPhase(true, "gradient all-reduce")
 	}
+	// The all-reduce touches only t.acc: a flush's step-back may run
+	// meanwhile, while a failed peer keeps this rank blocked here.
+	t.unlockGate()
 	err := t.dpc.AllReduceSumI64(t.acc)
 	if t.comm != nil {
 		t.comm.CommPhase(false, "")
@@ -534,6 +565,10 @@ func (t *trainer) step(step int64, io stageIO) error {
 	if err != nil {
 		return fmt.Errorf("step %d: gradient allreduce: %w", step, err)
 	}
+	if err := t.holdBeforeUpdate(step); err != nil {
+		return fmt.Errorf("step %d: %w", step, err)
+	}
+	t.lockGate()
 	// The previous save must have read the buffers before they change.
 	if err := t.waitSave(); err != nil {
 		return fmt.Errorf("step %d: wait for snapshot: %w", step, err)
@@ -582,6 +617,9 @@ func (t *trainer) step(step int64, io stageIO) error {
 		t.blocked += time.Since(ts)
 		t.saves++
 		t.pending, t.pendingStep = w, step
+	}
+	if c := cfg; !t.resumed && step == c.HoldBeforeStep && !slices.Contains(c.HoldBeforeRanks, t.rank) {
+		t.note(fmt.Sprintf("hold-before-update: rank %d finished step %d", t.rank, step))
 	}
 	return nil
 }
@@ -756,6 +794,9 @@ func (t *trainer) update() error {
 		parallelFor(n, t.cfg.Threads, 2, func(a, b int) { fromFixed(t.acc[a:b], t.stepGrad[a:b]) })
 		g = t.stepGrad[lo:hi]
 	} else {
+		if t.undoGrad != nil {
+			g = t.undoGrad
+		}
 		fromFixed(t.acc[lo:hi], g)
 	}
 	if t.undo != nil {
@@ -769,13 +810,10 @@ func (t *trainer) update() error {
 		t.commitUndo()
 		return nil
 	}
-	// The microbatch gradient buffer is spent now; it becomes the
-	// all-gather's send buffer (MPI forbids a send buffer inside the
-	// destination). Under --undo it still holds the gradient undo needs.
+	// The microbatch gradient buffer is spent now (under --undo the
+	// step's gradient is in undoGrad); it becomes the all-gather's send
+	// buffer (MPI forbids a send buffer inside the destination).
 	send := t.grads[lo:hi]
-	if t.undoSend != nil {
-		send = t.undoSend
-	}
 	copy(send, p)
 	if err := t.dpc.AllGatherF32(t.params, send); err != nil {
 		if t.undo != nil {
@@ -859,7 +897,12 @@ func (t *trainer) loss() (float64, error) {
 	if t.pipe == t.cfg.PP-1 && t.dpIdx == 0 {
 		v[0] = t.acc[len(t.acc)-1]
 	}
-	if err := t.world.AllReduceSumI64(v); err != nil {
+	// A survivor whose peer died after the gradient all-reduce blocks
+	// here: let a flush's step-back run meanwhile.
+	t.unlockGate()
+	err := t.world.AllReduceSumI64(v)
+	t.lockGate()
+	if err != nil {
 		return 0, err
 	}
 	return float64(v[0]) / fixScale, nil

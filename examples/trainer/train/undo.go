@@ -43,6 +43,11 @@ type undoLog struct {
 	bc1     float32    // the step's bias corrections (adam, adamw)
 	bc2     float32
 	active  bool // an update was recorded and not undone or committed
+	// done: the last update was complete (committed) and its undo data is
+	// kept until the next apply begins, so that a JIT flush can step back
+	// over it (trainer.stepBack). The gradient g must stay unchanged as
+	// long: the trainer keeps it in a buffer of its own (undoGrad).
+	done bool
 }
 
 const (
@@ -92,7 +97,7 @@ func newUndoLog(lo, hi int, bounds []int) *undoLog {
 // failure injected mid-update) and is returned, the segments before it
 // applied. o.prepare must have been called for the step.
 func (u *undoLog) apply(o *optimizer, p, g []float32, threads int, before func(seg int) error) error {
-	u.g, u.bc1, u.bc2, u.active = g, o.bc1, o.bc2, true
+	u.g, u.bc1, u.bc2, u.active, u.done = g, o.bc1, o.bc2, true, false
 	if o.m != nil && u.dm == nil {
 		u.dm = make([]int8, len(u.dp))
 	}
@@ -122,13 +127,18 @@ func (u *undoLog) apply(o *optimizer, p, g []float32, threads int, before func(s
 	return nil
 }
 
-// commit forgets the recorded update: the step is complete.
-func (u *undoLog) commit() { u.active = false }
+// commit marks the recorded update complete; its undo data stays until
+// the next apply (kept).
+func (u *undoLog) commit() { u.active, u.done = false, true }
 
-// undo returns the applied segments to their state before the update. It
-// returns how many segments it undid.
+// kept says whether the last update is complete and can still be undone.
+func (u *undoLog) kept() bool { return u.done }
+
+// undo returns the applied segments of the recorded update, interrupted
+// (active) or complete (kept), to their state before it. It returns how
+// many segments it undid.
 func (u *undoLog) undo(o *optimizer, p []float32, threads int) int {
-	if !u.active {
+	if !u.active && !u.done {
 		return 0
 	}
 	n := 0
@@ -153,7 +163,7 @@ func (u *undoLog) undo(o *optimizer, p []float32, threads int) int {
 		u.applied[s] = false
 		n++
 	}
-	u.active = false
+	u.active, u.done = false, false
 	return n
 }
 
