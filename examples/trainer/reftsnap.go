@@ -199,31 +199,31 @@ func agreeOver(size int, allGather func(dst, src []int64) error, onThread func()
 // errNotMPIThread is returned when the agreement is called off the MPI thread.
 var errNotMPIThread = errors.New("the restore agreement ran off the MPI thread: call Restore from the goroutine that initialized MPI")
 
-// RestoreLocal restores this rank's own newest generation, without the
-// agreement on a step every rank holds (train.LocalRestorer): under
-// --log-messages a stage lost with its node restores the peer copy of its
-// last snapshot while the survivors restore their JIT flush of a newer
-// step, and the trainer replays the difference from the message logs. A
-// generation the agent finds corrupt is dropped by it; the next older one
-// is tried.
-func (s *reftSnap) RestoreLocal() (int64, bool, error) {
-	ctx := context.Background()
-	steps, err := s.c.Generations(ctx)
+// LocalSteps lists this rank's own generations, ascending, for the
+// restore without the agreement on a step every rank holds
+// (train.LocalRestorer): under --log-messages a stage lost with its node
+// restores the peer copy of its last snapshot while the survivors restore
+// their JIT flush of a newer step, and the trainer replays the difference
+// from the message logs.
+func (s *reftSnap) LocalSteps() ([]int64, error) {
+	steps, err := s.c.Generations(context.Background())
 	if err != nil {
-		return 0, false, fmt.Errorf("listing this rank's generations: %w", err)
+		return nil, fmt.Errorf("listing this rank's generations: %w", err)
 	}
 	slices.Sort(steps)
-	for i := len(steps) - 1; i >= 0; i-- {
-		err := s.c.RestoreStep(ctx, steps[i])
-		if err == nil {
-			return steps[i], true, nil
-		}
-		var ae *client.Error
-		if !errors.As(err, &ae) || ae.Code != client.CodeCorrupt || i == 0 {
-			return 0, false, err
-		}
+	return steps, nil
+}
+
+// RestoreLocal restores this rank's own generation of step
+// (train.LocalRestorer); a checksum failure wraps
+// train.ErrCorruptGeneration.
+func (s *reftSnap) RestoreLocal(step int64) error {
+	err := s.c.RestoreStep(context.Background(), step)
+	var ae *client.Error
+	if errors.As(err, &ae) && ae.Code == client.CodeCorrupt {
+		return fmt.Errorf("%w: %w", train.ErrCorruptGeneration, err)
 	}
-	return 0, false, nil
+	return err
 }
 
 // reftLog is the agent's message log of this rank behind train.MessageLog

@@ -134,6 +134,9 @@ type hooks struct {
 	world       func(*train.LocalWorld)    // called with the world before the ranks start
 	// snap, if set, is the snapshotter the trainer gets over the session.
 	snap func(*reftSnap) train.Snapshotter
+	// lost, if set, is a rank whose client never flushes (no JIT watch):
+	// it stands for a rank lost with its node's memory.
+	lost *int
 }
 
 // runReftHooks is runReftWith with h.
@@ -171,7 +174,8 @@ func runReftHooks(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, h h
 					errs[r] = err
 				}
 			}()
-			if cfg.JIT {
+			isLost := h.lost != nil && *h.lost == r
+			if cfg.JIT && !isLost {
 				snap.startJIT(ctx, func(msg string) { t.Errorf("rank %d: %s", r, msg) })
 			}
 			o := train.Options{Comm: comm, Snap: snap, Note: note}
@@ -190,7 +194,7 @@ func runReftHooks(t *testing.T, a *agenttest.Agent, cfg train.Config, n int, h h
 				// of the last step is consistent (every rank flushes here,
 				// the killed one standing in for its state's copies on
 				// the survivors).
-				if cfg.JIT && (flushKilled || !errors.Is(errs[r], train.ErrKilled)) {
+				if cfg.JIT && !isLost && (flushKilled || !errors.Is(errs[r], train.ErrKilled)) {
 					if err := snap.flush(errs[r]); err != nil {
 						errs[r] = errors.Join(errs[r], err)
 					}
@@ -255,6 +259,108 @@ func TestReftLoggingReplay(t *testing.T) {
 			}
 			if want := "REPLAY stage 1 from 8 to 9 steps 1 "; !strings.Contains(log, want) {
 				t.Errorf("no %q line: stage 1 should replay step 9 alone\n%s", want, log)
+			}
+			if n := strings.Count(log, "REPLAY stage"); n != 1 {
+				t.Errorf("%d REPLAY lines, want 1 (only the lost stage replays)\n%s", n, log)
+			}
+		})
+	}
+}
+
+// TestReftLoggingStraddle: a 4-stage pipeline logging its messages, with
+// snapshots every 4 steps, and the survivors' flushes on either side of a
+// step boundary: stage 0 holds before its update of step 7 (a stage
+// still inside the step) while stages 1-3 finish it and wait in the loss
+// reduction, and stage 1 is lost with no flush (its client never flushes:
+// its newest generation is step 4). The
+// JIT step-back makes stage 0 save steps 5 and 6, stages 2 and 3 steps 6
+// and 7, so the job goes on from step 6 and only stage 1 replays (5..6),
+// where going on from step 7 would have stage 0 replay a step too; the run
+// ends with the bits of an uninterrupted one.
+func TestReftLoggingStraddle(t *testing.T) {
+	for _, mode := range []string{train.LogSync, train.LogBubble} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := small()
+			cfg.PP, cfg.DP, cfg.Steps, cfg.SaveEvery, cfg.LogEvery = 4, 1, 12, 4, 1
+			ref, errs := train.RunLocal(cfg, 4, nil)
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			a, err := agenttest.Start(agenttest.Options{MemoryBudget: 64 << 20, Log: zerolog.New(zerolog.NewTestWriter(t))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { a.Close() })
+			crash := cfg
+			crash.LogMessages, crash.JIT, crash.Undo = mode, true, true
+			crash.HoldBeforeStep, crash.HoldBeforeRanks = 7, []int{0}
+			lost := 1
+			worlds := make(chan *train.LocalWorld, 1)
+			notes := make(chan string, 8)
+			backs := make(chan string, 4)
+			var mu sync.Mutex
+			lines := map[int][]string{}
+			var seen []string
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				w := <-worlds
+				defer w.Abort() // the job torn down after the flushes
+				for range 4 { // stage 0 holds; 1, 2 and 3 finish step 7
+					seen = append(seen, <-notes)
+				}
+				a.NotifyPeerFailure("n2", "test: stage 1's node lost after step 7")
+				for range 3 {
+					select {
+					case <-backs:
+					case <-time.After(time.Minute):
+						t.Errorf("not every survivor's flush stepped back within a minute")
+						return
+					}
+				}
+			}()
+			_, log, err := runReftHooks(t, a, crash, 4, hooks{
+				lost:  &lost,
+				note:  func(msg string) { notes <- msg },
+				world: func(w *train.LocalWorld) { worlds <- w },
+				clientLog: func(r int, msg string) {
+					mu.Lock()
+					lines[r] = append(lines[r], msg)
+					mu.Unlock()
+					if strings.Contains(msg, "JIT save of steps") {
+						backs <- msg
+					}
+				},
+			})
+			<-done
+			if !errors.Is(err, train.ErrAborted) {
+				t.Fatalf("the held run: %v, want every rank ended by the world's abort after the flushes\n%s", err, log)
+			}
+			all := strings.Join(seen, "\n")
+			for r, want := range map[int]string{
+				0: "JIT save of steps 5 and 6 (step 6's update undone, saved, redone)",
+				2: "JIT save of steps 6 and 7 (step 7's update undone, saved, redone)",
+				3: "JIT save of steps 6 and 7 (step 7's update undone, saved, redone)",
+			} {
+				mu.Lock()
+				rl := strings.Join(lines[r], "\n")
+				mu.Unlock()
+				if !strings.Contains(rl, want) {
+					t.Errorf("rank %d's client did not log %q:\n%s\nnotes:\n%s", r, want, rl, all)
+				}
+			}
+			got, log, err := runReftWith(t, a, crash, 4, nil, false)
+			if err != nil {
+				t.Fatalf("relaunch: %v\n%s", err, log)
+			}
+			if got.Hash != ref[0].Hash {
+				t.Errorf("final-params-sha256 %s after the replay, %s uninterrupted\n%s", got.Hash, ref[0].Hash, log)
+			}
+			if want := "the job goes on from step 6"; !strings.Contains(log, want) {
+				t.Errorf("no %q line\n%s", want, log)
+			}
+			if want := "REPLAY stage 1 from 4 to 6 steps 2 "; !strings.Contains(log, want) {
+				t.Errorf("no %q line: stage 1 should replay steps 5 and 6 alone\n%s", want, log)
 			}
 			if n := strings.Count(log, "REPLAY stage"); n != 1 {
 				t.Errorf("%d REPLAY lines, want 1 (only the lost stage replays)\n%s", n, log)
@@ -568,9 +674,9 @@ func TestReftStraddle(t *testing.T) {
 }
 
 // TestReftStepBackRefused: where the step-back is not correct (ZeRO-1's
-// parameter shards, a pipeline's stages) the trainer does not offer it and
-// rank 0 says once why, in a job that saves less often than every step;
-// --hold-before-update, which needs it, is refused there.
+// parameter shards) the trainer does not offer it and rank 0 says once
+// why, in a job that saves less often than every step; --hold-before-update,
+// which needs it, is refused there. A pipeline has it (no line).
 func TestReftStepBackRefused(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -579,7 +685,7 @@ func TestReftStepBackRefused(t *testing.T) {
 		want   string
 	}{
 		{"zero1", 2, func(c *train.Config) { c.DP, c.Zero1, c.Optimizer = 2, true, train.Adam }, "undo: no JIT step-back under --zero1"},
-		{"pp2", 2, func(c *train.Config) { c.DP, c.PP = 1, 2 }, "undo: no JIT step-back under --pp > 1"},
+		{"pp2", 2, func(c *train.Config) { c.DP, c.PP = 1, 2 }, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := small()
@@ -587,12 +693,18 @@ func TestReftStepBackRefused(t *testing.T) {
 			tc.layout(&cfg)
 			_, a := referenceAndAgent(t, cfg, tc.n, "")
 			_, log, err := runReft(t, a, cfg, tc.n)
+			if tc.want == "" {
+				if err != nil || strings.Contains(log, "no JIT step-back") {
+					t.Errorf("%v; want no step-back refusal in:\n%s", err, log)
+				}
+				return
+			}
 			if err != nil || strings.Count(log, tc.want) != 1 {
 				t.Errorf("%v; want one line %q from rank 0 in:\n%s", err, tc.want, log)
 			}
 			held := cfg
 			held.HoldBeforeStep, held.HoldBeforeRanks = 2, []int{0}
-			if _, _, err := runReft(t, a, held, tc.n); err == nil || !strings.Contains(err.Error(), "covers plain data parallelism only") {
+			if _, _, err := runReft(t, a, held, tc.n); err == nil || !strings.Contains(err.Error(), "--hold-before-update with --zero1") {
 				t.Errorf("--hold-before-update: %v, want a refusal", err)
 			}
 		})

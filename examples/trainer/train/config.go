@@ -75,11 +75,12 @@ type Config struct {
 	HoldUpdateTensor int
 	// HoldBefore (--hold-before-update STEP:RANK[,RANK...]) makes those ranks stop
 	// after the gradient all-reduce of STEP, before its update (only in a
-	// run that did not resume; needs Undo and JIT, plain data parallelism)
+	// run that did not resume; needs Undo and JIT, and no ZeRO-1)
 	// until a JIT flush has stepped back (HoldMax at most), then stay
 	// blocked until the job is torn down: a rank still blocked in the
-	// all-reduce that the others finished, so
-	// that the survivors' flushes straddle a step boundary (the others say
+	// all-reduce that the others finished (or, in a pipeline, a stage
+	// still inside the step its neighbours finished), so that the
+	// survivors' flushes straddle a step boundary (the others say
 	// "hold-before-update: rank R finished step STEP").
 	HoldBeforeStep  int64
 	HoldBeforeRanks []int
@@ -403,9 +404,9 @@ func (c *Config) Validate(world int) error {
 		switch {
 		case slices.Max(c.HoldBeforeRanks) >= world || len(c.HoldBeforeRanks) >= world:
 			return fmt.Errorf("--hold-before-update %d:%v: the job has ranks 0..%d, and at least one must finish the step", c.HoldBeforeStep, c.HoldBeforeRanks, world-1)
-		case c.DP < 2 || c.PP > 1 || c.Zero1:
-			return fmt.Errorf("--hold-before-update with --dp %d --pp %d --zero1=%v: the JIT step-back that ends the hold covers plain data parallelism only "+
-				"(--dp >= 2, --pp 1, no --zero1; docs/UNDO.md)", c.DP, c.PP, c.Zero1)
+		case c.Zero1 && c.DP > 1:
+			return fmt.Errorf("--hold-before-update with --zero1: the JIT step-back that ends the hold needs every buffer replicated or the stage's own "+
+				"(no --zero1 with --dp > 1; docs/UNDO.md)")
 		}
 	}
 	if c.LogMessages != LogOff && c.DP > 1 {

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -28,6 +29,100 @@ import (
 // (the plan's all-reduces) are called by every rank; a replayed step runs
 // no world collective (its loss is not reduced, it was logged the first
 // time).
+
+// Which step the job goes on from. A rank restores the step T the job
+// chose or, when it holds none, its newest step before T, and replays
+// from there. T is the newest step any rank holds, T*, unless the step
+// before it needs fewer stages to replay: when the survivors' flushes
+// straddled a step boundary (a stage that finished step s while another
+// was still inside it), the ones ahead saved s-1 as well (the JIT
+// step-back, stepback.go), and going on from s-1 leaves only the lost
+// stage to replay, where s would make the survivors behind replay one
+// step too (SWIFT: only the failed stage recomputes). T*-1 is chosen only
+// where every rank holding a newer step holds it too, and only when
+// strictly fewer ranks then replay; no older step is considered, which
+// would roll the survivors back past what the logs are for.
+
+// replayTarget returns T for the ranks' newest two steps each
+// (held[r][1] the newest, held[r][0] the one before; 0: none), and how
+// many ranks replay from it.
+func replayTarget(held [][2]int64) (target int64, replaying int) {
+	var newest int64
+	for _, h := range held {
+		newest = max(newest, h[1])
+	}
+	count := func(s int64) (n int, ok bool) {
+		for _, h := range held {
+			switch {
+			case h[0] == s || h[1] == s:
+			case h[1] > s:
+				return 0, false // it could only go back to an older step
+			default:
+				n++
+			}
+		}
+		return n, true
+	}
+	replaying, _ = count(newest) // no rank holds a newer step
+	if newest > 1 {
+		if n, ok := count(newest - 1); ok && n < replaying {
+			return newest - 1, n
+		}
+	}
+	return newest, replaying
+}
+
+// restoreLocal is the LocalRestorer's restore under --log-messages: the
+// ranks exchange their newest two steps (an all-reduce over the world),
+// choose T (replayTarget), and this rank restores T or its newest step
+// before it, an older one where the agent finds a generation corrupt.
+func (t *trainer) restoreLocal(lr LocalRestorer) (int64, bool, error) {
+	steps, err := lr.LocalSteps()
+	if err != nil {
+		return 0, false, err
+	}
+	n := t.world.Size()
+	v := make([]int64, 2*n)
+	for i, k := len(steps)-1, 1; i >= 0 && k >= 0; i, k = i-1, k-1 {
+		v[2*t.rank+k] = steps[i]
+	}
+	if err := t.world.AllReduceSumI64(v); err != nil {
+		return 0, false, fmt.Errorf("replay: exchange the ranks' steps: %w", err)
+	}
+	held := make([][2]int64, n)
+	var newest int64
+	for r := range held {
+		held[r] = [2]int64{v[2*r], v[2*r+1]}
+		newest = max(newest, held[r][1])
+	}
+	target, _ := replayTarget(held)
+	if target == 0 {
+		return 0, false, nil
+	}
+	if target < newest {
+		var ahead []string
+		for r, h := range held {
+			if h[1] == newest {
+				ahead = append(ahead, fmt.Sprint(r))
+			}
+		}
+		fmt.Fprintf(t.log, "replay: rank(s) %s hold step %d and step %d (their JIT flush stepped back); the job goes on from step %d, "+
+			"so that fewer stages replay\n", strings.Join(ahead, ", "), newest, target, target)
+	}
+	for i := len(steps) - 1; i >= 0; i-- {
+		if steps[i] > target {
+			continue
+		}
+		err := lr.RestoreLocal(steps[i])
+		if err == nil {
+			return steps[i], true, nil
+		}
+		if !errors.Is(err, ErrCorruptGeneration) {
+			return 0, false, err
+		}
+	}
+	return 0, false, nil
+}
 
 // replayPlan is what the job agreed on after the restore.
 type replayPlan struct {

@@ -318,3 +318,31 @@ func TestLoggingNeeds(t *testing.T) {
 		t.Errorf("small cap: %v", errs[0])
 	}
 }
+
+// TestReplayTarget: the step the job goes on from, for the ranks' newest
+// two steps each ([older, newer]; 0: none).
+func TestReplayTarget(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		held      [][2]int64
+		target    int64
+		replaying int
+	}{
+		{"fresh start", [][2]int64{{0, 0}, {0, 0}}, 0, 0},
+		{"every rank at the same step", [][2]int64{{4, 8}, {4, 8}, {4, 8}}, 8, 0},
+		{"a lost stage behind", [][2]int64{{4, 9}, {0, 4}, {4, 9}, {4, 9}}, 9, 1},
+		{"survivors also hold the step before", [][2]int64{{8, 9}, {0, 4}, {8, 9}}, 9, 1},
+		{"straddle, stepped back", [][2]int64{{5, 6}, {0, 4}, {6, 7}, {6, 7}}, 6, 1},
+		{"straddle without a step-back: the ones ahead cannot go back", [][2]int64{{5, 6}, {0, 4}, {4, 7}, {4, 7}}, 7, 2},
+		{"two ranks, the one ahead stepped back: none replays", [][2]int64{{5, 6}, {6, 7}}, 6, 0},
+		{"the lost stage one behind: going back replays none", [][2]int64{{7, 8}, {0, 7}, {7, 8}}, 7, 0},
+		{"a rank with nothing", [][2]int64{{5, 6}, {0, 0}, {6, 7}}, 6, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, n := replayTarget(tc.held)
+			if got != tc.target || n != tc.replaying {
+				t.Errorf("replayTarget(%v) = %d with %d replaying, want %d with %d", tc.held, got, n, tc.target, tc.replaying)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package train
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -88,14 +89,24 @@ type Interval interface {
 }
 
 // LocalRestorer is an optional interface of a Snapshotter that restores
-// this rank's own newest generation, without Restore's agreement on a step
+// one of this rank's own generations, without Restore's agreement on a step
 // every rank holds. Under --log-messages the trainer restores with it: the
-// ranks then hold different steps, agree on the newest (an all-reduce), and
-// the ones behind replay from their neighbours' message logs (replay.go).
-// It is collective in no way; call it after every Register.
+// ranks list their steps, choose the step to go on from (replay.go,
+// replayTarget), each restores that step or its newest before it, and the
+// ones behind replay from their neighbours' message logs. Neither method is
+// collective; call them after every Register.
 type LocalRestorer interface {
-	RestoreLocal() (step int64, ok bool, err error)
+	// LocalSteps lists the steps of this rank's generations, ascending.
+	LocalSteps() ([]int64, error)
+	// RestoreLocal fills the registered buffers from this rank's
+	// generation of step; an error wrapping ErrCorruptGeneration when its
+	// bytes fail their checksum (the trainer then tries an older one).
+	RestoreLocal(step int64) error
 }
+
+// ErrCorruptGeneration is a LocalRestorer's error for a generation whose
+// bytes fail their checksum.
+var ErrCorruptGeneration = errors.New("the generation failed its checksum")
 
 // OptimizerState is what an AOR replica of a ZeRO-1 optimizer shard needs
 // (the register message's "aor" object, docs/PROTOCOL.md).
@@ -337,21 +348,22 @@ func (m *memSnap) restore(step int64) error {
 	return nil
 }
 
-// RestoreLocal restores this rank's newest generation (LocalRestorer).
-func (m *memSnap) RestoreLocal() (int64, bool, error) {
+// LocalSteps lists this rank's generations (LocalRestorer).
+func (m *memSnap) LocalSteps() ([]int64, error) {
 	m.store.mu.Lock()
-	step, ok := int64(0), false
+	var steps []int64
 	for st, ranks := range m.store.gens {
-		if _, has := ranks[m.rank]; has && st > step {
-			step, ok = st, true
+		if _, has := ranks[m.rank]; has {
+			steps = append(steps, st)
 		}
 	}
 	m.store.mu.Unlock()
-	if !ok {
-		return 0, false, nil
-	}
-	return step, true, m.restore(step)
+	slices.Sort(steps)
+	return steps, nil
 }
+
+// RestoreLocal restores this rank's generation of step (LocalRestorer).
+func (m *memSnap) RestoreLocal(step int64) error { return m.restore(step) }
 
 func (m *memSnap) Close() error {
 	if m.pending != nil {

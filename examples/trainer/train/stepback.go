@@ -18,11 +18,21 @@ import (
 // survivor then holds s-1, and the restore agreement loses at most one
 // step.
 //
+// In a pipeline the same holds per stage: a stage that finished step s
+// while a lost neighbour left another inside it waits for step s+1's
+// input, and its flush saves s-1 and s; the job then goes on from s-1
+// where that leaves only the lost stage to replay (replay.go,
+// replayTarget).
+//
 // Concurrency: the step-back runs on the flush's goroutine. The gate keeps
 // it and the trainer apart: the trainer holds it except inside the
-// collectives that read none of the state (the gradient all-reduce, the
-// loss reduction) and after Run returns; the step-back takes it, so it
-// runs only while the trainer is blocked there or has stopped.
+// communication that reads none of the state (the gradient all-reduce,
+// the loss reduction, a pipeline stage's sends and receives of
+// activations and gradients) and after Run returns; the step-back takes
+// it, so it runs only while the trainer is blocked there or has stopped.
+// It puts back the same bits it took, so what the trainer computed from
+// the parameters before (a forward pass of the next step's first
+// microbatches) stays valid.
 
 // ErrNoStepBack is the step-back's error when the trainer holds the step
 // but made it by no update it can undo: restored, or the update after it
@@ -58,8 +68,6 @@ func (t *trainer) installStepBack(s Snapshotter) {
 	switch {
 	case t.cfg.Zero1 && t.cfg.DP > 1:
 		why = "--zero1: undoing a complete update would need the other ranks' parameter shards from before the all-gather"
-	case t.cfg.PP > 1:
-		why = "--pp > 1: a stage blocked in a pipeline send or receive holds its parameters, so no flush could undo them"
 	default:
 		sb.SetStepBack(t.stepBack)
 		return

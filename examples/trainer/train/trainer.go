@@ -393,7 +393,7 @@ func (t *trainer) run(o Options) (*Result, error) {
 		lr, local := o.Snap.(LocalRestorer)
 		if t.mlog != nil {
 			if local {
-				restore = lr.RestoreLocal
+				restore = func() (int64, bool, error) { return t.restoreLocal(lr) }
 			} else {
 				fmt.Fprintln(t.log, "message logging: this snapshotter restores only a step that every rank holds, so a failure rolls every stage back "+
 					"and the logs are not replayed (replay needs a per-rank restore, train.LocalRestorer: reft's snapshots have one, --ckpt-dir does not; docs/LOGGING.md)")
@@ -685,7 +685,7 @@ func (t *trainer) computeGradients(step int64, io stageIO) error {
 			l.forward(act(m, k), act(m, k+1), n, cfg.Threads)
 		}
 		if io.sendAct {
-			if err := t.world.SendF32(next, tagAct, act(m, L)); err != nil {
+			if err := t.send(next, tagAct, act(m, L)); err != nil {
 				return fmt.Errorf("send activations to rank %d: %w", next, err)
 			}
 		}
@@ -742,7 +742,7 @@ func (t *trainer) computeGradients(step int64, io stageIO) error {
 			gy, gx = dst, gy
 		}
 		if io.sendGrad {
-			if err := t.world.SendF32(prev, tagGrad, gy); err != nil {
+			if err := t.send(prev, tagGrad, gy); err != nil {
 				return fmt.Errorf("send gradients to rank %d: %w", prev, err)
 			}
 		}
@@ -768,12 +768,32 @@ func (t *trainer) computeGradients(step int64, io stageIO) error {
 }
 
 // recv receives a message from a neighbouring stage. The wait is a
-// pipeline bubble: the bubble-time logger copies there.
+// pipeline bubble: the bubble-time logger copies there. The message
+// buffers are not the state, so a flush's step-back may run meanwhile (a
+// stage that finished its step waits here for the next one's input while
+// a lost neighbour keeps it from coming). On an error the gate stays
+// released: the step is over.
 func (t *trainer) recv(from, tag int, v []float32) error {
 	if t.mlog != nil {
 		t.mlog.bubbleStart()
 	}
-	return t.world.RecvF32(from, tag, v)
+	t.unlockGate()
+	if err := t.world.RecvF32(from, tag, v); err != nil {
+		return err
+	}
+	t.lockGate()
+	return nil
+}
+
+// send sends a message to a neighbouring stage, the gate released as in
+// recv (a blocking send waits for its receiver).
+func (t *trainer) send(to, tag int, v []float32) error {
+	t.unlockGate()
+	if err := t.world.SendF32(to, tag, v); err != nil {
+		return err
+	}
+	t.lockGate()
+	return nil
 }
 
 // update turns the reduced fixed-point gradient into float32 and applies the
