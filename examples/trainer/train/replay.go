@@ -38,10 +38,16 @@ import (
 // was still inside it), the ones ahead saved s-1 as well (the JIT
 // step-back, stepback.go), and going on from s-1 leaves only the lost
 // stage to replay, where s would make the survivors behind replay one
-// step too (SWIFT: only the failed stage recomputes). T*-1 is chosen only
-// where every rank holding a newer step holds it too, and only when
-// strictly fewer ranks then replay; no older step is considered, which
-// would roll the survivors back past what the logs are for.
+// step too. That is SWIFT's recovery: the survivors undo what they
+// applied past a step they all hold, the failed stage alone replays, and
+// then every stage goes on (the ones that stepped back compute their
+// undone step again, in the pipeline). T*-1 is chosen only where every
+// rank holding a newer step holds it too, and only when strictly fewer
+// ranks then replay but some still do: when none would, the lost stage is
+// just one step behind, and its replay of that step is cheaper than every
+// stage computing it again (and the survivors keep their step, as SWIFT's
+// do). No older step is considered: that would roll the survivors back
+// past what the logs are for.
 
 // replayTarget returns T for the ranks' newest two steps each
 // (held[r][1] the newest, held[r][0] the one before; 0: none), and how
@@ -65,7 +71,7 @@ func replayTarget(held [][2]int64) (target int64, replaying int) {
 	}
 	replaying, _ = count(newest) // no rank holds a newer step
 	if newest > 1 {
-		if n, ok := count(newest - 1); ok && n < replaying {
+		if n, ok := count(newest - 1); ok && n < replaying && n > 0 {
 			return newest - 1, n
 		}
 	}

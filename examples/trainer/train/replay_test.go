@@ -334,8 +334,8 @@ func TestReplayTarget(t *testing.T) {
 		{"survivors also hold the step before", [][2]int64{{8, 9}, {0, 4}, {8, 9}}, 9, 1},
 		{"straddle, stepped back", [][2]int64{{5, 6}, {0, 4}, {6, 7}, {6, 7}}, 6, 1},
 		{"straddle without a step-back: the ones ahead cannot go back", [][2]int64{{5, 6}, {0, 4}, {4, 7}, {4, 7}}, 7, 2},
-		{"two ranks, the one ahead stepped back: none replays", [][2]int64{{5, 6}, {6, 7}}, 6, 0},
-		{"the lost stage one behind: going back replays none", [][2]int64{{7, 8}, {0, 7}, {7, 8}}, 7, 0},
+		{"two ranks, the one ahead stepped back: going back would replay none", [][2]int64{{5, 6}, {6, 7}}, 7, 1},
+		{"the lost stage one behind: it replays, the survivors keep their step", [][2]int64{{7, 8}, {0, 7}, {7, 8}}, 8, 1},
 		{"a rank with nothing", [][2]int64{{5, 6}, {0, 0}, {6, 7}}, 6, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
