@@ -267,6 +267,55 @@ func TestReftLoggingReplay(t *testing.T) {
 	}
 }
 
+// TestReftLoggingGroups: selective logging (--log-groups 0-1,2): stages 0
+// and 1 form a group whose inner messages are not logged (rank 0 logs
+// nothing), stage 1 dies at the start of step 10 with no flush; the
+// relaunch has stages 0 and 1 replay step 9 together from step 8 (stage 0
+// goes back to its snapshot, as its group's lost stage must), stage 2
+// serving its log, and the run ends with the uninterrupted bits.
+func TestReftLoggingGroups(t *testing.T) {
+	for _, mode := range []string{train.LogSync, train.LogBubble} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := small()
+			cfg.PP, cfg.DP, cfg.Steps, cfg.SaveEvery, cfg.LogEvery = 3, 1, 14, 4, 1
+			ref, errs := train.RunLocal(cfg, 3, nil)
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			a, err := agenttest.Start(agenttest.Options{MemoryBudget: 64 << 20, Log: zerolog.New(zerolog.NewTestWriter(t))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { a.Close() })
+			crash := cfg
+			crash.LogMessages, crash.JIT = mode, true
+			crash.LogGroups = [][2]int{{0, 1}, {2, 2}}
+			crash.FailStep, crash.FailRank = 10, 1
+			if _, log, err := runReftWith(t, a, crash, 3, nil, false); !errors.Is(err, train.ErrKilled) {
+				t.Fatalf("the run with --fail-at 10:1: %v, want ErrKilled\n%s", err, log)
+			}
+			got, log, err := runReftWith(t, a, crash, 3, nil, false)
+			if err != nil {
+				t.Fatalf("relaunch: %v\n%s", err, log)
+			}
+			if got.Hash != ref[0].Hash {
+				t.Errorf("final-params-sha256 %s after the replay, %s uninterrupted\n%s", got.Hash, ref[0].Hash, log)
+			}
+			for _, want := range []string{"replay: stages 0-1 replay together from step 8", "REPLAY stage 0 from 8 to 9 steps 1 ", "REPLAY stage 1 from 8 to 9 steps 1 "} {
+				if !strings.Contains(log, want) {
+					t.Errorf("no %q line\n%s", want, log)
+				}
+			}
+			if n := strings.Count(log, "REPLAY stage"); n != 2 {
+				t.Errorf("%d REPLAY lines, want 2 (the lost stage's group)\n%s", n, log)
+			}
+			if got.LogBytes != 0 {
+				t.Errorf("rank 0 logged %d bytes; its only boundary is inside its group, which is not logged", got.LogBytes)
+			}
+		})
+	}
+}
+
 // TestReftLoggingStraddle: a 4-stage pipeline logging its messages, with
 // snapshots every 4 steps, and the survivors' flushes on either side of a
 // step boundary: stage 0 holds before its update of step 7 (a stage

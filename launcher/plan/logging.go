@@ -276,6 +276,9 @@ type loggingJSON struct {
 	FullRestart      float64     `json:"full_restart_seconds"`
 	Ratio            float64     `json:"ratio_to_full_restart"`
 	StagesProtection []stageJSON `json:"protection"`
+	// ReftTrainFlags is the grouping as reft-train's flags (one stage per
+	// node); "" where logging protects nothing (dp > 1, or one group).
+	ReftTrainFlags string `json:"reft_train_flags"`
 }
 
 func runLogging(args []string, stdout, stderr io.Writer) error {
@@ -330,6 +333,17 @@ func loggingReport(in logplan.Input, dp int, algo string, p logplan.Plan, prot [
 			r.LoggedBoundaries = append(r.LoggedBoundaries, fmt.Sprintf("%d|%d", b, b+1))
 		}
 	}
+	if dp == 1 && len(p.Groups) > 1 {
+		var gs []string
+		for _, g := range p.Groups {
+			if g.First == g.Last {
+				gs = append(gs, fmt.Sprint(g.First))
+			} else {
+				gs = append(gs, fmt.Sprintf("%d-%d", g.First, g.Last))
+			}
+		}
+		r.ReftTrainFlags = "--log-messages bubble --log-groups " + strings.Join(gs, ",")
+	}
 	for i, sp := range prot {
 		r.StagesProtection = append(r.StagesProtection, stageJSON{Stage: i, LogBytes: p.NodeLogBytes[i],
 			Protection: sp.String(), LoggedEdges: sp.Edges, Why: sp.Why})
@@ -353,7 +367,11 @@ func printLogging(w io.Writer, r loggingJSON) {
 	if len(r.LoggedBoundaries) > 0 {
 		logged = strings.Join(r.LoggedBoundaries, ", ")
 	}
-	fmt.Fprintf(w, "groups %s; logged boundaries: %s\n\n", strings.Join(gs, " "), logged)
+	fmt.Fprintf(w, "groups %s; logged boundaries: %s\n", strings.Join(gs, " "), logged)
+	if r.ReftTrainFlags != "" {
+		fmt.Fprintf(w, "reft-train (one stage per node): %s\n", r.ReftTrainFlags)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "A failure loses %.4g steps on average (half the interval). Recovery of one failed group:\n", r.LostSteps)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "group\treplay per step\texpected recovery\tfull restart\tratio\n")

@@ -35,7 +35,8 @@ func TestLoggingJSON(t *testing.T) {
 		Groups: []groupJSON{
 			{First: 0, Last: 1, ReplayStepSecs: 5, ExpectedRecovery: 2.5, RatioToFull: 1},
 			{First: 2, Last: 2, ReplayStepSecs: 3, ExpectedRecovery: 1.5, RatioToFull: 0.6}},
-		LoggedBoundaries: []string{"1|2"}, LostSteps: 0.5, ExpectedRecovery: 13.0 / 6, FullRestart: 2.5, Ratio: 13.0 / 15}
+		LoggedBoundaries: []string{"1|2"}, LostSteps: 0.5, ExpectedRecovery: 13.0 / 6, FullRestart: 2.5, Ratio: 13.0 / 15,
+		ReftTrainFlags: "--log-messages bubble --log-groups 0-1,2"}
 	prot := got.StagesProtection
 	got.StagesProtection = nil
 	if math.Abs(got.ExpectedRecovery-want.ExpectedRecovery) < 1e-12 && math.Abs(got.Ratio-want.Ratio) < 1e-12 {
@@ -85,7 +86,7 @@ func TestLoggingText(t *testing.T) {
 			"2.167 s, against 2.5 s for a full restart from the last snapshot (ratio 0.87)"}},
 		{"no cap", []string{"--stage-seconds", "1,2,3", "--fwd-bytes", "100,100", "--bandwidth", "100",
 			"--interval", "1", "--node-cap", "unlimited", "--step-seconds", "5"}, []string{
-			"node log cap unlimited", "groups [0] [1] [2]; logged boundaries: 0|1, 1|2", "1      400 B       logs (group boundaries 0|1, 1|2)"}},
+			"node log cap unlimited", "groups [0] [1] [2]; logged boundaries: 0|1, 1|2", "reft-train (one stage per node): --log-messages bubble --log-groups 0,1,2", "1      400 B       logs (group boundaries 0|1, 1|2)"}},
 		{"cap 0", []string{"--stage-seconds", "1,2,3", "--fwd-bytes", "100,100", "--bandwidth", "100",
 			"--interval", "1", "--node-cap", "0", "--step-seconds", "5"}, []string{
 			"groups [0-2]; logged boundaries: none", "0      0 B         peer copies/checkpoints"}},

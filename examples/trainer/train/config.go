@@ -121,6 +121,12 @@ type Config struct {
 	LogMessages string
 	// LogCap bounds the in-process message log's bytes (--log-cap).
 	LogCap int64
+	// LogGroups (--log-groups, SWIFT's selective logging, section 5.3;
+	// `reft plan logging` chooses them) cuts the stages into groups of
+	// consecutive stages, each [first, last]: only messages between
+	// groups are logged, and a stage lost with its node replays with its
+	// whole group. nil: every stage its own group (every boundary logged).
+	LogGroups [][2]int
 }
 
 // Message logging modes (--log-messages).
@@ -167,6 +173,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 		"(needs --pp >= 2 and --dp 1), so that a lost stage replays from its snapshot while the others keep their step (docs/LOGGING.md); "+
 		"sync appends after each send, bubble while the rank waits for a message")
 	logCap := fs.String("log-cap", "1GiB", "bound on the bytes of this rank's in-process message log (--log-messages)")
+	logGroups := fs.String("log-groups", "", "GROUPS, e.g. 0,1-2,3: under --log-messages log only the messages between these groups of consecutive stages "+
+		"(SWIFT's selective logging; `reft plan logging` prints them); a lost stage replays with its whole group. Default: every stage its own group")
 	fail := fs.String("fail-at", "", "STEP:RANK: that rank SIGKILLs itself at the start of STEP (only in a run that did not resume)")
 	slow := fs.String("slow-at", "", "STEP:DURATION: every rank sleeps DURATION more at the end of STEP (a slow step; e.g. 12:2s)")
 	straggle := fs.String("slow-rank", "", "RANK:DURATION: that rank computes DURATION longer in every step, before the all-reduce (a straggler; e.g. 2:100ms)")
@@ -222,6 +230,11 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	}
 	if c.LogCap, err = ParseSize(*logCap); err != nil {
 		return c, fmt.Errorf("--log-cap: %w", err)
+	}
+	if *logGroups != "" {
+		if c.LogGroups, err = ParseLogGroups(*logGroups); err != nil {
+			return c, err
+		}
 	}
 	if *fail != "" {
 		if c.FailStep, c.FailRank, err = parseFailAt(*fail); err != nil {
@@ -409,6 +422,16 @@ func (c *Config) Validate(world int) error {
 				"(no --zero1 with --dp > 1; docs/UNDO.md)")
 		}
 	}
+	if c.LogGroups != nil {
+		switch last := c.LogGroups[len(c.LogGroups)-1][1]; {
+		case c.LogMessages == LogOff:
+			return fmt.Errorf("--log-groups needs --log-messages sync or bubble: the groups say which messages are logged")
+		case last != c.PP-1:
+			return fmt.Errorf("--log-groups %v: the groups end at stage %d, but --pp %d has stages 0..%d: cover every stage once", c.LogGroups, last, c.PP, c.PP-1)
+		case len(c.LogGroups) < 2:
+			return fmt.Errorf("--log-groups %v: one group logs nothing, and a failure would replay every stage: that is a restart from the snapshot; drop --log-messages", c.LogGroups)
+		}
+	}
 	if c.LogMessages != LogOff && c.DP > 1 {
 		// SWIFT's rule: replicas when they exist, logging only for the
 		// stages that have none.
@@ -466,6 +489,48 @@ func (c *Config) checkLogging() error {
 		return fmt.Errorf("--log-cap %d: must be positive (e.g. 1GiB)", c.LogCap)
 	}
 	return nil
+}
+
+// ParseLogGroups parses --log-groups: comma-separated stages or ranges of
+// stages ("0,1-2,3"), consecutive from stage 0 (Validate checks they end
+// at the last stage).
+func ParseLogGroups(v string) ([][2]int, error) {
+	var gs [][2]int
+	next := 0
+	for _, f := range strings.Split(v, ",") {
+		a, b, isRange := strings.Cut(strings.TrimSpace(f), "-")
+		first, e1 := strconv.Atoi(a)
+		last, e2 := first, error(nil)
+		if isRange {
+			last, e2 = strconv.Atoi(b)
+		}
+		if e1 != nil || e2 != nil || first < 0 || last < first {
+			return nil, fmt.Errorf("--log-groups %q: %q is not a stage or a range FIRST-LAST of stages (e.g. 0,1-2,3)", v, f)
+		}
+		if first != next {
+			return nil, fmt.Errorf("--log-groups %q: group %q starts at stage %d, want %d: the groups are consecutive ranges of stages from stage 0, in order", v, f, first, next)
+		}
+		gs = append(gs, [2]int{first, last})
+		next = last + 1
+	}
+	return gs, nil
+}
+
+// stageGroups returns each stage's group index under LogGroups.
+func (c *Config) stageGroups() []int {
+	g := make([]int, c.PP)
+	if c.LogGroups == nil {
+		for i := range g {
+			g[i] = i
+		}
+		return g
+	}
+	for i, r := range c.LogGroups {
+		for st := r[0]; st <= r[1] && st < c.PP; st++ {
+			g[st] = i
+		}
+	}
+	return g
 }
 
 // Width is the layer width derived from SizeBytes: the largest h with

@@ -78,56 +78,140 @@ func replayTarget(held [][2]int64) (target int64, replaying int) {
 	return newest, replaying
 }
 
+// exchangedSteps is how many of its newest steps each rank tells the
+// others at the restore: the agent's store keeps a rank's newest
+// generation and two older ones (agent.alwaysKept), and a group that
+// replays together (--log-groups) needs a step all its members hold.
+const exchangedSteps = 3
+
 // restoreLocal is the LocalRestorer's restore under --log-messages: the
-// ranks exchange their newest two steps (an all-reduce over the world),
-// choose T (replayTarget), and this rank restores T or its newest step
-// before it, an older one where the agent finds a generation corrupt.
+// ranks exchange their newest steps (an all-reduce over the world),
+// choose T (replayTarget) and each the step it restores (restoreSteps),
+// and this rank restores it; where the agent finds it corrupt, a stage
+// alone in its group tries an older one.
 func (t *trainer) restoreLocal(lr LocalRestorer) (int64, bool, error) {
 	steps, err := lr.LocalSteps()
 	if err != nil {
 		return 0, false, err
 	}
 	n := t.world.Size()
-	v := make([]int64, 2*n)
-	for i, k := len(steps)-1, 1; i >= 0 && k >= 0; i, k = i-1, k-1 {
-		v[2*t.rank+k] = steps[i]
+	v := make([]int64, exchangedSteps*n)
+	for i, k := len(steps)-1, exchangedSteps-1; i >= 0 && k >= 0; i, k = i-1, k-1 {
+		v[exchangedSteps*t.rank+k] = steps[i]
 	}
 	if err := t.world.AllReduceSumI64(v); err != nil {
 		return 0, false, fmt.Errorf("replay: exchange the ranks' steps: %w", err)
 	}
-	held := make([][2]int64, n)
-	var newest int64
+	held := make([][]int64, n)
 	for r := range held {
-		held[r] = [2]int64{v[2*r], v[2*r+1]}
-		newest = max(newest, held[r][1])
+		held[r] = v[exchangedSteps*r : exchangedSteps*(r+1)]
 	}
-	target, _ := replayTarget(held)
-	if target == 0 {
+	groups := t.cfg.stageGroups()
+	want, target, note, err := restoreSteps(held, groups)
+	if err != nil {
+		return 0, false, err
+	}
+	if note != "" {
+		fmt.Fprintln(t.log, note)
+	}
+	if target == 0 || want[t.rank] == 0 {
 		return 0, false, nil
 	}
-	if target < newest {
-		var ahead []string
-		for r, h := range held {
-			if h[1] == newest {
-				ahead = append(ahead, fmt.Sprint(r))
-			}
+	inGroup := 0
+	for _, g := range groups {
+		if g == groups[t.pipe] {
+			inGroup++
 		}
-		fmt.Fprintf(t.log, "replay: rank(s) %s hold step %d and step %d (their JIT flush stepped back); the job goes on from step %d, "+
-			"so that fewer stages replay\n", strings.Join(ahead, ", "), newest, target, target)
 	}
 	for i := len(steps) - 1; i >= 0; i-- {
-		if steps[i] > target {
+		if steps[i] > want[t.rank] {
 			continue
 		}
 		err := lr.RestoreLocal(steps[i])
 		if err == nil {
 			return steps[i], true, nil
 		}
-		if !errors.Is(err, ErrCorruptGeneration) {
-			return 0, false, err
+		if !errors.Is(err, ErrCorruptGeneration) || inGroup > 1 {
+			return 0, false, fmt.Errorf("replay: restore step %d: %w", steps[i], err)
 		}
 	}
 	return 0, false, nil
+}
+
+// restoreSteps chooses, from each rank's newest steps (held[r], ascending,
+// 0 for none; rank = stage, as logging runs --dp 1) and the stages'
+// groups, the step T the job goes on from and the step each rank
+// restores: T where it holds it, else its newest before T; and where a
+// rank of a group of several stages restores a step before T, every rank
+// of that group restores the newest step they all hold at or before it
+// (their inner messages are not logged, so they replay together). note,
+// when set, says what was chosen beyond the plain case.
+func restoreSteps(held [][]int64, groups []int) (want []int64, target int64, note string, err error) {
+	two := make([][2]int64, len(held))
+	for r, h := range held {
+		two[r] = [2]int64{h[len(h)-2], h[len(h)-1]}
+	}
+	target, _ = replayTarget(two)
+	var newest int64
+	for _, h := range two {
+		newest = max(newest, h[1])
+	}
+	var notes []string
+	if target < newest {
+		var ahead []string
+		for r, h := range two {
+			if h[1] == newest {
+				ahead = append(ahead, fmt.Sprint(r))
+			}
+		}
+		notes = append(notes, fmt.Sprintf("replay: rank(s) %s hold step %d and step %d (their JIT flush stepped back); the job goes on from step %d, "+
+			"so that fewer stages replay", strings.Join(ahead, ", "), newest, target, target))
+	}
+	want = make([]int64, len(held))
+	for r, h := range held {
+		for _, s := range h {
+			if s <= target {
+				want[r] = max(want[r], s)
+			}
+		}
+	}
+	for g := 0; g <= slices.Max(groups); g++ {
+		var members []int
+		low := target
+		for st, gg := range groups {
+			if gg == g && st < len(want) {
+				members = append(members, st)
+				low = min(low, want[st])
+			}
+		}
+		if len(members) < 2 || low == target {
+			continue
+		}
+		common := int64(0)
+		if low > 0 {
+			common = -1
+			for _, s := range held[members[0]] {
+				if s > 0 && s <= low && !slices.ContainsFunc(members, func(m int) bool { return !slices.Contains(held[m], s) }) {
+					common = max(common, s)
+				}
+			}
+			if common < 0 {
+				var hs []string
+				for _, m := range members {
+					hs = append(hs, fmt.Sprintf("stage %d %v", m, held[m]))
+				}
+				return nil, 0, "", fmt.Errorf("replay: stages %d-%d replay together (--log-groups: their inner messages are not logged) from a step "+
+					"they all hold at or before step %d, and they hold none in common (%s): relaunch with --log-messages=off to restore "+
+					"every rank from the newest snapshot they all hold", members[0], members[len(members)-1], low, strings.Join(hs, ", "))
+			}
+		}
+		for _, m := range members {
+			want[m] = common
+		}
+		notes = append(notes, fmt.Sprintf("replay: stages %d-%d replay together from step %d (one group under --log-groups: their inner messages are not logged)",
+			members[0], members[len(members)-1], common))
+	}
+	return want, target, strings.Join(notes, "\n"), nil
 }
 
 // replayPlan is what the job agreed on after the restore.

@@ -346,3 +346,68 @@ func TestReplayTarget(t *testing.T) {
 		})
 	}
 }
+
+// TestRestoreSteps: the step each rank restores, from the ranks' newest
+// three steps ([oldest .. newest]; 0: none) and the stages' groups.
+func TestRestoreSteps(t *testing.T) {
+	one := []int{0, 1, 2, 3}
+	for _, tc := range []struct {
+		name   string
+		held   [][]int64
+		groups []int
+		want   []int64
+		target int64
+		err    string
+	}{
+		{"every stage its own group, stage 1 lost", [][]int64{{4, 8, 9}, {0, 4, 8}, {4, 8, 9}}, one[:3], []int64{9, 8, 9}, 9, ""},
+		{"stages 0-1 one group: stage 0 goes back with stage 1", [][]int64{{4, 8, 9}, {0, 4, 8}, {4, 8, 9}}, []int{0, 0, 1}, []int64{8, 8, 9}, 9, ""},
+		{"the group's common step is older", [][]int64{{8, 9, 10}, {0, 4, 8}, {0, 0, 0}, {8, 9, 10}}, []int{0, 0, 1, 1}, []int64{8, 8, 0, 0}, 10, ""},
+		{"a group with nothing in common", [][]int64{{9, 10, 11}, {0, 4, 8}, {9, 10, 11}}, []int{0, 0, 1}, nil, 0, "hold none in common"},
+		{"a straddle and a group", [][]int64{{4, 5, 6}, {0, 0, 4}, {4, 6, 7}, {4, 6, 7}}, []int{0, 1, 1, 2}, []int64{6, 4, 4, 6}, 6, ""},
+		{"a fresh start", [][]int64{{0, 0, 0}, {0, 0, 0}}, []int{0, 0}, []int64{0, 0}, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want, target, note, err := restoreSteps(tc.held, tc.groups)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("restoreSteps = %v, %v; want an error containing %q", want, err, tc.err)
+				}
+				return
+			}
+			if err != nil || target != tc.target || !slices.Equal(want, tc.want) {
+				t.Errorf("restoreSteps(%v, %v) = %v, T %d, %v; want %v, T %d (%s)", tc.held, tc.groups, want, target, err, tc.want, tc.target, note)
+			}
+		})
+	}
+}
+
+// TestParseLogGroups: --log-groups' syntax, and Validate's checks of the
+// groups against the layout.
+func TestParseLogGroups(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want [][2]int
+		err  string
+	}{
+		{"0,1-2,3", [][2]int{{0, 0}, {1, 2}, {3, 3}}, ""},
+		{"0-1,2", [][2]int{{0, 1}, {2, 2}}, ""},
+		{"1,2", nil, "starts at stage 1, want 0"},
+		{"0,2", nil, "starts at stage 2, want 1"},
+		{"0,x", nil, `"x" is not a stage or a range`},
+		{"0-", nil, "is not a stage or a range"},
+		{"1-0", nil, "is not a stage or a range"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseLogGroups(tc.in)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("ParseLogGroups(%q) = %v, %v; want an error containing %q", tc.in, got, err, tc.err)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Errorf("ParseLogGroups(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+			}
+		})
+	}
+}

@@ -492,6 +492,10 @@ func TestBadFlags(t *testing.T) {
 		{"--log-messages bubble --pp 2 --save-every 0", 2, "needs --save-every >= 1"},
 		{"--log-messages sync --pp 2 --log-cap 0", 2, "--log-cap"},
 		{"--log-messages sync --pp 2", 4, "--dp 2: every pipeline stage has 2 data-parallel replicas"},
+		{"--log-groups 0,1 --pp 2", 2, "--log-groups needs --log-messages"},
+		{"--log-messages sync --pp 3 --log-groups 0,1", 3, "the groups end at stage 1, but --pp 3 has stages 0..2"},
+		{"--log-messages sync --pp 2 --log-groups 0-1", 2, "one group logs nothing"},
+		{"--log-messages sync --pp 2 --log-groups 0,2", 2, "starts at stage 2, want 1"},
 	} {
 		t.Run(tc.args, func(t *testing.T) {
 			c, err := ParseArgs(strings.Fields(tc.args), nil)

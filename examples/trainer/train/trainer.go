@@ -689,7 +689,7 @@ func (t *trainer) computeGradients(step int64, io stageIO) error {
 				return fmt.Errorf("send activations to rank %d: %w", next, err)
 			}
 		}
-		if !lastStage && t.mlog != nil {
+		if !lastStage && t.logsTo(t.pipe+1) {
 			if err := t.mlog.sent(&t.mlog.act[m], actStream(next), step, m, act(m, L)); err != nil {
 				return err
 			}
@@ -746,7 +746,7 @@ func (t *trainer) computeGradients(step int64, io stageIO) error {
 				return fmt.Errorf("send gradients to rank %d: %w", prev, err)
 			}
 		}
-		if !firstStage && t.mlog != nil {
+		if !firstStage && t.logsTo(t.pipe-1) {
 			if err := t.mlog.sent(&t.mlog.grad[m], gradStream(prev), step, m, gy); err != nil {
 				return err
 			}
@@ -765,6 +765,16 @@ func (t *trainer) computeGradients(step int64, io stageIO) error {
 		t.serial = time.Since(t0)
 	}
 	return nil
+}
+
+// logsTo says whether this stage logs what it sends to stage to: under
+// --log-messages, when to is in another of --log-groups' groups.
+func (t *trainer) logsTo(to int) bool {
+	if t.mlog == nil {
+		return false
+	}
+	g := t.cfg.stageGroups()
+	return g[to] != g[t.pipe]
 }
 
 // recv receives a message from a neighbouring stage. The wait is a
