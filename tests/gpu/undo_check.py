@@ -221,7 +221,7 @@ def flush_interrupts(agent, dev):
         check(False, "U2: raised")
 
 
-def cost(agent, dev, cfg, rounds, per_round, fused, chunk=None):
+def cost(agent, dev, cfg, rounds, per_round, fused, chunk=None, profile=False):
     say("\n== U3. steady-state cost of every=0 + undo (%s, AdamW %s) ==" % (dev.type, "fused" if fused else "foreach"))
     vocab, d, layers, heads, ctx, batch = cfg
     kw = {"fused": True} if fused else {}
@@ -314,6 +314,34 @@ def cost(agent, dev, cfg, rounds, per_round, fused, chunk=None):
             say("    GPU memory peak above the steady state during an undoable step (grads, activations, "
                 "the undo data): %.2f GiB" % peak[keep])
     check(all(x > 0 for x in ratios), "U3 measured (%d rounds)" % len(ratios))
+    if profile:
+        # Where an undoable step's extra time goes: torch.profiler over 3
+        # steps of each mode, the ops of most self time on the device and
+        # on the host.
+        from torch.profiler import ProfilerActivity, profile as prof
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        for mode in modes:
+            if mode != "plain":
+                ck.undo.keep = mode
+            g.sync(dev)
+            with prof(activities=acts) as pr:
+                for _ in range(3):
+                    if mode != "plain":
+                        step(mr, orr)
+                        n += 1
+                        ck.save(n)
+                    else:
+                        step(mp, op)
+                g.sync(dev)
+            ka = pr.key_averages()
+            for key in (("self_cuda_time_total", "self_device_time_total") if dev.type == "cuda" else ()) + ("self_cpu_time_total",):
+                try:
+                    table = ka.table(sort_by=key, row_limit=12, max_name_column_width=60)
+                except Exception:  # the key's name differs between torch versions
+                    continue
+                say("  profile, %s, 3 steps, by %s:\n%s" % (mode, key, table))
+                if key != "self_cpu_time_total":
+                    break
     ck.close()
     s.close()
 
@@ -325,6 +353,8 @@ def main():
     ap.add_argument("--cpu", action="store_true", help="dry run on CPU tensors at toy sizes")
     ap.add_argument("--only", default="123")
     ap.add_argument("--chunk", type=int, default=None, help="U3: UpdateUndo's chunk_elements (default: its own)")
+    ap.add_argument("--profile", action="store_true", help="U3: print torch.profiler's top ops per mode")
+    ap.add_argument("--fused-only", action="store_true", help="U3: only fused AdamW")
     a = ap.parse_args()
     dev = torch.device("cpu" if a.cpu else "cuda:0")
     say("reft tests/gpu/undo_check: %s UTC, torch %s, python %s, %s" % (
@@ -340,9 +370,9 @@ def main():
         if "3" in a.only:
             cfgs = "512,64,2,4,32,4" if a.cpu else os.environ.get("GPT", "50304,1024,12,16,1024,16")
             for c in cfgs.split(";"):
-                for fused in ((False,) if a.cpu else (False, True)):
+                for fused in ((False,) if a.cpu else (True,) if a.fused_only else (False, True)):
                     cost(agent, dev, tuple(int(x) for x in c.split(",")), rounds=2 if a.cpu else 4,
-                         per_round=3 if a.cpu else 6, fused=fused, chunk=a.chunk)
+                         per_round=3 if a.cpu else 6, fused=fused, chunk=a.chunk, profile=a.profile)
                     if dev.type == "cuda":
                         torch.cuda.empty_cache()
     finally:

@@ -307,7 +307,11 @@ class UpdateUndo:
         None for SGD and for a tensor without state): read once per step,
         one transfer per device, not one per tensor (a CUDA step count is a
         device tensor under capturable or fused)."""
-        if self.kind == "sgd":
+        if self.kind == "sgd" or self.keep == "copy":
+            # keep="copy" puts the counts back from its copies: reading a
+            # device count would make the host wait for the device every
+            # step (fused and capturable keep them on the GPU), and torch's
+            # step applies each tensor's own count, so a chunk may mix them.
             return [None] * len(todo)
         out, on = [None] * len(todo), {}
         for i, (_, p) in enumerate(todo):
@@ -419,11 +423,18 @@ class UpdateUndo:
         return {k: [st[p][k] for p in rec.ps] for k in names}
 
     def _originals(self, rec):
-        """Copies of the chunk's parameters and tensor state (but the step
-        count, restored from rec.pre), flattened and concatenated."""
+        """Copies of the chunk's parameters and tensor state, flattened and
+        concatenated; the step counts too under keep="copy" (else restored
+        from rec.pre)."""
         o = {"p": _flat(rec.ps, copy=True)}  # no state key is named "p"
         for k, ts in self._state_lists(rec, [k for k in rec.before if k != "step"]).items():
             o[k] = _flat(ts, copy=True)
+        if self.keep == "copy" and "step" in rec.before:
+            steps = self._state_lists(rec, ["step"])["step"]
+            if all(torch.is_tensor(x) and x.device == steps[0].device for x in steps):
+                o["step"] = torch.stack([x.detach().reshape(()) for x in steps])  # one copy, no host wait
+            else:
+                o["step"] = [x.detach().clone() if torch.is_tensor(x) else x for x in steps]
         return o
 
     def _current(self, rec):
@@ -457,13 +468,19 @@ class UpdateUndo:
         opt = self.optimizer
         with torch.no_grad():
             _scatter(orig["p"], rec.ps)
-            for k, ts in self._state_lists(rec, [k for k in orig if k != "p"]).items():
+            for k, ts in self._state_lists(rec, [k for k in orig if k not in ("p", "step")]).items():
                 _scatter(orig[k], ts)
             created = set()
-            for p in rec.ps:
+            for i, p in enumerate(rec.ps):
                 st = opt.state.get(p, {})
                 created.update(k for k, v in st.items() if torch.is_tensor(v) and k not in rec.before)
-                if rec.pre is not None and "step" in rec.before:
+                if "step" in orig:
+                    v = orig["step"][i]
+                    if torch.is_tensor(st["step"]):
+                        st["step"].copy_(v)
+                    else:
+                        st["step"] = v
+                elif rec.pre is not None and "step" in rec.before:
                     if torch.is_tensor(st["step"]):
                         st["step"].fill_(rec.pre)
                     else:
@@ -585,7 +602,7 @@ class UpdateUndo:
         for rec in self._recs:
             s["elements"] += sum(p.numel() for p in rec.ps)
             if rec.orig is not None:
-                s["bytes"] += sum(t.numel() * t.element_size() for t in rec.orig.values())
+                s["bytes"] += sum(t.numel() * t.element_size() for t in rec.orig.values() if torch.is_tensor(t))
                 rec.orig = None
             for name, (dense, idx, vals) in rec.exc.items():
                 s["exceptions"] += idx.numel()
