@@ -100,9 +100,11 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: 0.05 for sgd and "
                    "momentum, 0.001 for adam and adamw)")
     p.add_argument("--save-every", type=int, default=1, help="snapshot every N steps (0: never; default 1)")
-    p.add_argument("--undo", action="store_true",
+    p.add_argument("--undo", nargs="?", const="inverse", default=None, choices=("inverse", "copy"),
                    help="make optimizer.step() undoable (reft.undo): a JIT flush that finds a rank inside it saves the "
-                   "previous step; advised under --reft=...,every=0 (docs/UNDO.md)")
+                   "previous step; advised under --reft=...,every=0. inverse (the default) keeps about a byte per "
+                   "element; copy keeps a copy of the parameters and optimizer state during the step, the fast "
+                   "one on a GPU (docs/UNDO.md)")
     p.add_argument("--hold-in-update", default="", metavar="STEP:TENSOR",
                    help="test hook (needs --undo and srun --reft): every rank stops in STEP's optimizer.step() before "
                    "parameter tensor TENSOR until a JIT flush interrupts it (only in a run that did not resume)")
@@ -403,7 +405,7 @@ def train(a, rank, world, dev):
         # the ranks draw no random numbers after start-up (batches come from
         # their own generators), so there is no RNG state to keep, and without
         # per-rank state --reft=...,every=0 can restore a lost rank from its peers.
-        ck = Checkpointer(ddp, opt, undo=a.undo, rng=False)
+        ck = Checkpointer(ddp, opt, undo=a.undo or False, rng=False)
         ck.flush_on_signal()  # and at Slurm's SIGTERM, within its KillWait
         resumed = ck.restore()
         if resumed is not None:

@@ -1095,12 +1095,15 @@ class Session:
                                  name="reft-jit-release", daemon=True).start()
                 raise Error("JIT flush of step %d (%s): the save did not finish within %.1f s"
                             % (step, reason, timeout))
+            if own:
+                # Before the release: a flush waiting on this one (the
+                # signal's, which then kills the process) must find the
+                # line written.
+                self._log("JIT save of step %d committed in %.1f ms (%s)"
+                          % (step, (time.monotonic() - start) * 1e3, reason))
         finally:
             if release:
                 self._end_flush()
-        if own:
-            self._log("JIT save of step %d committed in %.1f ms (%s)"
-                      % (step, (time.monotonic() - start) * 1e3, reason))
         return step, own
 
     def _save_jit(self, step, epoch):
