@@ -25,12 +25,18 @@ import (
 // order:
 //
 //   - --reft=off: the baseline;
+//   - --reft=arc with background replication throttled to nothing
+//     ([protect] background_rate = 1 byte/s, background_burst = 1: the
+//     first chunk sleeps off its debt for the rest of the job): what arc
+//     costs besides replication (the snapshot every step, the agents), so
+//     that replication's own interference is the others' distance from it;
 //   - --reft=arc with [protect] background_schedule = "unscheduled",
 //     "paused" (the default) and "idle" (agent/netsched).
 //
 // It reports each variant's median over the rounds of the per-round ratio
 // of rank 0's mean step time to the baseline's, and checks that every
-// --reft=arc run committed replicas (else it measured nothing), and that
+// --reft=arc run but the throttled one committed replicas (else it
+// measured nothing), that the throttled one committed none, and that
 // "idle" learned a timeline.
 func BenchmarkReplicationInterference(b *testing.B) {
 	if !clusterNet() {
@@ -48,6 +54,7 @@ func BenchmarkReplicationInterference(b *testing.B) {
 	enableReftArgs(b, "config="+conf)
 	variants := []struct{ name, reft, schedule string }{
 		{"off", "--reft=off", ""},
+		{"norepl", "--reft=arc", "norepl"},
 		{"unscheduled", "--reft=arc", "unscheduled"},
 		{"paused", "--reft=arc", "paused"},
 		{"idle", "--reft=arc", "idle"},
@@ -87,6 +94,18 @@ func BenchmarkReplicationInterference(b *testing.B) {
 		}
 		b.Logf("links capped at %s; reft-train %s; step time against --reft=off, median of %d rounds (per round): %s",
 			rate, strings.Join(flags, " "), rounds, strings.Join(sum, "; "))
+		// Replication's own interference: each schedule against arc
+		// without replication, per round.
+		var own []string
+		for v := 2; v < len(variants); v++ {
+			var rs []float64
+			for r := range ratios[v] {
+				rs = append(rs, ratios[v][r]/ratios[1][r])
+			}
+			b.ReportMetric(med(rs), "x_"+variants[v].name+"_vs_norepl")
+			own = append(own, fmt.Sprintf("%s %.3f %.3f", variants[v].name, med(rs), rs))
+		}
+		b.Logf("replication's own interference, step time against arc without replication (median, per round): %s", strings.Join(own, "; "))
 	}
 }
 
@@ -98,7 +117,11 @@ func writeBenchConf(t testing.TB, path, schedule string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if schedule != "" {
+	switch schedule {
+	case "":
+	case "norepl":
+		base = append(base, "[protect]\nbackground_rate = 1\nbackground_burst = 1\n"...)
+	default:
 		base = append(base, fmt.Sprintf("[protect]\nbackground_schedule = %q\n", schedule)...)
 	}
 	if err := os.WriteFile(path, base, 0o644); err != nil {
@@ -129,7 +152,10 @@ func replicationSummary(t testing.TB, job string, nodes []string, schedule strin
 				n, s["chunks_in_idle_spans"], s["chunks_unplanned"], s["idle_spans_skipped"], s["phases_overrun"], s["chunks_oversize"], s["reprofiles"], num(s["bandwidth_bytes_per_s"])/1e6))
 		}
 	}
-	if committed == 0 {
+	switch {
+	case schedule == "norepl" && committed > 0:
+		t.Errorf("job %s (norepl): %d replicas committed at 1 byte/s: the variant measured replication", job, committed)
+	case schedule != "norepl" && committed == 0:
 		t.Errorf("job %s (%s): no replica committed: the run measured no replication", job, schedule)
 	}
 	if schedule == "idle" && learned == 0 {
