@@ -16,6 +16,20 @@ import (
 
 var meanStepRe = regexp.MustCompile(`(?m)^mean-step-ms: ([0-9.]+)$`)
 var benchJobRe = regexp.MustCompile(`(?m)^job=(\d+)$`)
+var steadyStepRe = regexp.MustCompile(`(?m)^mean-step-ms-from-\d+: ([0-9.]+) `)
+
+// slowest returns the largest value the first group of re matches in out
+// (every rank prints its own line; the job waits for the slowest), and
+// whether any matched.
+func slowest(re *regexp.Regexp, out string) (float64, bool) {
+	var worst float64
+	m := re.FindAllStringSubmatch(out, -1)
+	for _, x := range m {
+		v, _ := strconv.ParseFloat(x[1], 64)
+		worst = max(worst, v)
+	}
+	return worst, len(m) > 0
+}
 
 // benchTrain runs reft-train on nodes, one rank each, and returns the job
 // id and the slowest rank's mean step time.
@@ -33,14 +47,9 @@ func benchTrainOut(t testing.TB, nodes []string, reft string, flags []string) (s
 		"sh", "-c", sh, bin("reft-train")}, flags...)
 	r := mustRun(t, 5*time.Minute, alice, args...)
 	j := benchJobRe.FindStringSubmatch(r.Stdout)
-	m := meanStepRe.FindAllStringSubmatch(r.Stdout, -1)
-	if j == nil || len(m) == 0 {
+	worst, ok := slowest(meanStepRe, r.Stdout)
+	if j == nil || !ok {
 		t.Fatalf("no job id or mean-step-ms line:\n%s", r)
-	}
-	var worst float64
-	for _, x := range m { // every rank prints one: take the slowest, which the job waits for
-		v, _ := strconv.ParseFloat(x[1], 64)
-		worst = max(worst, v)
 	}
 	return j[1], worst, r.Stdout
 }

@@ -87,6 +87,11 @@ type Config struct {
 	FailStep        int64 // --fail-at STEP:RANK; 0: off
 	FailRank        int
 	LogEvery        int64
+	// MeasureFrom (--measure-from) makes rank 0 also print the mean step
+	// time over steps >= MeasureFrom ("mean-step-ms-from-N"): the steady
+	// state, after what the first steps learn (the agents' idle-span
+	// profile). 0: not printed.
+	MeasureFrom int64
 	Threads         int // compute goroutines per rank; 0: GOMAXPROCS
 	// MinStep pads every step to at least this wall time by sleeping at
 	// its end: a stand-in for a bigger model, so that a demo or a failure
@@ -198,6 +203,7 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 	fs.BoolVar(&c.Undo, "undo", c.Undo, "record what undoing each optimizer update needs, so that an update interrupted by a failure "+
 		"is undone and the JIT flush saves the previous step (with --save-every 0: no snapshot on the step path)")
 	fs.Int64Var(&c.LogEvery, "log-every", c.LogEvery, "log the loss every N steps")
+	fs.Int64Var(&c.MeasureFrom, "measure-from", 0, "also print the mean step time over steps >= N (mean-step-ms-from-N: the steady state after the first steps); 0: not")
 	fs.DurationVar(&c.MinStep, "min-step", c.MinStep, "pad every step to at least this wall time by sleeping (e.g. 500ms): "+
 		"a stand-in for a bigger model in demos and failure tests; results are unchanged")
 	fs.DurationVar(&c.Compute, "compute", c.Compute, "every rank computes this much longer in every step, before the all-reduce, by sleeping (e.g. 200ms): "+
@@ -370,6 +376,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("--save-every %d: must be >= 0", c.SaveEvery)
 	case c.LogEvery < 1:
 		return fmt.Errorf("--log-every %d: must be >= 1", c.LogEvery)
+	case c.MeasureFrom < 0 || c.MeasureFrom > c.Steps:
+		return fmt.Errorf("--measure-from %d: must be 0 (off) or a step in 1..%d (--steps)", c.MeasureFrom, c.Steps)
 	case c.Threads < 0:
 		return fmt.Errorf("--threads %d: must be >= 0", c.Threads)
 	case c.FailStep < 0 || c.FailRank < 0:

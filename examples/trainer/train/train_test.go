@@ -1,10 +1,12 @@
 package train
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -307,21 +309,27 @@ func (p *phaseSnap) CommPhase(active bool, op string) {
 	p.phases = append(p.phases, fmt.Sprintf("%v %s", active, op))
 }
 
-// TestCommPhases: every step's gradient all-reduce is bracketed by a
-// communication phase, on every rank, and nothing else is.
+// TestCommPhases: every step's gradient all-reduce, and under ZeRO-1 its
+// parameter all-gather, is bracketed by a communication phase, on every
+// rank, and nothing else is.
 func TestCommPhases(t *testing.T) {
-	c := small()
-	c.DP, c.SaveEvery = 2, 1
-	store := NewMemStore(2)
-	snaps := []*phaseSnap{{Snapshotter: store.Rank(0)}, {Snapshotter: store.Rank(1)}}
-	runOK(t, c, 2, func(r int) Options { return Options{Snap: snaps[r]} })
-	want := make([]string, 0, 2*c.Steps)
-	for range c.Steps {
-		want = append(want, "true gradient all-reduce", "false ")
-	}
-	for r, s := range snaps {
-		if fmt.Sprint(s.phases) != fmt.Sprint(want) {
-			t.Errorf("rank %d reported phases %v, want one (true, false) pair per step: %v", r, s.phases, want)
+	for _, zero1 := range []bool{false, true} {
+		c := small()
+		c.DP, c.SaveEvery, c.Zero1 = 2, 1, zero1
+		store := NewMemStore(2)
+		snaps := []*phaseSnap{{Snapshotter: store.Rank(0)}, {Snapshotter: store.Rank(1)}}
+		runOK(t, c, 2, func(r int) Options { return Options{Snap: snaps[r]} })
+		want := make([]string, 0, 4*c.Steps)
+		for range c.Steps {
+			want = append(want, "true gradient all-reduce", "false ")
+			if zero1 {
+				want = append(want, "true parameter all-gather", "false ")
+			}
+		}
+		for r, s := range snaps {
+			if fmt.Sprint(s.phases) != fmt.Sprint(want) {
+				t.Errorf("zero1 %v: rank %d reported phases %v, want %v", zero1, r, s.phases, want)
+			}
 		}
 	}
 }
@@ -493,6 +501,8 @@ func TestBadFlags(t *testing.T) {
 		{"--log-messages sync --pp 2 --log-cap 0", 2, "--log-cap"},
 		{"--log-messages sync --pp 2", 4, "--dp 2: every pipeline stage has 2 data-parallel replicas"},
 		{"--log-groups 0,1 --pp 2", 2, "--log-groups needs --log-messages"},
+		{"--measure-from -1", 1, "--measure-from -1: must be 0 (off) or a step"},
+		{"--steps 10 --measure-from 11", 1, "must be 0 (off) or a step in 1..10"},
 		{"--log-messages sync --pp 3 --log-groups 0,1", 3, "the groups end at stage 1, but --pp 3 has stages 0..2"},
 		{"--log-messages sync --pp 2 --log-groups 0-1", 2, "one group logs nothing"},
 		{"--log-messages sync --pp 2 --log-groups 0,2", 2, "starts at stage 2, want 1"},
@@ -506,5 +516,24 @@ func TestBadFlags(t *testing.T) {
 				t.Errorf("error %v, want one containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestMeasureFrom: --measure-from N prints the mean step time over steps
+// N.. (the steady state) beside the whole run's, and leaves it unset
+// without the flag.
+func TestMeasureFrom(t *testing.T) {
+	for _, from := range []int64{0, 4} {
+		cfg := small()
+		cfg.Steps, cfg.MeasureFrom = 6, from
+		var log bytes.Buffer
+		res, errs := RunLocal(cfg, 1, func(int) Options { return Options{Log: &log} })
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		line := regexp.MustCompile(`(?m)^mean-step-ms-from-4: \S+ \(3 steps\)$`).MatchString(log.String())
+		if got := res[0].SteadyMs > 0; got != (from > 0) || line != (from > 0) {
+			t.Errorf("--measure-from %d: SteadyMs %v, line %v\n%s", from, res[0].SteadyMs, line, log.String())
+		}
 	}
 }

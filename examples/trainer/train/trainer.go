@@ -41,6 +41,9 @@ type Result struct {
 	Losses      []StepLoss // logged losses (rank 0 only)
 	ResumedFrom int64      // generation restored from; 0 when none
 	MeanStepMs  float64    // mean wall time per step run here
+	// SteadyMs is the mean over the steps >= Config.MeasureFrom run here
+	// (0: none, or MeasureFrom 0).
+	SteadyMs float64
 	// SaveBlockedMs is the mean time training waited per save (Save and
 	// the wait for its copy), over the saves run here; 0 without saves.
 	SaveBlockedMs float64
@@ -445,8 +448,8 @@ func (t *trainer) run(o Options) (*Result, error) {
 		}
 		start = plan.to + 1
 	}
-	var total time.Duration
-	var ran int64
+	var total, steady time.Duration
+	var ran, steadyRan int64
 	first, last := t.pipe == 0, t.pipe == cfg.PP-1
 	live := stageIO{sendAct: !last, sendGrad: !first}
 	for step := start; step <= cfg.Steps; step++ {
@@ -479,6 +482,10 @@ func (t *trainer) run(o Options) (*Result, error) {
 		}
 		total += time.Since(t0)
 		ran++
+		if cfg.MeasureFrom > 0 && step >= cfg.MeasureFrom {
+			steady += time.Since(t0)
+			steadyRan++
+		}
 	}
 	if err := t.waitSave(); err != nil {
 		return nil, fmt.Errorf("wait for last snapshot: %w", err)
@@ -516,6 +523,10 @@ func (t *trainer) run(o Options) (*Result, error) {
 		res.Params = append(res.Params, l.w, l.b)
 	}
 	fmt.Fprintf(t.log, "mean-step-ms: %.3f\n", res.MeanStepMs)
+	if steadyRan > 0 {
+		res.SteadyMs = float64(steady.Microseconds()) / 1e3 / float64(steadyRan)
+		fmt.Fprintf(t.log, "mean-step-ms-from-%d: %.3f (%d steps)\n", cfg.MeasureFrom, res.SteadyMs, steadyRan)
+	}
 	if t.saves > 0 {
 		res.SaveBlockedMs = float64(t.blocked.Microseconds()) / 1e3 / float64(t.saves)
 		fmt.Fprintf(t.log, "save-blocked-ms: %.3f per save, %d saves\n", res.SaveBlockedMs, t.saves)
@@ -845,7 +856,17 @@ func (t *trainer) update() error {
 	// buffer (MPI forbids a send buffer inside the destination).
 	send := t.grads[lo:hi]
 	copy(send, p)
-	if err := t.dpc.AllGatherF32(t.params, send); err != nil {
+	// A communication phase like the all-reduce: background replication
+	// keeps off the network meanwhile (paused), or learns it as a span of
+	// the step (idle); unreported, its chunks competed with the gather.
+	if t.comm != nil {
+		t.comm.CommPhase(true, "parameter all-gather")
+	}
+	err := t.dpc.AllGatherF32(t.params, send)
+	if t.comm != nil {
+		t.comm.CommPhase(false, "")
+	}
+	if err != nil {
 		if t.undo != nil {
 			return t.rollback(p, fmt.Errorf("parameter all-gather: %w", err))
 		}
