@@ -82,8 +82,12 @@ func openMesh(ctx context.Context, cfg config.Config, o Options, store *tmpfs.St
 	}
 	if cfg.Protect.BackgroundSchedule == config.ScheduleIdle {
 		d := netsched.Default
-		log.Info().Str("event", "replication_schedule").Str("schedule", config.ScheduleIdle).
-			Msgf("background replication is scheduled into the network's idle spans once the communication timeline is learned (%d repetitions of the step's phases, from the ranks' comm_phase reports); until then, and in a job that reports no phases, it only pauses during phases", d.ProfileSteps)
+		bw := "the link's bandwidth measured from the replication connections"
+		if l := int64(cfg.Protect.LinkBandwidth); l > 0 {
+			bw = fmt.Sprintf("link_bandwidth, %d bytes/s", l)
+		}
+		log.Info().Str("event", "replication_schedule").Str("schedule", config.ScheduleIdle).Int64("link_bandwidth", int64(cfg.Protect.LinkBandwidth)).
+			Msgf("background replication is scheduled into the network's idle spans once the communication timeline is learned (%d repetitions of the step's phases, from the ranks' comm_phase reports), planned at %s; until then, and in a job that reports no phases, it only pauses during phases", d.ProfileSteps, bw)
 	}
 	srv.PeerHooks(&pc)
 	// `reft status` asks every agent for this over the mesh port.

@@ -171,9 +171,10 @@ func logSchedStats(e *zerolog.Event, st netsched.Stats) *zerolog.Event {
 
 // setSchedule sets [protect] background_schedule (config.Schedule*);
 // rate, the configured background rate (0: unlimited), is the idle
-// schedule's bandwidth until one is measured. Call it before peering
-// starts.
-func (r *replicator) setSchedule(policy string, rate int64) error {
+// schedule's bandwidth until one is measured; link, [protect]
+// link_bandwidth, when set, is its bandwidth for good. Call it before
+// peering starts.
+func (r *replicator) setSchedule(policy string, rate, link int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch policy {
@@ -181,7 +182,11 @@ func (r *replicator) setSchedule(policy string, rate int64) error {
 		r.sched = nil
 		r.lim.SetGate(nil)
 	case config.ScheduleIdle:
-		r.sched = netsched.New(netsched.Config{Bandwidth: float64(rate)})
+		c := netsched.Config{Bandwidth: float64(rate)}
+		if link > 0 {
+			c.Bandwidth, c.FixedBandwidth = float64(link), true
+		}
+		r.sched = netsched.New(c)
 		r.lim.SetGate(r.sched)
 	default:
 		return fmt.Errorf("background replication schedule %q: want %q, %q or %q", policy, config.SchedulePaused, config.ScheduleIdle, config.ScheduleUnscheduled)
@@ -200,7 +205,7 @@ func (r *replicator) setSchedule(policy string, rate int64) error {
 // replication from reft.toml [protect]. Call it before peering starts.
 func (s *Server) SetBackground(p config.Protect) error {
 	s.repl.lim.SetRate(int64(p.BackgroundRate), int64(p.BackgroundBurst))
-	return s.repl.setSchedule(p.BackgroundSchedule, int64(p.BackgroundRate))
+	return s.repl.setSchedule(p.BackgroundSchedule, int64(p.BackgroundRate), int64(p.LinkBandwidth))
 }
 
 // PeerHooks fills what the peer transport needs from the server: the

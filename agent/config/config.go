@@ -143,6 +143,12 @@ type Protect struct {
 	// BackgroundSchedule is when background replication may use the
 	// network: one of the Schedule* values.
 	BackgroundSchedule string `toml:"background_schedule"`
+	// LinkBandwidth is the node's network bandwidth the idle schedule
+	// plans with (bytes per second); 0: measure it from the replication
+	// connections. A site that knows its links (a NIC's rate, a shaper)
+	// sets it: measurements read a shaper's bucket or a link shared with
+	// the trainer wrongly.
+	LinkBandwidth Rate `toml:"link_bandwidth"`
 }
 
 // The values of protect.background_schedule.
@@ -485,6 +491,9 @@ func (h Heartbeat) validate() error {
 func (p Protect) validate() error {
 	if p.BackgroundRate < 0 {
 		return fmt.Errorf("protect.background_rate = %d: want bytes per second (\"2GiB/s\"), or \"unlimited\"", int64(p.BackgroundRate))
+	}
+	if p.LinkBandwidth < 0 {
+		return fmt.Errorf("protect.link_bandwidth = %d: want bytes per second (\"12GiB/s\", or an integer), or 0 to measure it", int64(p.LinkBandwidth))
 	}
 	if p.BackgroundBurst <= 0 {
 		return fmt.Errorf("protect.background_burst = %d: want a positive size (\"64MiB\")", int64(p.BackgroundBurst))

@@ -70,6 +70,10 @@ type Config struct {
 	// Bandwidth is the link's bytes per second before any is measured
 	// (Sent); the caller's configured cap is a good start.
 	Bandwidth float64
+	// FixedBandwidth makes Bandwidth the link's rate for good: Sent's
+	// samples are ignored (the site knows its links, and a shaper's
+	// bucket or a link shared with the trainer makes samples misread it).
+	FixedBandwidth bool
 }
 
 // Default is the configuration zero fields take.
@@ -359,6 +363,9 @@ func (s *Scheduler) Sent(n int64, d time.Duration) {
 	r := float64(n) / d.Seconds()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.cfg.FixedBandwidth {
+		return
+	}
 	if len(s.rates) == rateSamples {
 		s.rates = append(s.rates[:0], s.rates[1:]...)
 	}

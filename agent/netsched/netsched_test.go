@@ -291,17 +291,19 @@ func TestBandwidthEstimate(t *testing.T) {
 	const mib = 1 << 20
 	tests := []struct {
 		name  string
+		fixed bool
 		sents []time.Duration // each of 1 MiB
 		want  float64
 	}{
-		{"none: the configured rate", nil, 7 * mib},
-		{"one", []time.Duration{10 * ms}, 100 * mib},
-		{"a slow one after a fast one", []time.Duration{10 * ms, 50 * ms}, 100 * mib},
-		{"the fast one aged out", append([]time.Duration{10 * ms}, slicesRepeat(50*ms, rateSamples)...), 20 * mib},
+		{"none: the configured rate", false, nil, 7 * mib},
+		{"one", false, []time.Duration{10 * ms}, 100 * mib},
+		{"a slow one after a fast one", false, []time.Duration{10 * ms, 50 * ms}, 100 * mib},
+		{"the fast one aged out", false, append([]time.Duration{10 * ms}, slicesRepeat(50*ms, rateSamples)...), 20 * mib},
+		{"fixed: samples ignored", true, []time.Duration{10 * ms, 500 * ms}, 7 * mib},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := New(Config{Bandwidth: 7 * mib})
+			s := New(Config{Bandwidth: 7 * mib, FixedBandwidth: tt.fixed})
 			for _, d := range tt.sents {
 				s.Sent(mib, d)
 			}

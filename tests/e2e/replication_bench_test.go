@@ -31,7 +31,9 @@ import (
 //     costs besides replication (the snapshot every step, the agents), so
 //     that replication's own interference is the others' distance from it;
 //   - --reft=arc with [protect] background_schedule = "unscheduled",
-//     "paused" (the default) and "idle" (agent/netsched).
+//     "paused" (the default) and "idle" (agent/netsched), the latter
+//     also with link_bandwidth set to the cap ("idle-link": the schedule
+//     plans with the link's known rate instead of measuring it).
 //
 // It reports each variant's median over the rounds of the per-round ratio
 // of the slowest rank's mean step time to the baseline's, in the steady
@@ -61,6 +63,7 @@ func BenchmarkReplicationInterference(b *testing.B) {
 		{"unscheduled", "--reft=arc", "unscheduled"},
 		{"paused", "--reft=arc", "paused"},
 		{"idle", "--reft=arc", "idle"},
+		{"idle-link", "--reft=arc", "idle-link"},
 	}
 	for i := 0; i < b.N; i++ {
 		ratios := make([][]float64, len(variants))
@@ -70,7 +73,7 @@ func BenchmarkReplicationInterference(b *testing.B) {
 			for k := range variants {
 				v := (r + k) % len(variants)
 				vr := variants[v]
-				writeBenchConf(b, conf, vr.schedule)
+				writeBenchConf(b, conf, vr.schedule, linkBytes(b, rate))
 				job, stepMs, out := benchTrainOut(b, nodes, vr.reft, flags)
 				all[v], ms[v] = stepMs, stepMs
 				if s, ok := slowest(steadyStepRe, out); ok {
@@ -119,9 +122,21 @@ func BenchmarkReplicationInterference(b *testing.B) {
 	}
 }
 
+// linkBytes is tc's rate (as "200mbit") in bytes per second.
+func linkBytes(t testing.TB, rate string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(strings.TrimSuffix(rate, "mbit"), 10, 64)
+	if err != nil || !strings.HasSuffix(rate, "mbit") {
+		t.Fatalf("BENCH_GEMINI_RATE %q: want N mbit, e.g. 200mbit", rate)
+	}
+	return n * 1e6 / 8
+}
+
 // writeBenchConf writes the e2e reft.toml with background_schedule
-// (empty: the default); the agents read it at the job's start.
-func writeBenchConf(t testing.TB, path, schedule string) {
+// (empty: the default; "norepl": replication throttled to nothing;
+// "idle-link": idle with link_bandwidth = link); the agents read it at the
+// job's start.
+func writeBenchConf(t testing.TB, path, schedule string, link int64) {
 	t.Helper()
 	base, err := os.ReadFile(writeReftConf(t))
 	if err != nil {
@@ -131,6 +146,8 @@ func writeBenchConf(t testing.TB, path, schedule string) {
 	case "":
 	case "norepl":
 		base = append(base, "[protect]\nbackground_rate = 1\nbackground_burst = 1\n"...)
+	case "idle-link":
+		base = append(base, fmt.Sprintf("[protect]\nbackground_schedule = \"idle\"\nlink_bandwidth = %d\n", link)...)
 	default:
 		base = append(base, fmt.Sprintf("[protect]\nbackground_schedule = %q\n", schedule)...)
 	}
@@ -150,7 +167,7 @@ func replicationSummary(t testing.TB, job string, nodes []string, schedule strin
 		var ev map[string][]map[string]any
 		for { // the agent logs its schedule's stats as it exits, after the job
 			ev = agentEvents(t, job, n)
-			if schedule != "idle" || len(ev["replication_schedule_stats"]) > 0 || time.Now().After(deadline) {
+			if !strings.HasPrefix(schedule, "idle") || len(ev["replication_schedule_stats"]) > 0 || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(200 * time.Millisecond)
@@ -168,7 +185,7 @@ func replicationSummary(t testing.TB, job string, nodes []string, schedule strin
 	case schedule != "norepl" && committed == 0:
 		t.Errorf("job %s (%s): no replica committed: the run measured no replication", job, schedule)
 	}
-	if schedule == "idle" && learned == 0 {
+	if strings.HasPrefix(schedule, "idle") && learned == 0 {
 		t.Errorf("job %s (idle): no agent learned a communication timeline", job)
 	}
 	return fmt.Sprintf("%d replicas committed, %d timelines learned; %s", committed, learned, strings.Join(stats, "; "))
