@@ -225,94 +225,65 @@ var (
 // agent (reftLog), snapshots every 4 steps; stage 1 dies at the start of
 // step 10 with no flush (its node's memory gone), so its newest generation
 // is step 8, while the survivors' JIT flushes save step 9. The relaunch
-// restores each rank's own newest (RestoreLocal), stage 1 alone replays
-// step 9 from its neighbours' logs read back from the agent, and the run
-// ends with the bits of an uninterrupted run without logging.
+// restores each rank's step (LocalRestorer), stage 1 alone replays step 9
+// from its neighbours' logs read back from the agent, and the run ends
+// with the bits of an uninterrupted run without logging. With selective
+// logging (--log-groups 0-1,2) stages 0 and 1 form a group whose inner
+// messages are not logged (rank 0 logs nothing): stage 0 goes back to
+// step 8 with its group's lost stage, and both replay step 9, stage 2
+// serving its log.
 func TestReftLoggingReplay(t *testing.T) {
-	for _, mode := range []string{train.LogSync, train.LogBubble} {
-		t.Run(mode, func(t *testing.T) {
-			cfg := small()
-			cfg.PP, cfg.DP, cfg.Steps, cfg.SaveEvery, cfg.LogEvery = 3, 1, 14, 4, 1
-			ref, errs := train.RunLocal(cfg, 3, nil)
-			if err := errors.Join(errs...); err != nil {
-				t.Fatal(err)
-			}
-			// The log's cap is half the node's memory budget, split among
-			// the ranks.
-			a, err := agenttest.Start(agenttest.Options{MemoryBudget: 64 << 20, Log: zerolog.New(zerolog.NewTestWriter(t))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { a.Close() })
-			crash := cfg
-			crash.LogMessages, crash.JIT = mode, true
-			crash.FailStep, crash.FailRank = 10, 1
-			if _, log, err := runReftWith(t, a, crash, 3, nil, false); !errors.Is(err, train.ErrKilled) {
-				t.Fatalf("the run with --fail-at 10:1: %v, want ErrKilled\n%s", err, log)
-			}
-			got, log, err := runReftWith(t, a, crash, 3, nil, false)
-			if err != nil {
-				t.Fatalf("relaunch: %v\n%s", err, log)
-			}
-			if got.Hash != ref[0].Hash {
-				t.Errorf("final-params-sha256 %s after the replay, %s uninterrupted\n%s", got.Hash, ref[0].Hash, log)
-			}
-			if want := "REPLAY stage 1 from 8 to 9 steps 1 "; !strings.Contains(log, want) {
-				t.Errorf("no %q line: stage 1 should replay step 9 alone\n%s", want, log)
-			}
-			if n := strings.Count(log, "REPLAY stage"); n != 1 {
-				t.Errorf("%d REPLAY lines, want 1 (only the lost stage replays)\n%s", n, log)
-			}
-		})
-	}
-}
-
-// TestReftLoggingGroups: selective logging (--log-groups 0-1,2): stages 0
-// and 1 form a group whose inner messages are not logged (rank 0 logs
-// nothing), stage 1 dies at the start of step 10 with no flush; the
-// relaunch has stages 0 and 1 replay step 9 together from step 8 (stage 0
-// goes back to its snapshot, as its group's lost stage must), stage 2
-// serving its log, and the run ends with the uninterrupted bits.
-func TestReftLoggingGroups(t *testing.T) {
-	for _, mode := range []string{train.LogSync, train.LogBubble} {
-		t.Run(mode, func(t *testing.T) {
-			cfg := small()
-			cfg.PP, cfg.DP, cfg.Steps, cfg.SaveEvery, cfg.LogEvery = 3, 1, 14, 4, 1
-			ref, errs := train.RunLocal(cfg, 3, nil)
-			if err := errors.Join(errs...); err != nil {
-				t.Fatal(err)
-			}
-			a, err := agenttest.Start(agenttest.Options{MemoryBudget: 64 << 20, Log: zerolog.New(zerolog.NewTestWriter(t))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { a.Close() })
-			crash := cfg
-			crash.LogMessages, crash.JIT = mode, true
-			crash.LogGroups = [][2]int{{0, 1}, {2, 2}}
-			crash.FailStep, crash.FailRank = 10, 1
-			if _, log, err := runReftWith(t, a, crash, 3, nil, false); !errors.Is(err, train.ErrKilled) {
-				t.Fatalf("the run with --fail-at 10:1: %v, want ErrKilled\n%s", err, log)
-			}
-			got, log, err := runReftWith(t, a, crash, 3, nil, false)
-			if err != nil {
-				t.Fatalf("relaunch: %v\n%s", err, log)
-			}
-			if got.Hash != ref[0].Hash {
-				t.Errorf("final-params-sha256 %s after the replay, %s uninterrupted\n%s", got.Hash, ref[0].Hash, log)
-			}
-			for _, want := range []string{"replay: stages 0-1 replay together from step 8", "REPLAY stage 0 from 8 to 9 steps 1 ", "REPLAY stage 1 from 8 to 9 steps 1 "} {
-				if !strings.Contains(log, want) {
-					t.Errorf("no %q line\n%s", want, log)
+	for _, tc := range []struct {
+		name   string
+		groups [][2]int
+		want   []string // lines of rank 0's log
+		lines  int      // REPLAY lines
+	}{
+		{"every boundary", nil, []string{"REPLAY stage 1 from 8 to 9 steps 1 "}, 1},
+		{"groups 0-1,2", [][2]int{{0, 1}, {2, 2}},
+			[]string{"replay: stages 0-1 replay together from step 8", "REPLAY stage 0 from 8 to 9 steps 1 ", "REPLAY stage 1 from 8 to 9 steps 1 "}, 2},
+	} {
+		for _, mode := range []string{train.LogSync, train.LogBubble} {
+			t.Run(tc.name+"/"+mode, func(t *testing.T) {
+				cfg := small()
+				cfg.PP, cfg.DP, cfg.Steps, cfg.SaveEvery, cfg.LogEvery = 3, 1, 14, 4, 1
+				ref, errs := train.RunLocal(cfg, 3, nil)
+				if err := errors.Join(errs...); err != nil {
+					t.Fatal(err)
 				}
-			}
-			if n := strings.Count(log, "REPLAY stage"); n != 2 {
-				t.Errorf("%d REPLAY lines, want 2 (the lost stage's group)\n%s", n, log)
-			}
-			if got.LogBytes != 0 {
-				t.Errorf("rank 0 logged %d bytes; its only boundary is inside its group, which is not logged", got.LogBytes)
-			}
-		})
+				// The log's cap is half the node's memory budget, split
+				// among the ranks.
+				a, err := agenttest.Start(agenttest.Options{MemoryBudget: 64 << 20, Log: zerolog.New(zerolog.NewTestWriter(t))})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { a.Close() })
+				crash := cfg
+				crash.LogMessages, crash.JIT, crash.LogGroups = mode, true, tc.groups
+				crash.FailStep, crash.FailRank = 10, 1
+				if _, log, err := runReftWith(t, a, crash, 3, nil, false); !errors.Is(err, train.ErrKilled) {
+					t.Fatalf("the run with --fail-at 10:1: %v, want ErrKilled\n%s", err, log)
+				}
+				got, log, err := runReftWith(t, a, crash, 3, nil, false)
+				if err != nil {
+					t.Fatalf("relaunch: %v\n%s", err, log)
+				}
+				if got.Hash != ref[0].Hash {
+					t.Errorf("final-params-sha256 %s after the replay, %s uninterrupted\n%s", got.Hash, ref[0].Hash, log)
+				}
+				for _, want := range tc.want {
+					if !strings.Contains(log, want) {
+						t.Errorf("no %q line\n%s", want, log)
+					}
+				}
+				if n := strings.Count(log, "REPLAY stage"); n != tc.lines {
+					t.Errorf("%d REPLAY lines, want %d (the lost stage's group)\n%s", n, tc.lines, log)
+				}
+				if tc.groups != nil && got.LogBytes != 0 {
+					t.Errorf("rank 0 logged %d bytes; its only boundary is inside its group, which is not logged", got.LogBytes)
+				}
+			})
+		}
 	}
 }
 
