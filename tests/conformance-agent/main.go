@@ -4,10 +4,13 @@
 // stdout, serves until its stdin is closed, then removes its directory. A
 // line "notify NODE [CAUSE]" on stdin sends a peer failure notice.
 //
-//	conformance-agent [--job 4242] [--dir /dev/shm] [--layout scatter] [--verbose]
+//	conformance-agent [--job 4242] [--dir /dev/shm] [--layout scatter] [--memory-budget BYTES] [--verbose]
 //
 // --layout defaults to $REFT_CONFORMANCE_AGENT, through which a runner
 // passes a vectors scenario's "agent" field (client/conformance/README.md).
+// --memory-budget is the node's memory budget that each rank's message log
+// cap derives from (half of it, split among the registered ranks); without
+// it every message log append is refused as over the cap.
 package main
 
 import (
@@ -44,6 +47,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	verbose := fs.Bool("verbose", false, "log the agent's events to stderr")
 	layout := fs.String("layout", os.Getenv(LayoutEnv), "arena layout: \"\" (the agent's own) or \"scatter\" (a test layout); default $"+LayoutEnv)
 	spc := fs.String("spec", "", "the --reft SPEC the agent serves (default agenttest's, arc)")
+	budget := fs.Uint64("memory-budget", 0, "the node's memory budget in bytes, which the message log's per-rank cap derives from (0: none, every log append is over the cap)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -51,7 +55,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if *verbose {
 		log = zerolog.New(stderr).With().Timestamp().Logger()
 	}
-	a, err := agenttest.Start(agenttest.Options{Job: *job, Dir: *dir, Log: log, Layout: *layout, Spec: *spc})
+	a, err := agenttest.Start(agenttest.Options{Job: *job, Dir: *dir, Log: log, Layout: *layout, Spec: *spc, MemoryBudget: *budget})
 	if err != nil {
 		return err
 	}

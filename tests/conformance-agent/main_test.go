@@ -134,3 +134,54 @@ func TestLayout(t *testing.T) {
 		})
 	}
 }
+
+// TestMemoryBudget: --memory-budget is the budget the message log's
+// per-rank cap derives from (half of it for a lone rank); without it the
+// cap is 0, and every log append is refused.
+func TestMemoryBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		args          []string
+		budget, cap64 int64
+	}{
+		{"none", nil, 0, 0},
+		{"1 GiB", []string{"--memory-budget", "1073741824"}, 1 << 30, 1 << 29},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inR, inW := io.Pipe()
+			outR, outW := io.Pipe()
+			done := make(chan error, 1)
+			go func() {
+				done <- run(append([]string{"--dir", t.TempDir()}, tc.args...), inR, outW, io.Discard)
+				outW.Close()
+			}()
+			defer func() {
+				inW.Close()
+				if err := <-done; err != nil {
+					t.Errorf("run: %v", err)
+				}
+			}()
+			line, err := bufio.NewReader(outR).ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := net.Dial("unix", strings.TrimSpace(line))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			reg := proto.Register{World: 1, Buffers: []proto.BufferSpec{{Name: "a", Size: 4096}}}
+			if err := proto.Call(c, proto.TRegister, 1, reg, nil); err != nil {
+				t.Fatal(err)
+			}
+			var st proto.Status
+			if err := proto.Call(c, proto.TStatus, 2, nil, &st); err != nil {
+				t.Fatal(err)
+			}
+			if int64(st.MemoryBudget) != tc.budget || st.MsgLog == nil || st.MsgLog.RankCap != tc.cap64 {
+				t.Fatalf("status memory_budget %d, msglog %+v; want %d and a rank cap of %d", st.MemoryBudget, st.MsgLog, tc.budget, tc.cap64)
+			}
+		})
+	}
+}

@@ -39,9 +39,11 @@ def _cuda_runtime():
 class Mapping:
     """One mmap of an arena file (MAP_SHARED). A writable mapping keeps a
     ctypes view for its address; that view is a buffer export, so it is
-    dropped before the mmap is closed (mmap.close refuses while exported)."""
+    dropped before the mmap is closed (mmap.close refuses while exported).
+    ``what`` names the arena in errors ("snapshot arena", "message log
+    arena")."""
 
-    def __init__(self, path, size, writable):
+    def __init__(self, path, size, writable, what="snapshot arena"):
         if size <= 0:
             raise Error("the agent named arena %s with size %d; an arena has at least one page"
                         % (path, size))
@@ -54,26 +56,26 @@ class Mapping:
             fd = os.open(path, flags)
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise Error("snapshot arena %s is a symlink; an arena is a regular file of this "
-                            "user: refusing to map it" % (path,)) from None
-            raise Error("cannot open the snapshot arena %s: [Errno %s] %s; the agent and this "
+                raise Error("%s %s is a symlink; an arena is a regular file of this "
+                            "user: refusing to map it" % (what, path)) from None
+            raise Error("cannot open the %s %s: [Errno %s] %s; the agent and this "
                         "rank must run as the same user on the same node"
-                        % (path, e.errno, e.strerror)) from None
+                        % (what, path, e.errno, e.strerror)) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                raise Error("snapshot arena %s is not a regular file of this user (uid %d, mode "
+                raise Error("%s %s is not a regular file of this user (uid %d, mode "
                             "%o): refusing to map it; the agent's store has been tampered with"
-                            % (path, st.st_uid, st.st_mode))
+                            % (what, path, st.st_uid, st.st_mode))
             if st.st_size < size:
-                raise Error("snapshot arena %s has %d bytes, the agent said %d; the store is "
-                            "inconsistent, see the agent's log" % (path, st.st_size, size))
+                raise Error("%s %s has %d bytes, the agent said %d; the store is "
+                            "inconsistent, see the agent's log" % (what, path, st.st_size, size))
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             try:
                 self.mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
             except OSError as e:
-                raise Error("cannot map the snapshot arena %s (%d bytes): [Errno %s] %s"
-                            % (path, size, e.errno, e.strerror)) from None
+                raise Error("cannot map the %s %s (%d bytes): [Errno %s] %s"
+                            % (what, path, size, e.errno, e.strerror)) from None
         finally:
             os.close(fd)
         self.path, self.size, self.writable = path, size, writable

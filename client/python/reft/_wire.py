@@ -30,6 +30,11 @@ T_COMM = 0x0A  # a notice: the agent never answers it
 T_WATCH = 0x0B
 T_NOTICE = 0x0C  # agent -> client, id 0, on watching connections only
 T_PROGRESS = 0x10
+T_LOG_APPEND = 0x11  # the message log (docs/PROTOCOL.md, "Message log")
+T_LOG_COMMIT = 0x12
+T_LOG_READ = 0x13
+T_LOG_TRUNCATE = 0x14
+T_LOG_STEPS = 0x15
 REPLY_BIT = 0x80
 T_ERROR = 0xFF
 
@@ -38,6 +43,8 @@ TYPE_NAMES = {
     T_COMMIT: "commit", T_ABORT: "abort", T_GENERATIONS: "generations",
     T_RESTORE: "restore", T_RELEASE: "release", T_COMM: "comm",
     T_WATCH: "watch", T_NOTICE: "notice", T_PROGRESS: "progress",
+    T_LOG_APPEND: "log_append", T_LOG_COMMIT: "log_commit", T_LOG_READ: "log_read",
+    T_LOG_TRUNCATE: "log_truncate", T_LOG_STEPS: "log_steps",
 }
 
 _HEADER = struct.Struct(">IBBHI")

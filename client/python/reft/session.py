@@ -15,8 +15,10 @@ import time
 import warnings
 import weakref
 
+from . import _msglog as L
 from . import _wire as W
 from ._arena import ArenaCache
+from ._crc32c import crc32c
 from ._errors import Error
 from .layout import default_layout
 
@@ -380,6 +382,10 @@ class Session:
         self._jit_handle = None  # the newest flush's save
         self._interrupt = None  # set_update_interrupt's callback
         self._watch = None  # the notice connection (watch_failures)
+        # The message log: its requests and copies take turns under
+        # _log_lock, never held while taking _op_lock (see _log_ready).
+        self._log_lock = threading.Lock()
+        self._log_maps = L.LogMaps()  # under _log_lock
         self._log = _stderr_log
         self._degraded_said = ""  # the commit replies' degraded reasons last said
         self.optional = bool(optional)
@@ -966,6 +972,204 @@ class Session:
         self._note_committed(got)  # a JIT flush need not save it again
         return got
 
+    # --- message log -----------------------------------------------------
+    #
+    # SWIFT-style message logging (docs/LOGGING.md; docs/PROTOCOL.md,
+    # "Message log"; the Go client's LogAppend, LogRead, LogTruncate and
+    # LogSteps): a pipeline stage stores each message it sends across a
+    # machine boundary in its node's agent, in host memory, so that a
+    # neighbour that fails can replay its steps from them while this stage
+    # keeps its state. Each message is checksummed (CRC-32C) by the client
+    # as it is appended and again after it is read (reft._crc32c: the
+    # kernel's where it has one, else about 200 MB/s of pure Python).
+
+    def log_append(self, stream, step, seq, data):
+        """Store ``data``, one message this rank sent across a machine
+        boundary, as (``stream``, ``step``, ``seq``) in the node's agent;
+        returns True when the agent already held that message with the same
+        bytes (the same size and CRC-32C: a replayed step sends it again),
+        which it keeps, else False. Another size or other bytes under a key
+        held: reft.Error with code "mismatch", the held message unchanged.
+
+        ``stream``: the caller's name for the link, e.g. "act>3" or "grad>1"
+        (the kind and the receiving rank): 1 to 64 bytes of printable ASCII
+        without spaces. ``step`` >= 0; ``seq`` (the message's number within
+        the step, e.g. the microbatch) in [0, 2**31-1]. ``data``: a non-empty
+        bytes-like object (bytes, bytearray, memoryview, a numpy array;
+        its bytes in C order) or a torch.Tensor (its bytes; a CUDA tensor is
+        copied to the host first, which waits for the device's work on it).
+        ``data`` must not change until log_append returns.
+
+        The contract of every log call: a log belongs to the rank this
+        session registered as, so the first log call registers the buffers
+        as the first save() does: register() them before it. Only this
+        rank reads or truncates its log, through its own node's agent; the
+        messages outlive this process and a restart of the agent, not the
+        node. The log calls may run on any thread, beside save(), its copy
+        and restore(); they take turns with each other (an append reaches
+        its commit with no other log request between). They raise
+        reft.Error: an agent's refusal keeps its code (``e.code``:
+        "no_space" for an append over the rank's cap or the node's memory
+        budget, nothing held being dropped; "mismatch"; "corrupt" for a
+        message whose bytes fail their CRC-32C; "not_found" for a key the
+        agent does not hold; "disabled" when the job has no store), the
+        client's own refusals have code None. A disabled session
+        (optional=True without an agent, or an agent without a store)
+        raises too, as the Go client does (ErrLogDisabled), where save()
+        quietly does nothing: a stage that logs counts on its messages for
+        a replay, so it learns at once that none are kept; check
+        ``s.enabled`` and skip logging when it is False."""
+        self._check_usable("log_append()")
+        what = "message log append of " + L.key_name(stream, step, seq)
+        try:
+            bad = L.check_key(stream, step, seq)
+            if bad:
+                raise Error(bad)
+            src, keep = L.source(data)
+        except Error as e:
+            raise L.wrap(what, e) from None
+        try:
+            n = src.nbytes
+            if n <= 0:
+                raise Error("size = 0 must be positive (log messages of at least one byte)")
+            self._log_ready()
+            with self._log_lock:
+                self._check_usable("log_append()")
+                key = {"stream": stream, "step": step, "seq": seq}
+                reply = self._conn.call(W.T_LOG_APPEND, dict(key, size=n))
+                # On a failure from here on, the agent drops the open
+                # append at the connection's next log request.
+                arena = self._log_maps.get(*L.append_reply(reply, n))
+                with memoryview(arena.mm) as whole, whole[:n] as dst:
+                    L.copy(dst, src, self.chunk_size)
+                    # The CRC-32C of the bytes as the arena holds them: the
+                    # agent checksums the same bytes and stores them only
+                    # when the two agree.
+                    crc = crc32c(dst)
+                reply = self._conn.call(W.T_LOG_COMMIT, dict(key, crc32c=crc))
+                return L.commit_reply(reply)
+        except Error as e:
+            raise L.wrap(what, e) from None
+        finally:
+            src.release()
+            del keep
+
+    def log_read(self, stream, step, seq, out=None):
+        """The message (``stream``, ``step``, ``seq``) this rank appended:
+        its bytes, or, with ``out`` (a writable C-contiguous buffer or a
+        contiguous tensor, on the CPU or a device, of exactly the message's
+        size), ``out`` filled with them. The agent verifies the message's
+        CRC-32C before it replies, and log_read checks its copy against it
+        again. A key the agent does not hold (never appended, truncated, or
+        lost with the node) is reft.Error with code "not_found". The
+        contract of log_append holds (registration, threads, a disabled
+        session raising)."""
+        self._check_usable("log_read()")
+        what = "message log read of " + L.key_name(stream, step, seq)
+        sink = None
+        try:
+            bad = L.check_key(stream, step, seq)
+            if bad:
+                raise Error(bad)
+            if out is not None:
+                sink = L.Sink(out)
+            self._log_ready()
+            with self._log_lock:
+                self._check_usable("log_read()")
+                reply = self._conn.call(W.T_LOG_READ, {"stream": stream, "step": step, "seq": seq})
+                path, arena_size, size, want = L.read_reply(reply)
+                if sink is not None and sink.nbytes != size:
+                    raise Error("the stored message has %d bytes, out has %d: read it into a buffer "
+                                "of its exact length (or pass no out)" % (size, sink.nbytes))
+                arena = self._log_maps.get(path, arena_size)
+                staged = None
+                with memoryview(arena.mm) as whole, whole[:size] as src:
+                    if sink is None:
+                        staged = src.tobytes()
+                        got = crc32c(staged)
+                    elif sink.view is not None:
+                        L.copy(sink.view, src, self.chunk_size)
+                        got = crc32c(sink.view)
+                    else:
+                        staged = bytearray(src)
+                        got = crc32c(staged)
+                if got != want:
+                    raise Error("the copy of the message fails its CRC-32C: the agent verified %#010x, "
+                                "the copy has %#010x: its arena was rewritten during the copy (another "
+                                "process of this rank truncated and appended meanwhile) or this host's "
+                                "memory is failing; read it again" % (want, got))
+            if sink is None:
+                return staged
+            if sink.device is not None:
+                sink.finish(staged)
+            return out
+        except Error as e:
+            raise L.wrap(what, e) from None
+        finally:
+            if sink is not None:
+                sink.release()
+
+    def log_truncate(self, up_to):
+        """Drop every message of every stream of this rank with step <=
+        ``up_to``; their memory serves the rank's next appends. Returns
+        (messages, bytes) dropped. A message of step s is needed until its
+        receiver holds a snapshot of a step >= s that survives a node's
+        loss (docs/LOGGING.md, "Truncation"). The contract of log_append
+        holds."""
+        self._check_usable("log_truncate()")
+        what = "message log truncation up to step %r" % (up_to,)
+        try:
+            bad = L.check_up_to(up_to)
+            if bad:
+                raise Error(bad)
+            self._log_ready()
+            with self._log_lock:
+                self._check_usable("log_truncate()")
+                reply = self._conn.call(W.T_LOG_TRUNCATE, {"up_to": up_to})
+                dropped = L.truncate_reply(reply)
+                self._log_maps.sweep()
+                return dropped
+        except Error as e:
+            raise L.wrap(what, e) from None
+
+    def log_steps(self, stream):
+        """The steps of ``stream`` the agent holds at least one message of
+        for this rank, ascending (empty when none). The contract of
+        log_append holds."""
+        self._check_usable("log_steps()")
+        what = "message log steps of stream " + L.stream_name(stream)
+        try:
+            bad = L.check_stream(stream)
+            if bad:
+                raise Error(bad)
+            self._log_ready()
+            with self._log_lock:
+                self._check_usable("log_steps()")
+                return L.steps_reply(self._conn.call(W.T_LOG_STEPS, {"stream": stream}))
+        except Error as e:
+            raise L.wrap(what, e) from None
+
+    def _log_ready(self):
+        """Register the rank's buffers with the agent when no save(),
+        restore() or progress() did yet: a log belongs to the rank the
+        connection registered as. Takes _op_lock only then (a restore in
+        a collective holds it for long)."""
+        if not self.enabled:
+            raise Error("reft is disabled for this session (%s): the message log needs the node's "
+                        "agent, and nothing was logged or read" % self.disabled_reason)
+        if self._registered:
+            return
+        with self._op_lock:
+            if self._closed:
+                raise Error("reft session: the message log after close()")
+            if not self._buffers:
+                raise Error("nothing is registered: a log belongs to the rank the session registered "
+                            "as; register(name, buf) the rank's buffers first")
+            self._ensure_registered()
+            if not self.enabled:  # the agent said it has no store (optional)
+                raise Error("reft is disabled for this session (%s): the message log is disabled "
+                            "with snapshots, and nothing was logged or read" % self.disabled_reason)
+
     # --- JIT flush ---------------------------------------------------------
     #
     # When another node of the job fails, the surviving ranks are typically
@@ -1269,6 +1473,10 @@ class Session:
                     self._arenas.close()
                     for b in self._buffers:
                         b.release()
+                # A log call in progress ends first (its next request
+                # fails on the closed connection).
+                with self._log_lock:
+                    self._log_maps.sweep(everything=True)
 
     def __enter__(self):
         self._check_usable("with")

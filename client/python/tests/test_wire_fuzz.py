@@ -2,7 +2,8 @@
 here, so this is the bounded, seeded stand-in of the Go fuzz targets.
 Whatever bytes the agent's socket carries, decoding raises only the
 documented FrameError (with a documented kind), and a request raises only
-reft.Error."""
+reft.Error; the message log's reply checks (reft._msglog) raise only
+reft.Error whatever the reply holds."""
 
 import random
 import socket
@@ -10,6 +11,7 @@ import struct
 import threading
 import unittest
 
+from reft import _msglog
 from reft import _wire as W
 from reft._errors import Error
 from common import vectors
@@ -60,12 +62,61 @@ def mutate(rng, b):
     return bytes(b)
 
 
+# The message log's requests, a well-formed reply of each, and the check
+# reft.Session applies to it.
+LOG_REPLIES = [
+    (W.T_LOG_APPEND, {"arena": "/dev/shm/reft/4242/msglog/arena-0", "arena_size": 8192},
+     lambda r: _msglog.append_reply(r, 5000)),
+    (W.T_LOG_COMMIT, {"stream": "act>1", "step": 1, "seq": 0, "held": True}, _msglog.commit_reply),
+    (W.T_LOG_READ, {"arena": "/dev/shm/reft/4242/msglog/arena-0", "arena_size": 8192, "size": 5000,
+                    "crc32c": 0xDEADBEEF}, _msglog.read_reply),
+    (W.T_LOG_TRUNCATE, {"messages": 2, "bytes": 10000, "held": 0}, _msglog.truncate_reply),
+    (W.T_LOG_STEPS, {"steps": [1, 2, 3]}, _msglog.steps_reply),
+]
+HOSTILE = [None, True, False, -1, 0, 1, 1 << 31, 1 << 32, 1 << 63, 1 << 70, -(1 << 70), 1.5, float("inf"),
+           float("nan"), "", "x", "/", "arena-0", "/a\u0000b", [], [1, "2"], [3, 2], [2, 2], [1 << 70], {},
+           {"a": 1}]
+
+
+def log_frame(t, reply):
+    return W.encode_msg(t | W.REPLY_BIT, 1, reply)
+
+
 def corpus():
     v = vectors()
     base = [bytes.fromhex(f["hex"]) for f in v["frames"]] + [bytes.fromhex(f["hex"]) for f in v["bad_frames"]]
     base.append(W.encode_msg(W.T_SAVE | W.REPLY_BIT, 1, {"step": 1, "arena_size": 4096, "buffers": []}))
     base.append(W.encode_msg(W.T_ERROR, 1, {"code": "corrupt", "message": "x", "bad_chunks": [{"buffer": "a"}]}))
+    base.extend(log_frame(t, r) for t, r, _ in LOG_REPLIES)
     return base
+
+
+def fuzz_conn(data):
+    """A Connection whose agent sends data (from a thread: a large frame
+    does not fit the socket buffer before the client reads); returns it
+    and a function that closes both ends."""
+    ours, agent = socket.socketpair()
+    conn = W.Connection.__new__(W.Connection)
+    conn.path, conn.requests, conn._next_id, conn._broken = "fuzz", 0, 0, None
+    conn._lock, conn._send_lock = threading.Lock(), threading.Lock()
+    conn._sock, conn._rfile = ours, ours.makefile("rb")
+
+    def send():
+        try:
+            agent.sendall(data)
+            agent.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the client closed first: it refused the frame early
+
+    writer = threading.Thread(target=send)
+    writer.start()
+
+    def close():
+        conn.close()
+        writer.join()
+        agent.close()
+
+    return conn, close
 
 
 class MutatedFrames(unittest.TestCase):
@@ -97,21 +148,7 @@ class MutatedFrames(unittest.TestCase):
         base = corpus()
         for i in range(CALLS):
             data = mutate(rng, rng.choice(base))
-            ours, agent = socket.socketpair()
-            conn = W.Connection.__new__(W.Connection)
-            conn.path, conn.requests, conn._next_id, conn._broken = "fuzz", 0, 0, None
-            conn._lock, conn._send_lock = threading.Lock(), threading.Lock()
-            conn._sock, conn._rfile = ours, ours.makefile("rb")
-            # The agent's side writes from a thread: a large frame does not
-            # fit the socket buffer before the client reads.
-            def send(agent=agent, data=data):
-                try:
-                    agent.sendall(data)
-                    agent.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass  # the client closed first: it refused the frame early
-            writer = threading.Thread(target=send)
-            writer.start()
+            conn, close = fuzz_conn(data)
             try:
                 try:
                     reply = conn.call(W.T_SAVE, {"step": 1})
@@ -121,9 +158,54 @@ class MutatedFrames(unittest.TestCase):
                     self.fail("reply %d %r...: %s: %s, not reft.Error" % (i, data[:64], type(e).__name__, e))
                 self.assertIsInstance(reply, dict)
             finally:
-                conn.close()
-                writer.join()
-                agent.close()
+                close()
+
+
+class MutatedLogReplies(unittest.TestCase):
+    def check_only_reft_error(self, check, reply, what):
+        try:
+            check(reply)
+        except Error:
+            pass
+        except Exception as e:  # noqa: BLE001 - the point of the test
+            self.fail("%s %r: %s: %s, not reft.Error" % (what, reply, type(e).__name__, e))
+
+    def test_checks_raise_only_reft_error(self):
+        """Reply fields replaced, added or removed, by hostile values."""
+        rng = random.Random(SEED + 2)
+        for i in range(FRAMES):
+            t, good, check = rng.choice(LOG_REPLIES)
+            reply = dict(good)
+            for _ in range(rng.randint(1, 3)):
+                key = rng.choice(list(good) + ["extra"])
+                if rng.randrange(5) == 0:
+                    reply.pop(key, None)
+                else:
+                    reply[key] = rng.choice(HOSTILE)
+            self.check_only_reft_error(check, reply, "reply %d of %s" % (i, W.type_name(t | W.REPLY_BIT)))
+
+    def test_calls_raise_only_reft_error(self):
+        """Log reply frames mutated as bytes, through a request and its check."""
+        rng = random.Random(SEED + 3)
+        for i in range(CALLS):
+            t, good, check = rng.choice(LOG_REPLIES)
+            data = mutate(rng, log_frame(t, good))
+            conn, close = fuzz_conn(data)
+            try:
+                try:
+                    reply = conn.call(t, {"stream": "act>1", "step": 1, "seq": 0})
+                except Error:
+                    continue
+                except Exception as e:  # noqa: BLE001 - the point of the test
+                    self.fail("reply %d %r...: %s: %s, not reft.Error" % (i, data[:64], type(e).__name__, e))
+                self.check_only_reft_error(check, reply, "reply %d" % i)
+            finally:
+                close()
+
+    def test_good_replies_pass(self):
+        for t, good, check in LOG_REPLIES:
+            with self.subTest(W.type_name(t)):
+                check(good)
 
 
 if __name__ == "__main__":
