@@ -49,7 +49,7 @@ func BenchmarkReplicationInterference(b *testing.B) {
 	}
 	rate := envOr("BENCH_GEMINI_RATE", "200mbit")
 	rounds, _ := strconv.Atoi(envOr("BENCH_GEMINI_ROUNDS", "2"))
-	flags := strings.Fields(envOr("BENCH_GEMINI_FLAGS", "--size 4MiB --compute 60ms --steps 32 --measure-from 9 --zero1 --optimizer adamw --save-every 1 --log-every 32 --batch 64 --micro 8"))
+	flags := strings.Fields(envOr("BENCH_GEMINI_FLAGS", "--size 4MiB --compute 60ms --steps 32 --measure-from 17 --zero1 --optimizer adamw --save-every 1 --log-every 32 --batch 64 --micro 8"))
 	nodes := []string{"n1", "n2", "n3", "n4"}
 	for _, n := range nodes {
 		cluster(b, "rate", n, rate)
