@@ -326,7 +326,7 @@ func TestReftLoggingStraddle(t *testing.T) {
 				defer close(done)
 				w := <-worlds
 				defer w.Abort() // the job torn down after the flushes
-				for range 4 { // stage 0 holds; 1, 2 and 3 finish step 7
+				for range 4 {   // stage 0 holds; 1, 2 and 3 finish step 7
 					seen = append(seen, <-notes)
 				}
 				a.NotifyPeerFailure("n2", "test: stage 1's node lost after step 7")

@@ -92,7 +92,7 @@ type Config struct {
 	// state, after what the first steps learn (the agents' idle-span
 	// profile). 0: not printed.
 	MeasureFrom int64
-	Threads         int // compute goroutines per rank; 0: GOMAXPROCS
+	Threads     int // compute goroutines per rank; 0: GOMAXPROCS
 	// MinStep pads every step to at least this wall time by sleeping at
 	// its end: a stand-in for a bigger model, so that a demo or a failure
 	// test can hit a chosen step. It changes no result.
@@ -426,7 +426,7 @@ func (c *Config) Validate(world int) error {
 		case slices.Max(c.HoldBeforeRanks) >= world || len(c.HoldBeforeRanks) >= world:
 			return fmt.Errorf("--hold-before-update %d:%v: the job has ranks 0..%d, and at least one must finish the step", c.HoldBeforeStep, c.HoldBeforeRanks, world-1)
 		case c.Zero1 && c.DP > 1:
-			return fmt.Errorf("--hold-before-update with --zero1: the JIT step-back that ends the hold needs every buffer replicated or the stage's own "+
+			return fmt.Errorf("--hold-before-update with --zero1: the JIT step-back that ends the hold needs every buffer replicated or the stage's own " +
 				"(no --zero1 with --dp > 1; docs/UNDO.md)")
 		}
 	}
