@@ -60,7 +60,6 @@ import (
 	"os"
 	"runtime"
 	"syscall"
-	"time"
 
 	"github.com/emer/empi/mpi"
 
@@ -68,12 +67,6 @@ import (
 
 	"github.com/reft-hpc/reft/examples/trainer/train"
 )
-
-// abortGrace is how long a failed rank waits before MPI_Abort under the
-// JIT flush: the other survivors flush on the same failure notice, in
-// milliseconds when the node is idle and in up to a second or so on a
-// loaded one, and the abort kills them wherever they are.
-const abortGrace = 3 * time.Second
 
 func main() {
 	// MPI calls must stay on one OS thread.
@@ -167,13 +160,6 @@ func run() int {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "reft-train: rank %d: %v\n", world.Rank(), err)
 		if world.Size() > 1 {
-			if _, ok := snap.(*reftSnap); ok && cfg.JIT {
-				// MPI_Abort kills every rank at once: give the other
-				// survivors' JIT flushes, started by the same failure,
-				// time to commit first (seen in CI: rank 0's abort killed
-				// rank 3 while its flush of the undone step was running).
-				time.Sleep(abortGrace)
-			}
 			abortWorld() // the other ranks would block in collectives forever
 		}
 		return 1
