@@ -217,14 +217,26 @@ func TestEvery0NodeLossInUpdate(t *testing.T) {
 		t.Errorf("job %s: rank 0 logged step %d before the kill, want %d (the step before the held update)", r.job, r.lastLogged, held-1)
 	}
 
-	// Every survivor flushed the undone state, step 7, and nothing was
-	// committed before: every=0 kept no snapshot on the step path.
+	// The survivors flushed the undone state, step 7, and nothing was
+	// committed before: every=0 kept no snapshot on the step path. The
+	// first survivor to abort MPI kills the others wherever they are, so
+	// one may die before its flush commits (CI, session 15): the restore
+	// of step 7 then comes from the others' copies (each arc save carries
+	// its ring successor's shard), which the resume below checks.
 	saves := jitSaves(r.first.Stderr)
 	t.Logf("job %s: JIT saves by rank: %v", r.job, saves)
+	flushed := 0
 	for _, rank := range []int{0, 2, 3} {
-		if s, ok := saves[rank]; !ok || s != held-1 {
-			t.Errorf("job %s: surviving rank %d's JIT save: step %d (logged: %v), want %d:\n%s", r.job, rank, s, ok, held-1, r.first.Stderr)
+		s, ok := saves[rank]
+		if ok && s != held-1 {
+			t.Errorf("job %s: surviving rank %d's JIT save: step %d, want %d:\n%s", r.job, rank, s, held-1, r.first.Stderr)
 		}
+		if ok {
+			flushed++
+		}
+	}
+	if flushed == 0 {
+		t.Errorf("job %s: no surviving rank logged a JIT save of step %d:\n%s", r.job, held-1, r.first.Stderr)
 	}
 	if _, ok := saves[1]; ok {
 		t.Errorf("job %s: rank 1, on the killed node, logged a JIT save", r.job)
