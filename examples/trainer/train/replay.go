@@ -106,7 +106,7 @@ func (t *trainer) restoreLocal(lr LocalRestorer) (int64, bool, error) {
 	for r := range held {
 		held[r] = v[exchangedSteps*r : exchangedSteps*(r+1)]
 	}
-	groups := t.cfg.stageGroups()
+	groups := t.groups
 	want, target, note, err := restoreSteps(held, groups)
 	if err != nil {
 		return 0, false, err

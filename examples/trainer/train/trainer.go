@@ -130,6 +130,8 @@ type trainer struct {
 	// a JIT flush's step-back (stepBack). holding: the trainer holds it.
 	gate    chan struct{}
 	holding bool
+	// groups is each stage's --log-groups group (Config.stageGroups).
+	groups []int
 	// stepped is closed when a JIT flush's step-back has run (it ends
 	// --hold-before-update's hold).
 	stepped     chan struct{}
@@ -200,7 +202,7 @@ func Run(cfg Config, o Options) (*Result, error) {
 
 func newTrainer(cfg Config, o Options) (*trainer, error) {
 	t := &trainer{cfg: cfg, world: o.Comm, rank: o.Comm.Rank(), width: cfg.Width(), log: o.Log, stop: make(chan struct{}), note: o.Note,
-		gate: make(chan struct{}, 1), stepped: make(chan struct{})}
+		gate: make(chan struct{}, 1), stepped: make(chan struct{}), groups: cfg.stageGroups()}
 	if t.note == nil {
 		t.note = func(string) {}
 	}
@@ -784,8 +786,7 @@ func (t *trainer) logsTo(to int) bool {
 	if t.mlog == nil {
 		return false
 	}
-	g := t.cfg.stageGroups()
-	return g[to] != g[t.pipe]
+	return t.groups[to] != t.groups[t.pipe]
 }
 
 // recv receives a message from a neighbouring stage. The wait is a
