@@ -35,6 +35,13 @@ import (
 //     also with link_bandwidth set to the cap ("idle-link": the schedule
 //     plans with the link's known rate instead of measuring it).
 //
+// BENCH_GEMINI_VARIANTS (names, comma-separated) runs a subset, beside
+// "off". Each job's line also says what the machine's CPUs did (from
+// /proc/stat), what the agents and the ranks used (CPU time and context
+// switches, sampled from /proc) and sacct's CPU per step: on two cores
+// shared by four nodes, replication's cost is the CPU's as much as the
+// link's.
+//
 // It reports each variant's median over the rounds of the per-round ratio
 // of the slowest rank's mean step time to the baseline's, in the steady
 // state (the steps from --measure-from on, after the idle schedule's
@@ -57,7 +64,8 @@ func BenchmarkReplicationInterference(b *testing.B) {
 	}
 	conf := filepath.Join(clusterDir, "etc", "reft-gemini-bench.toml")
 	enableReftArgs(b, "config="+conf)
-	variants := []struct{ name, reft, schedule string }{
+	type variant struct{ name, reft, schedule string }
+	variants := []variant{
 		{"off", "--reft=off", ""},
 		{"norepl", "--reft=arc", "norepl"},
 		{"unscheduled", "--reft=arc", "unscheduled"},
@@ -65,6 +73,13 @@ func BenchmarkReplicationInterference(b *testing.B) {
 		{"idle", "--reft=arc", "idle"},
 		{"idle-link", "--reft=arc", "idle-link"},
 	}
+	if only := os.Getenv("BENCH_GEMINI_VARIANTS"); only != "" { // a subset, for a closer look; off stays the baseline
+		keep := strings.Split(only, ",")
+		variants = slices.DeleteFunc(variants, func(v variant) bool {
+			return v.name != "off" && !slices.Contains(keep, v.name)
+		})
+	}
+	norepl := slices.IndexFunc(variants, func(v variant) bool { return v.name == "norepl" })
 	for i := 0; i < b.N; i++ {
 		ratios := make([][]float64, len(variants))
 		whole := make([][]float64, len(variants))
@@ -74,12 +89,16 @@ func BenchmarkReplicationInterference(b *testing.B) {
 				v := (r + k) % len(variants)
 				vr := variants[v]
 				writeBenchConf(b, conf, vr.schedule, linkBytes(b, rate))
+				cpu0 := readCPUStat(b)
+				agents, trainers := sampleProcs("reft-agent"), sampleProcs("reft-train")
 				job, stepMs, out := benchTrainOut(b, nodes, vr.reft, flags)
+				cpu := readCPUStat(b).sub(cpu0)
+				agentUse, trainUse := agents(), trainers()
 				all[v], ms[v] = stepMs, stepMs
 				if s, ok := slowest(steadyStepRe, out); ok {
 					ms[v] = s
 				}
-				what := fmt.Sprintf("round %d %s (job %s): %.1f ms/step in the steady state, %.1f over the whole run", r, vr.name, job, ms[v], all[v])
+				what := fmt.Sprintf("round %d %s (job %s): %.1f ms/step in the steady state, %.1f over the whole run; %s; the agents %s; the ranks %s; %s", r, vr.name, job, ms[v], all[v], cpu, agentUse, trainUse, stepsCPU(b, job))
 				if vr.schedule != "" {
 					what += "; " + replicationSummary(b, job, nodes, vr.schedule)
 				}
@@ -110,16 +129,142 @@ func BenchmarkReplicationInterference(b *testing.B) {
 		// Replication's own interference: each schedule against arc
 		// without replication, per round.
 		var own []string
-		for v := 2; v < len(variants); v++ {
+		for v := 1; v < len(variants) && norepl > 0; v++ {
+			if v == norepl {
+				continue
+			}
 			var rs []float64
 			for r := range ratios[v] {
-				rs = append(rs, ratios[v][r]/ratios[1][r])
+				rs = append(rs, ratios[v][r]/ratios[norepl][r])
 			}
 			b.ReportMetric(med(rs), "x_"+variants[v].name+"_vs_norepl")
 			own = append(own, fmt.Sprintf("%s %.3f %.3f", variants[v].name, med(rs), rs))
 		}
 		b.Logf("replication's own interference, step time against arc without replication (median, per round): %s", strings.Join(own, "; "))
 	}
+}
+
+// cpuStat is the machine's CPU time by kind (/proc/stat's first line, in
+// clock ticks): where a variant's extra step time goes on a machine whose
+// cores the nodes share.
+type cpuStat struct{ user, system, softirq, idle, total int64 }
+
+func readCPUStat(t testing.TB) cpuStat {
+	t.Helper()
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0]) // cpu user nice system idle iowait irq softirq steal ...
+	var v []int64
+	for _, x := range f[1:] {
+		n, _ := strconv.ParseInt(x, 10, 64)
+		v = append(v, n)
+	}
+	s := cpuStat{user: v[0] + v[1], system: v[2] + v[5], softirq: v[6], idle: v[3] + v[4]}
+	for _, n := range v[:min(len(v), 8)] {
+		s.total += n
+	}
+	return s
+}
+
+func (s cpuStat) sub(o cpuStat) cpuStat {
+	return cpuStat{s.user - o.user, s.system - o.system, s.softirq - o.softirq, s.idle - o.idle, s.total - o.total}
+}
+
+func (s cpuStat) String() string {
+	pct := func(n int64) float64 { return 100 * float64(n) / float64(max(s.total, 1)) }
+	return fmt.Sprintf("machine CPU %.0f%% user, %.0f%% system, %.0f%% softirq, %.0f%% idle", pct(s.user), pct(s.system), pct(s.softirq), pct(s.idle))
+}
+
+// clockTicks is USER_HZ, /proc's unit of CPU time (100 on Linux).
+const clockTicks = 100
+
+// procUse is what a set of processes used: CPU time in clock ticks
+// (utime+stime) and context switches, voluntary (it slept) and not (it
+// was preempted), summed over their threads.
+type procUse struct{ ticks, vol, invol int64 }
+
+func (u procUse) String() string {
+	return fmt.Sprintf("%.1f s CPU, %d voluntary and %d involuntary context switches", float64(u.ticks)/clockTicks, u.vol, u.invol)
+}
+
+// sampleProcs samples, every 200 ms until the returned function is
+// called, what the processes named comm use (utime+stime and their
+// threads' context switches), and that function returns the sums as last
+// seen: what a process used in its last 200 ms is missed, and processes
+// that ran before the call (another job's, exiting) are not counted.
+func sampleProcs(comm string) func() procUse {
+	stop, done := make(chan struct{}), make(chan procUse)
+	before := map[string]bool{} // another job's processes, still exiting
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		before[e.Name()] = true
+	}
+	go func() {
+		seen := map[string]procUse{}
+		for {
+			ents, _ := os.ReadDir("/proc")
+			for _, e := range ents {
+				if before[e.Name()] {
+					continue
+				}
+				if c, err := os.ReadFile("/proc/" + e.Name() + "/comm"); err != nil || strings.TrimSpace(string(c)) != comm {
+					continue
+				}
+				st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+				if err != nil {
+					continue
+				}
+				var u procUse
+				f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+1:])) // state is f[0]; utime f[11], stime f[12]
+				if len(f) > 12 {
+					ut, _ := strconv.ParseInt(f[11], 10, 64)
+					s, _ := strconv.ParseInt(f[12], 10, 64)
+					u.ticks = ut + s
+				}
+				tasks, _ := os.ReadDir("/proc/" + e.Name() + "/task")
+				for _, t := range tasks {
+					b, err := os.ReadFile("/proc/" + e.Name() + "/task/" + t.Name() + "/status")
+					if err != nil {
+						continue
+					}
+					for _, l := range strings.Split(string(b), "\n") {
+						k, v, _ := strings.Cut(l, ":")
+						n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+						switch k {
+						case "voluntary_ctxt_switches":
+							u.vol += n
+						case "nonvoluntary_ctxt_switches":
+							u.invol += n
+						}
+					}
+				}
+				if u.ticks >= seen[e.Name()].ticks {
+					seen[e.Name()] = u
+				}
+			}
+			select {
+			case <-stop:
+				var sum procUse
+				for _, v := range seen {
+					sum.ticks, sum.vol, sum.invol = sum.ticks+v.ticks, sum.vol+v.vol, sum.invol+v.invol
+				}
+				done <- sum
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return func() procUse { close(stop); return <-done }
+}
+
+// stepsCPU is what sacct says each of job's steps used of the CPU (the
+// extern step holds the agents; jobacct_gather/linux).
+func stepsCPU(t testing.TB, job string) string {
+	t.Helper()
+	r := run(t, 30*time.Second, root, "sacct", "-n", "-P", "-j", job, "-o", "JobID,TotalCPU,UserCPU,SystemCPU")
+	return "sacct " + strings.Join(lines(r.Stdout), " ")
 }
 
 // linkBytes is tc's rate (as "200mbit") in bytes per second.
