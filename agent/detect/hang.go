@@ -35,7 +35,9 @@ func frozen(process string) bool {
 // too; only the culprit should be named. So:
 //
 //   - a rank whose process is frozen (stopped, in uninterruptible sleep)
-//     is reported at its timeout;
+//     is reported at its timeout; one that exited (a zombie) too, unless
+//     a verdict published after its last progress explains it: the ranks
+//     of a job whose failure was published are killed by its teardown;
 //   - a rank whose process still runs or sleeps is waiting, for another
 //     rank or in its own computation: it is logged (rank_waiting) at its
 //     timeout and reported at twice it, unless by then a verdict published
@@ -59,6 +61,8 @@ func (d *Detector) checkHangs(ctx context.Context) {
 			continue
 		}
 		switch {
+		case p.Process == ProcZombie && explained(d.published, p.At):
+			continue // it exited after a published failure: the job's teardown, not another hang
 		case frozen(p.Process):
 		case explained(d.published, p.At):
 			continue // another verdict since its last progress: it waits for that

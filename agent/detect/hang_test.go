@@ -132,3 +132,49 @@ func TestHangAdaptive(t *testing.T) {
 		}
 	})
 }
+
+// TestHangZombie: a rank that exited and is not reaped (a zombie) is
+// reported at its timeout when nothing explains it, but not when a verdict
+// published after its last progress does: the job's teardown kills the
+// ranks that waited for the hung one, and a rank killed then is no second
+// hang (seen in TestReftRunHangTorch: rank 3 reported 0.13 s after rank
+// 2's verdict).
+func TestHangZombie(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		stopped bool // rank 5 on n2 is stopped first, and its hang published
+		want    []string
+	}{
+		{"alone", false, []string{"n3"}},
+		{"after another rank's verdict", true, []string{"n2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				hang := 2 * tTimeout
+				j := newJob(t, 3, map[string]time.Duration{"n1": hang, "n2": hang, "n3": hang})
+				now := time.Now()
+				j.setProgress("n1", Progress{Rank: 0, Step: 12, At: now, Process: ProcSleeping})
+				if tc.stopped {
+					j.setProgress("n2", Progress{Rank: 5, Step: 12, At: now, Process: ProcStopped})
+					j.setProgress("n3", Progress{Rank: 9, Step: 12, At: now, Process: ProcSleeping})
+					j.published(1)
+				} else {
+					j.setProgress("n2", Progress{Rank: 5, Step: 12, At: now, Process: ProcSleeping})
+				}
+				j.setProgress("n3", Progress{Rank: 9, Step: 12, At: now, Process: ProcZombie})
+				time.Sleep(3 * hang / 2) // past the timeout, before a waiting rank's twice it
+				var nodes []string
+				for _, a := range j.survivors() {
+					for _, f := range a.failures() {
+						if a.name == "n1" && f.Class == ClassHang {
+							nodes = append(nodes, f.Node)
+						}
+					}
+				}
+				if !slices.Equal(nodes, tc.want) {
+					t.Errorf("n1 learnt hangs on %v, want %v", nodes, tc.want)
+				}
+			})
+		})
+	}
+}
