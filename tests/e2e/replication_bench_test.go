@@ -90,15 +90,15 @@ func BenchmarkReplicationInterference(b *testing.B) {
 				vr := variants[v]
 				writeBenchConf(b, conf, vr.schedule, linkBytes(b, rate))
 				cpu0 := readCPUStat(b)
-				agents, trainers := sampleProcs("reft-agent"), sampleProcs("reft-train")
+				use := sampleProcs("reft-agent", "reft-train")
 				job, stepMs, out := benchTrainOut(b, nodes, vr.reft, flags)
 				cpu := readCPUStat(b).sub(cpu0)
-				agentUse, trainUse := agents(), trainers()
+				used := use()
 				all[v], ms[v] = stepMs, stepMs
 				if s, ok := slowest(steadyStepRe, out); ok {
 					ms[v] = s
 				}
-				what := fmt.Sprintf("round %d %s (job %s): %.1f ms/step in the steady state, %.1f over the whole run; %s; the agents %s; the ranks %s; %s", r, vr.name, job, ms[v], all[v], cpu, agentUse, trainUse, stepsCPU(b, job))
+				what := fmt.Sprintf("round %d %s (job %s): %.1f ms/step in the steady state, %.1f over the whole run; %s; the agents %s; the ranks %s; %s", r, vr.name, job, ms[v], all[v], cpu, used["reft-agent"], used["reft-train"], stepsCPU(b, job))
 				if vr.schedule != "" {
 					what += "; " + replicationSummary(b, job, nodes, vr.schedule)
 				}
@@ -190,26 +190,28 @@ func (u procUse) String() string {
 }
 
 // sampleProcs samples, every 200 ms until the returned function is
-// called, what the processes named comm use (utime+stime and their
-// threads' context switches), and that function returns the sums as last
-// seen: what a process used in its last 200 ms is missed, and processes
+// called, what the processes named by comms use (utime+stime and their
+// threads' context switches), in one scan of /proc for them all, and that
+// function returns the sums per name as last seen: what a process used in its last 200 ms is missed, and processes
 // that ran before the call (another job's, exiting) are not counted.
-func sampleProcs(comm string) func() procUse {
-	stop, done := make(chan struct{}), make(chan procUse)
+func sampleProcs(comms ...string) func() map[string]procUse {
+	stop, done := make(chan struct{}), make(chan map[string]procUse)
 	before := map[string]bool{} // another job's processes, still exiting
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		before[e.Name()] = true
 	}
 	go func() {
-		seen := map[string]procUse{}
+		seen := map[string]procUse{} // by pid
+		name := map[string]string{}  // pid -> comm
 		for {
 			ents, _ := os.ReadDir("/proc")
 			for _, e := range ents {
 				if before[e.Name()] {
 					continue
 				}
-				if c, err := os.ReadFile("/proc/" + e.Name() + "/comm"); err != nil || strings.TrimSpace(string(c)) != comm {
+				c, err := os.ReadFile("/proc/" + e.Name() + "/comm")
+				if err != nil || !slices.Contains(comms, strings.TrimSpace(string(c))) {
 					continue
 				}
 				st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
@@ -241,14 +243,15 @@ func sampleProcs(comm string) func() procUse {
 					}
 				}
 				if u.ticks >= seen[e.Name()].ticks {
-					seen[e.Name()] = u
+					seen[e.Name()], name[e.Name()] = u, strings.TrimSpace(string(c))
 				}
 			}
 			select {
 			case <-stop:
-				var sum procUse
-				for _, v := range seen {
-					sum.ticks, sum.vol, sum.invol = sum.ticks+v.ticks, sum.vol+v.vol, sum.invol+v.invol
+				sum := map[string]procUse{}
+				for pid, v := range seen {
+					t := sum[name[pid]]
+					sum[name[pid]] = procUse{t.ticks + v.ticks, t.vol + v.vol, t.invol + v.invol}
 				}
 				done <- sum
 				return
@@ -256,7 +259,7 @@ func sampleProcs(comm string) func() procUse {
 			}
 		}
 	}()
-	return func() procUse { close(stop); return <-done }
+	return func() map[string]procUse { close(stop); return <-done }
 }
 
 // stepsCPU is what sacct says each of job's steps used of the CPU (the
