@@ -11,6 +11,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -40,9 +41,13 @@ var (
 
 // Recorder keeps what the agent times and counts as it happens. Its
 // methods are safe for concurrent use (prometheus' metrics are atomic);
-// Status snapshots them for the status reply. A nil Recorder records
-// nothing (a Server some tests build without Listen).
+// Status snapshots them for the status reply. A record that moves two
+// metrics (Failure: the counter and the latency; Replicated) does so
+// under mu, as Status reads, so that no snapshot (a textfile, a carry)
+// has one without the other. A nil Recorder records nothing (a Server
+// some tests build without Listen).
 type Recorder struct {
+	mu          sync.Mutex // Failure, Replicated and Status
 	snapshot    prometheus.Histogram
 	encode      prometheus.Histogram
 	restore     *prometheus.HistogramVec
@@ -103,6 +108,8 @@ func (r *Recorder) Failure(class string, latency float64) {
 	if r == nil {
 		return
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.failures.WithLabelValues(class).Inc()
 	if latency >= 0 {
 		r.detection.Observe(latency)
@@ -114,6 +121,8 @@ func (r *Recorder) Replicated(bytes int64, seconds float64) {
 	if r == nil {
 		return
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.replBytes.Add(float64(max(bytes, 0)))
 	r.replSeconds.Observe(seconds)
 }
@@ -124,6 +133,8 @@ func (r *Recorder) Status() *proto.Metrics {
 	if r == nil {
 		return nil
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	m := &proto.Metrics{
 		SnapshotSeconds: histOf(r.snapshot), EncodeSeconds: histOf(r.encode), DetectionSeconds: histOf(r.detection),
 		ReplicationSeconds: histOf(r.replSeconds), ReplicationBytes: uint64(read(r.replBytes).GetCounter().GetValue()),

@@ -236,3 +236,35 @@ func TestNilRecorder(t *testing.T) {
 		t.Error("a nil recorder has a metrics section")
 	}
 }
+
+// TestStatusPairsFailureAndLatency: a snapshot taken while failures are
+// recorded (the textfile's tick beside the detector's verdict) never has
+// a failure counted without its latency, nor a replica's bytes without
+// its duration: a scrape in between said one node failure with no
+// detection latency.
+func TestStatusPairsFailureAndLatency(t *testing.T) {
+	r := NewRecorder()
+	const n = 20000
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range n {
+			r.Failure("node", 1.5)
+			r.Replicated(100, 0.01)
+		}
+	}()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		m := r.Status()
+		if f, d := m.FailuresDetected["node"], m.DetectionSeconds.Count; f != d {
+			t.Fatalf("a snapshot with %d node failures and %d latencies", f, d)
+		}
+		if b, c := m.ReplicationBytes, m.ReplicationSeconds.Count; b != 100*c {
+			t.Fatalf("a snapshot with %d replicated bytes and %d replicas of 100", b, c)
+		}
+	}
+}

@@ -152,9 +152,45 @@ func (cl *Client) conn(ctx context.Context, addr string, i int) (*clientConn, er
 	return cc, nil
 }
 
+// synRetry caps one TCP connect attempt of a dial. The kernel resends a
+// lost SYN 1 s, 3 s and 7 s after the first: a connect begun during a
+// short flap whose first resend is lost too waits for the next one, 2 s
+// after the link healed, while it holds its connection slot and the
+// failure detector's beats queue behind it (seen: a 3 s flap condemned).
+// A fresh connect every synRetry sends a SYN every second instead, so a
+// healed link is used within a second of healing. A cluster's round trip
+// is far below it.
+const synRetry = time.Second
+
+// dialTCP connects to addr within timeout (and ctx), a fresh attempt
+// every per while attempts time out; any other error (refused,
+// unreachable) ends it at once.
+func dialTCP(ctx context.Context, addr string, timeout, per time.Duration, dial func(context.Context, string) (net.Conn, error)) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	end, _ := ctx.Deadline()
+	for {
+		actx, acancel := context.WithTimeout(ctx, per)
+		nc, err := dial(actx, addr)
+		if err == nil || ctx.Err() != nil || !time.Now().Before(end) || !isTimeout(err) {
+			acancel()
+			return nc, err
+		}
+		<-actx.Done() // a timeout before per (not seen): no busy loop
+		acancel()
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
 func (cl *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
-	d := net.Dialer{Timeout: cl.cfg.DialTimeout}
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	var d net.Dialer
+	nc, err := dialTCP(ctx, addr, cl.cfg.DialTimeout, synRetry, func(ctx context.Context, addr string) (net.Conn, error) {
+		return d.DialContext(ctx, "tcp", addr)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("connecting: %w (is the peer agent up, and agent.port_range open between nodes?)", err)
 	}

@@ -340,19 +340,28 @@ func TestNetFaults(t *testing.T) {
 	for _, step := range []struct {
 		args []string
 		want map[[2]string]string
+		fail string // the command must fail, saying this
 	}{
-		{nil, map[[2]string]string{{"n1", "n2"}: "open", {"n3", "n2"}: "open", {"n2", "n1"}: "open"}},
-		{[]string{"partition", "n2"}, map[[2]string]string{{"n1", "n2"}: "silent", {"n3", "n2"}: "silent", {"n2", "n1"}: "silent", {"n1", "n3"}: "open"}},
-		{[]string{"heal", "n2"}, map[[2]string]string{{"n1", "n2"}: "open", {"n2", "n3"}: "open"}},
-		{[]string{"partition", "n2", "--from", "n1"}, map[[2]string]string{{"n1", "n2"}: "silent", {"n3", "n2"}: "open", {"n2", "n3"}: "open"}},
-		{[]string{"heal", "n2"}, map[[2]string]string{{"n1", "n2"}: "open"}},
-		{[]string{"flap", "n3", "1"}, map[[2]string]string{{"n1", "n3"}: "open", {"n3", "n2"}: "open"}},
+		{nil, map[[2]string]string{{"n1", "n2"}: "open", {"n3", "n2"}: "open", {"n2", "n1"}: "open"}, ""},
+		// From everything: n2's bridge port stops forwarding.
+		{[]string{"partition", "n2"}, map[[2]string]string{{"n1", "n2"}: "silent", {"n3", "n2"}: "silent", {"n2", "n1"}: "silent", {"n1", "n3"}: "open"}, ""},
+		// Moving n2 onto a relay's port would reconnect it.
+		{[]string{"delay", "n2", "100"}, map[[2]string]string{{"n1", "n2"}: "silent"}, "run 'cluster heal n2' first"},
+		{[]string{"heal", "n2"}, map[[2]string]string{{"n1", "n2"}: "open", {"n2", "n3"}: "open"}, ""},
+		{[]string{"partition", "n2", "--from", "n1"}, map[[2]string]string{{"n1", "n2"}: "silent", {"n3", "n2"}: "open", {"n2", "n3"}: "open"}, ""},
+		{[]string{"heal", "n2"}, map[[2]string]string{{"n1", "n2"}: "open"}, ""},
+		{[]string{"flap", "n3", "1"}, map[[2]string]string{{"n1", "n3"}: "open", {"n3", "n2"}: "open"}, ""},
 		// A partitioned node that is killed and revived comes back connected.
-		{[]string{"partition", "n2"}, map[[2]string]string{{"n1", "n2"}: "silent"}},
-		{[]string{"kill-node", "n2"}, nil},
-		{[]string{"revive", "n2"}, map[[2]string]string{{"n1", "n2"}: "open", {"n2", "n3"}: "open"}},
+		{[]string{"partition", "n2"}, map[[2]string]string{{"n1", "n2"}: "silent"}, ""},
+		{[]string{"kill-node", "n2"}, nil, ""},
+		{[]string{"revive", "n2"}, map[[2]string]string{{"n1", "n2"}: "open", {"n2", "n3"}: "open"}, ""},
 	} {
-		if step.args != nil {
+		switch {
+		case step.fail != "":
+			if out, err := run(step.args...); err == nil || !strings.Contains(out, step.fail) {
+				t.Errorf("cluster %s: %v, want a failure saying %q\n%s", strings.Join(step.args, " "), err, step.fail, out)
+			}
+		case step.args != nil:
 			must(step.args...)
 		}
 		for link, want := range step.want {

@@ -159,7 +159,9 @@ func scrapeUntil(t *testing.T, scrape func() (promScrape, error), limit time.Dur
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v: %v\nlast scrape:\n%s", what, limit, err, s.body)
+			// The reason last: a CI log's excerpt is the test's end.
+			t.Logf("last scrape:\n%s", s.body)
+			t.Fatalf("%s: not within %v: %v", what, limit, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -240,6 +242,21 @@ func dashboardFamilies(t *testing.T) map[string]string {
 // step goes on past the resumed one. After the job: the agents' files are
 // gone.
 func TestMetricsNodeExporter(t *testing.T) {
+	// Every error again at the very end (after node_exporter's output, a
+	// cleanup registered later): a CI log shows the end of a failed test,
+	// and this one's logs (reft status --watch) are long.
+	var errs []string
+	t.Cleanup(func() {
+		if len(errs) > 0 {
+			t.Logf("TestMetricsNodeExporter failed on:\n- %s", strings.Join(errs, "\n- "))
+		}
+	})
+	errorf := func(format string, args ...any) {
+		t.Helper()
+		msg := fmt.Sprintf(format, args...)
+		errs = append(errs, msg)
+		t.Error(msg)
+	}
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		t.Fatal("promtool not found: make deps installs Debian's prometheus package, which has it")
@@ -294,17 +311,17 @@ func TestMetricsNodeExporter(t *testing.T) {
 	})
 	for name := range metrics.Families() {
 		if s.mfs[name] == nil {
-			t.Errorf("the scrape lacks %s", name)
+			errorf("the scrape lacks %s", name)
 		}
 	}
 	if v, ok := s.sample("node_textfile_scrape_error", nil); !ok || v != 0 {
-		t.Errorf("node_textfile_scrape_error = %v (present %v), want 0: node_exporter could not parse a file", v, ok)
+		errorf("node_textfile_scrape_error = %v (present %v), want 0: node_exporter could not parse a file", v, ok)
 	}
 	steps := map[string]float64{}
 	for i, n := range trained {
 		steps[n], _ = s.sample("reft_committed_step", at(n, i))
 		if v, ok := s.sample("reft_agent_info", of(n)); !ok || v != 1 {
-			t.Errorf("reft_agent_info%v = %v (present %v)", of(n), v, ok)
+			errorf("reft_agent_info%v = %v (present %v)", of(n), v, ok)
 		}
 		if v, _ := s.sample("reft_protection_degraded", of(n)); v != 0 {
 			var why []string
@@ -313,25 +330,25 @@ func TestMetricsNodeExporter(t *testing.T) {
 					why = append(why, r)
 				}
 			}
-			t.Errorf("%s: reft_protection_degraded %v on a healthy job (the spare without an agent is no lost peer): %v", n, v, why)
+			errorf("%s: reft_protection_degraded %v on a healthy job (the spare without an agent is no lost peer): %v", n, v, why)
 		}
 		if v, _ := s.sample("reft_snapshots_committed_total", of(n)); v < 3 {
-			t.Errorf("%s: reft_snapshots_committed_total %v, want at least the 3 steps committed", n, v)
+			errorf("%s: reft_snapshots_committed_total %v, want at least the 3 steps committed", n, v)
 		}
 		if v, _ := s.sample("reft_snapshot_duration_seconds", of(n)); v < 3 {
-			t.Errorf("%s: reft_snapshot_duration_seconds count %v, want a save per committed step", n, v)
+			errorf("%s: reft_snapshot_duration_seconds count %v, want a save per committed step", n, v)
 		}
 		if v, _ := s.sample("reft_memory_used_bytes", of(n)); v <= 0 {
-			t.Errorf("%s: reft_memory_used_bytes %v", n, v)
+			errorf("%s: reft_memory_used_bytes %v", n, v)
 		}
 		if v, _ := s.sample("reft_failures_detected_total", map[string]string{"job_id": job, "node": n, "class": "node"}); v != 0 {
-			t.Errorf("%s: reft_failures_detected_total{class=node} %v before any failure", n, v)
+			errorf("%s: reft_failures_detected_total{class=node} %v before any failure", n, v)
 		}
 	}
 	check := exec.Command(promtool, "check", "metrics")
 	check.Stdin = bytes.NewReader(s.body)
 	if out, err := check.CombinedOutput(); err != nil {
-		t.Errorf("promtool check metrics on node_exporter's scrape: %v\n%s", err, out)
+		errorf("promtool check metrics on node_exporter's scrape: %v\n%s", err, out)
 	}
 	// The dashboard's queries name families the agents really export.
 	for series, where := range dashboardFamilies(t) {
@@ -342,7 +359,7 @@ func TestMetricsNodeExporter(t *testing.T) {
 			}
 		}
 		if s.mfs[fam] == nil {
-			t.Errorf("the dashboard's %s queries %s, which the agents' scrape lacks", where, series)
+			errorf("the dashboard's %s queries %s, which the agents' scrape lacks", where, series)
 		}
 	}
 
@@ -395,10 +412,10 @@ func TestMetricsNodeExporter(t *testing.T) {
 		return fmt.Errorf("no survivor's reft_failures_detected_total{class=node} moved")
 	})
 	if v, _ := s.sample("reft_failures_detected_total", map[string]string{"job_id": job, "node": counted, "class": "node"}); v != 1 {
-		t.Errorf("%s: reft_failures_detected_total{class=node} %v, want 1", counted, v)
+		errorf("%s: reft_failures_detected_total{class=node} %v, want 1", counted, v)
 	}
 	if v, _ := s.sample("reft_failure_detection_latency_seconds", of(counted)); v != 1 {
-		t.Errorf("%s: reft_failure_detection_latency_seconds count %v, want 1", counted, v)
+		errorf("%s: reft_failure_detection_latency_seconds count %v, want 1", counted, v)
 	}
 	// The gauges of n2's loss belong to the agent that saw the verdict:
 	// reft run stops it 0.3-0.8 s later (issue 21's probe), and the agent
@@ -408,10 +425,10 @@ func TestMetricsNodeExporter(t *testing.T) {
 	// the status always.
 	if up, _ := s.sample("reft_agent_uptime_seconds", of(counted)); up > time.Since(killedAt).Seconds() {
 		if v, _ := s.sample("reft_lost_nodes", of(counted)); v != 1 {
-			t.Errorf("%s: reft_lost_nodes %v, want 1", counted, v)
+			errorf("%s: reft_lost_nodes %v, want 1", counted, v)
 		}
 		if v, _ := s.sample("reft_protection_degraded_reason", map[string]string{"job_id": job, "node": counted, "reason": "peer_lost"}); v != 1 {
-			t.Errorf("%s: reft_protection_degraded_reason{reason=peer_lost} %v after n2's loss, want 1", counted, v)
+			errorf("%s: reft_protection_degraded_reason{reason=peer_lost} %v after n2's loss, want 1", counted, v)
 		}
 		t.Logf("%s's agent counted the node failure of n2 (scraped before reft run restarted it)", counted)
 	} else {
@@ -444,19 +461,19 @@ func TestMetricsNodeExporter(t *testing.T) {
 	// sees it, not only one within the old agents' last second.
 	for _, n := range []string{"n1", "n3", "n4"} {
 		if up, ok := s.sample("reft_agent_uptime_seconds", of(n)); !ok || up > time.Since(killedAt).Seconds() {
-			t.Errorf("%s: reft_agent_uptime_seconds %v (present %v), want an agent started after n2's kill %.1f s ago",
+			errorf("%s: reft_agent_uptime_seconds %v (present %v), want an agent started after n2's kill %.1f s ago",
 				n, up, ok, time.Since(killedAt).Seconds())
 		}
 		if v, _ := s.sample("reft_failures_detected_total", map[string]string{"job_id": job, "node": n, "class": "node"}); v != 1 {
-			t.Errorf("%s's restarted agent: reft_failures_detected_total{class=node} %v, want n2's loss carried on (1)", n, v)
+			errorf("%s's restarted agent: reft_failures_detected_total{class=node} %v, want n2's loss carried on (1)", n, v)
 		}
 		if v, _ := s.sample("reft_failure_detection_latency_seconds", of(n)); v != 1 {
-			t.Errorf("%s's restarted agent: reft_failure_detection_latency_seconds count %v, want 1 carried on", n, v)
+			errorf("%s's restarted agent: reft_failure_detection_latency_seconds count %v, want 1 carried on", n, v)
 		}
 	}
 	t.Logf("n5's restores by source: %v", sources)
 	if !strings.Contains(strings.Join(sources, ","), "peer") && !strings.Contains(strings.Join(sources, ","), "decode") {
-		t.Errorf("n5 restored rank 1 from %v; under arc a spare's rank comes from its peers", sources)
+		errorf("n5 restored rank 1 from %v; under arc a spare's rank comes from its peers", sources)
 	}
 
 	// reft status --watch saw the committed step, n2's agent go away, and
@@ -465,10 +482,10 @@ func TestMetricsNodeExporter(t *testing.T) {
 	select {
 	case err := <-watchDone:
 		if err != nil {
-			t.Errorf("reft status --watch after SIGINT: %v\nstderr: %s", err, watchErr.String())
+			errorf("reft status --watch after SIGINT: %v\nstderr: %s", err, watchErr.String())
 		}
 	case <-time.After(30 * time.Second):
-		t.Errorf("reft status --watch did not end within 30 s of SIGINT")
+		errorf("reft status --watch did not end within 30 s of SIGINT")
 		stopWatch()
 	}
 	wo := watchOut.String()
@@ -478,17 +495,16 @@ func TestMetricsNodeExporter(t *testing.T) {
 		regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d n5 agent up committed \d+ `),
 	} {
 		if !want.MatchString(wo) {
-			t.Errorf("reft status --watch printed no line matching %s", want)
+			errorf("reft status --watch printed no line matching %s", want)
+		}
+	}
+	for _, l := range lines(wo) {
+		if !strings.Contains(l, " agent up committed") || !strings.HasSuffix(l, "peers 3/3") { // the changes, not every healthy refresh
+			t.Logf("reft status --watch: %s", l)
 		}
 	}
 	if t.Failed() {
-		t.Logf("reft status --watch:\n%s\nstderr:\n%s", wo, watchErr.String())
-	} else {
-		for _, l := range lines(wo) {
-			if !strings.Contains(l, " agent up committed") { // the changes, not every refresh
-				t.Logf("reft status --watch: %s", l)
-			}
-		}
+		t.Logf("reft status --watch's stderr:\n%s", watchErr.String())
 	}
 
 	// The job ends: its agents remove their files.
