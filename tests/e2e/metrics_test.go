@@ -388,13 +388,22 @@ func TestMetricsNodeExporter(t *testing.T) {
 	watch.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(auid), Gid: uint32(agid)}}
 	watch.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + filepath.Join(clusterDir, "home", alice)}, clusterEnv...)
 	watch.Dir = filepath.Join(clusterDir, "home", alice)
-	var watchOut, watchErr bytes.Buffer
+	var watchOut, watchErr lockedBuffer
 	watch.Stdout, watch.Stderr = &watchOut, &watchErr
 	if err := watch.Start(); err != nil {
 		t.Fatal(err)
 	}
 	watchDone := make(chan error, 1)
 	go func() { watchDone <- watch.Wait() }()
+
+	// The watch has seen the healthy job before n2 goes: on a loaded
+	// machine its first refresh can come seconds after it starts.
+	healthy := regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d n1 agent up committed \d+ peers 3/3$`)
+	for deadline := time.Now().Add(time.Minute); !healthy.MatchString(watchOut.String()); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("reft status --watch printed no line matching %s within a minute:\n%s\nstderr:\n%s", healthy, watchOut.String(), watchErr.String())
+		}
+	}
 
 	// n2 lost: a survivor's file counts the failure, written at once on the
 	// verdict and carried on by the agent reft run starts on the shrunk
@@ -490,7 +499,6 @@ func TestMetricsNodeExporter(t *testing.T) {
 	}
 	wo := watchOut.String()
 	for _, want := range []*regexp.Regexp{
-		regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d n1 agent up committed \d+ peers 3/3$`),
 		regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d n2: its agent went away \(agent (down|refused); it had committed step \d+\): `),
 		regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d n5 agent up committed \d+ `),
 	} {
