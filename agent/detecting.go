@@ -269,13 +269,6 @@ func (s *notifier) OnPeerFailure(fn func(detect.Failure)) {
 // and a fenced agent (agent/detect.Detector) publishes nothing of its own.
 func (s *notifier) noticeFailures() {
 	s.OnPeerFailure(func(f detect.Failure) {
-		if f.Class == detect.ClassNode {
-			s.lostMu.Lock()
-			if !slices.Contains(s.lost, f.Node) {
-				s.lost = append(s.lost, f.Node)
-			}
-			s.lostMu.Unlock()
-		}
 		s.NotifyPeerFailure(f.Node, "failure_detected ("+f.Class+"): "+f.Cause)
 	})
 }
@@ -332,7 +325,19 @@ func (s *notifier) lostNodes() []string {
 	return slices.Clone(s.lost)
 }
 
+// peerFailed takes a verdict: the lost node and the metrics first, then
+// the hooks, so that a hook that snapshots the status (the metrics
+// textfile's kick, registered before peering's) sees the whole verdict: a
+// kick that ran before the lost node was added wrote reft_lost_nodes 0
+// beside one failure counted, the file reft run's stop then left.
 func (s *notifier) peerFailed(f detect.Failure) {
+	if f.Class == detect.ClassNode {
+		s.lostMu.Lock()
+		if !slices.Contains(s.lost, f.Node) {
+			s.lost = append(s.lost, f.Node)
+		}
+		s.lostMu.Unlock()
+	}
 	lat := -1.0 // unknown: not observed
 	if !f.LastHeard.IsZero() && !f.DetectedAt.IsZero() {
 		lat = max(f.Latency().Seconds(), 0)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/reft-hpc/reft/agent/detect"
 	"github.com/reft-hpc/reft/agent/logging/logtest"
+	"github.com/reft-hpc/reft/agent/metrics"
 	"github.com/reft-hpc/reft/agent/proto"
 )
 
@@ -91,6 +92,29 @@ func TestPeerFailureHooks(t *testing.T) {
 	s.notes.peerFailed(detect.Failure{Node: "n3", Class: detect.ClassNode})
 	if len(got) != 2 || got[0] != "a:n3" || got[1] != "b:node" {
 		t.Errorf("hooks saw %v, want both, in order", got)
+	}
+}
+
+// TestPeerFailureHooksSeeTheVerdict: the first hook (the metrics
+// textfile's kick, registered before any other) already sees the node
+// lost and the failure counted with its latency: a kick that wrote the
+// status before the lost node was added left reft_lost_nodes 0 in the
+// file of an agent reft run stopped at once.
+func TestPeerFailureHooksSeeTheVerdict(t *testing.T) {
+	met := metrics.NewRecorder()
+	s := &Server{notes: newNotifier(zerolog.Nop(), met)}
+	var lost []string
+	var counted, latencies uint64
+	s.notes.OnPeerFailure(func(detect.Failure) {
+		lost = s.notes.lostNodes()
+		m := met.Status()
+		counted, latencies = m.FailuresDetected["node"], m.DetectionSeconds.Count
+	})
+	s.notes.noticeFailures()
+	now := time.Now()
+	s.notes.peerFailed(detect.Failure{Node: "n2", Class: detect.ClassNode, LastHeard: now.Add(-2 * time.Second), DetectedAt: now})
+	if !slices.Equal(lost, []string{"n2"}) || counted != 1 || latencies != 1 {
+		t.Errorf("the first hook saw lost nodes %v, %d node failures, %d latencies; want [n2], 1, 1", lost, counted, latencies)
 	}
 }
 
