@@ -42,9 +42,26 @@ func benchTrain(t testing.TB, nodes []string, reft string, flags []string) (stri
 // benchTrainOut is benchTrain, with the run's standard output.
 func benchTrainOut(t testing.TB, nodes []string, reft string, flags []string) (string, float64, string) {
 	t.Helper()
+	return benchTrainEnv(t, nodes, reft, "", flags)
+}
+
+// rankEnvRe is what benchTrainEnv takes for the ranks' environment:
+// NAME=VALUE pairs, comma-separated, plain characters only.
+var rankEnvRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=[A-Za-z0-9_.:/-]*(,[A-Za-z_][A-Za-z0-9_]*=[A-Za-z0-9_.:/-]*)*$`)
+
+// benchTrainEnv is benchTrainOut with env (NAME=VALUE,...; "": none)
+// added to the ranks' environment (srun --export=ALL,env).
+func benchTrainEnv(t testing.TB, nodes []string, reft, env string, flags []string) (string, float64, string) {
+	t.Helper()
 	sh := `[ "$SLURM_PROCID" = 0 ] && echo job=$SLURM_JOB_ID; exec "$0" "$@"`
-	args := append([]string{"srun", "--mpi=pmix", reft, "-w", strings.Join(nodes, ","), "-N" + strconv.Itoa(len(nodes)), "-n" + strconv.Itoa(len(nodes)),
-		"sh", "-c", sh, bin("reft-train")}, flags...)
+	args := []string{"srun", "--mpi=pmix", reft, "-w", strings.Join(nodes, ","), "-N" + strconv.Itoa(len(nodes)), "-n" + strconv.Itoa(len(nodes))}
+	if env != "" {
+		if !rankEnvRe.MatchString(env) {
+			t.Fatalf("the ranks' environment %q: want NAME=VALUE pairs, comma-separated, of letters, digits and _.:/-", env)
+		}
+		args = append(args, "--export=ALL,"+env)
+	}
+	args = append(append(args, "sh", "-c", sh, bin("reft-train")), flags...)
 	r := mustRun(t, 5*time.Minute, alice, args...)
 	j := benchJobRe.FindStringSubmatch(r.Stdout)
 	worst, ok := slowest(meanStepRe, r.Stdout)

@@ -36,7 +36,10 @@ import (
 //     plans with the link's known rate instead of measuring it).
 //
 // BENCH_GEMINI_VARIANTS (names, comma-separated) runs a subset, beside
-// "off". Each job's line also says what the machine's CPUs did (from
+// "off". BENCH_GEMINI_RANK_ENV (NAME=VALUE,...) goes into every variant's
+// ranks' environment, e.g. OMPI_MCA_mpi_yield_when_idle=1: four ranks on
+// two cores are oversubscribed, and Open MPI polls in its collectives
+// unless told to yield. Each job's line also says what the machine's CPUs did (from
 // /proc/stat), what the agents and the ranks used (CPU time and context
 // switches, sampled from /proc) and sacct's CPU per step: on two cores
 // shared by four nodes, replication's cost is the CPU's as much as the
@@ -56,6 +59,7 @@ func BenchmarkReplicationInterference(b *testing.B) {
 	}
 	rate := envOr("BENCH_GEMINI_RATE", "200mbit")
 	rounds, _ := strconv.Atoi(envOr("BENCH_GEMINI_ROUNDS", "2"))
+	rankEnv := os.Getenv("BENCH_GEMINI_RANK_ENV")
 	flags := strings.Fields(envOr("BENCH_GEMINI_FLAGS", "--size 4MiB --compute 60ms --steps 32 --measure-from 17 --zero1 --optimizer adamw --save-every 1 --log-every 32 --batch 64 --micro 8"))
 	nodes := []string{"n1", "n2", "n3", "n4"}
 	for _, n := range nodes {
@@ -91,7 +95,7 @@ func BenchmarkReplicationInterference(b *testing.B) {
 				writeBenchConf(b, conf, vr.schedule, linkBytes(b, rate))
 				cpu0 := readCPUStat(b)
 				use := sampleProcs("reft-agent", "reft-train")
-				job, stepMs, out := benchTrainOut(b, nodes, vr.reft, flags)
+				job, stepMs, out := benchTrainEnv(b, nodes, vr.reft, rankEnv, flags)
 				cpu := readCPUStat(b).sub(cpu0)
 				used := use()
 				all[v], ms[v] = stepMs, stepMs
@@ -124,8 +128,8 @@ func BenchmarkReplicationInterference(b *testing.B) {
 			sumAll = append(sumAll, fmt.Sprintf("%s %.3f %.3f", variants[v].name, med(whole[v]), whole[v]))
 		}
 		b.Logf("the whole run's step time against --reft=off (median, per round): %s", strings.Join(sumAll, "; "))
-		b.Logf("links capped at %s; reft-train %s; steady-state step time against --reft=off, median of %d rounds (per round): %s",
-			rate, strings.Join(flags, " "), rounds, strings.Join(sum, "; "))
+		b.Logf("links capped at %s; reft-train %s (ranks' added environment: %q); steady-state step time against --reft=off, median of %d rounds (per round): %s",
+			rate, strings.Join(flags, " "), rankEnv, rounds, strings.Join(sum, "; "))
 		// Replication's own interference: each schedule against arc
 		// without replication, per round.
 		var own []string
