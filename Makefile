@@ -134,8 +134,8 @@ build-trixie:
 # One P keeps the two apart; the detector still reports every access pair
 # not ordered by happens-before, which does not depend on real overlap.
 # tests/makefile's TestRaceBubblesOnOneP keeps this list complete.
-RACE_PKGS := ./agent/mesh/ ./agent/msglog/ ./agent/peer/ ./client/
-RACE_BUBBLE_PKGS := ./agent/detect/ ./launcher/run/
+RACE_PKGS := ./agent/mesh/ ./agent/msglog/ ./client/
+RACE_BUBBLE_PKGS := ./agent/detect/ ./agent/peer/ ./launcher/run/
 RACE_AGENT_TESTS := ^(TestProgress|TestPeerFailure.*|TestJITFlushFollowsVerdicts|TestDetectorVerdictNotices|TestAgentPeering.*)$$
 unit:
 	$(GO) vet ./...
