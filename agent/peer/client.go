@@ -156,7 +156,9 @@ func (cl *Client) conn(ctx context.Context, addr string, i int) (*clientConn, er
 // lost SYN 1 s, 3 s and 7 s after the first: a connect begun during a
 // short flap whose first resend is lost too waits for the next one, 2 s
 // after the link healed, while it holds its connection slot and the
-// failure detector's beats queue behind it (seen: a 3 s flap condemned).
+// failure detector's beats queue behind it (seen in a flap's agent logs:
+// beats failing with "waiting for another dial" until the mesh's 5 s
+// dial gave up).
 // A fresh connect every synRetry sends a SYN every second instead, so a
 // healed link is used within a second of healing. A cluster's round trip
 // is far below it.
