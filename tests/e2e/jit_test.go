@@ -32,13 +32,13 @@ var jitHeldRe = regexp.MustCompile(`(?m)^reft: rank (\d+): JIT flush (?:after|at
 // that stepped back (stepBackRe), to the newer of its two steps.
 func jitSaves(out string) map[int]int64 {
 	got := map[int]int64{}
-	for _, re := range []*regexp.Regexp{jitHeldRe, jitSaveRe, stepBackRe} {
-		for _, m := range re.FindAllStringSubmatch(out, -1) {
+	for _, l := range []struct {
+		re   *regexp.Regexp
+		step int // the submatch of the step
+	}{{jitHeldRe, 2}, {jitSaveRe, 2}, {stepBackRe, 3}} {
+		for _, m := range l.re.FindAllStringSubmatch(out, -1) {
 			r, _ := strconv.Atoi(m[1])
-			s, _ := strconv.ParseInt(m[len(m)-1], 10, 64)
-			if re == jitSaveRe {
-				s, _ = strconv.ParseInt(m[2], 10, 64)
-			}
+			s, _ := strconv.ParseInt(m[l.step], 10, 64)
 			got[r] = s
 		}
 	}
