@@ -144,10 +144,12 @@ unit:
 	$(GO) test -count=1 -race -cpu 1 $(RACE_BUBBLE_PKGS)
 	$(GO) test -count=1 -race -run '$(RACE_AGENT_TESTS)' ./agent/
 # reft-train's stage-local replay over real Open MPI (3 ranks, one per
-# stage): examples/trainer/replay_mpi_test.go.
+# stage): examples/trainer/replay_mpi_test.go; and --comm-wait's
+# nonblocking collectives against the blocking ones, bit for bit
+# (commwait_mpi_test.go).
 	mkdir -p $(BUILD)
 	$(GO) test -c -tags mpi -o $(BUILD)/reft-train-mpi.test ./examples/trainer
-	timeout 300 mpirun --allow-run-as-root --oversubscribe -n 3 $(BUILD)/reft-train-mpi.test -test.run '^TestMPIReplay$$' -test.count=1
+	timeout 300 mpirun --allow-run-as-root --oversubscribe -n 3 $(BUILD)/reft-train-mpi.test -test.run '^(TestMPIReplay|TestCommWaitSameBits)$$' -test.count=1 -test.v
 	cd client/python && $(PYTHON) -m unittest discover -s tests
 	CGO_ENABLED=0 $(GO) build -o $(BUILD)/conformance-agent ./tests/conformance-agent
 	REFT_GPU_AGENT=$(BUILD)/conformance-agent PYTHON=$(PYTHON) bash tests/gpu/run.sh --cpu

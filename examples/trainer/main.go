@@ -98,6 +98,16 @@ func run() int {
 		mpi.Finalize()
 		return 2
 	}
+	if cfg.CommWait > 0 {
+		world.nb = newSleepWorld(cfg.CommWait)
+	}
+	if cfg.JIT {
+		if err := errorsReturn(); err != nil {
+			fmt.Fprintf(os.Stderr, "reft-train: rank %d: --jit: %v\n", world.Rank(), err)
+			abortWorld()
+			return 1
+		}
+	}
 	var snap train.Snapshotter
 	if cfg.CkptDir != "" {
 		// The status quo (FileCheckpoint); never both it and reft.

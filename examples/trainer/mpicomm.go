@@ -18,6 +18,8 @@ type mpiComm struct {
 	world bool
 	tmp   []int64
 	tid   int // the OS thread MPI was initialized on (main locks it)
+	// nb, when set (--comm-wait), runs the collectives; empi the rest.
+	nb *sleepComm
 }
 
 // newMPIComm wraps MPI_COMM_WORLD; call it on the thread that called
@@ -33,7 +35,12 @@ func newMPIComm() (*mpiComm, error) {
 func (m *mpiComm) Rank() int { return m.c.Rank() }
 func (m *mpiComm) Size() int { return m.c.Size() }
 
-func (m *mpiComm) Barrier() error { return m.c.Barrier() }
+func (m *mpiComm) Barrier() error {
+	if m.nb != nil {
+		return m.nb.barrier()
+	}
+	return m.c.Barrier()
+}
 
 // reduceChunk bounds the scratch buffer: MPI forbids aliasing send and
 // receive buffers, and a whole-model copy would double the gradient memory.
@@ -52,7 +59,13 @@ func (m *mpiComm) AllReduceSumI64(buf []int64) error {
 		}
 		src := m.tmp[:end-off]
 		copy(src, buf[off:end])
-		if err := m.c.AllReduceI64(mpi.OpSum, buf[off:end], src); err != nil {
+		var err error
+		if m.nb != nil {
+			err = m.nb.allReduceSumI64(buf[off:end], src)
+		} else {
+			err = m.c.AllReduceI64(mpi.OpSum, buf[off:end], src)
+		}
+		if err != nil {
 			return fmt.Errorf("MPI_Allreduce of %d int64 at %d: %w", end-off, off, err)
 		}
 	}
@@ -66,6 +79,9 @@ func (m *mpiComm) AllGatherF32(dst, src []float32) error {
 	if len(src) == 0 {
 		return nil
 	}
+	if m.nb != nil {
+		return m.nb.allGatherF32(dst, src)
+	}
 	return m.c.AllGatherF32(dst, src)
 }
 
@@ -77,6 +93,9 @@ func (m *mpiComm) AllGatherI64(dst, src []int64) error {
 	}
 	if len(src) == 0 {
 		return nil
+	}
+	if m.nb != nil {
+		return m.nb.allGatherI64(dst, src)
 	}
 	return m.c.AllGatherI64(dst, src)
 }
@@ -106,5 +125,11 @@ func (m *mpiComm) Sub(ranks []int) (train.Comm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("MPI_Comm_create %v: %w", ranks, err)
 	}
-	return &mpiComm{c: c, tid: m.tid}, nil
+	sub := &mpiComm{c: c, tid: m.tid}
+	if m.nb != nil {
+		if sub.nb, err = m.nb.sub(ranks); err != nil {
+			return nil, fmt.Errorf("--comm-wait: %w", err)
+		}
+	}
+	return sub, nil
 }

@@ -41,10 +41,13 @@ func TestMain(m *testing.M) {
 	if err == nil {
 		mpiReplay.rank, mpiReplay.size = world.Rank(), world.Size()
 		err = replayScenario(world)
+		if err == nil {
+			mpiCommWait.err = commWaitScenario(world)
+		}
 	}
 	mpiReplay.err = err
 	code := m.Run()
-	if err != nil && mpiReplay.size > 1 {
+	if (err != nil || mpiCommWait.err != nil) && mpiReplay.size > 1 {
 		abortWorld() // the other ranks may wait for this one
 	}
 	mpi.Finalize()

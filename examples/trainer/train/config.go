@@ -104,6 +104,15 @@ type Config struct {
 	// MinStep it adds to the step, so a slower all-reduce shows in the
 	// step time. It changes no result.
 	Compute time.Duration
+	// CommWait (--comm-wait), when positive, makes MPI's collectives
+	// nonblocking ones that the rank tests every CommWait and sleeps
+	// between: the wait then leaves the CPU to others, as a GPU job's
+	// host CPU is left while its collective runs on the device. 0: MPI's
+	// blocking collectives, whose wait polls a core (Open MPI's TCP
+	// progress); on a node with fewer cores than ranks and agents that
+	// makes the CPU, not the network, what every process competes for.
+	// It changes no result.
+	CommWait time.Duration
 	// SlowStep makes step SlowAt take SlowStep longer on every rank (after
 	// the MinStep padding): a deliberately slow step, which hang
 	// detection must not call a hang. It changes no result.
@@ -210,6 +219,8 @@ func ParseArgs(args []string, usage io.Writer) (Config, error) {
 		"a stand-in for a GPU's forward and backward passes, which leave the network idle; it adds to the step time; results are unchanged")
 	fs.StringVar(&c.CkptDir, "ckpt-dir", c.CkptDir, "checkpoint to per-rank files in this directory, shared by every node, every --save-every steps "+
 		"(synchronous, fsynced; resume from the newest complete one), instead of reft's snapshots: what jobs do without reft")
+	fs.DurationVar(&c.CommWait, "comm-wait", c.CommWait, "test MPI's collectives every DURATION and sleep between the tests, instead of "+
+		"waiting in MPI's blocking calls, which poll a core (e.g. 200us; a GPU host's CPU while its collective runs on the device); 0: blocking calls")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute goroutines per rank (0: GOMAXPROCS)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -352,6 +363,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("--min-step %v: must not be negative", c.MinStep)
 	case c.Compute < 0:
 		return fmt.Errorf("--compute %v: must not be negative", c.Compute)
+	case c.CommWait < 0 || c.CommWait > time.Second:
+		return fmt.Errorf("--comm-wait %v: must be between 0 (MPI's blocking calls) and 1s, e.g. 200us", c.CommWait)
 	case c.Optimizer != SGD && c.Optimizer != Momentum && c.Optimizer != Adam && c.Optimizer != AdamW:
 		return fmt.Errorf("--optimizer %q: use sgd, momentum, adam or adamw", c.Optimizer)
 	case !(c.LR > 0) || math.IsInf(c.LR, 0):

@@ -437,12 +437,12 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestParseArgs(t *testing.T) {
-	c, err := ParseArgs(strings.Fields("--steps 5 --size 1MiB --optimizer adamw --lr 0.01 --seed 9 --batch 8 --dp 2 --pp 2 --zero1 --save-every 2 --hints=false --jit=false --min-step 20ms --compute 7ms --fail-at 3:1 --slow-at 4:1s --slow-rank 1:5ms --log-every 1 --log-messages bubble --log-cap 64MiB"), nil)
+	c, err := ParseArgs(strings.Fields("--steps 5 --size 1MiB --optimizer adamw --lr 0.01 --seed 9 --batch 8 --dp 2 --pp 2 --zero1 --save-every 2 --hints=false --jit=false --min-step 20ms --compute 7ms --comm-wait 200us --fail-at 3:1 --slow-at 4:1s --slow-rank 1:5ms --log-every 1 --log-messages bubble --log-cap 64MiB"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Config{Steps: 5, SizeBytes: 1 << 20, Layers: 4, Optimizer: AdamW, LR: 0.01, WeightDecay: 0.01, Momentum: 0.9,
-		Seed: 9, Batch: 8, DP: 2, PP: 2, Zero1: true, SaveEvery: 2, FailStep: 3, FailRank: 1, LogEvery: 1, MinStep: 20 * time.Millisecond, Compute: 7 * time.Millisecond,
+		Seed: 9, Batch: 8, DP: 2, PP: 2, Zero1: true, SaveEvery: 2, FailStep: 3, FailRank: 1, LogEvery: 1, MinStep: 20 * time.Millisecond, Compute: 7 * time.Millisecond, CommWait: 200 * time.Microsecond,
 		SlowAt: 4, SlowStep: time.Second, SlowRank: 1, SlowRankBy: 5 * time.Millisecond, LogMessages: LogBubble, LogCap: 64 << 20}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got %+v\nwant %+v", c, want)
@@ -476,6 +476,8 @@ func TestBadFlags(t *testing.T) {
 		{"--log-every 0", 1, "--log-every"},
 		{"--min-step -1s", 1, "--min-step"},
 		{"--compute -1s", 1, "--compute"},
+		{"--comm-wait -1us", 1, "--comm-wait"},
+		{"--comm-wait 2s", 1, "between 0 (MPI's blocking calls) and 1s"},
 		{"--slow-at 4", 1, "STEP:DURATION"},
 		{"--slow-at 0:1s", 1, "STEP:DURATION"},
 		{"--slow-at 3:-1s", 1, "STEP:DURATION"},
