@@ -278,10 +278,12 @@ bench-goodput: all
 # GEMINI's interference benchmark (issue 19; docs/BENCHMARKS.md): on a --net
 # cluster with n1-n4's links capped by tc, reft-train's step time with
 # background replication unscheduled, paused and scheduled into idle spans,
-# against --reft=off, paired in rotated rounds. BENCH_GEMINI_RATE (200mbit),
-# BENCH_GEMINI_ROUNDS (2) and BENCH_GEMINI_FLAGS (reft-train's) tune it.
+# against --reft=off, paired in rotated rounds; the ranks model a GPU host
+# (reft-train --comm-wait: no polling CPU in their collectives).
+# BENCH_GEMINI_RATE (200mbit), BENCH_GEMINI_ROUNDS (5) and
+# BENCH_GEMINI_FLAGS (reft-train's) tune it; about 30 minutes.
 BENCH_GEMINI = $(WITH_NET_CLUSTER); \
-	$(GO) test -count=1 -tags 'e2e e2enet' -timeout 40m -run '^$$' -bench ReplicationInterference -benchtime 1x -v ./tests/e2e/
+	$(GO) test -count=1 -tags 'e2e e2enet' -timeout 60m -run '^$$' -bench ReplicationInterference -benchtime 1x -v ./tests/e2e/
 bench-gemini: all
 	@echo "make bench-gemini on: $$(lscpu | sed -n 's/^Model name: *//p' | head -1), $$(nproc) cores, $$(uname -r), load $$(cut -d' ' -f1-3 /proc/loadavg)"
 	@$(BENCH_GEMINI)

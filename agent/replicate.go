@@ -749,5 +749,5 @@ func (r *replicator) waitResume(ctx context.Context) error {
 	if r.lim.Paused() {
 		r.pausedWaits.Add(1)
 	}
-	return r.lim.Wait(ctx, 0)
+	return r.lim.Wait(ctx, netsched.Inbound, 0)
 }

@@ -31,6 +31,12 @@
 // data it admits is not buffered here: the caller's window (the peer
 // fetch's in-flight chunks) is the pipeline's buffer.
 //
+// Direction: a node's link carries its chunks out (the copies of its own
+// ranks' state that its peers fetch) and in (the copies it fetches) at
+// once; a full-duplex link, and a shaper, cap each direction on its own.
+// The Scheduler keeps one timeline per Direction, so that a span holds
+// what each direction can carry in it, not their sum.
+//
 // Concurrency: every method is safe for concurrent use. Comm calls must
 // be made in the order the phases changed (one goroutine, or under the
 // caller's lock); Admit may block in many goroutines at once, and a
@@ -167,6 +173,23 @@ type Stats struct {
 
 type span struct{ begin, end time.Time } // end zero: in progress
 
+// Direction is which way a chunk crosses the node's link.
+type Direction int
+
+const (
+	// Inbound: a chunk this node fetches (its copy of a peer's state).
+	Inbound Direction = iota
+	// Outbound: a chunk this node serves to a peer.
+	Outbound
+)
+
+func (d Direction) String() string {
+	if d == Outbound {
+		return "outbound"
+	}
+	return "inbound"
+}
+
 // Scheduler is one node's schedule; see the package doc.
 type Scheduler struct {
 	cfg Config
@@ -181,8 +204,8 @@ type Scheduler struct {
 	base    int64     // a span index at cycle position 0
 	idleEnd time.Time // predicted start of the next phase; zero: none
 	idleLen time.Duration
-	busy    time.Time // when the chunks admitted so far are done, at bw
-	drifted int       // successive drifted steps
+	busy    [2]time.Time // per Direction: when the chunks admitted so far are done, at bw
+	drifted int          // successive drifted steps
 	bw      float64
 	meas    bool      // bw is measured
 	rates   []float64 // the last rateSamples measurements
@@ -240,13 +263,13 @@ func (s *Scheduler) Comm(now time.Time, active bool) Event {
 		return Event{}
 	}
 	// A phase begins: close the idle span, record the span.
-	if s.prof != nil && s.busy.After(now) {
+	if s.prof != nil && (s.busy[Inbound].After(now) || s.busy[Outbound].After(now)) {
 		s.st.Overran++
 	}
 	if s.prof != nil && s.n >= 0 && s.wantSpan && !s.sentSpan {
 		s.st.Skipped++
 	}
-	s.idleEnd, s.busy = time.Time{}, time.Time{}
+	s.idleEnd, s.busy = time.Time{}, [2]time.Time{}
 	s.n++
 	s.spans = append(s.spans, span{begin: now})
 	if len(s.spans) > s.keep() {
@@ -373,16 +396,17 @@ func (s *Scheduler) Sent(n int64, d time.Duration) {
 	s.bw, s.meas = slices.Max(s.rates), true
 }
 
-// fitBytes is how many bytes can start at now and be done, at the
-// bandwidth, before the guard ahead of the predicted next phase.
-func (s *Scheduler) fitBytes(now time.Time) int64 {
+// fitBytes is how many bytes can start at now in direction dir and be
+// done, at the bandwidth, before the guard ahead of the predicted next
+// phase.
+func (s *Scheduler) fitBytes(now time.Time, dir Direction) int64 {
 	if s.inComm || s.idleEnd.IsZero() {
 		return 0
 	}
 	end := s.idleEnd.Add(-s.guard(s.idleLen))
 	start := now
-	if s.busy.After(start) {
-		start = s.busy
+	if s.busy[dir].After(start) {
+		start = s.busy[dir]
 	}
 	if !end.After(start) {
 		return 0
@@ -407,11 +431,11 @@ func (s *Scheduler) largest() int64 {
 	return b
 }
 
-// Budget is the size of the chunk to start at now: the room left in the
-// current idle span at the bandwidth, cut to Config.MaxChunk; 0 when
-// none may start (a phase, no room). With no profile it is MaxChunk
-// outside phases.
-func (s *Scheduler) Budget(now time.Time) int64 {
+// Budget is the size of the chunk to start at now in direction dir: the
+// room left in the current idle span at the bandwidth, cut to
+// Config.MaxChunk; 0 when none may start (a phase, no room). With no
+// profile it is MaxChunk outside phases.
+func (s *Scheduler) Budget(now time.Time, dir Direction) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.prof == nil {
@@ -420,11 +444,12 @@ func (s *Scheduler) Budget(now time.Time) int64 {
 		}
 		return s.cfg.MaxChunk
 	}
-	return min(s.fitBytes(now), s.cfg.MaxChunk)
+	return min(s.fitBytes(now, dir), s.cfg.MaxChunk)
 }
 
-// take admits n bytes at now if they fit, charging them to the link.
-func (s *Scheduler) take(now time.Time, n int64) bool {
+// take admits n bytes at now if they fit, charging them to the link's
+// direction dir.
+func (s *Scheduler) take(now time.Time, dir Direction, n int64) bool {
 	if s.prof == nil {
 		if s.inComm {
 			return false
@@ -433,35 +458,36 @@ func (s *Scheduler) take(now time.Time, n int64) bool {
 		s.sentSpan = true
 		return true
 	}
-	if n > s.fitBytes(now) {
+	if n > s.fitBytes(now, dir) {
 		// A chunk no idle span holds would wait forever: it starts
 		// alone at the beginning of the longest idle span, and is
 		// counted.
-		if n <= s.largest() || s.inComm || s.idleEnd.IsZero() || s.busy.After(now) || s.sentSpan ||
+		if n <= s.largest() || s.inComm || s.idleEnd.IsZero() || s.busy[dir].After(now) || s.sentSpan ||
 			s.idleLen < slices.Max(s.prof.Idle) {
 			return false
 		}
 		s.st.Oversize++
 	}
 	start := now
-	if s.busy.After(start) {
-		start = s.busy
+	if s.busy[dir].After(start) {
+		start = s.busy[dir]
 	}
-	s.busy = start.Add(time.Duration(float64(n) / s.bw * float64(time.Second)))
+	s.busy[dir] = start.Add(time.Duration(float64(n) / s.bw * float64(time.Second)))
 	s.sentSpan = true
 	s.st.Chunks++
 	s.st.Bytes += n
 	return true
 }
 
-// Admit blocks until a chunk of n bytes may start: at once if it fits
-// the current idle span, else at a later one (the first that has room
-// for it; the waits are woken by Comm). With no profile it waits only
-// while a phase is active. It returns ctx's error if ctx ends first.
-func (s *Scheduler) Admit(ctx context.Context, n int64) error {
+// Admit blocks until a chunk of n bytes may start in direction dir: at
+// once if it fits the current idle span, else at a later one (the first
+// that has room for it; the waits are woken by Comm). With no profile it
+// waits only while a phase is active. It returns ctx's error if ctx ends
+// first.
+func (s *Scheduler) Admit(ctx context.Context, dir Direction, n int64) error {
 	s.mu.Lock()
 	for {
-		if s.take(time.Now(), n) {
+		if s.take(time.Now(), dir, n) {
 			s.mu.Unlock()
 			return nil
 		}

@@ -42,7 +42,7 @@ func simulate(t *testing.T, cfg Config, nsteps int, steps func(i int) []phase, s
 		wg.Go(func() {
 			d := time.Duration(float64(size) / bw * float64(time.Second))
 			for {
-				if err := s.Admit(ctx, size); err != nil {
+				if err := s.Admit(ctx, Inbound, size); err != nil {
 					return
 				}
 				start := time.Now()
@@ -227,8 +227,8 @@ func TestBudget(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				s := New(Config{Bandwidth: bw, MaxChunk: 1 << 30})
-				if s.Budget(time.Now()) != 1<<30 {
-					t.Errorf("no profile, no phase: budget %d, want the ceiling", s.Budget(time.Now()))
+				if s.Budget(time.Now(), Inbound) != 1<<30 {
+					t.Errorf("no profile, no phase: budget %d, want the ceiling", s.Budget(time.Now(), Inbound))
 				}
 				for range 7 {
 					s.Comm(time.Now(), true)
@@ -245,9 +245,58 @@ func TestBudget(t *testing.T) {
 					s.Comm(time.Now(), false)
 					time.Sleep(tt.after)
 				}
-				got := s.Budget(time.Now())
+				got := s.Budget(time.Now(), Inbound)
 				if d := got - tt.want; d < -1024 || d > 1024 {
 					t.Errorf("budget %d, want %d", got, tt.want)
+				}
+			})
+		})
+	}
+}
+
+// TestDirections: a full-duplex link carries a span's worth of chunks each
+// way; one direction's chunks do not take the other's room.
+func TestDirections(t *testing.T) {
+	const bw = 100 << 20
+	span := int64(63 * bw / 1000) // 90% of a 70 ms idle span
+	tests := []struct {
+		name  string
+		first Direction // a chunk that fills the span's room goes first
+		then  Direction
+		room  bool // whether then has room left
+	}{
+		{"in, then out", Inbound, Outbound, true},
+		{"out, then in", Outbound, Inbound, true},
+		{"in, then in", Inbound, Inbound, false},
+		{"out, then out", Outbound, Outbound, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := New(Config{Bandwidth: bw, FixedBandwidth: true, MaxChunk: 1 << 30})
+				for range 7 {
+					s.Comm(time.Now(), true)
+					time.Sleep(30 * ms)
+					s.Comm(time.Now(), false)
+					time.Sleep(70 * ms)
+				}
+				s.Comm(time.Now(), true)
+				time.Sleep(30 * ms)
+				s.Comm(time.Now(), false)
+				if err := s.Admit(t.Context(), tt.first, span-1024); err != nil {
+					t.Fatal(err)
+				}
+				got := s.Budget(time.Now(), tt.then)
+				if tt.room && got < span-2048 {
+					t.Errorf("%s budget %d after a full %s chunk, want about %d", tt.then, got, tt.first, span)
+				}
+				if !tt.room && got != 0 {
+					t.Errorf("%s budget %d after a full %s chunk, want 0", tt.then, got, tt.first)
+				}
+				time.Sleep(70 * ms)
+				s.Comm(time.Now(), true)
+				if st := s.Stats(); st.Overran != 0 {
+					t.Errorf("%d phases overrun by chunks that fit", st.Overran)
 				}
 			})
 		})
@@ -260,7 +309,7 @@ func TestNoPhases(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := New(Config{})
 		for range 100 {
-			if err := s.Admit(t.Context(), 4<<20); err != nil {
+			if err := s.Admit(t.Context(), Inbound, 4<<20); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -278,7 +327,7 @@ func TestAdmitCancelled(t *testing.T) {
 		s.Comm(time.Now(), true)
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
-		if err := s.Admit(ctx, 1); err != context.DeadlineExceeded {
+		if err := s.Admit(ctx, Inbound, 1); err != context.DeadlineExceeded {
 			t.Errorf("Admit during an endless phase: %v, want the deadline", err)
 		}
 	})

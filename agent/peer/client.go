@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/reft-hpc/reft/internal/crc32c"
 	"io"
 	"net"
 	"sync"
@@ -14,6 +13,9 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/reft-hpc/reft/agent/netsched"
+	"github.com/reft-hpc/reft/internal/crc32c"
 )
 
 // Client dials the job's other agents, keeps authenticated connections to
@@ -832,7 +834,7 @@ func (cl *Client) run(ctx context.Context, spec *FetchSpec, src Source, list []i
 			st.pool.put(ev.buf)
 		}
 		if spec.Background {
-			if err := cl.cfg.Background.Wait(ctx, n); err != nil {
+			if err := cl.cfg.Background.Wait(ctx, netsched.Inbound, n); err != nil {
 				cc.c.write(TCancel, id, 0, crc32c.Checksum(nil), nil)
 				res.end = err
 				return res

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/reft-hpc/reft/agent/netsched"
 )
 
 // Limiter is a token bucket for background (replication) bytes. Pause
@@ -26,9 +28,10 @@ type Limiter struct {
 
 // Gate decides when a background chunk may start after the token bucket
 // has passed it (agent/netsched's idle-span schedule). Admit blocks until
-// n bytes may start; Sent reports that n bytes took d to write.
+// n bytes may start in direction dir (fetched: netsched.Inbound; served:
+// netsched.Outbound); Sent reports that n bytes took d to write.
 type Gate interface {
-	Admit(ctx context.Context, n int64) error
+	Admit(ctx context.Context, dir netsched.Direction, n int64) error
 	Sent(n int64, d time.Duration)
 }
 
@@ -130,9 +133,10 @@ func (l *Limiter) waitResume(ctx context.Context) error {
 }
 
 // Wait takes n bytes' worth of tokens, blocking while paused and until the
-// bucket has them, then until the gate (if any) admits them (n > 0: a wait
-// for the pause alone does not ask the gate). A nil Limiter never blocks.
-func (l *Limiter) Wait(ctx context.Context, n int64) error {
+// bucket has them, then until the gate (if any) admits them in direction
+// dir (n > 0: a wait for the pause alone does not ask the gate). The
+// bucket is shared by both directions. A nil Limiter never blocks.
+func (l *Limiter) Wait(ctx context.Context, dir netsched.Direction, n int64) error {
 	if l == nil {
 		return nil
 	}
@@ -145,7 +149,7 @@ func (l *Limiter) Wait(ctx context.Context, n int64) error {
 	if g == nil || n <= 0 {
 		return nil
 	}
-	return g.Admit(ctx, n)
+	return g.Admit(ctx, dir, n)
 }
 
 func (l *Limiter) wait(ctx context.Context, n int64) error {

@@ -7,6 +7,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/reft-hpc/reft/agent/netsched"
 )
 
 func TestLimiterRate(t *testing.T) {
@@ -27,7 +29,7 @@ func TestLimiterRate(t *testing.T) {
 			l := NewLimiter(tc.rate, tc.burs)
 			start := time.Now()
 			for n := int64(0); n < tc.total; n += tc.ea {
-				if err := l.Wait(context.Background(), tc.ea); err != nil {
+				if err := l.Wait(context.Background(), netsched.Inbound, tc.ea); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -37,7 +39,7 @@ func TestLimiterRate(t *testing.T) {
 		})
 	}
 	var nilL *Limiter
-	if err := nilL.Wait(context.Background(), 1<<40); err != nil {
+	if err := nilL.Wait(context.Background(), netsched.Inbound, 1<<40); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -50,7 +52,7 @@ func TestLimiterPause(t *testing.T) {
 		t.Fatal("not paused")
 	}
 	done := make(chan error, 1)
-	go func() { done <- l.Wait(context.Background(), 1) }()
+	go func() { done <- l.Wait(context.Background(), netsched.Inbound, 1) }()
 	select {
 	case err := <-done:
 		t.Fatalf("Wait returned while paused: %v", err)
@@ -68,12 +70,12 @@ func TestLimiterPause(t *testing.T) {
 	l.Pause()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if err := l.Wait(ctx, 1); !errors.Is(err, context.DeadlineExceeded) {
+	if err := l.Wait(ctx, netsched.Inbound, 1); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wait while paused with a deadline: %v", err)
 	}
 	l.Resume()
 	l.SetRate(1e6, 1e5)
-	if err := l.Wait(context.Background(), 1e5); err != nil {
+	if err := l.Wait(context.Background(), netsched.Inbound, 1e5); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -163,8 +165,11 @@ func TestBackgroundClientPause(t *testing.T) {
 
 type countGate struct{ admitted, sent int64 }
 
-func (g *countGate) Admit(_ context.Context, n int64) error { g.admitted += n; return nil }
-func (g *countGate) Sent(n int64, _ time.Duration)          { g.sent += n }
+func (g *countGate) Admit(_ context.Context, _ netsched.Direction, n int64) error {
+	g.admitted += n
+	return nil
+}
+func (g *countGate) Sent(n int64, _ time.Duration) { g.sent += n }
 
 // TestLimiterGate: a Wait for bytes passes the gate after the bucket; a
 // wait for the pause alone (n = 0) does not; Sent reaches the gate.
@@ -184,7 +189,7 @@ func TestLimiterGate(t *testing.T) {
 			l := NewLimiter(0, 0)
 			l.SetGate(g)
 			for _, n := range tt.waits {
-				if err := l.Wait(t.Context(), n); err != nil {
+				if err := l.Wait(t.Context(), netsched.Outbound, n); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	logevent "github.com/reft-hpc/reft/agent/event"
+	"github.com/reft-hpc/reft/agent/netsched"
 )
 
 // ChunkSource is what a Server serves: the agent's snapshot store
@@ -801,7 +802,7 @@ func (sc *serverConn) stream(st *sendStream) {
 			return // cancelled, or the connection is gone
 		}
 		if req.Background {
-			if err := s.cfg.Background.Wait(st.ctx, int64(len(data))); err != nil {
+			if err := s.cfg.Background.Wait(st.ctx, netsched.Outbound, int64(len(data))); err != nil {
 				return
 			}
 		}

@@ -21,8 +21,15 @@ import (
 // copied to its GEMINI placement peer after every commit), --save-every 1
 // and --compute (a GPU's forward and backward passes stand-in: an idle
 // network span before each all-reduce), so replication and the gradient
-// all-reduce compete on every step. Variants, each round in a rotated
-// order:
+// all-reduce compete on every step. The ranks model a GPU job's host: a
+// small batch keeps their own CPU work short, and --comm-wait makes them
+// sleep between tests of their collectives instead of polling in MPI's
+// blocking calls. Four polling ranks on two cores leave the machine no
+// idle CPU, and then what competes is the CPU, not the network
+// (docs/BENCHMARKS.md, run 8; BENCH_GEMINI_FLAGS="--size 4MiB --compute
+// 60ms --steps 32 --measure-from 17 --zero1 --optimizer adamw --save-every
+// 1 --log-every 32 --batch 64 --micro 8" measures that case). Variants,
+// each round in a rotated order:
 //
 //   - --reft=off: the baseline;
 //   - --reft=arc with background replication throttled to nothing
@@ -58,9 +65,9 @@ func BenchmarkReplicationInterference(b *testing.B) {
 		b.Fatal("needs the nodes' own networks: bring the cluster up with 'tests/cluster/cluster up --net --no-reft'")
 	}
 	rate := envOr("BENCH_GEMINI_RATE", "200mbit")
-	rounds, _ := strconv.Atoi(envOr("BENCH_GEMINI_ROUNDS", "2"))
+	rounds, _ := strconv.Atoi(envOr("BENCH_GEMINI_ROUNDS", "5"))
 	rankEnv := os.Getenv("BENCH_GEMINI_RANK_ENV")
-	flags := strings.Fields(envOr("BENCH_GEMINI_FLAGS", "--size 4MiB --compute 60ms --steps 32 --measure-from 17 --zero1 --optimizer adamw --save-every 1 --log-every 32 --batch 64 --micro 8"))
+	flags := strings.Fields(envOr("BENCH_GEMINI_FLAGS", "--size 4MiB --compute 150ms --steps 48 --measure-from 17 --zero1 --optimizer adamw --save-every 1 --log-every 48 --batch 32 --micro 8 --comm-wait 200us"))
 	nodes := []string{"n1", "n2", "n3", "n4"}
 	for _, n := range nodes {
 		cluster(b, "rate", n, rate)
@@ -103,6 +110,9 @@ func BenchmarkReplicationInterference(b *testing.B) {
 					ms[v] = s
 				}
 				what := fmt.Sprintf("round %d %s (job %s): %.1f ms/step in the steady state, %.1f over the whole run; %s; the agents %s; the ranks %s; %s", r, vr.name, job, ms[v], all[v], cpu, used["reft-agent"], used["reft-train"], stepsCPU(b, job))
+				if blocked, ok := slowest(saveBlockedRe, out); ok {
+					what += fmt.Sprintf("; rank 0 blocked %.1f ms per save", blocked)
+				}
 				if vr.schedule != "" {
 					what += "; " + replicationSummary(b, job, nodes, vr.schedule)
 				}
