@@ -323,19 +323,24 @@ func TestNetFaults(t *testing.T) {
 		return strings.TrimSpace(string(b))
 	}
 	// reach says how a TCP connect from node's namespace to to's slurmd
-	// ends: "open", "silent" (timed out) or "refused".
+	// ends: "open", "silent" (timed out, or no route: the kernel gave up
+	// resolving the address of a node that does not answer, which it
+	// does about 3 s after the link was cut once its neighbour entry has
+	// gone stale), "refused", or what else bash said.
 	const subnet = "10.201.28." // (27800 / 100) % 250
 	reach := func(from, to string) string {
 		addr := fmt.Sprintf("%s%s/%d", subnet, to[1:], portBase+100+int(to[1]-'0'))
-		err := exec.Command("nsenter", "--net=/proc/"+pid(from)+"/ns/net", "timeout", "3", "bash", "-c", "</dev/tcp/"+addr).Run()
+		out, err := exec.Command("nsenter", "--net=/proc/"+pid(from)+"/ns/net", "timeout", "3", "bash", "-c", "</dev/tcp/"+addr).CombinedOutput()
 		var ee *exec.ExitError
 		switch {
 		case err == nil:
 			return "open"
-		case errors.As(err, &ee) && ee.ExitCode() == 124:
+		case errors.As(err, &ee) && ee.ExitCode() == 124, strings.Contains(string(out), "No route to host"):
 			return "silent"
+		case strings.Contains(string(out), "Connection refused"):
+			return "refused"
 		}
-		return "refused"
+		return fmt.Sprintf("failed (%v: %s)", err, strings.TrimSpace(string(out)))
 	}
 	for _, step := range []struct {
 		args []string
