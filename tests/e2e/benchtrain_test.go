@@ -18,7 +18,8 @@ var meanStepRe = regexp.MustCompile(`(?m)^mean-step-ms: ([0-9.]+)$`)
 var benchJobRe = regexp.MustCompile(`(?m)^job=(\d+)$`)
 var steadyStepRe = regexp.MustCompile(`(?m)^mean-step-ms-from-\d+: ([0-9.]+) `)
 
-// saveBlockedRe is reft-train's time blocked per snapshot (rank 0's).
+// saveBlockedRe is reft-train's time blocked per snapshot (rank 0's; a
+// whole output or one line).
 var saveBlockedRe = regexp.MustCompile(`(?m)^save-blocked-ms: ([0-9.]+) per save`)
 
 // slowest returns the largest value the first group of re matches in out

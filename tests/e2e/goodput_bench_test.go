@@ -207,7 +207,6 @@ func (g goodputResult) summary(steps int64) string {
 var (
 	goodputStepRe  = regexp.MustCompile(`^step (\d+) loss `)
 	goodputSaveRe  = regexp.MustCompile(`^checkpoint step \d+: \d+ bytes to \S+, blocked ([0-9.]+) ms$`)
-	goodputBlockRe = regexp.MustCompile(`^save-blocked-ms: ([0-9.]+) per save`)
 	goodputStartRe = regexp.MustCompile(`^(reft-train: \d+ layers|torch_ddp: \d+ ranks on)`)
 	goodputMeanRe  = regexp.MustCompile(`^mean-step-ms: ([0-9.]+)$`)
 )
@@ -311,8 +310,8 @@ exit $rc
 			case goodputSaveRe.MatchString(line):
 				v, _ := strconv.ParseFloat(goodputSaveRe.FindStringSubmatch(line)[1], 64)
 				res.saveMs = append(res.saveMs, v)
-			case goodputBlockRe.MatchString(line):
-				res.blockedMs, _ = strconv.ParseFloat(goodputBlockRe.FindStringSubmatch(line)[1], 64)
+			case saveBlockedRe.MatchString(line):
+				res.blockedMs, _ = strconv.ParseFloat(saveBlockedRe.FindStringSubmatch(line)[1], 64)
 				res.blockedSeen = true
 			case goodputMeanRe.MatchString(line):
 				res.stepMs, _ = strconv.ParseFloat(goodputMeanRe.FindStringSubmatch(line)[1], 64)
